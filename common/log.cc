@@ -1,0 +1,62 @@
+#include "common/log.h"
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <unistd.h>
+
+#include <mutex>
+
+#include "common/errors.h"
+
+namespace ddpl::log {
+namespace {
+
+std::mutex g_mu;
+std::shared_ptr<spdlog::logger> g_logger;
+
+std::shared_ptr<spdlog::logger> makeLogger(const Identity& id, spdlog::level::level_enum level) {
+  auto sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>(spdlog::color_mode::automatic);
+  auto lg = std::make_shared<spdlog::logger>("ddpl", sink);
+  std::string host = id.host.empty() ? hostname() : id.host;
+  std::string who = id.rank >= 0 ? id.role + " rank " + std::to_string(id.rank) : id.role;
+  // Braces in names would be read as format fields by spdlog's pattern: none are allowed in
+  // host names or roles, so the plain concatenation is safe.
+  lg->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [" + host + " " + who + "] [%^%l%$] %v");
+  lg->set_level(level);
+  lg->flush_on(spdlog::level::warn);
+  return lg;
+}
+
+}  // namespace
+
+std::string hostname() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
+  std::string h(buf);
+  auto dot = h.find('.');
+  return dot == std::string::npos ? h : h.substr(0, dot);
+}
+
+void init(const Identity& identity, spdlog::level::level_enum level) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_logger = makeLogger(identity, level);
+}
+
+spdlog::level::level_enum parseLevel(const std::string& name) {
+  static const char* kNames[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
+  for (int i = 0; i < 7; ++i) {
+    if (name == kNames[i]) return static_cast<spdlog::level::level_enum>(i);
+  }
+  if (name == "warning") return spdlog::level::warn;
+  throw InvalidArgument("unknown log level '" + name +
+                        "': use trace, debug, info, warn, error, critical or off");
+}
+
+void setLevel(spdlog::level::level_enum level) { logger().set_level(level); }
+
+spdlog::logger& logger() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (!g_logger) g_logger = makeLogger(Identity{}, spdlog::level::info);
+  return *g_logger;
+}
+
+}  // namespace ddpl::log

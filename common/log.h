@@ -1,0 +1,50 @@
+#pragma once
+// The one logging facade over spdlog. Every line carries host, role and rank, set once at
+// start-up; the level is chosen at run time. Libraries log through this, never to std::cerr.
+#include <spdlog/spdlog.h>
+
+#include <string>
+
+namespace ddpl::log {
+
+struct Identity {
+  std::string role = "ddpl";  // "launch", "rdzv-server", "worker", ...
+  int rank = -1;              // -1: not a rank (agent or server)
+  std::string host;           // empty: this machine's short hostname
+};
+
+// Installs the process-wide logger writing to stderr. Safe to call again to change identity
+// (for example once a worker learns its rank).
+void init(const Identity& identity, spdlog::level::level_enum level = spdlog::level::info);
+
+// Parses "trace|debug|info|warn|error|critical|off"; throws ddpl::InvalidArgument otherwise.
+spdlog::level::level_enum parseLevel(const std::string& name);
+
+void setLevel(spdlog::level::level_enum level);
+
+spdlog::logger& logger();
+
+std::string hostname();
+
+template <typename... Args>
+void trace(spdlog::format_string_t<Args...> fmt, Args&&... args) {
+  logger().trace(fmt, std::forward<Args>(args)...);
+}
+template <typename... Args>
+void debug(spdlog::format_string_t<Args...> fmt, Args&&... args) {
+  logger().debug(fmt, std::forward<Args>(args)...);
+}
+template <typename... Args>
+void info(spdlog::format_string_t<Args...> fmt, Args&&... args) {
+  logger().info(fmt, std::forward<Args>(args)...);
+}
+template <typename... Args>
+void warn(spdlog::format_string_t<Args...> fmt, Args&&... args) {
+  logger().warn(fmt, std::forward<Args>(args)...);
+}
+template <typename... Args>
+void error(spdlog::format_string_t<Args...> fmt, Args&&... args) {
+  logger().error(fmt, std::forward<Args>(args)...);
+}
+
+}  // namespace ddpl::log

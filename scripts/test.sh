@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The whole suite: unit, integration, fault and Python-compat tests, all through CTest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR="${1:-build}"
+# Two cores: run two test binaries at once; each test carries its own timeout.
+ctest --test-dir "$BUILD_DIR" --output-on-failure -j 2 --timeout 600
