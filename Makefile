@@ -3,7 +3,6 @@
 
 BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
-export CCACHE_DIR ?= $(CURDIR)/.ccache
 export CCACHE_BASEDIR := $(CURDIR)
 export CCACHE_NOHASHDIR := true
 
