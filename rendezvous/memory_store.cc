@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "common/errors.h"
+#include "rendezvous/kv_space.h"
 
 namespace ddpl::rdzv {
 namespace {
@@ -12,18 +13,6 @@ std::string joinKeys(const std::vector<std::string>& keys) {
   for (size_t i = 0; i < keys.size() && i < 8; ++i) out += (i ? ", '" : "'") + keys[i] + "'";
   if (keys.size() > 8) out += fmt::format(" and {} more", keys.size() - 8);
   return out;
-}
-
-int64_t parseCounter(const std::string& key, const Bytes& value) {
-  std::string s = toString(value);
-  try {
-    size_t used = 0;
-    int64_t v = std::stoll(s, &used);
-    if (used == s.size()) return v;
-  } catch (const std::exception&) {
-  }
-  throw StoreError(fmt::format("add on key '{}': its value is not an integer ({} bytes)", key,
-                               value.size()));
 }
 
 }  // namespace

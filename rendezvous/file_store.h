@@ -1,0 +1,46 @@
+#pragma once
+// A Store in one file shared by processes on one host (or a shared file system with working
+// flock), as c10d's FileStore. Each operation locks the file (flock: shared to read,
+// exclusive to write) and reads or rewrites it whole; that is plenty for bootstrap traffic.
+// Blocked gets and waits sleep on inotify events for the file instead of polling it.
+#include <mutex>
+
+#include "rendezvous/store.h"
+
+namespace ddpl::rdzv {
+
+class FileStore : public Store {
+ public:
+  // Creates the file if it does not exist. Throws StoreError naming the path on failure.
+  explicit FileStore(std::string path);
+  ~FileStore() override;
+  FileStore(const FileStore&) = delete;
+  FileStore& operator=(const FileStore&) = delete;
+
+  void set(const std::string& key, const Bytes& value) override;
+  Bytes get(const std::string& key, Duration timeout) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  Bytes compareSet(const std::string& key, const Bytes& expected, const Bytes& desired) override;
+  bool check(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys, Duration timeout) override;
+  bool deleteKey(const std::string& key) override;
+  int64_t numKeys() override;
+  std::vector<Bytes> multiGet(const std::vector<std::string>& keys, Duration timeout) override;
+  void multiSet(const std::vector<std::string>& keys, const std::vector<Bytes>& values) override;
+
+  const std::string& path() const { return path_; }
+
+ private:
+  class Locked;  // RAII: process mutex + flock + the parsed file
+  // Waits until every key exists, then returns their values (empty when !want_values).
+  std::vector<Bytes> waitFor(const std::vector<std::string>& keys, Duration timeout,
+                             bool want_values, const char* op);
+
+  std::string path_;
+  int fd_ = -1;
+  // flock locks belong to the open file description, which all threads share: the mutex
+  // serialises this process's threads, flock serialises processes.
+  std::mutex mu_;
+};
+
+}  // namespace ddpl::rdzv

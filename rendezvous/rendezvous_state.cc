@@ -1,0 +1,402 @@
+#include "rendezvous/rendezvous_state.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace ddpl::rdzv {
+namespace {
+
+std::string seconds(Duration d) {
+  if (d.count() % 1000 == 0) return fmt::format("{}s", d.count() / 1000);
+  return fmt::format("{:.3g}s", d.count() / 1000.0);
+}
+
+std::string seconds(Clock::duration d) {
+  return seconds(std::chrono::duration_cast<Duration>(d));
+}
+
+RdzvStatus err(RdzvCode code, std::string message) { return {code, std::move(message)}; }
+
+}  // namespace
+
+const char* toString(RdzvCode code) {
+  switch (code) {
+    case RdzvCode::kOk: return "OK";
+    case RdzvCode::kInvalidArgument: return "INVALID_ARGUMENT";
+    case RdzvCode::kFailedPrecondition: return "FAILED_PRECONDITION";
+    case RdzvCode::kDeadlineExceeded: return "DEADLINE_EXCEEDED";
+    case RdzvCode::kResourceExhausted: return "RESOURCE_EXHAUSTED";
+    case RdzvCode::kNotFound: return "NOT_FOUND";
+    case RdzvCode::kCancelled: return "CANCELLED";
+  }
+  return "UNKNOWN";
+}
+
+RendezvousState::RendezvousState(RendezvousStateOptions options) : options_(options) {}
+
+RdzvStatus RendezvousState::validate(const JoinSpec& s) const {
+  if (s.run_id.empty()) return err(RdzvCode::kInvalidArgument, "join: the run id is empty");
+  if (s.node.node_id.empty())
+    return err(RdzvCode::kInvalidArgument,
+               fmt::format("join run '{}': the node id is empty", s.run_id));
+  if (s.node.local_world_size < 1)
+    return err(RdzvCode::kInvalidArgument,
+               fmt::format("join run '{}': node '{}' has local world size {} (must be >= 1)",
+                           s.run_id, s.node.node_id, s.node.local_world_size));
+  const auto& c = s.config;
+  if (c.min_nodes < 1 || c.min_nodes > c.max_nodes)
+    return err(RdzvCode::kInvalidArgument,
+               fmt::format("join run '{}': nodes {}:{} is not a valid range (need 0 < min <= max)",
+                           s.run_id, c.min_nodes, c.max_nodes));
+  if (c.join_timeout.count() <= 0 || c.last_call_timeout.count() < 0)
+    return err(RdzvCode::kInvalidArgument,
+               fmt::format("join run '{}': join timeout {}ms and last-call timeout {}ms must be "
+                           "positive",
+                           s.run_id, c.join_timeout.count(), c.last_call_timeout.count()));
+  return {};
+}
+
+RdzvStatus RendezvousState::admit(Run& run, const JoinSpec& s) const {
+  const auto& node = s.node.node_id;
+  if (run.empty()) return {};  // the first node of an idle run sets its shape and version
+  if (run.config.min_nodes != s.config.min_nodes || run.config.max_nodes != s.config.max_nodes)
+    return err(RdzvCode::kFailedPrecondition,
+               fmt::format("run '{}' expects {}:{} nodes but node '{}' asks for {}:{}", run.id,
+                           run.config.min_nodes, run.config.max_nodes, node, s.config.min_nodes,
+                           s.config.max_nodes));
+  if (run.version != s.node.version)
+    return err(RdzvCode::kFailedPrecondition,
+               fmt::format("version skew in run '{}': node '{}' runs '{}' but the run's nodes "
+                           "run '{}'",
+                           run.id, node, s.node.version, run.version));
+  if (run.joining.count(node) || run.waiting.count(node))
+    return err(RdzvCode::kFailedPrecondition,
+               fmt::format("duplicate node id '{}': a node with that id is already waiting in "
+                           "round {} of run '{}'",
+                           node, run.round, run.id));
+  return {};
+}
+
+JoinTicket RendezvousState::join(const JoinSpec& spec, TimePoint now, Effects& fx) {
+  JoinTicket ticket = next_ticket_++;
+  RdzvStatus st = validate(spec);
+  if (!st.ok()) {
+    fx.joins.push_back({ticket, st, nullptr, -1});
+    return ticket;
+  }
+  Run& run = runs_[spec.run_id];
+  run.id = spec.run_id;
+  st = admit(run, spec);
+  if (!st.ok()) {
+    fx.joins.push_back({ticket, st, nullptr, -1});
+    return ticket;
+  }
+  if (run.empty()) {
+    run.config = spec.config;
+    run.version = spec.node.version;
+  }
+  const std::string& node = spec.node.node_id;
+  Pending p{ticket, spec.node};
+
+  if (run.phase == Phase::kJoining) {
+    tickets_[ticket] = {run.id, node};
+    addJoiner(run, std::move(p), now, fx);
+    return ticket;
+  }
+
+  // The round is complete.
+  if (run.isMember(node)) {
+    // A member re-joining means its agent restarts its workers: everyone re-forms.
+    tickets_[ticket] = {run.id, node};
+    removeMember(run, node);
+    run.waiting.emplace(node, std::move(p));
+    invalidate(run, fmt::format("node '{}' re-joined (restarting its workers)", node), now, fx);
+    return ticket;
+  }
+  if (static_cast<int32_t>(run.waiting.size()) >= run.config.max_nodes) {
+    fx.joins.push_back(
+        {ticket,
+         err(RdzvCode::kResourceExhausted,
+             fmt::format("run '{}' is full: round {} has {}/{} nodes and {} more are waiting; "
+                         "node '{}' refused",
+                         run.id, run.round, run.membership->nodes.size(), run.config.max_nodes,
+                         run.waiting.size(), node)),
+         nullptr, -1});
+    return ticket;
+  }
+  tickets_[ticket] = {run.id, node};
+  run.waiting.emplace(node, std::move(p));
+  fx.events.push_back(fmt::format("run '{}': node '{}' waits for the next round ({} waiting)",
+                                  run.id, node, run.waiting.size()));
+  int32_t members = static_cast<int32_t>(run.membership->nodes.size());
+  if (members < run.config.max_nodes) {
+    invalidate(run,
+               fmt::format("node '{}' wants to join and round {} has room ({}/{} nodes)", node,
+                           run.round, members, run.config.max_nodes),
+               now, fx);
+  }
+  return ticket;
+}
+
+void RendezvousState::addJoiner(Run& run, Pending p, TimePoint now, Effects& fx) {
+  std::string node = p.node.node_id;
+  run.joining.emplace(node, std::move(p));
+  if (run.joining.size() == 1) run.join_deadline = now + run.config.join_timeout;
+  fx.events.push_back(fmt::format("run '{}': node '{}' joined round {} ({}/{} nodes, min {})",
+                                  run.id, node, run.round, run.joining.size(),
+                                  run.config.max_nodes, run.config.min_nodes));
+  refreshDeadlines(run, now, fx);
+}
+
+void RendezvousState::refreshDeadlines(Run& run, TimePoint now, Effects& fx) {
+  auto n = static_cast<int32_t>(run.joining.size());
+  if (n == 0) {
+    run.join_deadline.reset();
+    run.last_call_deadline.reset();
+    return;
+  }
+  if (n >= run.config.max_nodes) {
+    complete(run, now, fx);
+    return;
+  }
+  if (n >= run.config.min_nodes) {
+    if (!run.last_call_deadline) run.last_call_deadline = now + run.config.last_call_timeout;
+    if (run.config.last_call_timeout.count() == 0) complete(run, now, fx);
+  } else {
+    run.last_call_deadline.reset();
+  }
+}
+
+void RendezvousState::complete(Run& run, TimePoint now, Effects& fx) {
+  auto m = std::make_shared<RoundMembership>();
+  m->run_id = run.id;
+  m->round = run.round;
+  m->nodes.reserve(run.joining.size());
+  m->rank_offsets.reserve(run.joining.size());
+  for (auto& [id, p] : run.joining) {
+    m->rank_offsets.push_back(m->world_size);
+    m->world_size += p.node.local_world_size;
+    m->nodes.push_back(p.node);
+  }
+  run.membership = m;
+  run.phase = Phase::kComplete;
+  run.join_deadline.reset();
+  run.last_call_deadline.reset();
+  int32_t rank = 0;
+  for (auto& [id, p] : run.joining) {
+    touch(run, id, now);
+    tickets_.erase(p.ticket);
+    fx.joins.push_back({p.ticket, {}, m, rank++});
+  }
+  run.joining.clear();
+  fx.events.push_back(fmt::format("run '{}': round {} complete with {} nodes, world size {}",
+                                  run.id, run.round, m->nodes.size(), m->world_size));
+}
+
+void RendezvousState::failJoining(Run& run, TimePoint now, Effects& fx) {
+  (void)now;
+  std::string msg = fmt::format(
+      "run '{}': round {} timed out after {} (join timeout) with {}/{} nodes joined (min {})",
+      run.id, run.round, seconds(run.config.join_timeout), run.joining.size(),
+      run.config.max_nodes, run.config.min_nodes);
+  for (auto& [id, p] : run.joining) {
+    tickets_.erase(p.ticket);
+    fx.joins.push_back({p.ticket, err(RdzvCode::kDeadlineExceeded, msg), nullptr, -1});
+  }
+  run.joining.clear();
+  run.join_deadline.reset();
+  run.last_call_deadline.reset();
+  fx.events.push_back(msg);
+}
+
+void RendezvousState::invalidate(Run& run, const std::string& reason, TimePoint now,
+                                 Effects& fx) {
+  fx.invalidated.push_back(
+      {run.id, run.round, reason, static_cast<int32_t>(run.waiting.size())});
+  fx.events.push_back(fmt::format("run '{}': round {} ended: {}", run.id, run.round, reason));
+  run.membership.reset();
+  run.last_seen.clear();
+  run.by_last_seen.clear();
+  run.round += 1;
+  run.phase = Phase::kJoining;
+  auto waiting = std::move(run.waiting);
+  run.waiting.clear();
+  for (auto& [id, p] : waiting) {
+    run.joining.emplace(id, std::move(p));
+  }
+  if (!run.joining.empty()) run.join_deadline = now + run.config.join_timeout;
+  refreshDeadlines(run, now, fx);
+}
+
+void RendezvousState::touch(Run& run, const std::string& node, TimePoint now) {
+  auto it = run.last_seen.find(node);
+  if (it != run.last_seen.end()) {
+    run.by_last_seen.erase({it->second, node});
+    it->second = now;
+  } else {
+    run.last_seen.emplace(node, now);
+  }
+  run.by_last_seen.insert({now, node});
+}
+
+void RendezvousState::removeMember(Run& run, const std::string& node) {
+  auto it = run.last_seen.find(node);
+  if (it == run.last_seen.end()) return;
+  run.by_last_seen.erase({it->second, node});
+  run.last_seen.erase(it);
+}
+
+void RendezvousState::cancelJoin(JoinTicket ticket, TimePoint now, Effects& fx) {
+  auto t = tickets_.find(ticket);
+  if (t == tickets_.end()) return;
+  auto [run_id, node] = t->second;
+  tickets_.erase(t);
+  auto r = runs_.find(run_id);
+  if (r == runs_.end()) return;
+  Run& run = r->second;
+  auto match = [&](std::map<std::string, Pending>& m) {
+    auto it = m.find(node);
+    if (it != m.end() && it->second.ticket == ticket) {
+      m.erase(it);
+      return true;
+    }
+    return false;
+  };
+  if (match(run.joining)) {
+    fx.events.push_back(fmt::format("run '{}': node '{}' stopped waiting for round {}", run_id,
+                                    node, run.round));
+    refreshDeadlines(run, now, fx);
+  } else if (match(run.waiting)) {
+    fx.events.push_back(
+        fmt::format("run '{}': node '{}' stopped waiting for the next round", run_id, node));
+  }
+}
+
+RdzvStatus RendezvousState::heartbeat(const std::string& run_id, const std::string& node_id,
+                                      int64_t round, TimePoint now, int32_t* nodes_waiting) {
+  RdzvStatus st = checkMember(run_id, node_id, round);
+  if (!st.ok()) return st;
+  Run& run = runs_.at(run_id);
+  touch(run, node_id, now);
+  if (nodes_waiting) *nodes_waiting = static_cast<int32_t>(run.waiting.size());
+  return {};
+}
+
+RdzvStatus RendezvousState::checkMember(const std::string& run_id, const std::string& node_id,
+                                        int64_t round) const {
+  auto r = runs_.find(run_id);
+  if (r == runs_.end())
+    return err(RdzvCode::kNotFound, fmt::format("no run '{}' on this server", run_id));
+  const Run& run = r->second;
+  if (run.phase != Phase::kComplete || run.round != round)
+    return err(RdzvCode::kFailedPrecondition,
+               fmt::format("round {} of run '{}' is no longer current (the run is {} round {})",
+                           round, run_id,
+                           run.phase == Phase::kComplete ? "in" : "forming", run.round));
+  if (!run.isMember(node_id))
+    return err(RdzvCode::kNotFound, fmt::format("node '{}' is not a member of round {} of run '{}'",
+                                                node_id, round, run_id));
+  return {};
+}
+
+RdzvStatus RendezvousState::leave(const std::string& run_id, const std::string& node_id,
+                                  TimePoint now, Effects& fx) {
+  auto r = runs_.find(run_id);
+  if (r == runs_.end())
+    return err(RdzvCode::kNotFound, fmt::format("no run '{}' on this server", run_id));
+  Run& run = r->second;
+  for (auto* m : {&run.joining, &run.waiting}) {
+    auto it = m->find(node_id);
+    if (it == m->end()) continue;
+    JoinTicket ticket = it->second.ticket;
+    tickets_.erase(ticket);
+    m->erase(it);
+    fx.joins.push_back({ticket,
+                        err(RdzvCode::kCancelled,
+                            fmt::format("node '{}' left run '{}' while joining", node_id, run_id)),
+                        nullptr, -1});
+    fx.events.push_back(fmt::format("run '{}': node '{}' left before its round formed", run_id,
+                                    node_id));
+    if (m == &run.joining) refreshDeadlines(run, now, fx);
+    return {};
+  }
+  if (run.phase == Phase::kComplete && run.isMember(node_id)) {
+    removeMember(run, node_id);
+    invalidate(run, fmt::format("node '{}' left", node_id), now, fx);
+    return {};
+  }
+  return err(RdzvCode::kNotFound,
+             fmt::format("node '{}' is not part of run '{}'", node_id, run_id));
+}
+
+void RendezvousState::nodeLost(const std::string& run_id, const std::string& node_id,
+                               int64_t round, const std::string& why, TimePoint now,
+                               Effects& fx) {
+  if (!checkMember(run_id, node_id, round).ok()) return;  // the round already moved on
+  Run& run = runs_.at(run_id);
+  removeMember(run, node_id);
+  invalidate(run, fmt::format("node '{}' evicted: {}", node_id, why), now, fx);
+}
+
+void RendezvousState::tick(TimePoint now, Effects& fx) {
+  for (auto& [id, run] : runs_) {
+    if (run.phase == Phase::kJoining) {
+      if (run.last_call_deadline && now >= *run.last_call_deadline) {
+        complete(run, now, fx);
+      } else if (run.join_deadline && now >= *run.join_deadline &&
+                 static_cast<int32_t>(run.joining.size()) < run.config.min_nodes) {
+        failJoining(run, now, fx);
+      }
+      continue;
+    }
+    // Complete: evict members whose last heartbeat is older than the window.
+    std::vector<std::string> stale;
+    Clock::duration worst{};
+    for (const auto& [seen, node] : run.by_last_seen) {
+      if (seen + options_.heartbeat_window > now) break;
+      stale.push_back(node);
+      worst = std::max(worst, now - seen);
+    }
+    if (stale.empty()) continue;
+    for (const auto& n : stale) removeMember(run, n);
+    std::string who = fmt::format("'{}'", stale.front());
+    if (stale.size() > 1) who += fmt::format(" and {} more", stale.size() - 1);
+    invalidate(run,
+               fmt::format("node {} evicted: no heartbeat for {} (window {})", who, seconds(worst),
+                           seconds(options_.heartbeat_window)),
+               now, fx);
+  }
+}
+
+std::optional<TimePoint> RendezvousState::nextDeadline() const {
+  std::optional<TimePoint> best;
+  auto consider = [&](std::optional<TimePoint> t) {
+    if (t && (!best || *t < *best)) best = t;
+  };
+  for (const auto& [id, run] : runs_) {
+    if (run.phase == Phase::kJoining) {
+      consider(run.last_call_deadline);
+      if (static_cast<int32_t>(run.joining.size()) < run.config.min_nodes)
+        consider(run.join_deadline);
+    } else if (!run.by_last_seen.empty()) {
+      consider(run.by_last_seen.begin()->first + options_.heartbeat_window);
+    }
+  }
+  return best;
+}
+
+std::optional<RendezvousState::RunStatus> RendezvousState::status(const std::string& run_id) const {
+  auto r = runs_.find(run_id);
+  if (r == runs_.end()) return std::nullopt;
+  const Run& run = r->second;
+  RunStatus s;
+  s.round = run.round;
+  s.phase = run.phase;
+  s.joining = static_cast<int32_t>(run.joining.size());
+  s.members = static_cast<int32_t>(run.last_seen.size());
+  s.waiting = static_cast<int32_t>(run.waiting.size());
+  return s;
+}
+
+}  // namespace ddpl::rdzv

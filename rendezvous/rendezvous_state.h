@@ -1,0 +1,194 @@
+#pragma once
+// Membership rounds for agents, as plain C++: no gRPC, no threads, no clock of its own. Every
+// call takes `now` from the caller (the server's monotonic clock, never a client's), and
+// reports what happened in an Effects value that the caller acts on outside its lock
+// (complete parked joins, tell watchers a round ended, log). That keeps it deterministic
+// under test and lets a 100,000-rank simulation run in-process in seconds.
+//
+// Semantics (see docs/rendezvous.md):
+//  - A run's round completes at once when max_nodes have joined, or last_call_timeout after
+//    min_nodes have; if min_nodes never arrive within join_timeout of the first joiner, the
+//    joiners fail with DEADLINE_EXCEEDED and the round starts over empty.
+//  - Nodes arriving while a round is complete wait for the next one. If the round has room,
+//    it is invalidated so that everyone re-joins with them.
+//  - Group ranks follow node ids in sorted order, so a membership always maps to the same
+//    ranks; rank offsets are prefix sums of local world sizes.
+//  - A member whose heartbeats stop for the window, whose watch stream breaks, or that
+//    leaves, ends the round for the others, who re-join; the run itself never closes.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "rendezvous/store.h"
+
+namespace ddpl::rdzv {
+
+using TimePoint = Clock::time_point;
+
+inline constexpr Duration kDefaultJoinTimeout{std::chrono::seconds(600)};
+inline constexpr Duration kDefaultLastCallTimeout{std::chrono::seconds(30)};
+inline constexpr Duration kDefaultHeartbeatWindow{std::chrono::seconds(30)};
+
+// Mirrors the canonical gRPC codes the service maps them to.
+enum class RdzvCode {
+  kOk,
+  kInvalidArgument,
+  kFailedPrecondition,
+  kDeadlineExceeded,
+  kResourceExhausted,
+  kNotFound,
+  kCancelled,
+};
+
+struct RdzvStatus {
+  RdzvCode code = RdzvCode::kOk;
+  std::string message;
+  bool ok() const { return code == RdzvCode::kOk; }
+};
+
+struct RunConfig {
+  int32_t min_nodes = 1;
+  int32_t max_nodes = 1;
+  Duration join_timeout = kDefaultJoinTimeout;
+  Duration last_call_timeout = kDefaultLastCallTimeout;
+};
+
+struct NodeSpec {
+  std::string node_id;
+  int32_t local_world_size = 1;
+  std::string version;
+  std::string address;
+};
+
+struct JoinSpec {
+  std::string run_id;
+  NodeSpec node;
+  RunConfig config;
+};
+
+// One completed round, shared (not copied) by every member's outcome.
+struct RoundMembership {
+  std::string run_id;
+  int64_t round = 0;
+  int32_t world_size = 0;
+  std::vector<NodeSpec> nodes;        // by group rank
+  std::vector<int32_t> rank_offsets;  // by group rank
+};
+
+using JoinTicket = uint64_t;
+
+struct JoinOutcome {
+  JoinTicket ticket = 0;
+  RdzvStatus status;
+  std::shared_ptr<const RoundMembership> round;  // set when status is ok
+  int32_t group_rank = -1;
+};
+
+struct Invalidation {
+  std::string run_id;
+  int64_t round = 0;
+  std::string reason;
+  int32_t nodes_waiting = 0;
+};
+
+struct Effects {
+  std::vector<JoinOutcome> joins;  // parked joins that completed or failed
+  std::vector<Invalidation> invalidated;
+  std::vector<std::string> events;  // joins, leaves, evictions, rounds: for the server's log
+};
+
+struct RendezvousStateOptions {
+  Duration heartbeat_window = kDefaultHeartbeatWindow;
+};
+
+class RendezvousState {
+ public:
+  enum class Phase { kJoining, kComplete };
+  struct RunStatus {
+    int64_t round = 0;
+    Phase phase = Phase::kJoining;
+    int32_t joining = 0;
+    int32_t members = 0;
+    int32_t waiting = 0;
+  };
+
+  explicit RendezvousState(RendezvousStateOptions options = {});
+
+  // Validates and parks the node. Its outcome (success, or an error such as a duplicate node
+  // id) appears in `fx.joins` under the returned ticket, in this call or a later one.
+  JoinTicket join(const JoinSpec& spec, TimePoint now, Effects& fx);
+
+  // The joiner stopped waiting (its call was cancelled): forget it without an outcome.
+  void cancelJoin(JoinTicket ticket, TimePoint now, Effects& fx);
+
+  RdzvStatus heartbeat(const std::string& run_id, const std::string& node_id, int64_t round,
+                       TimePoint now, int32_t* nodes_waiting = nullptr);
+
+  RdzvStatus leave(const std::string& run_id, const std::string& node_id, TimePoint now,
+                   Effects& fx);
+
+  // OK when `node_id` is a member of `round` and that round is still the run's current one.
+  RdzvStatus checkMember(const std::string& run_id, const std::string& node_id,
+                         int64_t round) const;
+
+  // The node's watch stream broke: evict it if it is still a member of `round`.
+  void nodeLost(const std::string& run_id, const std::string& node_id, int64_t round,
+                const std::string& why, TimePoint now, Effects& fx);
+
+  // Applies every timeout due at `now`: last calls, join timeouts, missed heartbeats.
+  void tick(TimePoint now, Effects& fx);
+
+  // The earliest time at which tick() has something to do.
+  std::optional<TimePoint> nextDeadline() const;
+
+  std::optional<RunStatus> status(const std::string& run_id) const;
+  const RendezvousStateOptions& options() const { return options_; }
+
+ private:
+  struct Pending {
+    JoinTicket ticket = 0;
+    NodeSpec node;
+  };
+  struct Run {
+    std::string id;
+    RunConfig config;
+    std::string version;
+    int64_t round = 0;
+    Phase phase = Phase::kJoining;
+    std::map<std::string, Pending> joining;  // sorted by node id: deterministic ranks
+    std::optional<TimePoint> join_deadline;
+    std::optional<TimePoint> last_call_deadline;
+    std::shared_ptr<const RoundMembership> membership;
+    std::unordered_map<std::string, TimePoint> last_seen;  // members of a complete round
+    std::set<std::pair<TimePoint, std::string>> by_last_seen;
+    std::map<std::string, Pending> waiting;  // arrived during a complete round
+
+    bool empty() const { return joining.empty() && waiting.empty() && !membership; }
+    bool isMember(const std::string& node) const { return last_seen.count(node) > 0; }
+  };
+
+  RdzvStatus validate(const JoinSpec& spec) const;
+  RdzvStatus admit(Run& run, const JoinSpec& spec) const;
+  void addJoiner(Run& run, Pending p, TimePoint now, Effects& fx);
+  void complete(Run& run, TimePoint now, Effects& fx);
+  void failJoining(Run& run, TimePoint now, Effects& fx);
+  // Ends the complete round (telling its watchers why) and opens the next with the waiters.
+  void invalidate(Run& run, const std::string& reason, TimePoint now, Effects& fx);
+  void refreshDeadlines(Run& run, TimePoint now, Effects& fx);
+  void touch(Run& run, const std::string& node, TimePoint now);
+  void removeMember(Run& run, const std::string& node);
+
+  RendezvousStateOptions options_;
+  std::unordered_map<std::string, Run> runs_;
+  std::unordered_map<JoinTicket, std::pair<std::string, std::string>> tickets_;  // run, node
+  JoinTicket next_ticket_ = 1;
+};
+
+const char* toString(RdzvCode code);
+
+}  // namespace ddpl::rdzv

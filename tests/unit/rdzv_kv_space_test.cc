@@ -1,0 +1,107 @@
+// KvSpace (the server's parked waiters) and TimerQueue, without gRPC.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <future>
+
+#include "common/errors.h"
+#include "rendezvous/kv_space.h"
+#include "rendezvous/timer_queue.h"
+
+namespace ddpl::rdzv {
+namespace {
+
+TEST(KvSpaceTest, WaiterFiresOnceWhenTheLastKeyArrives) {
+  KvSpace kv;
+  kv.set("a", toBytes("1"));
+  int fired = 0;
+  std::vector<Bytes> got;
+  auto start = kv.waitFor({"a", "b", "c"}, true, [&](std::vector<Bytes> v) {
+    ++fired;
+    got = std::move(v);
+  });
+  ASSERT_FALSE(start.ready);
+  EXPECT_EQ(kv.parkedCount(), 1u);
+  kv.set("b", toBytes("2"));
+  EXPECT_EQ(fired, 0);
+  kv.multiSet({"c", "b"}, {toBytes("3"), toBytes("22")});
+  EXPECT_EQ(fired, 1);
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(toString(got[1]), "22");
+  kv.set("c", toBytes("4"));
+  EXPECT_EQ(fired, 1);
+  EXPECT_EQ(kv.parkedCount(), 0u);
+}
+
+TEST(KvSpaceTest, KeyDeletedWhileWaitingMustArriveAgain) {
+  KvSpace kv;
+  kv.set("a", toBytes("1"));
+  bool fired = false;
+  kv.waitFor({"a", "b"}, false, [&](std::vector<Bytes>) { fired = true; });
+  kv.deleteKey("a");
+  kv.set("b", toBytes("2"));
+  EXPECT_FALSE(fired);
+  kv.add("a", 1);
+  EXPECT_TRUE(fired);
+}
+
+TEST(KvSpaceTest, ReadyKeysAnswerAtOnceAndCancelBeatsLateArrival) {
+  KvSpace kv;
+  kv.set("a", toBytes("x"));
+  auto s = kv.waitFor({"a"}, true, [](std::vector<Bytes>) { FAIL(); });
+  ASSERT_TRUE(s.ready);
+  EXPECT_EQ(toString(s.values.at(0)), "x");
+  bool fired = false;
+  auto p = kv.waitFor({"b"}, false, [&](std::vector<Bytes>) { fired = true; });
+  EXPECT_TRUE(kv.cancelWait(p.id));
+  EXPECT_FALSE(kv.cancelWait(p.id));
+  kv.set("b", {});
+  EXPECT_FALSE(fired);
+}
+
+TEST(KvSpaceTest, CountersCompareSetAndPrefixCounts) {
+  KvSpace kv;
+  EXPECT_EQ(kv.add("run1/n", 5), 5);
+  EXPECT_EQ(kv.add("run1/n", -2), 3);
+  kv.set("run1/s", toBytes("text"));
+  EXPECT_THROW(kv.add("run1/s", 1), StoreError);
+  kv.set("run2/x", {});
+  EXPECT_EQ(kv.numKeys(""), 3);
+  EXPECT_EQ(kv.numKeys("run1/"), 2);
+  EXPECT_EQ(kv.numKeys("run3/"), 0);
+  EXPECT_EQ(toString(kv.compareSet("c", toBytes("nope"), toBytes("v"))), "nope");
+  EXPECT_FALSE(kv.check({"c"}));
+  EXPECT_EQ(toString(kv.compareSet("c", {}, toBytes("v"))), "v");
+  EXPECT_EQ(toString(kv.compareSet("c", toBytes("w"), toBytes("z"))), "v");
+  EXPECT_EQ(toString(kv.compareSet("c", toBytes("v"), toBytes("z"))), "z");
+}
+
+TEST(TimerQueueTest, RunsInDeadlineOrderAndCancelPreventsRun) {
+  TimerQueue tq;
+  std::mutex mu;
+  std::vector<int> order;
+  std::promise<void> done;
+  auto now = Clock::now();
+  tq.schedule(now + std::chrono::milliseconds(60), [&] {
+    std::lock_guard<std::mutex> l(mu);
+    order.push_back(3);
+    done.set_value();
+  });
+  auto cancelled = tq.schedule(now + std::chrono::milliseconds(30), [&] {
+    std::lock_guard<std::mutex> l(mu);
+    order.push_back(99);
+  });
+  tq.schedule(now + std::chrono::milliseconds(10), [&] {
+    std::lock_guard<std::mutex> l(mu);
+    order.push_back(1);
+  });
+  EXPECT_TRUE(tq.cancel(cancelled));
+  ASSERT_EQ(done.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  std::lock_guard<std::mutex> l(mu);
+  EXPECT_EQ(order, (std::vector<int>{1, 3}));
+  EXPECT_GE(Clock::now(), now + std::chrono::milliseconds(60));
+}
+
+}  // namespace
+}  // namespace ddpl::rdzv

@@ -1,0 +1,314 @@
+// The rendezvous state machine on a fake clock: every timeout is driven by explicit tick()s,
+// so these tests are deterministic and take no wall time.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "rendezvous/rendezvous_state.h"
+
+namespace ddpl::rdzv {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using ::testing::HasSubstr;
+
+class StateTest : public ::testing::Test {
+ protected:
+  TimePoint t0_ = TimePoint{} + std::chrono::hours(1);
+  TimePoint now_ = t0_;
+  RendezvousState state_{RendezvousStateOptions{seconds(30)}};
+  std::map<JoinTicket, JoinOutcome> outcomes_;
+  std::vector<Invalidation> invalidated_;
+
+  void absorb(Effects& fx) {
+    for (auto& o : fx.joins) outcomes_[o.ticket] = o;
+    for (auto& i : fx.invalidated) invalidated_.push_back(i);
+  }
+
+  JoinTicket join(const std::string& run, const std::string& node, int min, int max,
+                  int lws = 1, std::string version = "1.0", Duration last_call = seconds(10),
+                  Duration join_timeout = seconds(60)) {
+    Effects fx;
+    JoinSpec s{run, {node, lws, version, node + ".example"}, {min, max, join_timeout, last_call}};
+    JoinTicket t = state_.join(s, now_, fx);
+    absorb(fx);
+    return t;
+  }
+  void advance(Duration d) {
+    now_ += d;
+    Effects fx;
+    state_.tick(now_, fx);
+    absorb(fx);
+  }
+  bool resolved(JoinTicket t) const { return outcomes_.count(t) > 0; }
+  const JoinOutcome& outcome(JoinTicket t) const { return outcomes_.at(t); }
+};
+
+TEST_F(StateTest, RoundCompletesAtOnceAtMaxNodesWithRanksByNodeId) {
+  auto c = join("r", "c", 1, 3, 2);
+  auto a = join("r", "a", 1, 3, 4);
+  EXPECT_FALSE(resolved(a));
+  auto b = join("r", "b", 1, 3, 1);
+  ASSERT_TRUE(resolved(a) && resolved(b) && resolved(c));
+  for (auto t : {a, b, c}) ASSERT_TRUE(outcome(t).status.ok()) << outcome(t).status.message;
+  EXPECT_EQ(outcome(a).group_rank, 0);
+  EXPECT_EQ(outcome(b).group_rank, 1);
+  EXPECT_EQ(outcome(c).group_rank, 2);
+  const auto& m = *outcome(a).round;
+  EXPECT_EQ(m.round, 0);
+  EXPECT_EQ(m.world_size, 7);
+  EXPECT_EQ(m.rank_offsets, (std::vector<int32_t>{0, 4, 5}));
+  EXPECT_EQ(m.nodes[2].address, "c.example");
+  EXPECT_EQ(outcome(b).round.get(), outcome(c).round.get()) << "one membership, shared";
+}
+
+TEST_F(StateTest, LastCallCompletesAfterMinNodes) {
+  auto a = join("r", "a", 2, 4);
+  advance(seconds(5));
+  auto b = join("r", "b", 2, 4);
+  ASSERT_TRUE(state_.nextDeadline().has_value());
+  EXPECT_EQ(*state_.nextDeadline(), now_ + seconds(10));
+  advance(milliseconds(9999));
+  EXPECT_FALSE(resolved(a));
+  auto c = join("r", "c", 2, 4);  // arrives during the last call and makes it in
+  advance(milliseconds(1));
+  ASSERT_TRUE(resolved(a) && resolved(b) && resolved(c));
+  EXPECT_EQ(outcome(c).round->nodes.size(), 3u);
+}
+
+TEST_F(StateTest, JoinTimeoutFailsTheRoundWithNumbersAndStartsOver) {
+  auto a = join("r", "a", 3, 4);
+  auto b = join("r", "b", 3, 4);
+  advance(seconds(59));
+  EXPECT_FALSE(resolved(a));
+  advance(seconds(1));
+  ASSERT_TRUE(resolved(a) && resolved(b));
+  EXPECT_EQ(outcome(a).status.code, RdzvCode::kDeadlineExceeded);
+  EXPECT_THAT(outcome(a).status.message, HasSubstr("2/4 nodes joined (min 3)"));
+  EXPECT_THAT(outcome(a).status.message, HasSubstr("60s"));
+  EXPECT_EQ(state_.status("r")->joining, 0);
+  EXPECT_FALSE(state_.nextDeadline().has_value());
+  auto c = join("r", "c", 3, 4);  // a fresh window for the next attempt
+  EXPECT_EQ(*state_.nextDeadline(), now_ + seconds(60));
+  EXPECT_FALSE(resolved(c));
+}
+
+TEST_F(StateTest, ValidationErrorsNameTheProblem) {
+  auto t = join("", "a", 1, 1);
+  EXPECT_EQ(outcome(t).status.code, RdzvCode::kInvalidArgument);
+  t = join("r", "a", 3, 2);
+  EXPECT_EQ(outcome(t).status.code, RdzvCode::kInvalidArgument);
+  EXPECT_THAT(outcome(t).status.message, HasSubstr("3:2"));
+  t = join("r", "a", 0, 2);
+  EXPECT_EQ(outcome(t).status.code, RdzvCode::kInvalidArgument);
+  t = join("r", "", 1, 2);
+  EXPECT_EQ(outcome(t).status.code, RdzvCode::kInvalidArgument);
+  t = join("r", "a", 1, 2, 0);
+  EXPECT_EQ(outcome(t).status.code, RdzvCode::kInvalidArgument);
+
+  auto a = join("r", "a", 2, 2);
+  EXPECT_FALSE(resolved(a));
+  t = join("r", "a", 2, 2);
+  EXPECT_EQ(outcome(t).status.code, RdzvCode::kFailedPrecondition);
+  EXPECT_THAT(outcome(t).status.message, HasSubstr("duplicate node id 'a'"));
+  t = join("r", "b", 2, 2, 1, "2.0");
+  EXPECT_EQ(outcome(t).status.code, RdzvCode::kFailedPrecondition);
+  EXPECT_THAT(outcome(t).status.message, HasSubstr("version skew"));
+  EXPECT_THAT(outcome(t).status.message, HasSubstr("'2.0'"));
+  t = join("r", "b", 1, 8);
+  EXPECT_EQ(outcome(t).status.code, RdzvCode::kFailedPrecondition);
+  EXPECT_THAT(outcome(t).status.message, HasSubstr("2:2"));
+  EXPECT_FALSE(resolved(a)) << "bad joiners must not disturb the healthy one";
+  auto b = join("r", "b", 2, 2);
+  EXPECT_TRUE(outcome(a).status.ok() && outcome(b).status.ok());
+}
+
+TEST_F(StateTest, ArrivalWithRoomInvalidatesRoundAndEveryoneReforms) {
+  auto a = join("r", "a", 1, 3, 1, "1.0", seconds(0));
+  ASSERT_TRUE(outcome(a).status.ok());  // last call 0: complete at min
+  auto c = join("r", "c", 1, 3, 1, "1.0", seconds(0));
+  ASSERT_EQ(invalidated_.size(), 1u);
+  EXPECT_EQ(invalidated_[0].round, 0);
+  EXPECT_THAT(invalidated_[0].reason, HasSubstr("'c' wants to join"));
+  // c moved into round 1, which reached min and completed on its own (last call 0).
+  ASSERT_TRUE(resolved(c));
+  EXPECT_EQ(outcome(c).round->round, 1);
+  // a re-joins: it is a fresh arrival for complete round 1, which has room: round 2.
+  auto a2 = join("r", "a", 1, 3, 1, "1.0", seconds(0));
+  ASSERT_EQ(invalidated_.size(), 2u);
+  ASSERT_TRUE(resolved(a2));
+  EXPECT_EQ(outcome(a2).round->round, 2);
+}
+
+TEST_F(StateTest, ArrivalAtFullRoundWaitsWithoutDisturbingIt) {
+  auto a = join("r", "a", 1, 2);
+  auto b = join("r", "b", 1, 2);
+  ASSERT_TRUE(outcome(a).status.ok() && outcome(b).status.ok());
+  auto c = join("r", "c", 1, 2);
+  EXPECT_FALSE(resolved(c));
+  EXPECT_TRUE(invalidated_.empty());
+  int32_t waiting = -1;
+  EXPECT_TRUE(state_.heartbeat("r", "a", 0, now_, &waiting).ok());
+  EXPECT_EQ(waiting, 1);
+  // More than max waiting is refused.
+  auto d = join("r", "d", 1, 2);
+  auto e = join("r", "e", 1, 2);
+  EXPECT_FALSE(resolved(d));
+  EXPECT_EQ(outcome(e).status.code, RdzvCode::kResourceExhausted);
+  EXPECT_THAT(outcome(e).status.message, HasSubstr("2/2 nodes"));
+  // a leaves: the round ends for b, the waiting nodes form round 1 (max reached: at once).
+  Effects fx;
+  EXPECT_TRUE(state_.leave("r", "a", now_, fx).ok());
+  absorb(fx);
+  ASSERT_EQ(invalidated_.size(), 1u);
+  EXPECT_THAT(invalidated_[0].reason, HasSubstr("'a' left"));
+  ASSERT_TRUE(resolved(c) && resolved(d));
+  EXPECT_EQ(outcome(c).round->round, 1);
+  EXPECT_EQ(state_.status("r")->phase, RendezvousState::Phase::kComplete);
+}
+
+TEST_F(StateTest, MissedHeartbeatsEvictOnTheServerClock) {
+  auto a = join("r", "a", 2, 2);
+  auto b = join("r", "b", 2, 2);
+  ASSERT_TRUE(resolved(a) && resolved(b));
+  advance(seconds(20));
+  ASSERT_TRUE(state_.heartbeat("r", "a", 0, now_).ok());
+  EXPECT_EQ(*state_.nextDeadline(), t0_ + seconds(30));
+  advance(seconds(9));
+  EXPECT_TRUE(invalidated_.empty());
+  advance(seconds(1));
+  ASSERT_EQ(invalidated_.size(), 1u);
+  EXPECT_THAT(invalidated_[0].reason, HasSubstr("'b' evicted: no heartbeat for 30s (window 30s)"));
+  auto st = state_.heartbeat("r", "a", 0, now_);
+  EXPECT_EQ(st.code, RdzvCode::kFailedPrecondition);
+  EXPECT_THAT(st.message, HasSubstr("round 0 of run 'r' is no longer current"));
+  EXPECT_EQ(state_.status("r")->round, 1);
+}
+
+TEST_F(StateTest, BrokenStreamEvictsOnlyWhileItsRoundIsCurrent) {
+  auto a = join("r", "a", 2, 2);
+  auto b = join("r", "b", 2, 2);
+  ASSERT_TRUE(resolved(a) && resolved(b));
+  Effects fx;
+  state_.nodeLost("r", "b", 0, "watch stream broke", now_, fx);
+  absorb(fx);
+  ASSERT_EQ(invalidated_.size(), 1u);
+  EXPECT_THAT(invalidated_[0].reason, HasSubstr("'b' evicted: watch stream broke"));
+  Effects fx2;
+  state_.nodeLost("r", "a", 0, "watch stream broke", now_, fx2);  // round 0 is over already
+  EXPECT_TRUE(fx2.invalidated.empty());
+}
+
+TEST_F(StateTest, CancelledJoinerLeavesTheRoundAndStopsTheLastCall) {
+  auto a = join("r", "a", 2, 3);
+  auto b = join("r", "b", 2, 3);
+  EXPECT_TRUE(state_.nextDeadline().has_value());
+  Effects fx;
+  state_.cancelJoin(b, now_, fx);
+  absorb(fx);
+  EXPECT_FALSE(resolved(b)) << "a cancelled call gets no outcome";
+  EXPECT_EQ(state_.status("r")->joining, 1);
+  advance(seconds(10));
+  EXPECT_FALSE(resolved(a)) << "below min again: the last call must not fire";
+  join("r", "b", 2, 3);  // the same id may come back
+  advance(seconds(10));
+  EXPECT_TRUE(outcome(a).status.ok());
+}
+
+TEST_F(StateTest, LeaveWhileJoiningCancelsThatJoinAndUnknownIsNotFound) {
+  auto a = join("r", "a", 2, 2);
+  Effects fx;
+  EXPECT_TRUE(state_.leave("r", "a", now_, fx).ok());
+  absorb(fx);
+  EXPECT_EQ(outcome(a).status.code, RdzvCode::kCancelled);
+  EXPECT_EQ(state_.leave("r", "zz", now_, fx).code, RdzvCode::kNotFound);
+  EXPECT_EQ(state_.leave("nope", "a", now_, fx).code, RdzvCode::kNotFound);
+}
+
+TEST_F(StateTest, MemberRejoiningStartsANewRoundForAll) {
+  join("r", "a", 2, 2);
+  join("r", "b", 2, 2);
+  auto a2 = join("r", "a", 2, 2);
+  ASSERT_EQ(invalidated_.size(), 1u);
+  EXPECT_THAT(invalidated_[0].reason, HasSubstr("'a' re-joined"));
+  EXPECT_FALSE(resolved(a2));
+  auto b2 = join("r", "b", 2, 2);
+  EXPECT_EQ(outcome(a2).round->round, 1);
+  EXPECT_EQ(outcome(b2).group_rank, 1);
+}
+
+TEST_F(StateTest, RunsAreIsolated) {
+  auto a = join("r1", "a", 1, 1);
+  auto a2 = join("r2", "a", 2, 2, 1, "9.9");  // same node id, other shape and version
+  EXPECT_TRUE(outcome(a).status.ok());
+  EXPECT_FALSE(resolved(a2));
+  EXPECT_EQ(state_.status("r2")->joining, 1);
+}
+
+TEST_F(StateTest, RanksAreDeterministicForAMembership) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < 50; ++i) ids.push_back("node-" + std::to_string(i));
+  std::vector<std::vector<int32_t>> seen;
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 3; ++trial) {
+    std::shuffle(ids.begin(), ids.end(), rng);
+    std::string run = "run" + std::to_string(trial);
+    std::map<std::string, JoinTicket> t;
+    for (auto& id : ids) t[id] = join(run, id, 50, 50, 1 + static_cast<int>(id.size() % 3));
+    std::vector<int32_t> ranks;
+    for (auto& [id, ticket] : t) ranks.push_back(outcome(ticket).group_rank);
+    seen.push_back(ranks);
+  }
+  EXPECT_EQ(seen[0], seen[1]);
+  EXPECT_EQ(seen[1], seen[2]);
+}
+
+// 100,000 single-rank nodes form one round, one stops heartbeating and is evicted, the rest
+// re-form without it. Exercises the data structures at the scale a big job would need.
+TEST_F(StateTest, Simulation100kRanks) {
+  constexpr int kNodes = 100000;
+  std::vector<JoinTicket> tickets(kNodes);
+  std::vector<std::string> ids(kNodes);
+  for (int i = 0; i < kNodes; ++i) ids[i] = fmt::format("n{:06d}", i);
+  for (int i = 0; i < kNodes; ++i)
+    tickets[i] = join("big", ids[i], kNodes - 10, kNodes, 1, "1.0", seconds(5), seconds(600));
+  std::vector<bool> rank_seen(kNodes, false);
+  auto round0 = outcome(tickets[0]).round;
+  ASSERT_EQ(round0->world_size, kNodes);
+  for (int i = 0; i < kNodes; ++i) {
+    const auto& o = outcome(tickets[i]);
+    ASSERT_TRUE(o.status.ok());
+    ASSERT_EQ(o.round.get(), round0.get());
+    ASSERT_EQ(o.group_rank, i);  // ids sort in index order
+    ASSERT_EQ(round0->rank_offsets[i], i);
+    rank_seen[o.group_rank] = true;
+  }
+  EXPECT_TRUE(std::all_of(rank_seen.begin(), rank_seen.end(), [](bool b) { return b; }));
+
+  advance(seconds(20));
+  for (int i = 0; i < kNodes; ++i)
+    if (i != 4242) ASSERT_TRUE(state_.heartbeat("big", ids[i], 0, now_).ok());
+  advance(seconds(10));
+  ASSERT_EQ(invalidated_.size(), 1u);
+  EXPECT_THAT(invalidated_[0].reason, HasSubstr("'n004242'"));
+
+  outcomes_.clear();
+  for (int i = 0; i < kNodes; ++i)
+    if (i != 4242) tickets[i] = join("big", ids[i], kNodes - 10, kNodes, 1, "1.0", seconds(5));
+  EXPECT_FALSE(resolved(tickets[0]));  // min reached, max not: last call running
+  advance(seconds(5));
+  const auto& o = outcome(tickets[kNodes - 1]);
+  ASSERT_TRUE(o.status.ok());
+  EXPECT_EQ(o.round->round, 1);
+  EXPECT_EQ(o.round->world_size, kNodes - 1);
+  EXPECT_EQ(o.group_rank, kNodes - 2);
+}
+
+}  // namespace
+}  // namespace ddpl::rdzv
