@@ -1,0 +1,395 @@
+#include "launcher/agent.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/signalfd.h>
+#include <sys/time.h>
+#include <sys/timerfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <thread>
+
+#include "common/errors.h"
+#include "common/log.h"
+#include "launcher/cli.h"
+#include "launcher/error_report.h"
+#include "launcher/output.h"
+#include "launcher/process.h"
+#include "launcher/supervisor.h"
+#include "launcher/watchdog.h"
+
+namespace fs = std::filesystem;
+
+namespace ddpl::launcher {
+namespace {
+
+double unixNow() {
+  timeval tv{};
+  gettimeofday(&tv, nullptr);
+  return static_cast<double>(tv.tv_sec) + tv.tv_usec / 1e6;
+}
+
+sigset_t signalSet(const std::vector<int>& signals) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGCHLD);
+  for (int s : signals) sigaddset(&set, s);
+  return set;
+}
+
+std::string uniqueRunDir(const std::string& base, const std::string& run_id) {
+  fs::path p = fs::path(base) / run_id;
+  // Never write into an earlier run's logs: a reused run id gets a numbered sibling.
+  for (int k = 1; fs::exists(p); ++k) p = fs::path(base) / (run_id + "." + std::to_string(k));
+  return p.string();
+}
+
+}  // namespace
+
+void blockSignals(const std::vector<int>& signals) {
+  signal(SIGPIPE, SIG_IGN);
+  sigset_t set = signalSet(signals);
+  sigprocmask(SIG_BLOCK, &set, nullptr);
+}
+
+struct Agent::Impl {
+  struct Worker {
+    int local_rank = 0;
+    int global_rank = 0;
+    pid_t pid = -1;
+    bool alive = false;
+    std::string error_file;
+  };
+
+  AgentConfig cfg;
+  RendezvousHandler& rdzv;
+  Supervisor sup;
+  OutputRouter router;
+  Watchdog watchdog;
+  int epfd = -1, sigfd = -1, timerfd = -1;
+  std::string log_base, run_dir;
+  bool temp_base = false;
+  WorldAssignment world;
+  int attempt = 0;
+  std::vector<Worker> workers;
+  std::vector<pid_t> pgids;              // every worker group of the current attempt
+  std::vector<int> stream_fds;           // open output pipes of the current attempt
+  std::vector<FailureDetail> failures;   // of the current attempt
+  bool done = false;
+  int exit_code = 0;
+
+  Impl(AgentConfig c, RendezvousHandler& r)
+      : cfg(std::move(c)),
+        rdzv(r),
+        sup(Supervisor::Config{cfg.nproc, cfg.options.max_restarts, stopSignals(cfg.options)}),
+        router(cfg.options.role, STDOUT_FILENO, STDERR_FILENO),
+        watchdog(cfg.run_id + "-" + std::to_string(getpid())) {
+    if (cfg.options.log_dir.empty()) {
+      std::string tmpl = (fs::temp_directory_path() / "ddpl-launch-XXXXXX").string();
+      if (!mkdtemp(tmpl.data()))
+        throw Error(std::string("cannot create a temporary log directory: ") + strerror(errno));
+      log_base = tmpl;
+      temp_base = true;
+    } else {
+      log_base = cfg.options.log_dir;
+      std::error_code ec;
+      fs::create_directories(log_base, ec);
+      if (ec)
+        throw InvalidArgument("--log-dir '" + log_base + "' cannot be created: " + ec.message());
+    }
+    run_dir = uniqueRunDir(log_base, cfg.run_id);
+
+    epfd = epoll_create1(EPOLL_CLOEXEC);
+    sigset_t set = signalSet(cfg.options.signals_to_handle);
+    sigfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+    timerfd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+    if (epfd < 0 || sigfd < 0 || timerfd < 0)
+      throw Error(std::string("cannot set up the event loop: ") + strerror(errno));
+    addFd(sigfd);
+    addFd(timerfd);
+  }
+
+  ~Impl() {
+    for (int fd : {epfd, sigfd, timerfd})
+      if (fd >= 0) close(fd);
+    if (temp_base) {
+      std::error_code ec;
+      fs::remove_all(log_base, ec);
+    }
+  }
+
+  static std::vector<int> stopSignals(const LaunchOptions& o) {
+    std::vector<int> out;
+    for (int s : o.signals_to_handle)
+      if (s == SIGTERM || s == SIGINT || s == SIGHUP || s == SIGQUIT) out.push_back(s);
+    return out;
+  }
+
+  void addFd(int fd) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev);
+  }
+
+  void removeStream(int fd) {
+    epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
+    router.remove(fd);
+    stream_fds.erase(std::remove(stream_fds.begin(), stream_fds.end(), fd), stream_fds.end());
+  }
+
+  std::string rankDir(int local_rank) const {
+    return run_dir + "/attempt_" + std::to_string(attempt) + "/" + std::to_string(local_rank);
+  }
+
+  int openLog(const std::string& path) {
+    int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_APPEND, 0644);
+    if (fd < 0) throw Error("cannot open log file '" + path + "': " + strerror(errno));
+    return fd;
+  }
+
+  // Kills whatever the previous attempt left: grandchildren in the workers' groups, and any
+  // process carrying our marker that escaped them.
+  void sweepAttempt() {
+    for (pid_t g : pgids) {
+      kill(-g, SIGKILL);
+      watchdog.unwatchGroup(g);
+    }
+    killMarkedProcesses(watchdog.marker());
+    pgids.clear();
+    for (int fd : std::vector<int>(stream_fds)) {
+      router.drain(fd);
+      removeStream(fd);
+    }
+  }
+
+  void startGroup(int attempt_number) {
+    sweepAttempt();
+    attempt = attempt_number;
+    failures.clear();
+    router.clearTails();
+    world = rdzv.nextRendezvous(attempt);
+    log::info("attempt {}: starting {} worker(s), ranks {}..{} of world size {}, store {}:{}",
+              attempt, cfg.nproc, world.rank_offset, world.rank_offset + cfg.nproc - 1,
+              world.world_size, world.master_addr, world.master_port);
+    workers.assign(static_cast<size_t>(cfg.nproc), Worker{});
+    std::vector<SpawnedProcess> spawned;
+    for (int lr = 0; lr < cfg.nproc; ++lr) {
+      std::string dir = rankDir(lr);
+      fs::create_directories(dir);
+      Worker& w = workers[lr];
+      w.local_rank = lr;
+      w.global_rank = world.rank_offset + lr;
+      w.error_file = dir + "/error.json";
+      WorkerContext ctx{lr, cfg.nproc, sup.restartCount(), cfg.options.max_restarts,
+                        cfg.options.role, w.error_file};
+      Environment extra = cfg.extra_env;
+      extra[kMarkerEnv] = watchdog.marker();
+      auto env = buildWorkerEnv(cfg.base_env, world, ctx, extra);
+      SpawnedProcess p = spawnProcess(substituteLocalRank(cfg.command, lr), toEnvp(env));
+      w.pid = p.pid;
+      w.alive = true;
+      pgids.push_back(p.pid);
+      watchdog.watchGroup(p.pid);
+
+      StreamSelection redirect = cfg.options.redirects.forRank(lr);
+      StreamSelection tee = cfg.options.tee.forRank(lr);
+      const auto& filter = cfg.options.local_ranks_filter;
+      bool shown = filter.empty() || std::find(filter.begin(), filter.end(), lr) != filter.end();
+      StreamRoute out{lr, w.global_rank, StreamKind::kStdout,
+                      shown && !(redirect.stdout_ && !tee.stdout_), -1};
+      StreamRoute err{lr, w.global_rank, StreamKind::kStderr,
+                      shown && !(redirect.stderr_ && !tee.stderr_), -1};
+      if (redirect.stdout_ || tee.stdout_) out.file_fd = openLog(dir + "/stdout.log");
+      if (redirect.stderr_ || tee.stderr_) err.file_fd = openLog(dir + "/stderr.log");
+      router.add(p.stdout_fd, out);
+      router.add(p.stderr_fd, err);
+      addFd(p.stdout_fd);
+      addFd(p.stderr_fd);
+      stream_fds.push_back(p.stdout_fd);
+      stream_fds.push_back(p.stderr_fd);
+      spawned.push_back(p);
+    }
+    // All forks first, then wait for the execs: the workers start in parallel.
+    for (int lr = 0; lr < cfg.nproc; ++lr) {
+      int e = awaitExec(spawned[lr]);
+      if (e != 0) {
+        std::string msg = "cannot execute '" + cfg.command[0] + "': " + strerror(e);
+        log::error("local rank {}: {}", lr, msg);
+        FailureDetail d;
+        d.error = ErrorFileContents{msg, "", ""};
+        pendingExecFailures[workers[lr].pid] = d;
+      }
+    }
+  }
+  std::map<pid_t, FailureDetail> pendingExecFailures;
+
+  void killGroups(int sig) {
+    for (pid_t g : pgids) kill(-g, sig);
+  }
+
+  void execute(const std::vector<Action>& actions) {
+    for (const auto& a : actions) {
+      switch (a.kind) {
+        case Action::Kind::kStartGroup:
+          if (a.value > 0)
+            log::warn("restarting the worker group: restart {} of {}", a.value,
+                      cfg.options.max_restarts);
+          startGroup(a.value);
+          break;
+        case Action::Kind::kTerminateAll:
+          log::info("stopping {} worker(s) with {} (SIGKILL after {}s)", sup.liveWorkers(),
+                    signalName(a.value), cfg.options.shutdown_timeout_sec);
+          killGroups(a.value);
+          break;
+        case Action::Kind::kKillAll:
+          log::warn("{} worker(s) still running: sending SIGKILL", sup.liveWorkers());
+          killGroups(SIGKILL);
+          break;
+        case Action::Kind::kForwardSignal:
+          log::info("forwarding {} to the workers", signalName(a.value));
+          for (const auto& w : workers)
+            if (w.alive) kill(-w.pid, a.value);
+          break;
+        case Action::Kind::kArmShutdownTimer: {
+          itimerspec its{};
+          double t = std::max(cfg.options.shutdown_timeout_sec, 0.001);
+          its.it_value.tv_sec = static_cast<time_t>(t);
+          its.it_value.tv_nsec = static_cast<long>((t - static_cast<double>(its.it_value.tv_sec)) * 1e9);
+          timerfd_settime(timerfd, 0, &its, nullptr);
+          break;
+        }
+        case Action::Kind::kExit:
+          done = true;
+          exit_code = a.value;
+          break;
+      }
+    }
+  }
+
+  void onChildExit(pid_t pid, int wstatus) {
+    auto it = std::find_if(workers.begin(), workers.end(),
+                           [&](const Worker& w) { return w.pid == pid && w.alive; });
+    if (it == workers.end()) return;  // a reparented grandchild or the watchdog: just reaped
+    Worker& w = *it;
+    w.alive = false;
+    // Output written before exit is shown before the exit is acted on.
+    for (int fd : std::vector<int>(stream_fds)) router.drain(fd);
+    ExitStatus st = ExitStatus::fromWaitStatus(wstatus);
+    double now = unixNow();
+    bool stopping = sup.phase() == Phase::kStopping;
+    if (!st.success()) {
+      FailureDetail d;
+      auto pending = pendingExecFailures.find(pid);
+      if (pending != pendingExecFailures.end()) d = pending->second;
+      else d.error = readErrorFile(w.error_file);
+      d.exit = WorkerExit{w.local_rank, pid, st, now, stopping};
+      d.global_rank = w.global_rank;
+      d.host = cfg.host;
+      d.error_file = w.error_file;
+      d.stderr_tail = router.stderrTail(w.local_rank);
+      failures.push_back(std::move(d));
+      if (!stopping)
+        log::error("worker rank {} (local rank {}, pid {}) failed: {}", w.global_rank,
+                   w.local_rank, pid, st.describe());
+    }
+    execute(sup.onWorkerExit(w.local_rank, pid, st, now));
+  }
+
+  void onSignalFd() {
+    signalfd_siginfo si{};
+    while (read(sigfd, &si, sizeof(si)) == sizeof(si)) {
+      int signo = static_cast<int>(si.ssi_signo);
+      if (signo == SIGCHLD) {
+        int wstatus;
+        pid_t pid;
+        while ((pid = waitpid(-1, &wstatus, WNOHANG)) > 0) onChildExit(pid, wstatus);
+      } else {
+        log::warn("received {}", signalName(signo));
+        execute(sup.onSignal(signo));
+      }
+    }
+  }
+
+  int run() {
+    execute(sup.start());
+    epoll_event events[64];
+    while (!done) {
+      int n = epoll_wait(epfd, events, 64, -1);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        throw Error(std::string("epoll_wait: ") + strerror(errno));
+      }
+      for (int i = 0; i < n && !done; ++i) {
+        int fd = events[i].data.fd;
+        if (fd == sigfd) {
+          onSignalFd();
+        } else if (fd == timerfd) {
+          uint64_t expirations;
+          ssize_t ignored = read(timerfd, &expirations, sizeof(expirations));
+          (void)ignored;
+          execute(sup.onShutdownTimeout());
+        } else if (!router.onReadable(fd)) {
+          removeStream(fd);
+        }
+      }
+    }
+    finish();
+    return exit_code;
+  }
+
+  void finish() {
+    sweepAttempt();
+    itimerspec off{};
+    timerfd_settime(timerfd, 0, &off, nullptr);
+    watchdog.release();
+    // Reap everything we were given as subreaper. Bounded: all of it was just SIGKILLed.
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (true) {
+      int wstatus;
+      pid_t pid = waitpid(-1, &wstatus, WNOHANG);
+      if (pid > 0) continue;
+      if (pid < 0) break;  // ECHILD: nothing left
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) {
+        log::warn("some processes did not exit within 5s of SIGKILL (stuck in the kernel?)");
+        break;
+      }
+      epoll_event ev;
+      epoll_wait(epfd, &ev, 1, static_cast<int>(left.count()));  // woken by SIGCHLD on sigfd
+      signalfd_siginfo si;
+      while (read(sigfd, &si, sizeof(si)) == sizeof(si)) {
+      }
+    }
+    if (sup.stopReason() == StopReason::kSignal) {
+      log::warn("stopped by {}: exit code {}", signalName(sup.stopSignal()), exit_code);
+      return;
+    }
+    if (exit_code == 0) return;
+    const WorkerExit* root = sup.rootCause();
+    const FailureDetail* root_detail = nullptr;
+    for (const auto& f : failures)
+      if (root && f.exit.pid == root->pid) root_detail = &f;
+    if (!root_detail) return;
+    std::string report = formatFailureReport(cfg.options.program, failures, *root_detail);
+    writeAll(STDERR_FILENO, report.data(), report.size());
+    if (!temp_base) log::info("logs and error files are in {}", run_dir);
+  }
+};
+
+Agent::Agent(AgentConfig config, RendezvousHandler& rendezvous)
+    : impl_(std::make_unique<Impl>(std::move(config), rendezvous)) {}
+Agent::~Agent() = default;
+int Agent::run() { return impl_->run(); }
+const std::string& Agent::runLogDir() const { return impl_->run_dir; }
+
+}  // namespace ddpl::launcher

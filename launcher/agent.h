@@ -1,0 +1,45 @@
+#pragma once
+// The local agent: carries out the supervisor's decisions with real processes. Event driven:
+// one epoll loop over a signalfd (SIGCHLD and the handled signals), the workers' output pipes
+// and a timerfd for the shutdown grace period. Nothing polls.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "launcher/options.h"
+#include "launcher/rendezvous_handler.h"
+#include "launcher/worker_spec.h"
+
+namespace ddpl::launcher {
+
+struct AgentConfig {
+  LaunchOptions options;
+  int nproc = 1;
+  std::vector<std::string> command;  // resolved, before ${local_rank} substitution
+  Environment base_env;              // the launcher's environment, inherited by workers
+  Environment extra_env;             // added for every worker (store endpoint, ...)
+  std::string run_id;
+  std::string host;
+};
+
+class Agent {
+ public:
+  Agent(AgentConfig config, RendezvousHandler& rendezvous);
+  ~Agent();
+  // Runs the job to the end and returns the launcher's exit code. The caller must have blocked
+  // SIGCHLD and the handled signals in every thread (blockSignals) before any thread started.
+  int run();
+
+  // The directory holding attempt_<n>/<local_rank>/ for this run.
+  const std::string& runLogDir() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Blocks SIGCHLD, SIGPIPE-as-ignored, and `signals` so that the agent receives them through a
+// signalfd. Call first thing in main, before starting any thread.
+void blockSignals(const std::vector<int>& signals);
+
+}  // namespace ddpl::launcher

@@ -1,0 +1,388 @@
+#include "launcher/cli.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstring>
+#include <functional>
+#include <sstream>
+
+namespace ddpl::launcher {
+namespace {
+
+std::string trim(const std::string& s) {
+  auto b = s.find_first_not_of(" \t");
+  auto e = s.find_last_not_of(" \t");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::string cur;
+  std::istringstream in(s);
+  while (std::getline(in, cur, sep)) out.push_back(trim(cur));
+  return out;
+}
+
+int parseInt(const std::string& flag, const std::string& v, int min_value) {
+  try {
+    size_t used = 0;
+    long long n = std::stoll(v, &used);
+    if (used == v.size() && n >= min_value && n <= 1'000'000'000) return static_cast<int>(n);
+  } catch (const std::exception&) {
+  }
+  throw UsageError(fmt::format("{}: '{}' is not a whole number >= {}", flag, v, min_value));
+}
+
+double parseSeconds(const std::string& flag, const std::string& v) {
+  try {
+    size_t used = 0;
+    double d = std::stod(v, &used);
+    if (used == v.size() && d >= 0 && d < 1e9) return d;
+  } catch (const std::exception&) {
+  }
+  throw UsageError(fmt::format("{}: '{}' is not a number of seconds >= 0", flag, v));
+}
+
+bool parseBool(const std::string& flag, const std::string& v) {
+  std::string l = v;
+  std::transform(l.begin(), l.end(), l.begin(), ::tolower);
+  if (l == "1" || l == "true" || l == "yes" || l == "on") return true;
+  if (l == "0" || l == "false" || l == "no" || l == "off" || l.empty()) return false;
+  throw UsageError(fmt::format("{}: '{}' is not a boolean (use 1 or 0)", flag, v));
+}
+
+NprocSpec parseNproc(const std::string& v) {
+  if (v == "gpu") return {NprocKind::kGpu, 0};
+  if (v == "cpu") return {NprocKind::kCpu, 0};
+  if (v == "auto") return {NprocKind::kAuto, 0};
+  try {
+    return {NprocKind::kNumber, parseInt("--nproc-per-node", v, 1)};
+  } catch (const UsageError&) {
+    throw UsageError(fmt::format(
+        "--nproc-per-node: '{}' is not a positive number, 'gpu', 'cpu' or 'auto'", v));
+  }
+}
+
+void parseNnodes(const std::string& v, LaunchOptions& o) {
+  auto colon = v.find(':');
+  if (colon == std::string::npos) {
+    o.nnodes_min = o.nnodes_max = parseInt("--nnodes", v, 1);
+  } else {
+    o.nnodes_min = parseInt("--nnodes", v.substr(0, colon), 1);
+    o.nnodes_max = parseInt("--nnodes", v.substr(colon + 1), 1);
+  }
+  if (o.nnodes_min > o.nnodes_max)
+    throw UsageError(fmt::format("--nnodes: minimum {} is greater than maximum {} in '{}'",
+                                 o.nnodes_min, o.nnodes_max, v));
+}
+
+std::map<std::string, std::string> parseConf(const std::string& v) {
+  std::map<std::string, std::string> out;
+  if (trim(v).empty()) return out;
+  for (const auto& kv : split(v, ',')) {
+    auto eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw UsageError(fmt::format("--rdzv-conf: '{}' is not key=value", kv));
+    out[trim(kv.substr(0, eq))] = trim(kv.substr(eq + 1));
+  }
+  return out;
+}
+
+StreamSelection selectionFromCode(const std::string& flag, const std::string& code) {
+  int c = -1;
+  if (code.size() == 1 && code[0] >= '0' && code[0] <= '3') c = code[0] - '0';
+  if (c < 0)
+    throw UsageError(fmt::format(
+        "{}: '{}' is not a stream code (0 none, 1 stdout, 2 stderr, 3 both)", flag, code));
+  return {(c & 1) != 0, (c & 2) != 0};
+}
+
+struct Flag {
+  std::vector<std::string> names;  // canonical spelling with dashes; first is the main one
+  bool takes_value;
+  std::string metavar;
+  std::string help;
+  std::function<void(const std::string& flag, const std::string& value, LaunchOptions&)> apply;
+};
+
+const std::vector<Flag>& flags() {
+  static const std::vector<Flag> kFlags = {
+      {{"--nnodes"}, true, "N|MIN:MAX", "number of nodes, or elastic MIN:MAX (default 1:1)",
+       [](auto&, auto& v, auto& o) { parseNnodes(v, o); }},
+      {{"--nproc-per-node"}, true, "N|gpu|cpu|auto",
+       "workers per node: a number, the GPU count, the CPU count, or GPUs if any else CPUs "
+       "(default 1)",
+       [](auto&, auto& v, auto& o) { o.nproc_per_node = parseNproc(v); }},
+      {{"--standalone"}, false, "", "single node with a local rendezvous on a free port",
+       [](auto& f, auto& v, auto& o) { o.standalone = parseBool(f, v); }},
+      {{"--node-rank"}, true, "N", "rank of this node for static rendezvous (default 0)",
+       [](auto& f, auto& v, auto& o) { o.node_rank = parseInt(f, v, 0); }},
+      {{"--rdzv-backend"}, true, "NAME", "static, c10d or ddpl (default static)",
+       [](auto& f, auto& v, auto& o) {
+         if (v != "static" && v != "c10d" && v != "ddpl")
+           throw UsageError(fmt::format(
+               "{}: '{}' is not supported: use static, or c10d/ddpl for our gRPC rendezvous", f,
+               v));
+         o.rdzv_backend = v;
+       }},
+      {{"--rdzv-endpoint"}, true, "HOST[:PORT]", "rendezvous service address",
+       [](auto&, auto& v, auto& o) { o.rdzv_endpoint = v; }},
+      {{"--rdzv-id"}, true, "ID", "job id shared by every node (default: random)",
+       [](auto&, auto& v, auto& o) { o.rdzv_id = v; }},
+      {{"--rdzv-conf"}, true, "K=V,...",
+       "join_timeout, last_call_timeout, close_timeout, read_timeout, is_host, ...",
+       [](auto&, auto& v, auto& o) { o.rdzv_conf = parseConf(v); }},
+      {{"--master-addr"}, true, "ADDR", "address of rank 0's store (default 127.0.0.1)",
+       [](auto& f, auto& v, auto& o) {
+         if (v.empty()) throw UsageError(fmt::format("{}: empty address", f));
+         o.master_addr = v;
+       }},
+      {{"--master-port"}, true, "PORT", "port of rank 0's store (default: a free port)",
+       [](auto& f, auto& v, auto& o) {
+         int p = parseInt(f, v, 0);
+         if (p > 65535) throw UsageError(fmt::format("{}: {} is not a TCP port", f, p));
+         if (p == 0) o.master_port.reset(); else o.master_port = p;
+       }},
+      {{"--local-addr"}, true, "ADDR", "address this node advertises",
+       [](auto&, auto& v, auto& o) { o.local_addr = v; }},
+      {{"--max-restarts"}, true, "N", "group restarts allowed after a worker fails (default 0)",
+       [](auto& f, auto& v, auto& o) { o.max_restarts = parseInt(f, v, 0); }},
+      {{"--monitor-interval"}, true, "SECONDS",
+       "accepted for torchrun compatibility; exits are noticed at once, without polling",
+       [](auto& f, auto& v, auto& o) { o.monitor_interval_sec = parseSeconds(f, v); }},
+      {{"--shutdown-timeout"}, true, "SECONDS",
+       "grace between SIGTERM and SIGKILL when stopping workers (default 30)",
+       [](auto& f, auto& v, auto& o) { o.shutdown_timeout_sec = parseSeconds(f, v); }},
+      {{"--signals-to-handle"}, true, "SIG,...",
+       "signals forwarded to workers (default SIGTERM,SIGINT,SIGHUP,SIGQUIT); TERM, INT, HUP "
+       "and QUIT also stop the job, others (e.g. SIGUSR1 for Slurm preemption) are only "
+       "forwarded",
+       [](auto&, auto& v, auto& o) {
+         o.signals_to_handle.clear();
+         for (const auto& s : split(v, ','))
+           if (!s.empty()) o.signals_to_handle.push_back(parseSignalName(s));
+       }},
+      {{"--role"}, true, "NAME", "role name, used in log prefixes (default 'default')",
+       [](auto& f, auto& v, auto& o) {
+         if (v.empty()) throw UsageError(fmt::format("{}: empty role name", f));
+         o.role = v;
+       }},
+      {{"--log-dir"}, true, "DIR",
+       "keep logs and error files in DIR/<run_id>/attempt_<n>/<local_rank>/",
+       [](auto&, auto& v, auto& o) { o.log_dir = v; }},
+      {{"--redirects", "-r"}, true, "0-3|R:C,...",
+       "send worker streams to log files only: 0 none, 1 stdout, 2 stderr, 3 both",
+       [](auto& f, auto& v, auto& o) { o.redirects = parseStreamSpec(f, v); }},
+      {{"--tee", "-t"}, true, "0-3|R:C,...", "copy worker streams to log files and the console",
+       [](auto& f, auto& v, auto& o) { o.tee = parseStreamSpec(f, v); }},
+      {{"--local-ranks-filter"}, true, "R,...", "show only these local ranks on the console",
+       [](auto& f, auto& v, auto& o) {
+         o.local_ranks_filter.clear();
+         for (const auto& s : split(v, ','))
+           if (!s.empty()) o.local_ranks_filter.push_back(parseInt(f, s, 0));
+       }},
+      {{"--module", "-m"}, false, "", "run PROGRAM as a Python module (python -m)",
+       [](auto& f, auto& v, auto& o) {
+         if (parseBool(f, v)) o.target_kind = TargetKind::kModule;
+       }},
+      {{"--no-python"}, false, "", "exec PROGRAM as given, never under python",
+       [](auto& f, auto& v, auto& o) {
+         if (parseBool(f, v)) o.target_kind = TargetKind::kNoPython;
+       }},
+      {{"--run-path"}, false, "", "not supported: launch always runs workers as processes",
+       [](auto& f, auto&, auto&) {
+         throw UsageError(fmt::format(
+             "{} is not supported: launch runs every worker as its own process; drop the flag "
+             "(a .py PROGRAM already runs under python)",
+             f));
+       }},
+      {{"--log-level"}, true, "LEVEL", "launcher log level: debug, info, warn, error (default info)",
+       [](auto& f, auto& v, auto& o) {
+         static const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "critical",
+                                         "off"};
+         if (std::none_of(std::begin(kLevels), std::end(kLevels),
+                          [&](const char* l) { return v == l; }))
+           throw UsageError(fmt::format("{}: '{}' is not one of trace, debug, info, warn, "
+                                        "error, critical, off",
+                                        f, v));
+         o.log_level = v;
+       }},
+  };
+  return kFlags;
+}
+
+// torchrun accepts both spellings; we compare in the dashed form.
+std::string canonical(const std::string& name) {
+  if (name.size() < 3 || name[0] != '-' || name[1] != '-') return name;
+  std::string c = name;
+  std::replace(c.begin() + 2, c.end(), '_', '-');
+  return c;
+}
+
+const Flag* findFlag(const std::string& name) {
+  std::string c = canonical(name);
+  for (const auto& f : flags())
+    for (const auto& n : f.names)
+      if (n == c) return &f;
+  return nullptr;
+}
+
+std::string petName(const Flag& f) {
+  std::string n = f.names[0].substr(2);
+  std::transform(n.begin(), n.end(), n.begin(), [](char ch) {
+    return ch == '-' ? '_' : static_cast<char>(::toupper(ch));
+  });
+  return "PET_" + n;
+}
+
+}  // namespace
+
+int parseSignalName(const std::string& raw) {
+  std::string s = raw;
+  std::transform(s.begin(), s.end(), s.begin(), ::toupper);
+  if (!s.empty() && std::all_of(s.begin(), s.end(), ::isdigit)) {
+    int n = std::stoi(s);
+    if (n > 0 && n < NSIG && n != SIGKILL && n != SIGSTOP) return n;
+  }
+  if (s.rfind("SIG", 0) != 0) s = "SIG" + s;
+  static const std::pair<const char*, int> kSignals[] = {
+      {"SIGTERM", SIGTERM}, {"SIGINT", SIGINT},   {"SIGHUP", SIGHUP},   {"SIGQUIT", SIGQUIT},
+      {"SIGUSR1", SIGUSR1}, {"SIGUSR2", SIGUSR2}, {"SIGCONT", SIGCONT}, {"SIGALRM", SIGALRM},
+      {"SIGXCPU", SIGXCPU}, {"SIGWINCH", SIGWINCH}};
+  for (const auto& [name, num] : kSignals)
+    if (s == name) return num;
+  throw UsageError(fmt::format(
+      "--signals-to-handle: '{}' is not a signal that can be forwarded (use names such as "
+      "SIGTERM, SIGUSR1; SIGKILL and SIGSTOP cannot be caught)",
+      raw));
+}
+
+std::string signalName(int signo) {
+  const char* abbrev = sigabbrev_np(signo);
+  return abbrev ? std::string("SIG") + abbrev : fmt::format("signal {}", signo);
+}
+
+StreamSpec parseStreamSpec(const std::string& flag, const std::string& value) {
+  StreamSpec spec;
+  std::string v = trim(value);
+  if (v.find(':') == std::string::npos) {
+    spec.all = selectionFromCode(flag, v);
+    return spec;
+  }
+  for (const auto& part : split(v, ',')) {
+    auto colon = part.find(':');
+    if (colon == std::string::npos)
+      throw UsageError(fmt::format("{}: '{}' is not LOCAL_RANK:CODE", flag, part));
+    int rank = parseInt(flag, part.substr(0, colon), 0);
+    spec.per_rank[rank] = selectionFromCode(flag, part.substr(colon + 1));
+  }
+  return spec;
+}
+
+ParseResult parseCommandLine(const std::vector<std::string>& args,
+                             const std::map<std::string, std::string>& env) {
+  ParseResult result;
+  LaunchOptions& o = result.options;
+
+  // Environment first, so that the command line overrides it.
+  for (const auto& f : flags()) {
+    auto it = env.find(petName(f));
+    if (it == env.end()) continue;
+    if (f.names[0] == "--run-path" && !parseBool(petName(f), it->second)) continue;
+    f.apply(petName(f), it->second, o);
+  }
+
+  size_t i = 0;
+  for (; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--") {
+      ++i;
+      break;
+    }
+    if (a.empty() || a[0] != '-' || a == "-") break;  // the program
+    if (a == "-h" || a == "--help") {
+      result.action = ParseResult::Action::kHelp;
+      return result;
+    }
+    if (a == "--version") {
+      result.action = ParseResult::Action::kVersion;
+      return result;
+    }
+    std::string name = a, value;
+    bool has_inline = false;
+    if (auto eq = a.find('='); eq != std::string::npos && a.rfind("--", 0) == 0) {
+      name = a.substr(0, eq);
+      value = a.substr(eq + 1);
+      has_inline = true;
+    } else if (a.size() > 2 && a[0] == '-' && a[1] != '-') {
+      // Short flags with an attached value: -r3, -t1.
+      name = a.substr(0, 2);
+      value = a.substr(2);
+      has_inline = true;
+    }
+    const Flag* f = findFlag(name);
+    if (!f)
+      throw UsageError(fmt::format("unknown option '{}' (see launch --help); options go before "
+                                   "PROGRAM, the program's own options after it",
+                                   name));
+    if (f->takes_value) {
+      if (!has_inline) {
+        if (i + 1 >= args.size())
+          throw UsageError(fmt::format("{} needs a value ({})", name, f->metavar));
+        value = args[++i];
+      }
+      f->apply(name, value, o);
+    } else {
+      f->apply(name, has_inline ? value : "1", o);
+    }
+  }
+  if (i >= args.size())
+    throw UsageError("missing PROGRAM: usage is launch [options] PROGRAM [ARGS...]");
+  o.program = args[i];
+  o.program_args.assign(args.begin() + static_cast<long>(i) + 1, args.end());
+
+  if (o.signals_to_handle.empty()) o.signals_to_handle = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
+  if (o.standalone && (o.nnodes_min != 1 || o.nnodes_max != 1))
+    throw UsageError(fmt::format("--standalone runs one node, but --nnodes={}:{} was given",
+                                 o.nnodes_min, o.nnodes_max));
+  if (o.nnodes_max > 1)
+    throw UsageError(fmt::format(
+        "--nnodes={}:{}: multi-node jobs are not yet supported by this build of launch; run "
+        "one node (--nnodes=1) for now",
+        o.nnodes_min, o.nnodes_max));
+  if (o.node_rank != 0)
+    throw UsageError(
+        fmt::format("--node-rank={} but the job has 1 node: the only node rank is 0", o.node_rank));
+  return result;
+}
+
+std::string helpText() {
+  std::string out =
+      "usage: launch [options] PROGRAM [ARGS...]\n\n"
+      "Start one worker process per GPU or CPU slot with torchrun's environment (RANK,\n"
+      "LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...), supervise them, restart the\n"
+      "group on failure and report the root cause. PROGRAM: an executable runs directly; a\n"
+      "Python file runs under PYTHON_EXEC or python3 (with -u); -m runs a module.\n"
+      "${local_rank} in ARGS is replaced per worker. Every option also accepts the\n"
+      "underscore spelling (--nproc_per_node) and falls back to PET_<NAME> from the\n"
+      "environment (PET_NPROC_PER_NODE=4); the command line wins.\n\noptions:\n";
+  for (const auto& f : flags()) {
+    std::string names;
+    for (auto it = f.names.rbegin(); it != f.names.rend(); ++it)
+      names += (names.empty() ? "" : ", ") + *it;
+    if (f.takes_value) names += " " + f.metavar;
+    out += fmt::format("  {:<34} {}\n", names, f.help);
+  }
+  out += fmt::format("  {:<34} {}\n", "-h, --help", "show this help");
+  out += fmt::format("  {:<34} {}\n", "--version", "print the version");
+  out +=
+      "\nexit status: 0 when every worker succeeds; otherwise the root-cause worker's exit\n"
+      "code (128+N when it died of signal N), 128+N when launch itself was stopped by\n"
+      "signal N, and 2 for bad options.\n\nexample:\n"
+      "  launch --standalone --nproc-per-node=4 train.py --epochs 10\n";
+  return out;
+}
+
+}  // namespace ddpl::launcher

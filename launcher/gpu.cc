@@ -1,0 +1,88 @@
+#include "launcher/gpu.h"
+
+#include <dlfcn.h>
+
+#include <dirent.h>
+
+#include <cctype>
+#include <cstring>
+#include <sstream>
+
+namespace ddpl::launcher {
+
+int countVisible(int physical, const std::string& value) {
+  std::stringstream in(value);
+  std::string item;
+  int n = 0;
+  while (std::getline(in, item, ',')) {
+    auto b = item.find_first_not_of(" ");
+    if (b == std::string::npos) break;
+    item = item.substr(b);
+    if (item.rfind("GPU-", 0) == 0 || item.rfind("MIG-", 0) == 0) {
+      ++n;  // UUIDs: cannot be checked against an index, count them
+      continue;
+    }
+    if (!std::isdigit(static_cast<unsigned char>(item[0]))) break;
+    int idx = std::stoi(item);
+    if (idx >= physical) break;
+    ++n;
+  }
+  return n < physical ? n : physical;
+}
+
+namespace {
+int countDeviceNodes() {
+  int n = 0;
+  DIR* d = opendir("/dev");
+  if (!d) return 0;
+  while (dirent* e = readdir(d)) {
+    const char* name = e->d_name;
+    if (std::strncmp(name, "nvidia", 6) != 0 || !name[6]) continue;
+    bool digits = true;
+    for (const char* c = name + 6; *c; ++c) digits = digits && std::isdigit(static_cast<unsigned char>(*c));
+    if (digits) ++n;
+  }
+  closedir(d);
+  return n;
+}
+}  // namespace
+
+GpuInfo discoverGpus(const char* cuda_visible_devices, bool ask_driver) {
+  GpuInfo info;
+  if (!ask_driver) {
+    info.physical = countDeviceNodes();
+    info.source = info.physical ? "/dev/nvidia*" : "none: no /dev/nvidiaN device nodes";
+    info.visible = cuda_visible_devices ? countVisible(info.physical, cuda_visible_devices)
+                                        : info.physical;
+    return info;
+  }
+  // NVML ships with the driver, so its presence is the honest test for "this machine has GPUs".
+  void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    info.source = "none: no NVIDIA driver (libnvidia-ml.so.1 not found)";
+    return info;
+  }
+  using InitFn = int (*)();
+  using CountFn = int (*)(unsigned int*);
+  auto init = reinterpret_cast<InitFn>(dlsym(lib, "nvmlInit_v2"));
+  auto count = reinterpret_cast<CountFn>(dlsym(lib, "nvmlDeviceGetCount_v2"));
+  auto shutdown = reinterpret_cast<InitFn>(dlsym(lib, "nvmlShutdown"));
+  unsigned int n = 0;
+  if (init && count && init() == 0) {
+    if (count(&n) == 0) {
+      info.physical = static_cast<int>(n);
+      info.source = "nvml";
+    } else {
+      info.source = "none: nvmlDeviceGetCount failed";
+    }
+    if (shutdown) shutdown();
+  } else {
+    info.source = "none: nvmlInit failed (driver not loaded?)";
+  }
+  dlclose(lib);
+  info.visible = cuda_visible_devices ? countVisible(info.physical, cuda_visible_devices)
+                                      : info.physical;
+  return info;
+}
+
+}  // namespace ddpl::launcher

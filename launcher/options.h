@@ -1,0 +1,83 @@
+#pragma once
+// Everything `launch` was asked to do, parsed once in main (launcher/cli.h) from the command
+// line and PET_* environment variables. Plain data with defaults, as torchrun's flags.
+#include <chrono>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddpl::launcher {
+
+inline constexpr int kDefaultMasterPort = 29500;
+inline constexpr int kDefaultRdzvPort = 29400;
+inline constexpr double kDefaultShutdownTimeoutSec = 30.0;
+inline constexpr double kDefaultMonitorIntervalSec = 0.1;
+
+// Which of a worker's streams go to files (redirect: files only; tee: files and console).
+struct StreamSelection {
+  bool stdout_ = false;
+  bool stderr_ = false;
+};
+
+// torchrun's -r/-t value: one selection for every local rank, or one per local rank.
+struct StreamSpec {
+  StreamSelection all;
+  std::map<int, StreamSelection> per_rank;
+  StreamSelection forRank(int local_rank) const {
+    auto it = per_rank.find(local_rank);
+    return it == per_rank.end() ? all : it->second;
+  }
+};
+
+enum class NprocKind { kNumber, kGpu, kCpu, kAuto };
+
+struct NprocSpec {
+  NprocKind kind = NprocKind::kNumber;
+  int number = 1;
+};
+
+enum class TargetKind {
+  kAuto,      // an executable runs directly, anything else under python
+  kModule,    // -m: python -m MODULE
+  kNoPython,  // --no-python: exec as given
+};
+
+struct LaunchOptions {
+  // Topology.
+  int nnodes_min = 1;
+  int nnodes_max = 1;
+  NprocSpec nproc_per_node;
+  int node_rank = 0;
+  bool standalone = false;
+
+  // Rendezvous (single node uses the local handler; multi-node comes with the gRPC service).
+  std::string rdzv_backend = "static";
+  std::string rdzv_endpoint;
+  std::string rdzv_id;  // empty: a random id is generated
+  std::map<std::string, std::string> rdzv_conf;
+  std::string master_addr = "127.0.0.1";
+  std::optional<int> master_port;  // unset: a free port is picked per attempt
+  std::string local_addr;
+
+  // Supervision.
+  int max_restarts = 0;
+  double monitor_interval_sec = kDefaultMonitorIntervalSec;  // accepted; supervision is event driven
+  double shutdown_timeout_sec = kDefaultShutdownTimeoutSec;
+  std::vector<int> signals_to_handle;  // filled with SIGTERM,SIGINT,SIGHUP,SIGQUIT by default
+  std::string role = "default";
+
+  // Logs.
+  std::string log_dir;  // empty: a temporary directory, removed at exit
+  StreamSpec redirects;
+  StreamSpec tee;
+  std::vector<int> local_ranks_filter;  // empty: show every local rank on the console
+  std::string log_level = "info";
+
+  // What to run.
+  TargetKind target_kind = TargetKind::kAuto;
+  std::string program;
+  std::vector<std::string> program_args;
+};
+
+}  // namespace ddpl::launcher

@@ -1,0 +1,78 @@
+#include "launcher/process.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "common/errors.h"
+
+namespace ddpl::launcher {
+
+void becomeSubreaper() { prctl(PR_SET_CHILD_SUBREAPER, 1); }
+
+SpawnedProcess spawnProcess(const std::vector<std::string>& argv,
+                            const std::vector<std::string>& envp) {
+  int out[2], err[2], status[2];
+  if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0 || pipe2(status, O_CLOEXEC) != 0)
+    throw Error(std::string("cannot create pipes for a worker: ") + std::strerror(errno));
+
+  // Everything the child touches is prepared before fork: after fork only async-signal-safe
+  // calls are allowed.
+  std::vector<char*> cargv, cenvp;
+  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  for (const auto& e : envp) cenvp.push_back(const_cast<char*>(e.c_str()));
+  cenvp.push_back(nullptr);
+  pid_t parent = getpid();
+
+  pid_t pid = fork();
+  if (pid < 0) {
+    int e = errno;
+    for (int fd : {out[0], out[1], err[0], err[1], status[0], status[1]}) close(fd);
+    throw Error(std::string("fork failed: ") + std::strerror(e));
+  }
+  if (pid == 0) {
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    // The launcher may have died between fork and prctl: then we were already reparented.
+    if (getppid() != parent) _exit(127);
+    sigset_t none;
+    sigemptyset(&none);
+    for (int s = 1; s < NSIG; ++s) signal(s, SIG_DFL);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    dup2(out[1], STDOUT_FILENO);
+    dup2(err[1], STDERR_FILENO);
+    execve(cargv[0], cargv.data(), cenvp.data());
+    int e = errno;
+    ssize_t ignored = write(status[1], &e, sizeof(e));
+    (void)ignored;
+    _exit(127);
+  }
+  // Also here, so that a signal to the group cannot race the child's own setpgid.
+  setpgid(pid, pid);
+  close(out[1]);
+  close(err[1]);
+  close(status[1]);
+  fcntl(out[0], F_SETFL, O_NONBLOCK);
+  fcntl(err[0], F_SETFL, O_NONBLOCK);
+  return {pid, out[0], err[0], status[0]};
+}
+
+int awaitExec(SpawnedProcess& p) {
+  if (p.exec_status_fd < 0) return 0;
+  int e = 0;
+  ssize_t n;
+  do {
+    n = read(p.exec_status_fd, &e, sizeof(e));
+  } while (n < 0 && errno == EINTR);
+  close(p.exec_status_fd);
+  p.exec_status_fd = -1;
+  return n == sizeof(e) ? e : 0;
+}
+
+}  // namespace ddpl::launcher

@@ -1,0 +1,30 @@
+#pragma once
+// Starting worker processes so that none outlives the launcher: each in its own process group,
+// with PR_SET_PDEATHSIG (and the getppid race closed), signal state reset, output on pipes.
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace ddpl::launcher {
+
+struct SpawnedProcess {
+  pid_t pid = -1;  // also the process group id
+  int stdout_fd = -1;
+  int stderr_fd = -1;
+  int exec_status_fd = -1;  // closes on successful exec; carries errno when exec failed
+};
+
+// argv[0] must be a path (resolveCommand gives one). Never throws after fork; a failed exec is
+// reported by awaitExec. Pipes are non-blocking and close-on-exec on the launcher's side.
+SpawnedProcess spawnProcess(const std::vector<std::string>& argv,
+                            const std::vector<std::string>& envp);
+
+// Waits for the child's exec to succeed or fail (bounded: exec either happens or fails within
+// the child's first instructions). Returns 0 on success or the errno of the failed exec.
+int awaitExec(SpawnedProcess& p);
+
+// Makes this process a subreaper, so orphaned grandchildren are reparented to us and reaped.
+void becomeSubreaper();
+
+}  // namespace ddpl::launcher

@@ -1,0 +1,121 @@
+#include "launcher/supervisor.h"
+
+#include <fmt/format.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace ddpl::launcher {
+
+ExitStatus ExitStatus::fromWaitStatus(int wstatus) {
+  if (WIFSIGNALED(wstatus)) return {true, WTERMSIG(wstatus)};
+  return {false, WEXITSTATUS(wstatus)};
+}
+
+std::string ExitStatus::describe() const {
+  if (!signaled) return fmt::format("exit code {}", value);
+  const char* abbrev = sigabbrev_np(value);
+  return abbrev ? fmt::format("signal {} (SIG{})", value, abbrev)
+                : fmt::format("signal {}", value);
+}
+
+Supervisor::Supervisor(Config config) : config_(std::move(config)) {
+  live_.assign(static_cast<size_t>(config_.nproc), false);
+}
+
+int Supervisor::liveWorkers() const {
+  return static_cast<int>(std::count(live_.begin(), live_.end(), true));
+}
+
+void Supervisor::beginAttempt() {
+  std::fill(live_.begin(), live_.end(), true);
+  failures_.emplace_back();
+  phase_ = Phase::kRunning;
+  reason_ = StopReason::kNone;
+}
+
+std::vector<Action> Supervisor::start() {
+  beginAttempt();
+  return {{Action::Kind::kStartGroup, restart_count_}};
+}
+
+const WorkerExit* Supervisor::rootCause() const {
+  for (auto it = failures_.rbegin(); it != failures_.rend(); ++it)
+    for (const auto& f : *it)
+      if (!f.stopped_by_us) return &f;
+  return nullptr;
+}
+
+std::vector<Action> Supervisor::onWorkerExit(int local_rank, int pid, ExitStatus status,
+                                             double unix_time) {
+  if (local_rank < 0 || local_rank >= config_.nproc || !live_[local_rank]) return {};
+  live_[local_rank] = false;
+  if (phase_ == Phase::kRunning) {
+    if (status.success()) {
+      if (liveWorkers() > 0) return {};
+      phase_ = Phase::kDone;
+      exit_code_ = 0;
+      return {{Action::Kind::kExit, 0}};
+    }
+    failures_.back().push_back({local_rank, pid, status, unix_time, false});
+    reason_ = StopReason::kWorkerFailed;
+    phase_ = Phase::kStopping;
+    if (liveWorkers() == 0) return finishStopIfIdle();
+    return {{Action::Kind::kTerminateAll, SIGTERM}, {Action::Kind::kArmShutdownTimer, 0}};
+  }
+  if (phase_ == Phase::kStopping) {
+    if (!status.success()) failures_.back().push_back({local_rank, pid, status, unix_time, true});
+    return finishStopIfIdle();
+  }
+  return {};
+}
+
+std::vector<Action> Supervisor::finishStopIfIdle() {
+  if (liveWorkers() > 0) return {};
+  if (reason_ == StopReason::kWorkerFailed && restart_count_ < config_.max_restarts) {
+    ++restart_count_;
+    beginAttempt();
+    return {{Action::Kind::kStartGroup, restart_count_}};
+  }
+  phase_ = Phase::kDone;
+  if (reason_ == StopReason::kSignal) {
+    exit_code_ = 128 + stop_signal_;
+  } else {
+    const WorkerExit* root = rootCause();
+    exit_code_ = root ? root->status.shellCode() : 1;
+    if (exit_code_ == 0) exit_code_ = 1;
+  }
+  return {{Action::Kind::kExit, exit_code_}};
+}
+
+std::vector<Action> Supervisor::onSignal(int signo) {
+  bool stops = std::find(config_.stop_signals.begin(), config_.stop_signals.end(), signo) !=
+               config_.stop_signals.end();
+  if (phase_ == Phase::kRunning) {
+    if (!stops) return {{Action::Kind::kForwardSignal, signo}};
+    phase_ = Phase::kStopping;
+    reason_ = StopReason::kSignal;
+    stop_signal_ = signo;
+    return {{Action::Kind::kTerminateAll, signo}, {Action::Kind::kArmShutdownTimer, 0}};
+  }
+  if (phase_ == Phase::kStopping) {
+    if (!stops) return {{Action::Kind::kForwardSignal, signo}};
+    if (reason_ == StopReason::kSignal) {
+      // A second stop request while stopping: the user does not want to wait out the grace.
+      return {{Action::Kind::kKillAll, 0}};
+    }
+    // Stopping after a failure, now asked to stop: no restart, and the signal decides the code.
+    reason_ = StopReason::kSignal;
+    stop_signal_ = signo;
+    return {{Action::Kind::kForwardSignal, signo}};
+  }
+  return {};
+}
+
+std::vector<Action> Supervisor::onShutdownTimeout() {
+  if (phase_ != Phase::kStopping || liveWorkers() == 0) return {};
+  return {{Action::Kind::kKillAll, 0}};
+}
+
+}  // namespace ddpl::launcher

@@ -1,0 +1,89 @@
+#pragma once
+// The launcher's supervision state machine: pure logic, no processes, no clock of its own. The
+// agent (launcher/agent.h) feeds it events and carries out the actions it returns, which makes
+// every restart and shutdown path testable deterministically (tests/unit/supervisor_test.cc).
+#include <string>
+#include <vector>
+
+namespace ddpl::launcher {
+
+// How a process ended, as waitpid tells it.
+struct ExitStatus {
+  bool signaled = false;
+  int value = 0;  // exit code, or the signal number when signaled
+
+  static ExitStatus fromWaitStatus(int wstatus);
+  bool success() const { return !signaled && value == 0; }
+  // The shell's convention: 128+N for signal N.
+  int shellCode() const { return signaled ? 128 + value : value; }
+  std::string describe() const;  // "exit code 3" / "signal 9 (SIGKILL)"
+};
+
+struct WorkerExit {
+  int local_rank = 0;
+  int pid = 0;
+  ExitStatus status;
+  double unix_time = 0;    // when it was observed, for the report
+  bool stopped_by_us = false;  // exited after the launcher asked the group to stop
+};
+
+enum class Phase { kIdle, kRunning, kStopping, kDone };
+enum class StopReason { kNone, kWorkerFailed, kSignal };
+
+struct Action {
+  enum class Kind {
+    kStartGroup,        // value: attempt number (restart count)
+    kTerminateAll,      // value: signal to send to every live worker's process group
+    kKillAll,           // SIGKILL to every live worker's process group
+    kForwardSignal,     // value: signal, sent to every live worker; no state change
+    kArmShutdownTimer,  // start the --shutdown-timeout grace period
+    kExit,              // value: the launcher's exit code
+  };
+  Kind kind;
+  int value = 0;
+  bool operator==(const Action& o) const { return kind == o.kind && value == o.value; }
+};
+
+class Supervisor {
+ public:
+  struct Config {
+    int nproc = 1;
+    int max_restarts = 0;
+    std::vector<int> stop_signals;  // signals that stop the job (others are only forwarded)
+  };
+
+  explicit Supervisor(Config config);
+
+  std::vector<Action> start();
+  std::vector<Action> onWorkerExit(int local_rank, int pid, ExitStatus status, double unix_time);
+  std::vector<Action> onSignal(int signo);
+  std::vector<Action> onShutdownTimeout();
+
+  Phase phase() const { return phase_; }
+  StopReason stopReason() const { return reason_; }
+  int restartCount() const { return restart_count_; }
+  int liveWorkers() const;
+  bool isLive(int local_rank) const { return live_[local_rank]; }
+  int exitCode() const { return exit_code_; }
+  int stopSignal() const { return stop_signal_; }
+
+  // Failures of every attempt, in the order observed; the first entry of the final attempt
+  // whose stopped_by_us is false is the root cause.
+  const std::vector<std::vector<WorkerExit>>& failuresByAttempt() const { return failures_; }
+  const WorkerExit* rootCause() const;
+
+ private:
+  std::vector<Action> finishStopIfIdle();
+  void beginAttempt();
+
+  Config config_;
+  Phase phase_ = Phase::kIdle;
+  StopReason reason_ = StopReason::kNone;
+  int stop_signal_ = 0;
+  int restart_count_ = 0;
+  int exit_code_ = 0;
+  std::vector<bool> live_;
+  std::vector<std::vector<WorkerExit>> failures_;
+};
+
+}  // namespace ddpl::launcher

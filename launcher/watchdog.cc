@@ -1,0 +1,134 @@
+#include "launcher/watchdog.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <set>
+
+namespace ddpl::launcher {
+namespace {
+
+bool environHas(pid_t pid, const std::string& needle) {
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/environ", pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  std::string data;
+  char buf[8192];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) data.append(buf, static_cast<size_t>(n));
+  close(fd);
+  // Entries are NUL-separated; match a whole entry.
+  size_t pos = 0;
+  while (pos < data.size()) {
+    size_t end = data.find('\0', pos);
+    if (end == std::string::npos) end = data.size();
+    if (data.compare(pos, end - pos, needle) == 0) return true;
+    pos = end + 1;
+  }
+  return false;
+}
+
+[[noreturn]] void watchdogMain(int read_fd, const std::string& marker) {
+  std::set<pid_t> groups;
+  std::string line;
+  char buf[256];
+  bool clean = false;
+  while (true) {
+    ssize_t n = read(read_fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    for (ssize_t i = 0; i < n; ++i) {
+      if (buf[i] != '\n') {
+        line.push_back(buf[i]);
+        continue;
+      }
+      if (line == "bye") clean = true;
+      else if (line.size() > 1 && line[0] == '+') groups.insert(std::atoi(line.c_str() + 1));
+      else if (line.size() > 1 && line[0] == '-') groups.erase(std::atoi(line.c_str() + 1));
+      line.clear();
+    }
+  }
+  if (!clean) {
+    for (pid_t g : groups) kill(-g, SIGKILL);
+    killMarkedProcesses(marker);
+  }
+  _exit(0);
+}
+
+}  // namespace
+
+int killMarkedProcesses(const std::string& marker) {
+  std::string needle = std::string(kMarkerEnv) + "=" + marker;
+  pid_t self = getpid();
+  int killed = 0;
+  DIR* d = opendir("/proc");
+  if (!d) return 0;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    pid_t pid = std::atoi(e->d_name);
+    if (pid == self) continue;
+    if (environHas(pid, needle) && kill(pid, SIGKILL) == 0) ++killed;
+  }
+  closedir(d);
+  return killed;
+}
+
+Watchdog::Watchdog(std::string marker_value) : marker_(std::move(marker_value)) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return;  // without it we still have PDEATHSIG for workers
+  pid_t pid = fork();
+  if (pid == 0) {
+    setsid();  // out of the launcher's group: a terminal's ^C or a killpg must not reach it
+    for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE})
+      signal(s, SIG_IGN);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    close(fds[1]);
+    // Keep nothing else of the launcher's open (its pipes would otherwise never reach EOF).
+    for (int fd = 3; fd < 1024; ++fd)
+      if (fd != fds[0]) close(fd);
+    watchdogMain(fds[0], marker_);
+  }
+  close(fds[0]);
+  if (pid < 0) {
+    close(fds[1]);
+    return;
+  }
+  pid_ = pid;
+  pipe_fd_ = fds[1];
+}
+
+void Watchdog::release() {
+  if (pipe_fd_ >= 0) {
+    send('b', 0);
+    close(pipe_fd_);
+    pipe_fd_ = -1;
+  }
+  if (pid_ > 0) {
+    int status;
+    while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+    }
+    pid_ = -1;
+  }
+}
+
+void Watchdog::send(char op, pid_t pgid) {
+  if (pipe_fd_ < 0) return;
+  char buf[32];
+  int n = op == 'b' ? snprintf(buf, sizeof(buf), "bye\n")
+                    : snprintf(buf, sizeof(buf), "%c%d\n", op, static_cast<int>(pgid));
+  ssize_t ignored = write(pipe_fd_, buf, static_cast<size_t>(n));
+  (void)ignored;
+}
+
+void Watchdog::watchGroup(pid_t pgid) { send('+', pgid); }
+void Watchdog::unwatchGroup(pid_t pgid) { send('-', pgid); }
+
+}  // namespace ddpl::launcher

@@ -1,0 +1,145 @@
+#include "tests/common/subprocess.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+extern char** environ;
+
+namespace ddpl::testing {
+namespace {
+
+std::vector<std::string> mergedEnv(const RunOptions& o) {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; *e; ++e) {
+    std::string kv(*e);
+    auto eq = kv.find('=');
+    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  for (const auto& k : o.unset_env) env.erase(k);
+  for (const auto& [k, v] : o.env) env[k] = v;
+  std::vector<std::string> out;
+  for (const auto& [k, v] : env) out.push_back(k + "=" + v);
+  return out;
+}
+
+}  // namespace
+
+Background::Background(const std::vector<std::string>& argv, const RunOptions& o) {
+  int out[2], err[2];
+  if (pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC)) throw std::runtime_error("pipe failed");
+  auto envs = mergedEnv(o);
+  std::vector<char*> cargv, cenv;
+  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  for (const auto& e : envs) cenv.push_back(const_cast<char*>(e.c_str()));
+  cenv.push_back(nullptr);
+  pid_ = fork();
+  if (pid_ == 0) {
+    setpgid(0, 0);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    dup2(out[1], 1);
+    dup2(err[1], 2);
+    if (!o.cwd.empty() && chdir(o.cwd.c_str()) != 0) _exit(126);
+    execve(cargv[0], cargv.data(), cenv.data());
+    _exit(127);
+  }
+  setpgid(pid_, pid_);
+  close(out[1]);
+  close(err[1]);
+  out_fd_ = out[0];
+  err_fd_ = err[0];
+  fcntl(out_fd_, F_SETFL, O_NONBLOCK);
+  fcntl(err_fd_, F_SETFL, O_NONBLOCK);
+}
+
+Background::~Background() {
+  if (!done_ && pid_ > 0) {
+    kill(-pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  if (out_fd_ >= 0) close(out_fd_);
+  if (err_fd_ >= 0) close(err_fd_);
+}
+
+void Background::pump(int timeout_ms) {
+  pollfd fds[2] = {{out_fd_, POLLIN, 0}, {err_fd_, POLLIN, 0}};
+  int n = poll(fds, 2, timeout_ms);
+  if (n <= 0) return;
+  char buf[65536];
+  for (int i = 0; i < 2; ++i) {
+    if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP))) continue;
+    ssize_t r;
+    while ((r = read(fds[i].fd, buf, sizeof(buf))) > 0)
+      (i == 0 ? result_.out : result_.err).append(buf, static_cast<size_t>(r));
+  }
+}
+
+std::string Background::outputSoFar() {
+  pump(0);
+  return result_.out + result_.err;
+}
+
+RunResult Background::wait(std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  int status = 0;
+  while (true) {
+    pid_t r = waitpid(pid_, &status, WNOHANG);
+    if (r == pid_) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      result_.timed_out = true;
+      kill(-pid_, SIGKILL);
+      waitpid(pid_, &status, 0);
+      break;
+    }
+    pump(20);
+  }
+  // Collect what is left; writers that outlived the child (grandchildren) are not waited for
+  // longer than a moment.
+  for (int i = 0; i < 5; ++i) pump(10);
+  done_ = true;
+  result_.exit_code = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+  return result_;
+}
+
+RunResult run(const std::vector<std::string>& argv, const RunOptions& options) {
+  Background bg(argv, options);
+  return bg.wait(options.timeout);
+}
+
+bool processAlive(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  if (!in) return false;
+  std::string line;
+  std::getline(in, line);
+  auto close_paren = line.rfind(')');
+  if (close_paren == std::string::npos || close_paren + 2 >= line.size()) return false;
+  char state = line[close_paren + 2];
+  return state != 'Z' && state != 'X';
+}
+
+std::string readFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string makeTempDir(const std::string& prefix) {
+  std::string tmpl = "/tmp/" + prefix + "-XXXXXX";
+  if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
+  return tmpl;
+}
+
+}  // namespace ddpl::testing

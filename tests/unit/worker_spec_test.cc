@@ -1,0 +1,139 @@
+#include "launcher/worker_spec.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <fstream>
+
+#include "launcher/cli.h"
+#include "launcher/gpu.h"
+#include "tests/common/subprocess.h"
+
+using namespace ddpl::launcher;
+
+TEST(WorkerEnv, TorchrunVariables) {
+  WorldAssignment w{"job7", 0, 1, 3, 8, 16, "10.0.0.1", 29511};
+  WorkerContext c{2, 4, 1, 3, "trainer", "/logs/err.json"};
+  auto env = buildWorkerEnv({{"PATH", "/bin"}, {"OMP_NUM_THREADS", "8"}}, w, c, {{"X", "1"}});
+  EXPECT_EQ(env["RANK"], "10");
+  EXPECT_EQ(env["LOCAL_RANK"], "2");
+  EXPECT_EQ(env["WORLD_SIZE"], "16");
+  EXPECT_EQ(env["LOCAL_WORLD_SIZE"], "4");
+  EXPECT_EQ(env["GROUP_RANK"], "1");
+  EXPECT_EQ(env["GROUP_WORLD_SIZE"], "3");
+  EXPECT_EQ(env["ROLE_NAME"], "trainer");
+  EXPECT_EQ(env["ROLE_RANK"], "10");
+  EXPECT_EQ(env["ROLE_WORLD_SIZE"], "16");
+  EXPECT_EQ(env["MASTER_ADDR"], "10.0.0.1");
+  EXPECT_EQ(env["MASTER_PORT"], "29511");
+  EXPECT_EQ(env["TORCHELASTIC_RESTART_COUNT"], "1");
+  EXPECT_EQ(env["TORCHELASTIC_MAX_RESTARTS"], "3");
+  EXPECT_EQ(env["TORCHELASTIC_RUN_ID"], "job7");
+  EXPECT_EQ(env["TORCHELASTIC_USE_AGENT_STORE"], "False");
+  EXPECT_EQ(env["TORCHELASTIC_ERROR_FILE"], "/logs/err.json");
+  EXPECT_EQ(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "1");
+  EXPECT_EQ(env["OMP_NUM_THREADS"], "8");  // the user's value wins
+  EXPECT_EQ(env["PATH"], "/bin");
+  EXPECT_EQ(env["X"], "1");
+}
+
+TEST(WorkerEnv, OmpDefaultOnlyForSeveralWorkers) {
+  WorldAssignment w;
+  WorkerContext c;
+  c.local_world_size = 1;
+  EXPECT_EQ(buildWorkerEnv({}, w, c).count("OMP_NUM_THREADS"), 0u);
+  c.local_world_size = 2;
+  EXPECT_EQ(buildWorkerEnv({}, w, c)["OMP_NUM_THREADS"], "1");
+  EXPECT_EQ(buildWorkerEnv({{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "0"}}, w, c)
+                ["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "0");
+}
+
+TEST(WorkerEnv, LocalRankSubstitution) {
+  auto out = substituteLocalRank({"/bin/prog", "--out=${local_rank}/x", "${local_rank}${local_rank}"}, 3);
+  EXPECT_EQ(out, (std::vector<std::string>{"/bin/prog", "--out=3/x", "33"}));
+}
+
+class ResolveCommand : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ddpl::testing::makeTempDir("resolve");
+    std::ofstream(dir_ + "/train.py") << "print(1)\n";
+    std::ofstream(dir_ + "/tool") << "#!/bin/sh\n";
+    chmod((dir_ + "/tool").c_str(), 0755);
+    std::ofstream(dir_ + "/script") << "print(1)\n";
+    std::ofstream(dir_ + "/python3") << "#!/bin/sh\n";
+    chmod((dir_ + "/python3").c_str(), 0755);
+    env_ = {{"PATH", dir_ + ":/usr/bin:/bin"}};
+  }
+  LaunchOptions opts(const std::string& program, TargetKind kind = TargetKind::kAuto) {
+    LaunchOptions o;
+    o.program = program;
+    o.program_args = {"a"};
+    o.target_kind = kind;
+    return o;
+  }
+  std::string dir_;
+  Environment env_;
+};
+
+TEST_F(ResolveCommand, PythonFileRunsUnderPythonUnbuffered) {
+  auto cmd = resolveCommand(opts(dir_ + "/train.py"), env_);
+  EXPECT_EQ(cmd, (std::vector<std::string>{dir_ + "/python3", "-u", dir_ + "/train.py", "a"}));
+}
+
+TEST_F(ResolveCommand, PythonExecOverrides) {
+  env_["PYTHON_EXEC"] = "/bin/sh";
+  EXPECT_EQ(resolveCommand(opts(dir_ + "/train.py"), env_)[0], "/bin/sh");
+  env_["PYTHON_EXEC"] = "/nonexistent/python";
+  try {
+    resolveCommand(opts(dir_ + "/train.py"), env_);
+    FAIL();
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("PYTHON_EXEC"), std::string::npos);
+  }
+}
+
+TEST_F(ResolveCommand, ExecutableRunsDirectly) {
+  EXPECT_EQ(resolveCommand(opts(dir_ + "/tool"), env_),
+            (std::vector<std::string>{dir_ + "/tool", "a"}));
+  EXPECT_EQ(resolveCommand(opts("sh"), env_)[0], "/usr/bin/sh");
+}
+
+TEST_F(ResolveCommand, NonExecutableFileRunsUnderPython) {
+  EXPECT_EQ(resolveCommand(opts(dir_ + "/script"), env_)[2], dir_ + "/script");
+}
+
+TEST_F(ResolveCommand, ModuleAndNoPython) {
+  EXPECT_EQ(resolveCommand(opts("pkg.mod", TargetKind::kModule), env_),
+            (std::vector<std::string>{dir_ + "/python3", "-u", "-m", "pkg.mod", "a"}));
+  EXPECT_EQ(resolveCommand(opts("tool", TargetKind::kNoPython), env_)[0], dir_ + "/tool");
+}
+
+TEST_F(ResolveCommand, MissingProgramIsAClearError) {
+  for (auto kind : {TargetKind::kAuto, TargetKind::kNoPython}) {
+    try {
+      resolveCommand(opts("no-such-prog-xyz", kind), env_);
+      FAIL();
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("'no-such-prog-xyz'"), std::string::npos);
+    }
+  }
+  EXPECT_THROW(resolveCommand(opts(dir_ + "/missing.py"), env_), UsageError);
+  EXPECT_THROW(resolveCommand(opts(dir_), env_), UsageError);
+}
+
+TEST(Gpu, CudaVisibleDevices) {
+  EXPECT_EQ(countVisible(4, "0,1"), 2);
+  EXPECT_EQ(countVisible(4, ""), 0);
+  EXPECT_EQ(countVisible(4, "0,1,-1,2"), 2);
+  EXPECT_EQ(countVisible(2, "0,1,2,3"), 2);
+  EXPECT_EQ(countVisible(8, "GPU-abc,GPU-def"), 2);
+  EXPECT_EQ(countVisible(0, "0"), 0);
+}
+
+TEST(Gpu, DiscoveryNeverFails) {
+  auto info = discoverGpus(nullptr, true);
+  EXPECT_GE(info.physical, 0);
+  EXPECT_FALSE(info.source.empty());
+  EXPECT_EQ(discoverGpus("", false).visible, 0);
+}
