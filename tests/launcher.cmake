@@ -4,3 +4,14 @@ target_include_directories(ddpl_test_util PUBLIC ${PROJECT_SOURCE_DIR})
 ddpl_add_test(NAME launcher_unit_test
   SOURCES unit/cli_test.cc unit/supervisor_test.cc unit/worker_spec_test.cc unit/output_test.cc
   LIBS ddpl_launcher ddpl_test_util LABELS unit TIMEOUT 60)
+
+# Integration and fault tests run the real `launch` binary.
+ddpl_add_test(NAME launcher_integration_test
+  SOURCES integration/launcher_test.cc LIBS ddpl_test_util LABELS integration TIMEOUT 120)
+add_dependencies(launcher_integration_test launch)
+ddpl_add_test(NAME launcher_fault_test
+  SOURCES fault/launcher_fault_test.cc LIBS ddpl_test_util LABELS fault TIMEOUT 120)
+add_dependencies(launcher_fault_test launch)
+ddpl_add_test(NAME launcher_python_test
+  SOURCES integration/launcher_python_test.cc LIBS ddpl_test_util LABELS python TIMEOUT 400)
+add_dependencies(launcher_python_test launch)

@@ -1,0 +1,290 @@
+// `launch` end to end: real launcher binary, real worker processes, on this machine.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "tests/common/subprocess.h"
+
+namespace fs = std::filesystem;
+using namespace ddpl::testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+const std::string kLaunch = std::string(DDPL_BIN_DIR) + "/launch";
+const std::string kPrograms = std::string(DDPL_SOURCE_DIR) + "/tests/integration/programs";
+
+std::string prog(const std::string& name) { return kPrograms + "/" + name; }
+
+RunResult launch(std::vector<std::string> args, RunOptions o = {}) {
+  args.insert(args.begin(), kLaunch);
+  if (o.timeout == std::chrono::milliseconds(std::chrono::seconds(60))) o.timeout = 60s;
+  return run(args, o);
+}
+
+std::vector<std::string> linesWith(const std::string& text, const std::string& needle) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.find(needle) != std::string::npos) out.push_back(line);
+  return out;
+}
+
+std::set<pid_t> readPids(const std::string& path) {
+  std::set<pid_t> pids;
+  std::ifstream in(path);
+  pid_t p;
+  while (in >> p) pids.insert(p);
+  return pids;
+}
+
+}  // namespace
+
+TEST(Launch, EveryRankGetsTheTorchrunEnvironment) {
+  auto r = launch({"--nproc-per-node=3", "--rdzv-id=envjob", "--max-restarts=2", prog("env_dump.sh"),
+                   "arg${local_rank}"});
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  std::set<std::string> ports, error_files;
+  for (int rank = 0; rank < 3; ++rank) {
+    std::string p = "[default" + std::to_string(rank) + "]:";
+    std::string out = r.out;
+    auto has = [&](const std::string& kv) {
+      return out.find(p + kv + "\n") != std::string::npos;
+    };
+    EXPECT_TRUE(has("RANK=" + std::to_string(rank))) << out;
+    EXPECT_TRUE(has("LOCAL_RANK=" + std::to_string(rank)));
+    EXPECT_TRUE(has("WORLD_SIZE=3"));
+    EXPECT_TRUE(has("LOCAL_WORLD_SIZE=3"));
+    EXPECT_TRUE(has("GROUP_RANK=0"));
+    EXPECT_TRUE(has("GROUP_WORLD_SIZE=1"));
+    EXPECT_TRUE(has("ROLE_NAME=default"));
+    EXPECT_TRUE(has("ROLE_RANK=" + std::to_string(rank)));
+    EXPECT_TRUE(has("ROLE_WORLD_SIZE=3"));
+    EXPECT_TRUE(has("MASTER_ADDR=127.0.0.1"));
+    EXPECT_TRUE(has("TORCHELASTIC_RESTART_COUNT=0"));
+    EXPECT_TRUE(has("TORCHELASTIC_MAX_RESTARTS=2"));
+    EXPECT_TRUE(has("TORCHELASTIC_RUN_ID=envjob"));
+    EXPECT_TRUE(has("TORCHELASTIC_USE_AGENT_STORE=False"));
+    EXPECT_TRUE(has("TORCH_NCCL_ASYNC_ERROR_HANDLING=1"));
+    EXPECT_TRUE(has("ARGS=arg" + std::to_string(rank)));
+    for (const auto& l : linesWith(out, p + "MASTER_PORT=")) ports.insert(l.substr(l.find('=') + 1));
+    for (const auto& l : linesWith(out, p + "TORCHELASTIC_ERROR_FILE="))
+      error_files.insert(l.substr(l.find('=') + 1));
+  }
+  ASSERT_EQ(ports.size(), 1u) << "every rank must see the same MASTER_PORT";
+  EXPECT_GT(std::stoi(*ports.begin()), 0);
+  EXPECT_EQ(error_files.size(), 3u) << "each rank needs its own error file";
+}
+
+TEST(Launch, OmpNumThreadsDefaultsToOneWithAWarning) {
+  RunOptions o;
+  o.unset_env = {"OMP_NUM_THREADS"};
+  auto r = launch({"--nproc-per-node=2", prog("env_dump.sh")}, o);
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_NE(r.out.find("[default1]:OMP_NUM_THREADS=1\n"), std::string::npos);
+  EXPECT_NE(r.err.find("OMP_NUM_THREADS"), std::string::npos);
+  o.env["OMP_NUM_THREADS"] = "3";
+  r = launch({"--nproc-per-node=2", prog("env_dump.sh")}, o);
+  EXPECT_NE(r.out.find("[default1]:OMP_NUM_THREADS=3\n"), std::string::npos);
+}
+
+TEST(Launch, PetEnvironmentFallback) {
+  RunOptions o;
+  o.env = {{"PET_NPROC_PER_NODE", "2"}, {"PET_ROLE", "trainer"}};
+  auto r = launch({prog("env_dump.sh")}, o);
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_NE(r.out.find("[trainer1]:WORLD_SIZE=2"), std::string::npos) << r.out;
+  r = launch({"--nproc-per-node=1", prog("env_dump.sh")}, o);
+  EXPECT_NE(r.out.find("[trainer0]:WORLD_SIZE=1"), std::string::npos) << r.out;
+}
+
+TEST(Launch, PythonFileModuleAndNoPython) {
+  RunOptions o;
+  o.env["PYTHON_EXEC"] = DDPL_PYTHON;
+  auto r = launch({"--nproc-per-node=2", prog("hello.py"), "x", "${local_rank}"}, o);
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_NE(r.out.find("[default1]:python rank=1 args=['x', '1'] unbuffered=True"),
+            std::string::npos)
+      << r.out;
+
+  o.cwd = kPrograms;
+  r = launch({"-m", "pymod.hello_mod"}, o);
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_NE(r.out.find("[default0]:module rank=0 name=__main__"), std::string::npos) << r.out;
+
+  r = launch({"--no-python", "--nproc-per-node=2", "echo", "plain ${local_rank}"});
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_NE(r.out.find("[default1]:plain 1"), std::string::npos) << r.out;
+}
+
+TEST(Launch, FailedRankStopsTheOthersWithSigterm) {
+  RunOptions o;
+  o.env = {{"FAILS", "1"}, {"SLEEP", "300"}};
+  auto r = launch({"--nproc-per-node=3", prog("fail_rank.sh")}, o);
+  EXPECT_FALSE(r.timed_out) << "healthy ranks must be stopped, not waited for";
+  EXPECT_EQ(r.exit_code, 3) << r.all();
+  // Both healthy ranks appear as stopped by SIGTERM, after the root cause.
+  EXPECT_EQ(linesWith(r.err, "signal 15 (SIGTERM) received by PID").size(), 2u) << r.err;
+}
+
+TEST(Launch, RestartThenSuccess) {
+  RunOptions o;
+  o.env = {{"FAILS", "2"}, {"SLEEP", "0.2"}};
+  auto r = launch({"--nproc-per-node=2", "--max-restarts=2", prog("fail_rank.sh")}, o);
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_NE(r.out.find("[default0]:rank 0 done in attempt 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[default1]:rank 1 done in attempt 2"), std::string::npos) << r.out;
+  EXPECT_EQ(linesWith(r.err, "restarting the worker group").size(), 2u) << r.err;
+}
+
+TEST(Launch, RestartsExhaustedExitWithTheRootCauseCodeAndReport) {
+  RunOptions o;
+  o.env = {{"FAILS", "9"}, {"FAIL_CODE", "42"}, {"SLEEP", "20"}};
+  auto r = launch({"--nproc-per-node=2", "--max-restarts=1", prog("fail_rank.sh")}, o);
+  EXPECT_EQ(r.exit_code, 42) << r.all();
+  EXPECT_NE(r.err.find("fail_rank.sh FAILED"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("Root Cause (first observed failure)"), std::string::npos);
+  auto root = r.err.substr(r.err.find("Root Cause"));
+  EXPECT_NE(root.find("rank      : 1 (local_rank: 1)"), std::string::npos) << root;
+  EXPECT_NE(root.find("exitcode  : 42"), std::string::npos) << root;
+  EXPECT_NE(root.find("boom on rank 1 (attempt 1)"), std::string::npos) << root;
+  EXPECT_NE(r.err.find("stopped by launch after the root cause"), std::string::npos);
+}
+
+TEST(Launch, WorkerKilledBySignalGives128PlusN) {
+  RunOptions o;
+  o.env = {{"FAILS", "1"}, {"FAIL_SIGNAL", "SEGV"}, {"SLEEP", "20"}};
+  auto r = launch({"--nproc-per-node=2", prog("fail_rank.sh")}, o);
+  EXPECT_EQ(r.exit_code, 128 + SIGSEGV) << r.all();
+  EXPECT_NE(r.err.find("signal 11 (SIGSEGV)"), std::string::npos) << r.err;
+}
+
+TEST(Launch, ShutdownTimeoutEscalatesToSigkill) {
+  std::string dir = makeTempDir("shutdown");
+  RunOptions o;
+  o.env = {{"OUT_DIR", dir}, {"IGNORE_TERM", "1"}, {"FAIL_RANK", "1"}};
+  auto r = launch({"--nproc-per-node=2", "--shutdown-timeout=0.5", prog("trap_term.sh")}, o);
+  EXPECT_EQ(r.exit_code, 5) << r.all();
+  EXPECT_NE(readFile(dir + "/signals.0").find("ignored TERM"), std::string::npos);
+  EXPECT_NE(r.err.find("sending SIGKILL"), std::string::npos) << r.err;
+}
+
+TEST(Launch, SigtermIsForwardedAndExitCodeSaysSo) {
+  std::string dir = makeTempDir("sigterm");
+  RunOptions o;
+  o.env = {{"OUT_DIR", dir}};
+  Background bg({kLaunch, "--nproc-per-node=2", "--signals-to-handle=SIGTERM,SIGUSR1",
+                 prog("trap_term.sh")},
+                o);
+  ASSERT_TRUE(eventually([&] { return fs::exists(dir + "/ready.0") && fs::exists(dir + "/ready.1"); }, 20s));
+  kill(bg.pid(), SIGUSR1);
+  ASSERT_TRUE(eventually([&] {
+    return readFile(dir + "/signals.0").find("got USR1") != std::string::npos &&
+           readFile(dir + "/signals.1").find("got USR1") != std::string::npos;
+  }, 10s)) << bg.outputSoFar();
+  kill(bg.pid(), SIGTERM);
+  auto r = bg.wait(20s);
+  EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.all();
+  EXPECT_NE(readFile(dir + "/signals.0").find("got TERM"), std::string::npos);
+  EXPECT_NE(readFile(dir + "/signals.1").find("got TERM"), std::string::npos);
+}
+
+TEST(Launch, LogDirLayoutTeeAndRedirects) {
+  std::string dir = makeTempDir("logs");
+  auto r = launch({"--nproc-per-node=2", "--log-dir", dir, "--rdzv-id=run1", "--tee=3",
+                   prog("env_dump.sh")});
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  for (int lr = 0; lr < 2; ++lr) {
+    std::string d = dir + "/run1/attempt_0/" + std::to_string(lr);
+    std::string out = readFile(d + "/stdout.log");
+    EXPECT_NE(out.find("RANK=" + std::to_string(lr) + "\n"), std::string::npos) << d;
+    EXPECT_EQ(out.find("[default"), std::string::npos) << "files hold the raw output";
+    EXPECT_NE(r.out.find("[default" + std::to_string(lr) + "]:LOCAL_RANK="), std::string::npos);
+    EXPECT_NE(readFile(d + "/stdout.log").find("TORCHELASTIC_ERROR_FILE=" + d + "/error.json"),
+              std::string::npos);
+  }
+  // Redirect: files only. Reusing the run id never overwrites the first run's logs.
+  r = launch({"--nproc-per-node=2", "--log-dir", dir, "--rdzv-id=run1", "-r", "1",
+              prog("env_dump.sh")});
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_EQ(r.out.find("LOCAL_RANK="), std::string::npos) << r.out;
+  EXPECT_NE(readFile(dir + "/run1.1/attempt_0/1/stdout.log").find("RANK=1\n"), std::string::npos);
+  EXPECT_NE(readFile(dir + "/run1/attempt_0/1/stdout.log").find("RANK=1\n"), std::string::npos);
+}
+
+TEST(Launch, RestartAttemptsGetTheirOwnLogDirs) {
+  std::string dir = makeTempDir("attempts");
+  RunOptions o;
+  o.env = {{"FAILS", "1"}, {"SLEEP", "0.1"}};
+  auto r = launch({"--nproc-per-node=2", "--max-restarts=1", "--log-dir", dir, "--rdzv-id=j",
+                   "-t", "3", prog("fail_rank.sh")}, o);
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_NE(readFile(dir + "/j/attempt_0/1/stderr.log").find("boom on rank 1"), std::string::npos);
+  EXPECT_NE(readFile(dir + "/j/attempt_1/1/stdout.log").find("done in attempt 1"), std::string::npos);
+}
+
+TEST(Launch, LocalRanksFilter) {
+  auto r = launch({"--nproc-per-node=3", "--local-ranks-filter=1", prog("env_dump.sh")});
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_NE(r.out.find("[default1]:"), std::string::npos);
+  EXPECT_EQ(r.out.find("[default0]:"), std::string::npos);
+  EXPECT_EQ(r.out.find("[default2]:"), std::string::npos);
+}
+
+TEST(Launch, BadInputExitsTwoAndNamesIt) {
+  auto r = launch({"--nproc-per-node=many", prog("env_dump.sh")});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--nproc-per-node: 'many'"), std::string::npos) << r.err;
+  r = launch({"--bogus-flag", prog("env_dump.sh")});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("'--bogus-flag'"), std::string::npos) << r.err;
+  r = launch({"/no/such/program"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("'/no/such/program'"), std::string::npos) << r.err;
+  r = launch({"--nnodes=2:4", prog("env_dump.sh")});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("not yet supported"), std::string::npos) << r.err;
+  RunOptions nogpu;
+  nogpu.env["CUDA_VISIBLE_DEVICES"] = "";
+  r = launch({"--nproc-per-node=gpu", prog("env_dump.sh")}, nogpu);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("no GPU is visible"), std::string::npos) << r.err;
+  auto help = launch({"--help"});
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_NE(help.out.find("usage: launch"), std::string::npos);
+}
+
+TEST(Launch, ExecFailureIsReportedClearly) {
+  auto r = launch({"--no-python", "--nproc-per-node=2", prog("not_exec_format.bin")});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.all().find("cannot execute"), std::string::npos) << r.all();
+  EXPECT_NE(r.all().find("Exec format error"), std::string::npos) << r.all();
+}
+
+TEST(Launch, FixedMasterPortInUseIsNamed) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  int port = ntohs(a.sin_port);
+  auto r = launch({"--master-port=" + std::to_string(port), prog("env_dump.sh")});
+  close(fd);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("127.0.0.1:" + std::to_string(port) + " is already in use"),
+            std::string::npos)
+      << r.err;
+}
