@@ -4,3 +4,8 @@ ddpl_add_test(NAME rdzv_state_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/rdzv
 ddpl_add_test(NAME rdzv_kv_space_test
               SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/rdzv_kv_space_test.cc
               LIBS ddpl_rdzv_core LABELS unit)
+if(TARGET ddpl_rdzv_server)
+  ddpl_add_test(NAME store_conformance_test
+                SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/store_conformance_test.cc
+                LIBS ddpl_rdzv_client ddpl_rdzv_server LABELS unit)
+endif()

@@ -1,0 +1,137 @@
+#include "rendezvous/grpc_common.h"
+
+#include <fmt/format.h>
+
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "common/errors.h"
+
+namespace ddpl::rdzv::grpc_detail {
+
+std::string readFile(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InvalidArgument(fmt::format("cannot read {} file {}", what, path));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  std::string s = ss.str();
+  if (s.empty()) throw InvalidArgument(fmt::format("{} file {} is empty", what, path));
+  return s;
+}
+
+std::shared_ptr<grpc::Channel> makeChannel(const ChannelSpec& spec) {
+  if (spec.endpoint.empty()) throw InvalidArgument("rendezvous endpoint is empty (want host:port)");
+  std::shared_ptr<grpc::ChannelCredentials> creds;
+  if (spec.tls_ca_file.empty()) {
+    if (!spec.tls_cert_file.empty())
+      throw InvalidArgument("a client certificate needs TLS: set the CA file as well");
+    creds = grpc::InsecureChannelCredentials();
+  } else {
+    if (spec.tls_cert_file.empty() != spec.tls_key_file.empty())
+      throw InvalidArgument("client certificate and key go together: set both or neither");
+    grpc::SslCredentialsOptions o;
+    o.pem_root_certs = readFile(spec.tls_ca_file, "TLS CA");
+    if (!spec.tls_cert_file.empty()) {
+      o.pem_cert_chain = readFile(spec.tls_cert_file, "TLS certificate");
+      o.pem_private_key = readFile(spec.tls_key_file, "TLS key");
+    }
+    creds = grpc::SslCredentials(o);
+  }
+  grpc::ChannelArguments args;
+  // gRPC's own reconnect backoff grows to two minutes; ours is bounded by connect_timeout,
+  // so keep the channel's short enough not to sit out our whole budget.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  int64_t limit = std::max<int64_t>(spec.max_value_bytes, 1) * 4 + kMessageOverheadBytes;
+  args.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(limit, INT32_MAX)));
+  args.SetMaxSendMessageSize(static_cast<int>(
+      std::min<int64_t>(spec.max_value_bytes + kMessageOverheadBytes, INT32_MAX)));
+  return grpc::CreateCustomChannel(spec.endpoint, creds, args);
+}
+
+void prepare(grpc::ClientContext& ctx, const std::string& token, Duration timeout) {
+  ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+  if (!token.empty()) ctx.AddMetadata(kTokenHeader, token);
+}
+
+const char* codeName(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::OK: return "OK";
+    case grpc::CANCELLED: return "CANCELLED";
+    case grpc::UNKNOWN: return "UNKNOWN";
+    case grpc::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case grpc::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
+    case grpc::NOT_FOUND: return "NOT_FOUND";
+    case grpc::ALREADY_EXISTS: return "ALREADY_EXISTS";
+    case grpc::PERMISSION_DENIED: return "PERMISSION_DENIED";
+    case grpc::UNAUTHENTICATED: return "UNAUTHENTICATED";
+    case grpc::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
+    case grpc::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
+    case grpc::ABORTED: return "ABORTED";
+    case grpc::OUT_OF_RANGE: return "OUT_OF_RANGE";
+    case grpc::UNIMPLEMENTED: return "UNIMPLEMENTED";
+    case grpc::INTERNAL: return "INTERNAL";
+    case grpc::UNAVAILABLE: return "UNAVAILABLE";
+    case grpc::DATA_LOSS: return "DATA_LOSS";
+    default: return "UNKNOWN";
+  }
+}
+
+std::string describe(Duration d) {
+  if (d.count() % 1000 == 0) return fmt::format("{}s", d.count() / 1000);
+  if (d.count() < 1000) return fmt::format("{}ms", d.count());
+  return fmt::format("{:.3g}s", d.count() / 1000.0);
+}
+
+void throwStatus(const grpc::Status& status, const std::string& endpoint, const std::string& op) {
+  std::string msg = fmt::format("{} on rendezvous server {}: {}: {}", op, endpoint,
+                                codeName(status.error_code()), status.error_message());
+  switch (status.error_code()) {
+    case grpc::DEADLINE_EXCEEDED: throw TimeoutError(msg);
+    case grpc::UNAVAILABLE: throw NetworkError(msg);
+    case grpc::UNAUTHENTICATED:
+    case grpc::PERMISSION_DENIED: throw AuthError(msg);
+    case grpc::INVALID_ARGUMENT: throw InvalidArgument(msg);
+    default: throw StoreError(msg);
+  }
+}
+
+void retryConnect(const std::string& endpoint, Duration timeout,
+                  const std::function<grpc::Status(Duration)>& attempt) {
+  auto start = Clock::now();
+  auto deadline = start + timeout;
+  std::mt19937 rng(std::random_device{}());
+  Duration backoff{50};
+  grpc::Status last;
+  int attempts = 0;
+  for (;;) {
+    auto left = std::chrono::duration_cast<Duration>(deadline - Clock::now());
+    if (left.count() <= 0) break;
+    ++attempts;
+    last = attempt(std::min(left, Duration(std::chrono::seconds(5))));
+    if (last.ok()) return;
+    if (last.error_code() == grpc::UNAUTHENTICATED ||
+        last.error_code() == grpc::PERMISSION_DENIED ||
+        last.error_code() == grpc::INVALID_ARGUMENT)
+      throwStatus(last, endpoint, "connect");
+    // Full jitter: agents of a big job started together must not retry in lockstep.
+    std::uniform_int_distribution<int64_t> jitter(backoff.count() / 2, backoff.count());
+    Duration pause{jitter(rng)};
+    left = std::chrono::duration_cast<Duration>(deadline - Clock::now());
+    if (left.count() <= 0) break;
+    std::this_thread::sleep_for(std::min(pause, left));
+    backoff = std::min(backoff * 2, Duration(std::chrono::seconds(2)));
+  }
+  auto spent = std::chrono::duration_cast<Duration>(Clock::now() - start);
+  throw NetworkError(fmt::format(
+      "cannot reach rendezvous server {} after {} ({} attempts, connect timeout {}): {}: {}",
+      endpoint, describe(spent), attempts, describe(timeout), codeName(last.error_code()),
+      last.error_message()));
+}
+
+}  // namespace ddpl::rdzv::grpc_detail

@@ -1,0 +1,33 @@
+#pragma once
+// The Store every worker and agent uses: a client of the rendezvous server's Store service.
+// No gRPC or protobuf in this header; the channel lives behind connectGrpcStore().
+#include <memory>
+#include <string>
+
+#include "rendezvous/store.h"
+
+namespace ddpl::rdzv {
+
+// Largest value a server accepts unless configured otherwise. The client learns the
+// server's actual limit when it connects and refuses larger values before sending them.
+inline constexpr int64_t kDefaultMaxValueBytes = 16 << 20;
+inline constexpr Duration kDefaultConnectTimeout{std::chrono::seconds(30)};
+
+struct GrpcStoreOptions {
+  std::string endpoint;  // host:port
+  std::string token;     // empty: none
+  std::string tls_ca_file;  // empty: plaintext
+  std::string tls_cert_file, tls_key_file;  // optional client certificate
+  std::string prefix;    // key prefix, e.g. "run/attempt_0/"; numKeys() counts only these
+  Duration connect_timeout = kDefaultConnectTimeout;
+  // Deadline of the calls that do not block on other ranks (set, add, check, ...). get, wait
+  // and multiGet take their own timeouts; their deadline adds a short grace on top, so that
+  // the server's message (which key, how long) arrives before the transport gives up.
+  Duration default_timeout = kDefaultStoreTimeout;
+};
+
+// Connects with bounded retry and jittered backoff: throws ddpl::NetworkError naming the
+// endpoint after connect_timeout, ddpl::AuthError at once for a wrong or missing token.
+std::unique_ptr<Store> connectGrpcStore(const GrpcStoreOptions& options);
+
+}  // namespace ddpl::rdzv

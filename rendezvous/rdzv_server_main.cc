@@ -1,0 +1,151 @@
+// rdzv-server: the standalone rendezvous service for multi-node jobs.
+#include <fmt/format.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <string>
+#include <thread>
+
+#include "common/errors.h"
+#include "common/log.h"
+#include "ddpl/config.h"
+#include "rendezvous/server.h"
+#include "rendezvous/token.h"
+
+namespace {
+
+constexpr char kUsage[] = R"(usage: rdzv-server [options]
+
+Serves the ddplaunch rendezvous (membership rounds) and key-value store over gRPC.
+
+  --host ADDR              address to listen on (default 127.0.0.1; 0.0.0.0 for all)
+  --port N                 port (default 29400; 0 picks a free one, see --port-file)
+  --port-file PATH         write the bound port to PATH once serving
+  --token-file PATH        require this shared token on every call (unreadable or empty
+                           file: exit 1). Without it, DDPL_STORE_TOKEN is used if set;
+                           with neither the server warns that anyone may call it
+  --tls-cert PATH          server certificate (PEM); with --tls-key enables TLS
+  --tls-key PATH           server private key (PEM)
+  --tls-client-ca PATH     require client certificates signed by this CA (PEM)
+  --max-value-bytes N      largest value accepted (default 16777216)
+  --heartbeat-window SECS  evict members silent this long (default 30)
+  --log-level LEVEL        trace, debug, info, warn, error (default info)
+  --version                print the version
+  -h, --help               this text
+
+Every flag also accepts underscores (--token_file) and --flag=value.
+)";
+
+[[noreturn]] void usageError(const std::string& msg) {
+  std::fprintf(stderr, "rdzv-server: %s (see --help)\n", msg.c_str());
+  std::exit(2);
+}
+
+int64_t parseInt(const std::string& flag, const std::string& v, int64_t lo, int64_t hi) {
+  try {
+    size_t used = 0;
+    int64_t n = std::stoll(v, &used);
+    if (used == v.size() && n >= lo && n <= hi) return n;
+  } catch (const std::exception&) {
+  }
+  usageError(fmt::format("{} wants an integer in {}..{}, got '{}'", flag, lo, hi, v));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace ddpl;
+  rdzv::ServerOptions o;
+  o.port = 29400;
+  std::string token_file, port_file, level = "info";
+  static const std::map<std::string, bool> kTakesValue = {
+      {"--host", true},           {"--port", true},          {"--port-file", true},
+      {"--token-file", true},     {"--tls-cert", true},      {"--tls-key", true},
+      {"--tls-client-ca", true},  {"--max-value-bytes", true}, {"--heartbeat-window", true},
+      {"--log-level", true},      {"--help", false},         {"-h", false},
+      {"--version", false}};
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i], value;
+    auto eq = arg.find('=');
+    bool inline_value = arg.rfind("--", 0) == 0 && eq != std::string::npos;
+    if (inline_value) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+    }
+    for (size_t j = 2; j < arg.size(); ++j)
+      if (arg[j] == '_') arg[j] = '-';
+    auto f = kTakesValue.find(arg);
+    if (f == kTakesValue.end()) usageError(fmt::format("unknown flag '{}'", argv[i]));
+    if (f->second && !inline_value) {
+      if (i + 1 >= argc) usageError(fmt::format("{} needs a value", arg));
+      value = argv[++i];
+    } else if (!f->second && inline_value) {
+      usageError(fmt::format("{} takes no value", arg));
+    }
+    if (arg == "--help" || arg == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    if (arg == "--version") {
+      std::printf("rdzv-server %s\n", DDPL_VERSION);
+      return 0;
+    }
+    if (arg == "--host") o.host = value;
+    if (arg == "--port") o.port = static_cast<int>(parseInt(arg, value, 0, 65535));
+    if (arg == "--port-file") port_file = value;
+    if (arg == "--token-file") token_file = value;
+    if (arg == "--tls-cert") o.tls_cert_file = value;
+    if (arg == "--tls-key") o.tls_key_file = value;
+    if (arg == "--tls-client-ca") o.tls_client_ca_file = value;
+    if (arg == "--max-value-bytes")
+      o.max_value_bytes = parseInt(arg, value, 1, int64_t{1} << 30);
+    if (arg == "--heartbeat-window")
+      o.heartbeat_window = std::chrono::seconds(parseInt(arg, value, 1, 86400));
+    if (arg == "--log-level") level = value;
+  }
+
+  try {
+    log::init({"rdzv-server", -1, ""}, log::parseLevel(level));
+  } catch (const InvalidArgument& e) {
+    usageError(e.what());
+  }
+
+  try {
+    if (!token_file.empty()) {
+      o.token = rdzv::readTokenFile(token_file);
+    } else if (const char* env = std::getenv("DDPL_STORE_TOKEN"); env && *env) {
+      o.token = env;
+    }
+    // Signals go to one thread that stops the server; block them before any thread exists.
+    sigset_t set;
+    sigemptyset(&set);
+    for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&set, s);
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+
+    rdzv::RendezvousServer server(o);
+    if (!port_file.empty()) {
+      std::string tmp = port_file + ".tmp";
+      std::ofstream(tmp) << server.port() << "\n";
+      if (std::rename(tmp.c_str(), port_file.c_str()) != 0)
+        throw InvalidArgument(fmt::format("cannot write port file {}", port_file));
+    }
+    int received = 0;
+    std::thread stopper([&] {
+      sigwait(&set, &received);
+      log::info("received signal {} ({}); shutting down", received, strsignal(received));
+      server.shutdown();
+    });
+    server.wait();
+    stopper.join();
+    return 0;
+  } catch (const InvalidArgument& e) {
+    log::error("{}", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    log::error("{}", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,275 @@
+#include "rendezvous/rendezvous_client.h"
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "common/errors.h"
+#include "common/log.h"
+#include "ddpl/config.h"
+#include "proto/rendezvous.grpc.pb.h"
+#include "rendezvous/grpc_common.h"
+
+namespace ddpl::rdzv {
+
+namespace pb = ::ddpl::rendezvous::v1;
+using namespace grpc_detail;
+
+namespace {
+
+// On top of the server-side timeouts, so that the server's own message wins the race.
+constexpr Duration kJoinGrace{std::chrono::seconds(5)};
+// A watch lives as long as its round; keepalive, not this deadline, finds a dead server.
+constexpr Duration kWatchDeadline{std::chrono::hours(24 * 30)};
+
+pb::JoinRequest toRequest(const JoinOptions& o) {
+  pb::JoinRequest r;
+  r.set_run_id(o.run_id);
+  r.set_node_id(o.node_id);
+  r.set_local_world_size(o.local_world_size);
+  r.set_version(o.version.empty() ? DDPL_VERSION : o.version);
+  r.set_address(o.address);
+  r.set_min_nodes(o.min_nodes);
+  r.set_max_nodes(o.max_nodes);
+  r.set_join_timeout_ms(o.join_timeout.count());
+  r.set_last_call_timeout_ms(o.last_call_timeout.count());
+  r.set_include_members(o.include_members);
+  return r;
+}
+
+RoundAssignment toAssignment(const JoinOptions& o, const pb::JoinResponse& r) {
+  RoundAssignment a;
+  a.run_id = o.run_id;
+  a.node_id = o.node_id;
+  a.round = r.round();
+  a.group_rank = r.group_rank();
+  a.group_world_size = r.group_world_size();
+  a.world_size = r.world_size();
+  a.local_world_sizes.assign(r.local_world_sizes().begin(), r.local_world_sizes().end());
+  int32_t offset = 0;
+  for (int32_t lws : a.local_world_sizes) {
+    a.rank_offsets.push_back(offset);
+    offset += lws;
+  }
+  if (a.group_rank < 0 || a.group_rank >= static_cast<int32_t>(a.local_world_sizes.size()) ||
+      offset != a.world_size)
+    throw StoreError(fmt::format("join run '{}': the server's reply is inconsistent (group rank "
+                                 "{} of {} nodes, world size {} vs {})",
+                                 o.run_id, a.group_rank, a.local_world_sizes.size(), a.world_size,
+                                 offset));
+  a.rank_offset = a.rank_offsets[a.group_rank];
+  a.local_world_size = a.local_world_sizes[a.group_rank];
+  a.master_address = r.master_address();
+  a.store_prefix = r.store_prefix();
+  a.heartbeat_interval = Duration(r.heartbeat_interval_ms());
+  for (const auto& m : r.members()) a.members.push_back({m.node_id(), m.address()});
+  return a;
+}
+
+Duration joinDeadline(const JoinOptions& o) {
+  return o.join_timeout + o.last_call_timeout + kJoinGrace;
+}
+
+}  // namespace
+
+struct RendezvousClient::Impl {
+  RendezvousClientOptions options;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<pb::Rendezvous::Stub> stub;
+
+  [[noreturn]] void fail(const grpc::Status& s, const std::string& op) const {
+    throwStatus(s, options.endpoint, op);
+  }
+};
+
+class RoundWatchImpl : public RoundWatch {
+ public:
+  RoundWatchImpl(std::shared_ptr<RendezvousClient::Impl> impl, RoundAssignment a,
+                 std::function<void(const RoundChange&)> cb)
+      : impl_(std::move(impl)), a_(std::move(a)), cb_(std::move(cb)) {
+    prepare(ctx_, impl_->options.token, kWatchDeadline);
+    reader_ = std::thread([this] { readLoop(); });
+    heartbeats_ = std::thread([this] { heartbeatLoop(); });
+  }
+
+  ~RoundWatchImpl() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    ctx_.TryCancel();
+    for (auto* t : {&reader_, &heartbeats_}) {
+      if (!t->joinable()) continue;
+      if (t->get_id() == std::this_thread::get_id())
+        t->detach();  // destroyed from inside its own callback
+      else
+        t->join();
+    }
+  }
+
+  bool changed() const override { return fired_.load(); }
+
+ private:
+  bool stopping() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stopping_;
+  }
+
+  void fire(RoundChange c) {
+    if (fired_.exchange(true)) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+    }
+    cv_.notify_all();
+    cb_(c);
+  }
+
+  void readLoop() {
+    pb::WatchRequest req;
+    req.set_run_id(a_.run_id);
+    req.set_node_id(a_.node_id);
+    req.set_round(a_.round);
+    auto reader = impl_->stub->Watch(&ctx_, req);
+    pb::WatchEvent ev;
+    while (reader->Read(&ev)) {
+      if (ev.has_invalidated()) {
+        const auto& i = ev.invalidated();
+        fire({a_.run_id, i.round(), i.reason(), i.nodes_waiting(), false});
+      }
+    }
+    grpc::Status s = reader->Finish();
+    if (stopping() || fired_.load()) return;
+    fire({a_.run_id, a_.round,
+          fmt::format("watch of round {} on {} ended: {}: {}", a_.round, impl_->options.endpoint,
+                      codeName(s.error_code()), s.error_message()),
+          0, s.error_code() == grpc::UNAVAILABLE || s.error_code() == grpc::DEADLINE_EXCEEDED});
+  }
+
+  void heartbeatLoop() {
+    Duration interval = a_.heartbeat_interval.count() > 0 ? a_.heartbeat_interval
+                                                          : Duration(std::chrono::seconds(5));
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait_for(lock, interval, [&] { return stopping_ || fired_.load(); });
+      if (stopping_ || fired_.load()) return;
+      lock.unlock();
+      grpc::ClientContext ctx;
+      prepare(ctx, impl_->options.token, impl_->options.call_timeout);
+      pb::HeartbeatRequest req;
+      req.set_run_id(a_.run_id);
+      req.set_node_id(a_.node_id);
+      req.set_round(a_.round);
+      pb::HeartbeatResponse resp;
+      grpc::Status s = impl_->stub->Heartbeat(&ctx, req, &resp);
+      if (s.error_code() == grpc::FAILED_PRECONDITION || s.error_code() == grpc::NOT_FOUND) {
+        fire({a_.run_id, a_.round, s.error_message(), 0, false});
+        return;
+      }
+      if (!s.ok())  // transport trouble: the watch stream reports a lost server
+        log::warn("heartbeat for round {} of run '{}' to {} failed: {}: {}", a_.round, a_.run_id,
+                  impl_->options.endpoint, codeName(s.error_code()), s.error_message());
+      lock.lock();
+    }
+  }
+
+  std::shared_ptr<RendezvousClient::Impl> impl_;
+  RoundAssignment a_;
+  std::function<void(const RoundChange&)> cb_;
+  grpc::ClientContext ctx_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::atomic<bool> fired_{false};
+  std::thread reader_, heartbeats_;
+};
+
+RendezvousClient::RendezvousClient(const RendezvousClientOptions& options)
+    : impl_(std::make_shared<Impl>()) {
+  impl_->options = options;
+  impl_->channel = makeChannel({options.endpoint, options.tls_ca_file, options.tls_cert_file,
+                                options.tls_key_file, kDefaultMaxValueBytes});
+  impl_->stub = pb::Rendezvous::NewStub(impl_->channel);
+  auto store = pb::Store::NewStub(impl_->channel);
+  retryConnect(options.endpoint, options.connect_timeout, [&](Duration attempt_timeout) {
+    grpc::ClientContext ctx;
+    prepare(ctx, options.token, attempt_timeout);
+    ctx.set_wait_for_ready(true);
+    pb::PingResponse resp;
+    return store->Ping(&ctx, pb::PingRequest{}, &resp);
+  });
+}
+
+RendezvousClient::~RendezvousClient() = default;
+
+const std::string& RendezvousClient::endpoint() const { return impl_->options.endpoint; }
+
+RoundAssignment RendezvousClient::join(const JoinOptions& o) {
+  grpc::ClientContext ctx;
+  prepare(ctx, impl_->options.token, joinDeadline(o));
+  pb::JoinResponse resp;
+  grpc::Status s = impl_->stub->Join(&ctx, toRequest(o), &resp);
+  if (!s.ok()) impl_->fail(s, fmt::format("join run '{}' as node '{}'", o.run_id, o.node_id));
+  return toAssignment(o, resp);
+}
+
+void RendezvousClient::joinAsync(const JoinOptions& o,
+                                 std::function<void(RoundAssignment, std::exception_ptr)> done) {
+  struct Call {
+    grpc::ClientContext ctx;
+    pb::JoinRequest req;
+    pb::JoinResponse resp;
+  };
+  auto call = std::make_shared<Call>();
+  prepare(call->ctx, impl_->options.token, joinDeadline(o));
+  call->req = toRequest(o);
+  auto impl = impl_;
+  impl_->stub->async()->Join(
+      &call->ctx, &call->req, &call->resp,
+      [call, impl, o, done = std::move(done)](grpc::Status s) {
+        RoundAssignment a;
+        std::exception_ptr e;
+        try {
+          if (!s.ok()) impl->fail(s, fmt::format("join run '{}' as node '{}'", o.run_id, o.node_id));
+          a = toAssignment(o, call->resp);
+        } catch (...) {
+          e = std::current_exception();
+        }
+        done(std::move(a), e);
+      });
+}
+
+int32_t RendezvousClient::heartbeat(const RoundAssignment& a) {
+  grpc::ClientContext ctx;
+  prepare(ctx, impl_->options.token, impl_->options.call_timeout);
+  pb::HeartbeatRequest req;
+  req.set_run_id(a.run_id);
+  req.set_node_id(a.node_id);
+  req.set_round(a.round);
+  pb::HeartbeatResponse resp;
+  grpc::Status s = impl_->stub->Heartbeat(&ctx, req, &resp);
+  if (!s.ok()) impl_->fail(s, fmt::format("heartbeat for round {} of run '{}'", a.round, a.run_id));
+  return resp.nodes_waiting();
+}
+
+void RendezvousClient::leave(const std::string& run_id, const std::string& node_id) {
+  grpc::ClientContext ctx;
+  prepare(ctx, impl_->options.token, impl_->options.call_timeout);
+  pb::LeaveRequest req;
+  req.set_run_id(run_id);
+  req.set_node_id(node_id);
+  pb::LeaveResponse resp;
+  grpc::Status s = impl_->stub->Leave(&ctx, req, &resp);
+  if (!s.ok()) impl_->fail(s, fmt::format("leave run '{}' as node '{}'", run_id, node_id));
+}
+
+std::unique_ptr<RoundWatch> RendezvousClient::watch(
+    const RoundAssignment& assignment, std::function<void(const RoundChange&)> on_change) {
+  return std::make_unique<RoundWatchImpl>(impl_, assignment, std::move(on_change));
+}
+
+}  // namespace ddpl::rdzv

@@ -1,0 +1,182 @@
+#include "rendezvous/server.h"
+
+#include <arpa/inet.h>
+#include <fmt/format.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+
+#include "common/errors.h"
+#include "common/log.h"
+#include "rendezvous/grpc_common.h"
+#include "rendezvous/service.h"
+
+namespace ddpl::rdzv {
+namespace {
+
+std::string hostPort(const std::string& host, int port) {
+  if (host.find(':') != std::string::npos && host.front() != '[')
+    return fmt::format("[{}]:{}", host, port);
+  return fmt::format("{}:{}", host, port);
+}
+
+// gRPC reports only that it could not listen; a plain bind() on the same address tells why
+// (address in use, not a local address, permission), which is what the user needs to read.
+std::string whyCannotBind(const std::string& host, int port) {
+  sockaddr_storage ss{};
+  socklen_t len = 0;
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&ss);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&ss);
+  std::string h = host;
+  if (!h.empty() && h.front() == '[') h = h.substr(1, h.size() - 2);
+  if (inet_pton(AF_INET, h.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(static_cast<uint16_t>(port));
+    len = sizeof(*v4);
+  } else if (inet_pton(AF_INET6, h.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(static_cast<uint16_t>(port));
+    len = sizeof(*v6);
+  } else {
+    return "cannot resolve the address or bind to it";
+  }
+  int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return std::strerror(errno);
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  std::string why = "gRPC refused to listen there";
+  if (bind(fd, reinterpret_cast<sockaddr*>(&ss), len) != 0) why = std::strerror(errno);
+  close(fd);
+  return why;
+}
+
+void validate(const ServerOptions& o) {
+  if (o.host.empty()) throw InvalidArgument("rendezvous server: the listen address is empty");
+  if (o.port < 0 || o.port > 65535)
+    throw InvalidArgument(fmt::format("rendezvous server: port {} is out of range 0..65535", o.port));
+  if (o.tls_cert_file.empty() != o.tls_key_file.empty())
+    throw InvalidArgument("rendezvous server: TLS certificate and key go together: set both");
+  if (!o.tls_client_ca_file.empty() && o.tls_cert_file.empty())
+    throw InvalidArgument(
+        "rendezvous server: client certificates need TLS: set the server certificate and key");
+  if (o.max_value_bytes <= 0 || o.max_value_bytes > (1 << 30))
+    throw InvalidArgument(fmt::format(
+        "rendezvous server: max value size {} bytes is out of range 1..1073741824",
+        o.max_value_bytes));
+  if (o.heartbeat_window.count() <= 0)
+    throw InvalidArgument("rendezvous server: the heartbeat window must be positive");
+}
+
+}  // namespace
+
+struct RendezvousServer::Impl {
+  ServerOptions options;
+  std::unique_ptr<grpc_detail::Services> services;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+  std::mutex mu;
+  std::condition_variable stopped_cv;
+  bool stopping = false;
+  bool stopped = false;
+};
+
+RendezvousServer::RendezvousServer(const ServerOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  validate(options);
+  impl_->options = options;
+  grpc_detail::ServiceConfig cfg;
+  cfg.token = options.token;
+  cfg.max_value_bytes = options.max_value_bytes;
+  cfg.max_wait = options.max_wait;
+  cfg.heartbeat_window = options.heartbeat_window;
+  cfg.log_name = options.log_name;
+  impl_->services = std::make_unique<grpc_detail::Services>(cfg);
+
+  std::shared_ptr<grpc::ServerCredentials> creds;
+  if (options.tls_cert_file.empty()) {
+    creds = grpc::InsecureServerCredentials();
+  } else {
+    grpc::SslServerCredentialsOptions ssl(
+        options.tls_client_ca_file.empty()
+            ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+            : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    ssl.pem_key_cert_pairs.push_back(
+        {grpc_detail::readFile(options.tls_key_file, "TLS key"),
+         grpc_detail::readFile(options.tls_cert_file, "TLS certificate")});
+    if (!options.tls_client_ca_file.empty())
+      ssl.pem_root_certs = grpc_detail::readFile(options.tls_client_ca_file, "TLS client CA");
+    creds = grpc::SslServerCredentials(ssl);
+  }
+
+  std::string address = hostPort(options.host, options.port);
+  grpc::ServerBuilder b;
+  b.AddListeningPort(address, creds, &impl_->port);
+  b.RegisterService(impl_->services->store());
+  b.RegisterService(impl_->services->rendezvous());
+  // Without this a second server on a busy port would silently share it (SO_REUSEPORT).
+  b.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  b.SetMaxReceiveMessageSize(static_cast<int>(
+      std::min<int64_t>(options.max_value_bytes + grpc_detail::kMessageOverheadBytes, INT32_MAX)));
+  // Find dead peers whose TCP connection lingers, so their watch streams break and the node
+  // is evicted; let agents' own keepalive pings through.
+  b.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  b.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  b.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+  b.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  impl_->server = b.BuildAndStart();
+  if (!impl_->server || impl_->port == 0)
+    throw NetworkError(fmt::format("rendezvous server cannot listen on {}: {}", address,
+                                   whyCannotBind(options.host, options.port)));
+  if (options.token.empty())
+    log::warn("[{}] serving on {} WITHOUT a token: anyone who can reach this address can read "
+              "and change the store and the membership",
+              options.log_name, endpoint());
+  log::info("[{}] serving on {} ({}, {}, max value {} bytes, heartbeat window {}ms)",
+            options.log_name, endpoint(), options.tls_cert_file.empty() ? "plaintext" : "TLS",
+            options.token.empty() ? "no token" : "token required", options.max_value_bytes,
+            options.heartbeat_window.count());
+}
+
+RendezvousServer::~RendezvousServer() { shutdown(); }
+
+int RendezvousServer::port() const { return impl_->port; }
+
+std::string RendezvousServer::endpoint() const {
+  return hostPort(impl_->options.host, impl_->port);
+}
+
+void RendezvousServer::shutdown() {
+  {
+    std::unique_lock<std::mutex> lock(impl_->mu);
+    if (impl_->stopping) {
+      // Another thread is stopping it: return only once it is down, so that the caller may
+      // destroy the server.
+      impl_->stopped_cv.wait(lock, [&] { return impl_->stopped; });
+      return;
+    }
+    impl_->stopping = true;
+  }
+  impl_->services->beginShutdown();
+  // An immediate deadline cancels parked calls; their OnCancel finishes each one.
+  impl_->server->Shutdown(std::chrono::system_clock::now());
+  impl_->server->Wait();
+  log::info("[{}] stopped serving on {}", impl_->options.log_name, endpoint());
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stopped = true;
+  }
+  impl_->stopped_cv.notify_all();
+}
+
+void RendezvousServer::wait() {
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  impl_->stopped_cv.wait(lock, [&] { return impl_->stopped; });
+}
+
+ServerStats RendezvousServer::stats() const { return impl_->services->stats(); }
+
+}  // namespace ddpl::rdzv

@@ -1,0 +1,269 @@
+// One suite, every Store: the in-memory store, the file store, the prefix decorator, and the
+// gRPC client against a real in-process server on port 0. A behaviour that differs between
+// them is a bug in one of them.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <fmt/format.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <functional>
+#include <thread>
+
+#include "common/errors.h"
+#include "rendezvous/file_store.h"
+#include "rendezvous/grpc_store.h"
+#include "rendezvous/memory_store.h"
+#include "rendezvous/prefix_store.h"
+#include "rendezvous/server.h"
+
+namespace ddpl::rdzv {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using ::testing::HasSubstr;
+
+// Owns whatever a store needs besides itself (a server, a temporary file).
+struct StoreUnderTest {
+  std::shared_ptr<void> keepalive;
+  std::unique_ptr<Store> store;
+};
+
+struct Backend {
+  std::string name;
+  std::function<StoreUnderTest()> make;
+};
+
+std::string tempPath(const std::string& tag) {
+  static std::atomic<int> n{0};
+  auto dir = std::filesystem::temp_directory_path();
+  return (dir / fmt::format("ddpl_store_{}_{}_{}", tag, getpid(), n++)).string();
+}
+
+std::vector<Backend> backends() {
+  return {
+      {"Memory", [] { return StoreUnderTest{nullptr, std::make_unique<MemoryStore>()}; }},
+      {"File",
+       [] {
+         auto path = tempPath("file");
+         auto cleanup = std::shared_ptr<void>(nullptr, [path](void*) {
+           std::filesystem::remove(path);
+         });
+         return StoreUnderTest{cleanup, std::make_unique<FileStore>(path)};
+       }},
+      {"PrefixOverMemory",
+       [] {
+         return StoreUnderTest{
+             nullptr, std::make_unique<PrefixStore>("run/0/", std::make_shared<MemoryStore>())};
+       }},
+      {"Grpc",
+       [] {
+         ServerOptions so;
+         so.token = "conformance-token";
+         so.log_name = "conformance";
+         auto server = std::make_shared<RendezvousServer>(so);
+         GrpcStoreOptions o;
+         o.endpoint = server->endpoint();
+         o.token = so.token;
+         o.connect_timeout = seconds(10);
+         return StoreUnderTest{server, connectGrpcStore(o)};
+       }},
+      {"GrpcWithPrefix",
+       [] {
+         auto server = std::make_shared<RendezvousServer>(ServerOptions{});
+         GrpcStoreOptions o;
+         o.endpoint = server->endpoint();
+         o.prefix = "job/attempt_0/";
+         return StoreUnderTest{server, connectGrpcStore(o)};
+       }},
+  };
+}
+
+class StoreConformance : public ::testing::TestWithParam<Backend> {
+ protected:
+  void SetUp() override {
+    sut_ = GetParam().make();
+    store_ = sut_.store.get();
+  }
+  void TearDown() override {
+    sut_.store.reset();
+    sut_.keepalive.reset();
+  }
+  StoreUnderTest sut_;
+  Store* store_ = nullptr;
+};
+
+TEST_P(StoreConformance, SetGetRoundTripsOpaqueBytes) {
+  Bytes binary = {0, 1, 0xff, 0, 'x', 0x80};
+  store_->set("bin", binary);
+  store_->set("empty", {});
+  EXPECT_EQ(store_->get("bin", seconds(5)), binary);
+  EXPECT_TRUE(store_->get("empty", seconds(5)).empty());
+  store_->set("bin", toBytes("overwritten"));
+  EXPECT_EQ(toString(store_->get("bin", seconds(5))), "overwritten");
+}
+
+TEST_P(StoreConformance, GetBlocksUntilAnotherThreadSets) {
+  std::thread setter([&] {
+    std::this_thread::sleep_for(milliseconds(100));
+    store_->set("late", toBytes("here"));
+  });
+  EXPECT_EQ(toString(store_->get("late", seconds(20))), "here");
+  setter.join();
+}
+
+TEST_P(StoreConformance, GetTimesOutNamingTheKey) {
+  auto start = Clock::now();
+  try {
+    store_->get("never/set", milliseconds(150));
+    FAIL() << "get of a missing key returned";
+  } catch (const TimeoutError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("never/set"));
+  }
+  EXPECT_GE(Clock::now() - start, milliseconds(150));
+}
+
+TEST_P(StoreConformance, AddIsAnAtomicCounter) {
+  EXPECT_EQ(store_->add("n", 5), 5);
+  EXPECT_EQ(store_->add("n", -7), -2);
+  EXPECT_EQ(toString(store_->get("n", seconds(1))), "-2");
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&] {
+      for (int i = 0; i < 25; ++i) store_->add("shared", 1);
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(store_->add("shared", 0), 100);
+  store_->set("text", toBytes("abc"));
+  EXPECT_THROW(store_->add("text", 1), StoreError);
+}
+
+TEST_P(StoreConformance, CompareSetFollowsC10dSemantics) {
+  // Missing key with a non-empty expectation: unchanged, returns the expectation.
+  EXPECT_EQ(toString(store_->compareSet("k", toBytes("x"), toBytes("y"))), "x");
+  EXPECT_FALSE(store_->check({"k"}));
+  // Missing key, empty expectation: created.
+  EXPECT_EQ(toString(store_->compareSet("k", {}, toBytes("v1"))), "v1");
+  // Mismatch: unchanged, returns the current value.
+  EXPECT_EQ(toString(store_->compareSet("k", toBytes("nope"), toBytes("v2"))), "v1");
+  EXPECT_EQ(toString(store_->compareSet("k", toBytes("v1"), toBytes("v2"))), "v2");
+  EXPECT_EQ(toString(store_->get("k", seconds(1))), "v2");
+}
+
+TEST_P(StoreConformance, CheckAndWaitSeeEveryKey) {
+  store_->set("a", toBytes("1"));
+  EXPECT_TRUE(store_->check({"a"}));
+  EXPECT_FALSE(store_->check({"a", "b"}));
+  EXPECT_TRUE(store_->check({}));
+  std::thread setter([&] {
+    std::this_thread::sleep_for(milliseconds(50));
+    store_->set("b", toBytes("2"));
+    store_->set("c", toBytes("3"));
+  });
+  store_->wait({"a", "b", "c"}, seconds(20));
+  setter.join();
+  try {
+    store_->wait({"a", "missing1", "b", "missing2"}, milliseconds(100));
+    FAIL() << "wait on missing keys returned";
+  } catch (const TimeoutError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("missing1"));
+    EXPECT_THAT(e.what(), HasSubstr("missing2"));
+    EXPECT_THAT(e.what(), HasSubstr("2/4"));
+  }
+}
+
+TEST_P(StoreConformance, DeleteKeyAndNumKeys) {
+  EXPECT_EQ(store_->numKeys(), 0);
+  store_->set("x", toBytes("1"));
+  store_->set("y", toBytes("2"));
+  store_->add("z", 1);
+  EXPECT_EQ(store_->numKeys(), 3);
+  EXPECT_TRUE(store_->deleteKey("x"));
+  EXPECT_FALSE(store_->deleteKey("x"));
+  EXPECT_EQ(store_->numKeys(), 2);
+  EXPECT_FALSE(store_->check({"x"}));
+  EXPECT_THROW(store_->get("x", milliseconds(20)), TimeoutError);
+}
+
+TEST_P(StoreConformance, MultiGetAndMultiSet) {
+  store_->multiSet({"m1", "m2", "m3"}, {toBytes("a"), {}, toBytes("c")});
+  auto v = store_->multiGet({"m3", "m1", "m2"}, seconds(5));
+  ASSERT_EQ(v.size(), 3u);
+  EXPECT_EQ(toString(v[0]), "c");
+  EXPECT_EQ(toString(v[1]), "a");
+  EXPECT_TRUE(v[2].empty());
+  EXPECT_THROW(store_->multiSet({"a", "b"}, {toBytes("1")}), InvalidArgument);
+  EXPECT_THROW(store_->multiGet({"m1", "absent"}, milliseconds(50)), TimeoutError);
+}
+
+TEST_P(StoreConformance, OneSetReleasesEveryWaiter) {
+  constexpr int kWaiters = 8;
+  std::atomic<int> released{0};
+  std::vector<std::thread> waiters;
+  for (int i = 0; i < kWaiters; ++i)
+    waiters.emplace_back([&] {
+      if (toString(store_->get("go", seconds(30))) == "now") ++released;
+    });
+  std::this_thread::sleep_for(milliseconds(50));
+  store_->set("go", toBytes("now"));
+  for (auto& t : waiters) t.join();
+  EXPECT_EQ(released.load(), kWaiters);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllStores, StoreConformance, ::testing::ValuesIn(backends()),
+                         [](const ::testing::TestParamInfo<Backend>& info) {
+                           return info.param.name;
+                         });
+
+// The file store's point: processes that share nothing but a path.
+TEST(FileStoreTest, ProcessesShareOneFile) {
+  auto path = tempPath("fork");
+  {
+    FileStore parent(path);
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      int code = 0;
+      try {
+        FileStore child(path);
+        child.wait({"from_parent"}, seconds(20));
+        for (int i = 0; i < 200; ++i) child.add("count", 1);
+        child.set("from_child", toBytes("hi"));
+      } catch (...) {
+        code = 1;
+      }
+      _exit(code);
+    }
+    parent.set("from_parent", toBytes("go"));
+    for (int i = 0; i < 200; ++i) parent.add("count", 1);
+    EXPECT_EQ(toString(parent.get("from_child", seconds(20))), "hi");
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    EXPECT_EQ(parent.add("count", 0), 400) << "flock must make add atomic across processes";
+  }
+  std::filesystem::remove(path);
+}
+
+TEST(FileStoreTest, CorruptFileIsAStoreErrorNamingThePath) {
+  auto path = tempPath("corrupt");
+  {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    std::fputs("not a store", f);
+    std::fclose(f);
+  }
+  FileStore fs(path);
+  try {
+    fs.check({"x"});
+    FAIL();
+  } catch (const StoreError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(path));
+  }
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace ddpl::rdzv
