@@ -159,6 +159,7 @@ struct Agent::Impl {
   // Kills whatever the previous attempt left: grandchildren in the workers' groups, and any
   // process carrying our marker that escaped them.
   void sweepAttempt() {
+    if (pgids.empty()) return;  // nothing started yet
     for (pid_t g : pgids) {
       kill(-g, SIGKILL);
       watchdog.unwatchGroup(g);
@@ -347,17 +348,29 @@ struct Agent::Impl {
   }
 
   void finish() {
-    sweepAttempt();
+    for (pid_t g : pgids) kill(-g, SIGKILL);
+    pgids.clear();
+    for (int fd : std::vector<int>(stream_fds)) {
+      router.drain(fd);
+      removeStream(fd);
+    }
     itimerspec off{};
     timerfd_settime(timerfd, 0, &off, nullptr);
     watchdog.release();
     // Reap everything we were given as subreaper. Bounded: all of it was just SIGKILLed.
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    bool scanned = false;
     while (true) {
       int wstatus;
       pid_t pid = waitpid(-1, &wstatus, WNOHANG);
       if (pid > 0) continue;
       if (pid < 0) break;  // ECHILD: nothing left
+      // Children remain: as subreaper every surviving descendant is our child, so this is the
+      // only case where something escaped the process groups (setsid) and must be hunted down.
+      if (!scanned) {
+        killMarkedProcesses(watchdog.marker());
+        scanned = true;
+      }
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) {

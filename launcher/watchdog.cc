@@ -92,8 +92,8 @@ Watchdog::Watchdog(std::string marker_value) : marker_(std::move(marker_value)) 
     sigprocmask(SIG_SETMASK, &none, nullptr);
     close(fds[1]);
     // Keep nothing else of the launcher's open (its pipes would otherwise never reach EOF).
-    for (int fd = 3; fd < 1024; ++fd)
-      if (fd != fds[0]) close(fd);
+    if (fds[0] > 3) close_range(3, static_cast<unsigned>(fds[0]) - 1, 0);
+    close_range(static_cast<unsigned>(fds[0]) + 1, ~0U, 0);
     watchdogMain(fds[0], marker_);
   }
   close(fds[0]);

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Every benchmark, each side by side with its reference. Figures go to docs/benchmarks.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR="${1:-build}"
+PY=.venv/bin/python
+echo "== launch overhead"; $PY bench/launch_overhead.py --build "$BUILD_DIR" --rounds 30
+for extra in bench/rdzv_bench.sh bench/ddp_bench.sh; do
+  if [ -x "$extra" ]; then echo "== $extra"; bash "$extra" "$BUILD_DIR"; fi
+done

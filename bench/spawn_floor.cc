@@ -1,0 +1,32 @@
+// The floor for launch overhead: fork/exec N copies of a program and reap them, nothing else.
+// usage: spawn_floor N PROGRAM [ARGS...]
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    fprintf(stderr, "usage: spawn_floor N PROGRAM [ARGS...]\n");
+    return 2;
+  }
+  int n = atoi(argv[1]);
+  std::vector<pid_t> pids;
+  for (int i = 0; i < n; ++i) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      execv(argv[2], argv + 2);
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  int rc = 0;
+  for (pid_t p : pids) {
+    int st;
+    waitpid(p, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) rc = 1;
+  }
+  return rc;
+}
