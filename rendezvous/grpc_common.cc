@@ -7,7 +7,12 @@
 #include <sstream>
 #include <thread>
 
+#include <grpc/support/log.h>
+
+#include <mutex>
+
 #include "common/errors.h"
+#include "common/log.h"
 
 namespace ddpl::rdzv::grpc_detail {
 
@@ -21,7 +26,32 @@ std::string readFile(const std::string& path, const char* what) {
   return s;
 }
 
+namespace {
+
+void logFromGrpc(gpr_log_func_args* args) {
+  // gRPC's own errors are mostly about one peer (a failed TLS handshake, garbage on the
+  // port); they matter to an operator but must not look like the server failing.
+  switch (args->severity) {
+    case GPR_LOG_SEVERITY_ERROR:
+      log::warn("grpc: {}", args->message);
+      break;
+    case GPR_LOG_SEVERITY_INFO:
+      log::debug("grpc: {}", args->message);
+      break;
+    default:
+      log::trace("grpc: {}", args->message);
+  }
+}
+
+}  // namespace
+
+void routeGrpcLogs() {
+  static std::once_flag once;
+  std::call_once(once, [] { gpr_set_log_function(logFromGrpc); });
+}
+
 std::shared_ptr<grpc::Channel> makeChannel(const ChannelSpec& spec) {
+  routeGrpcLogs();
   if (spec.endpoint.empty()) throw InvalidArgument("rendezvous endpoint is empty (want host:port)");
   std::shared_ptr<grpc::ChannelCredentials> creds;
   if (spec.tls_ca_file.empty()) {
@@ -110,7 +140,7 @@ void retryConnect(const std::string& endpoint, Duration timeout,
   grpc::Status last;
   int attempts = 0;
   for (;;) {
-    auto left = std::chrono::duration_cast<Duration>(deadline - Clock::now());
+    auto left = std::chrono::ceil<Duration>(deadline - Clock::now());
     if (left.count() <= 0) break;
     ++attempts;
     last = attempt(std::min(left, Duration(std::chrono::seconds(5))));
@@ -122,7 +152,7 @@ void retryConnect(const std::string& endpoint, Duration timeout,
     // Full jitter: agents of a big job started together must not retry in lockstep.
     std::uniform_int_distribution<int64_t> jitter(backoff.count() / 2, backoff.count());
     Duration pause{jitter(rng)};
-    left = std::chrono::duration_cast<Duration>(deadline - Clock::now());
+    left = std::chrono::ceil<Duration>(deadline - Clock::now());
     if (left.count() <= 0) break;
     std::this_thread::sleep_for(std::min(pause, left));
     backoff = std::min(backoff * 2, Duration(std::chrono::seconds(2)));

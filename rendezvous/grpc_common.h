@@ -21,6 +21,9 @@ struct ChannelSpec {
   int64_t max_value_bytes = 0;
 };
 
+// Sends gRPC's internal log lines through common/log.h instead of straight to stderr.
+void routeGrpcLogs();
+
 std::string readFile(const std::string& path, const char* what);
 
 std::shared_ptr<grpc::Channel> makeChannel(const ChannelSpec& spec);

@@ -87,6 +87,7 @@ struct RendezvousServer::Impl {
 RendezvousServer::RendezvousServer(const ServerOptions& options)
     : impl_(std::make_unique<Impl>()) {
   validate(options);
+  grpc_detail::routeGrpcLogs();
   impl_->options = options;
   grpc_detail::ServiceConfig cfg;
   cfg.token = options.token;

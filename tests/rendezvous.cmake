@@ -9,3 +9,13 @@ if(TARGET ddpl_rdzv_server)
                 SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/store_conformance_test.cc
                 LIBS ddpl_rdzv_client ddpl_rdzv_server LABELS unit)
 endif()
+if(TARGET ddpl_rdzv_server)
+  ddpl_add_test(NAME rdzv_store_service_test
+                SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/integration/rdzv_store_service_test.cc
+                LIBS ddpl_rdzv_client ddpl_rdzv_server ddpl_proto LABELS integration)
+endif()
+if(TARGET ddpl_rdzv_server)
+  ddpl_add_test(NAME rdzv_membership_test
+                SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/integration/rdzv_membership_test.cc
+                LIBS ddpl_rdzv_client ddpl_rdzv_server LABELS integration)
+endif()
