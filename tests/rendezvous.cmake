@@ -19,3 +19,9 @@ if(TARGET ddpl_rdzv_server)
                 SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/integration/rdzv_membership_test.cc
                 LIBS ddpl_rdzv_client ddpl_rdzv_server LABELS integration)
 endif()
+if(TARGET ddpl_rdzv_server)
+  ddpl_add_test(NAME rdzv_fault_test
+                SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fault/rdzv_fault_test.cc
+                LIBS ddpl_rdzv_client ddpl_rdzv_server LABELS fault)
+  add_dependencies(rdzv_fault_test rdzv-server)
+endif()

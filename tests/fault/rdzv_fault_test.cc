@@ -1,0 +1,306 @@
+// What goes wrong around the rendezvous server: garbage on its port, shutdown with calls
+// parked, the server process killed under its clients, and bad command lines.
+#include <arpa/inet.h>
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "common/errors.h"
+#include "rendezvous/grpc_store.h"
+#include "rendezvous/rendezvous_client.h"
+#include "rendezvous/server.h"
+
+namespace ddpl::rdzv {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using ::testing::HasSubstr;
+
+const std::string kServerBin = std::string(DDPL_BIN_DIR) + "/rdzv-server";
+
+int rawConnect(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+void sendAll(int fd, const std::string& data) {
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = send(fd, data.data() + done, data.size() - done, MSG_NOSIGNAL);
+    if (n <= 0) return;  // the server may hang up on garbage: that is its right
+    done += static_cast<size_t>(n);
+  }
+}
+
+TEST(RdzvFaultTest, GarbageOnThePortLeavesTheServerServingOthers) {
+  ServerOptions so;
+  so.token = "tok";
+  RendezvousServer server(so);
+  GrpcStoreOptions o;
+  o.endpoint = server.endpoint();
+  o.token = "tok";
+  o.connect_timeout = seconds(10);
+  auto store = connectGrpcStore(o);
+  store->set("before", toBytes("1"));
+
+  std::mt19937 rng(42);
+  std::string noise(256 * 1024, '\0');
+  for (auto& c : noise) c = static_cast<char>(rng());
+  std::vector<std::string> payloads = {
+      noise,
+      "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + noise.substr(0, 4096),  // valid preface, bad frames
+      "GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+      std::string("\x16\x03\x01\x02\x00\x01\x00\x01\xfc", 9) + noise.substr(0, 512),  // TLS hello
+      std::string(1 << 20, '\xff'),
+  };
+  int idle = rawConnect(server.port());  // a connection that never says anything
+  ASSERT_GE(idle, 0);
+  std::vector<std::thread> attackers;
+  for (const auto& p : payloads)
+    attackers.emplace_back([&, p] {
+      int fd = rawConnect(server.port());
+      if (fd < 0) return;
+      sendAll(fd, p);
+      close(fd);
+    });
+  // Legitimate traffic while the garbage arrives.
+  for (int i = 0; i < 50; ++i) store->add("during", 1);
+  for (auto& t : attackers) t.join();
+  EXPECT_EQ(store->add("during", 0), 50);
+  EXPECT_EQ(toString(store->get("before", seconds(5))), "1");
+  auto fresh = connectGrpcStore(o);
+  fresh->set("after", toBytes("ok"));
+  EXPECT_TRUE(store->check({"after"}));
+  close(idle);
+}
+
+TEST(RdzvFaultTest, ShutdownFinishesParkedCallsInsteadOfHanging) {
+  auto server = std::make_unique<RendezvousServer>(ServerOptions{});
+  GrpcStoreOptions o;
+  o.endpoint = server->endpoint();
+  auto store = connectGrpcStore(o);
+  RendezvousClientOptions co;
+  co.endpoint = server->endpoint();
+  RendezvousClient client(co);
+  auto get = std::async(std::launch::async, [&] {
+    try {
+      store->get("never", seconds(600));
+      return std::string("returned");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+  });
+  JoinOptions j;
+  j.run_id = "r";
+  j.node_id = "a";
+  j.min_nodes = 2;
+  j.max_nodes = 2;
+  auto join = std::async(std::launch::async, [&] {
+    try {
+      client.join(j);
+      return std::string("returned");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+  });
+  for (int i = 0; i < 4000; ++i) {
+    auto s = server->stats();
+    if (s.parked_store_calls == 1 && s.parked_joins == 1) break;
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  ASSERT_EQ(server->stats().parked_joins, 1);
+  auto stopped = std::async(std::launch::async, [&] { server->shutdown(); });
+  ASSERT_EQ(stopped.wait_for(seconds(30)), std::future_status::ready) << "shutdown hung";
+  ASSERT_EQ(get.wait_for(seconds(30)), std::future_status::ready);
+  ASSERT_EQ(join.wait_for(seconds(30)), std::future_status::ready);
+  EXPECT_NE(get.get(), "returned");
+  EXPECT_THAT(join.get(), HasSubstr(co.endpoint));
+}
+
+// Runs the real binary; returns its pid. stderr goes to `log`.
+pid_t spawnServer(const std::vector<std::string>& args, const std::string& log) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    std::vector<char*> argv;
+    argv.push_back(const_cast<char*>(kServerBin.c_str()));
+    for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    FILE* f = std::fopen(log.c_str(), "w");
+    if (f) {
+      dup2(fileno(f), 2);
+      dup2(fileno(f), 1);
+    }
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+int runServer(const std::vector<std::string>& args, std::string* output) {
+  auto log = (std::filesystem::temp_directory_path() /
+              fmt::format("ddpl_rdzv_out_{}_{}", getpid(), rand()))
+                 .string();
+  pid_t pid = spawnServer(args, log);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  *output = slurp(log);
+  std::filesystem::remove(log);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+class ServerBinaryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / fmt::format("ddpl_rdzv_bin_{}", getpid());
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string path(const char* name) const { return (dir_ / name).string(); }
+
+  // Starts the binary on a free port; returns the port once it is serving.
+  int start(std::vector<std::string> args) {
+    args.insert(args.end(), {"--port", "0", "--port-file", path("port")});
+    pid_ = spawnServer(args, path("server.log"));
+    for (int i = 0; i < 2000; ++i) {
+      if (std::filesystem::exists(path("port"))) return std::stoi(slurp(path("port")));
+      int status;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) break;
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+    ADD_FAILURE() << "rdzv-server did not start: " << slurp(path("server.log"));
+    return -1;
+  }
+  int stop(int sig) {
+    kill(pid_, sig);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return status;
+  }
+  ~ServerBinaryTest() override {
+    if (pid_ > 0) stop(SIGKILL);
+  }
+
+  std::filesystem::path dir_;
+  pid_t pid_ = -1;
+};
+
+TEST_F(ServerBinaryTest, BadCommandLinesExitTwoNamingTheFlag) {
+  std::string out;
+  EXPECT_EQ(runServer({"--no-such-flag"}, &out), 2);
+  EXPECT_THAT(out, HasSubstr("'--no-such-flag'"));
+  EXPECT_EQ(runServer({"--port", "99999"}, &out), 2);
+  EXPECT_THAT(out, HasSubstr("--port"));
+  EXPECT_EQ(runServer({"--max-value-bytes"}, &out), 2);
+  EXPECT_THAT(out, HasSubstr("--max-value-bytes needs a value"));
+  EXPECT_EQ(runServer({"--log-level=loud"}, &out), 2);
+  EXPECT_EQ(runServer({"--help"}, &out), 0);
+  EXPECT_THAT(out, HasSubstr("--token-file"));
+}
+
+TEST_F(ServerBinaryTest, UnreadableOrEmptyTokenFileIsFatal) {
+  std::string out;
+  EXPECT_EQ(runServer({"--token-file", path("missing")}, &out), 1);
+  EXPECT_THAT(out, HasSubstr(path("missing")));
+  std::ofstream(path("empty")) << "\n";
+  EXPECT_EQ(runServer({"--token_file", path("empty")}, &out), 1);
+  EXPECT_THAT(out, HasSubstr("is empty"));
+}
+
+TEST_F(ServerBinaryTest, PortInUseIsNamed) {
+  RendezvousServer holder(ServerOptions{});
+  std::string out;
+  EXPECT_EQ(runServer({"--port", std::to_string(holder.port())}, &out), 1);
+  EXPECT_THAT(out, HasSubstr(holder.endpoint()));
+  EXPECT_THAT(out, HasSubstr("in use"));
+}
+
+TEST_F(ServerBinaryTest, LogsJoinsAndLeavesAndStopsOnSigterm) {
+  std::ofstream(path("token")) << "file-token\n";
+  int port = start({"--token-file", path("token")});
+  ASSERT_GT(port, 0);
+  RendezvousClientOptions co;
+  co.endpoint = fmt::format("127.0.0.1:{}", port);
+  co.token = "file-token";
+  RendezvousClient client(co);
+  JoinOptions j;
+  j.run_id = "logged";
+  j.node_id = "node-7";
+  auto a = client.join(j);
+  client.leave("logged", "node-7");
+  int status = stop(SIGTERM);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  std::string log = slurp(path("server.log"));
+  EXPECT_THAT(log, HasSubstr("node 'node-7' joined round 0"));
+  EXPECT_THAT(log, HasSubstr("node 'node-7' left"));
+  EXPECT_THAT(log, HasSubstr("token required"));
+}
+
+TEST_F(ServerBinaryTest, KilledServerIsReportedToWatchersAndCallers) {
+  int port = start({});
+  ASSERT_GT(port, 0);
+  std::string endpoint = fmt::format("127.0.0.1:{}", port);
+  RendezvousClientOptions co;
+  co.endpoint = endpoint;
+  RendezvousClient client(co);
+  JoinOptions j;
+  j.run_id = "r";
+  j.node_id = "a";
+  auto a = client.join(j);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<RoundChange> change;
+  auto watch = client.watch(a, [&](const RoundChange& c) {
+    std::lock_guard<std::mutex> l(mu);
+    change = c;
+    cv.notify_all();
+  });
+  GrpcStoreOptions so;
+  so.endpoint = endpoint;
+  auto store = connectGrpcStore(so);
+  stop(SIGKILL);
+  {
+    std::unique_lock<std::mutex> l(mu);
+    ASSERT_TRUE(cv.wait_for(l, seconds(30), [&] { return change.has_value(); }));
+  }
+  EXPECT_TRUE(change->connection_lost);
+  EXPECT_THAT(change->reason, HasSubstr(endpoint));
+  try {
+    store->set("x", toBytes("1"));
+    FAIL();
+  } catch (const NetworkError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(endpoint));
+  }
+}
+
+}  // namespace
+}  // namespace ddpl::rdzv
