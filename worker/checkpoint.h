@@ -1,0 +1,39 @@
+#pragma once
+// Checkpoints that elastic restarts resume from: written atomically (temporary file in the same
+// directory, fsync, rename, fsync of the directory), so a process killed mid-write never
+// replaces the last good checkpoint.
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <string>
+
+namespace ddpl::worker {
+
+class GradScaler;
+class Session;
+
+struct TrainingProgress {
+  int64_t epoch = 0;
+  int64_t step = 0;
+  int64_t samplesSeen = 0;
+};
+
+struct CheckpointRefs {
+  torch::nn::Module* model = nullptr;
+  torch::optim::Optimizer* optimizer = nullptr;  // optional
+  GradScaler* scaler = nullptr;                  // optional
+  TrainingProgress* progress = nullptr;          // optional
+};
+
+// Writes from this process, atomically. Throws ddpl::Error naming the path on failure and leaves
+// no temporary file behind.
+void saveCheckpoint(const std::string& path, const CheckpointRefs& parts);
+
+// Rank 0 writes, then all ranks meet at a barrier, so every rank can load it afterwards.
+void saveCheckpoint(Session& session, const std::string& path, const CheckpointRefs& parts);
+
+// Returns false when there is no checkpoint at path (first start); throws if it is unreadable.
+bool loadCheckpoint(const std::string& path, const CheckpointRefs& parts);
+
+}  // namespace ddpl::worker

@@ -1,0 +1,382 @@
+#include "worker/ddp.h"
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <mutex>
+#include <sstream>
+
+#include "common/errors.h"
+#include "worker/log_bridge.h"
+
+namespace ddpl::worker {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string shapeText(c10::IntArrayRef sizes) {
+  std::ostringstream out;
+  out << sizes;
+  return out.str();
+}
+
+// One flat buffer per dtype, broadcast from rank 0, copied back into the tensors.
+void broadcastCoalesced(c10d::Backend& backend, const std::vector<at::Tensor>& tensors,
+                        std::chrono::milliseconds timeout) {
+  std::map<c10::ScalarType, std::vector<at::Tensor>> byType;
+  for (const auto& t : tensors) byType[t.scalar_type()].push_back(t);
+  for (auto& [type, group] : byType) {
+    std::vector<at::Tensor> flat_parts;
+    flat_parts.reserve(group.size());
+    for (const auto& t : group) flat_parts.push_back(t.detach().reshape({-1}));
+    std::vector<at::Tensor> flat{torch::cat(flat_parts)};
+    c10d::BroadcastOptions options;
+    options.rootRank = 0;
+    options.timeout = timeout;
+    backend.broadcast(flat, options)->wait(timeout);
+    torch::NoGradGuard noGrad;
+    int64_t offset = 0;
+    for (auto& t : group) {
+      t.copy_(flat[0].narrow(0, offset, t.numel()).view_as(t));
+      offset += t.numel();
+    }
+  }
+}
+
+}  // namespace
+
+struct DdpReducer::Impl {
+  struct Bucket {
+    std::vector<size_t> params;       // indices into params
+    std::vector<int64_t> offsets;     // element offsets in flat
+    at::Tensor flat;                  // averaged gradients live here during the reduction
+    at::Tensor wire;                  // what goes over the network (flat, or compressed)
+    size_t bytes = 0;
+    size_t pending = 0;
+    bool launched = false;
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+
+  std::shared_ptr<torch::nn::Module> module;
+  c10::intrusive_ptr<c10d::Backend> backend;
+  DdpOptions options;
+  int worldSize = 1;
+  int rank = 0;
+
+  std::vector<at::Tensor> params;
+  std::vector<std::string> names;
+  std::vector<size_t> bucketOf;
+  std::vector<at::Tensor> buffers;
+  std::vector<Bucket> buckets;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+  std::vector<uintptr_t> hookKeys;
+
+  std::mutex mu;
+  bool requireSync = true;
+  // Per backward:
+  bool inBackward = false;
+  std::vector<bool> ready;
+  size_t readyCount = 0;
+  size_t nextToLaunch = 0;
+  Clock::time_point start;
+  IterationTrace current;
+  IterationTrace last;
+  // Shared with the hooks, which outlive us inside the autograd graph's accumulators.
+  std::shared_ptr<bool> alive = std::make_shared<bool>(true);
+
+  void checkShapes();
+  void buildBuckets();
+  void onGradReady(size_t index);
+  void launch(Bucket& bucket);
+  void finalize();
+  double sinceStartUs() const {
+    return std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+  }
+};
+
+void DdpReducer::Impl::checkShapes() {
+  // Rank 0's layout, broadcast; every rank compares with its own and the verdict is agreed by
+  // an all-reduce, so that all ranks fail together instead of some hanging in a collective.
+  auto describe = [this]() {
+    std::vector<int64_t> meta{static_cast<int64_t>(params.size()), static_cast<int64_t>(buffers.size())};
+    auto add = [&meta](const at::Tensor& t) {
+      meta.push_back(t.dim());
+      for (auto s : t.sizes()) meta.push_back(s);
+      meta.push_back(static_cast<int64_t>(t.scalar_type()));
+    };
+    for (const auto& p : params) add(p);
+    for (const auto& b : buffers) add(b);
+    return meta;
+  };
+  const std::vector<int64_t> mine = describe();
+  const auto device = params.empty() ? at::Device(at::kCPU) : params[0].device();
+  const auto i64 = at::TensorOptions().dtype(at::kLong).device(device);
+
+  std::vector<at::Tensor> length{at::tensor({static_cast<int64_t>(mine.size())}, i64)};
+  c10d::BroadcastOptions bopts;
+  bopts.timeout = options.timeout;
+  backend->broadcast(length, bopts)->wait(options.timeout);
+  const int64_t rootLength = length[0].cpu().item<int64_t>();
+  std::vector<at::Tensor> root{rank == 0 ? at::tensor(mine, i64) : at::zeros({rootLength}, i64)};
+  backend->broadcast(root, bopts)->wait(options.timeout);
+  const at::Tensor rootCpu = root[0].cpu();
+  const int64_t* r = rootCpu.data_ptr<int64_t>();
+
+  std::string problem;
+  if (r[0] != mine[0] || r[1] != mine[1]) {
+    problem = "rank " + std::to_string(rank) + " has " + std::to_string(mine[0]) + " parameters and " +
+              std::to_string(mine[1]) + " buffers, rank 0 has " + std::to_string(r[0]) + " and " +
+              std::to_string(r[1]);
+  } else {
+    int64_t pos = 2;
+    const size_t total = params.size() + buffers.size();
+    for (size_t i = 0; i < total && problem.empty(); ++i) {
+      const at::Tensor& t = i < params.size() ? params[i] : buffers[i - params.size()];
+      std::vector<int64_t> rootShape(r + pos + 1, r + pos + 1 + r[pos]);
+      const auto rootType = static_cast<c10::ScalarType>(r[pos + 1 + r[pos]]);
+      pos += r[pos] + 2;
+      const std::string what = i < params.size() ? "parameter '" + names[i] + "'" : "buffer #" + std::to_string(i - params.size());
+      if (t.sizes().vec() != rootShape) {
+        problem = what + " has shape " + shapeText(t.sizes()) + " on rank " + std::to_string(rank) +
+                  " but " + shapeText(rootShape) + " on rank 0";
+      } else if (t.scalar_type() != rootType) {
+        problem = what + " has dtype " + std::string(c10::toString(t.scalar_type())) + " on rank " +
+                  std::to_string(rank) + " but " + c10::toString(rootType) + " on rank 0";
+      }
+    }
+  }
+  std::vector<at::Tensor> verdict{at::tensor({problem.empty() ? int64_t{-1} : int64_t{rank}}, i64)};
+  c10d::AllreduceOptions aopts;
+  aopts.reduceOp = c10d::ReduceOp::MAX;
+  aopts.timeout = options.timeout;
+  backend->allreduce(verdict, aopts)->wait(options.timeout);
+  const int64_t badRank = verdict[0].cpu().item<int64_t>();
+  if (!problem.empty()) throw InvalidArgument("DistributedDataParallel: model mismatch: " + problem);
+  if (badRank >= 0) {
+    throw InvalidArgument("DistributedDataParallel: model mismatch: rank " + std::to_string(badRank) +
+                          " holds different parameter shapes than rank 0 (see its error)");
+  }
+}
+
+void DdpReducer::Impl::buildBuckets() {
+  // Reverse registration order approximates the order gradients become ready in backward.
+  Bucket bucket;
+  auto close = [this, &bucket]() {
+    if (bucket.params.empty()) return;
+    const auto& first = params[bucket.params.front()];
+    int64_t numel = 0;
+    for (size_t i : bucket.params) {
+      bucket.offsets.push_back(numel);
+      numel += params[i].numel();
+      bucketOf[i] = buckets.size();
+    }
+    bucket.flat = at::zeros({numel}, first.options().requires_grad(false));
+    if (options.commHook == CommHook::kFp16Compress) bucket.wire = at::empty({numel}, bucket.flat.options().dtype(at::kHalf));
+    else if (options.commHook == CommHook::kBf16Compress) bucket.wire = at::empty({numel}, bucket.flat.options().dtype(at::kBFloat16));
+    else bucket.wire = bucket.flat;
+    buckets.push_back(std::move(bucket));
+    bucket = Bucket{};
+  };
+  for (size_t k = params.size(); k-- > 0;) {
+    const auto& p = params[k];
+    const size_t bytes = p.numel() * p.element_size();
+    const size_t cap = buckets.empty() ? options.firstBucketBytes : options.bucketBytes;
+    if (!bucket.params.empty()) {
+      const auto& head = params[bucket.params.front()];
+      if (bucket.bytes + bytes > cap || head.scalar_type() != p.scalar_type() || head.device() != p.device()) {
+        close();
+      }
+    }
+    bucket.params.push_back(k);
+    bucket.bytes += bytes;
+  }
+  close();
+}
+
+void DdpReducer::Impl::onGradReady(size_t index) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (!requireSync || !options.communicate || worldSize == 1) return;
+  if (!inBackward) {
+    inBackward = true;
+    start = Clock::now();
+    std::fill(ready.begin(), ready.end(), false);
+    readyCount = 0;
+    nextToLaunch = 0;
+    for (auto& b : buckets) {
+      b.pending = b.params.size();
+      b.launched = false;
+      b.work.reset();
+    }
+    current = IterationTrace{};
+    current.numGrads = params.size();
+    current.buckets.resize(buckets.size());
+    // Runs when this backward has finished: nothing may reach the optimizer unreduced.
+    std::weak_ptr<bool> weak = alive;
+    torch::autograd::Engine::get_default_engine().queue_callback([this, weak] {
+      if (weak.lock()) finalize();
+    });
+  }
+  if (ready[index]) return;  // reentrant backward of the same parameter: already counted
+  ready[index] = true;
+  ++readyCount;
+  current.lastGradReadyUs = sinceStartUs();
+  Bucket& bucket = buckets[bucketOf[index]];
+  --bucket.pending;
+  // Collectives must be issued in the same order on every rank: launch strictly in bucket order.
+  while (nextToLaunch < buckets.size() && buckets[nextToLaunch].pending == 0) {
+    launch(buckets[nextToLaunch++]);
+  }
+}
+
+void DdpReducer::Impl::launch(Bucket& bucket) {
+  torch::NoGradGuard noGrad;
+  for (size_t j = 0; j < bucket.params.size(); ++j) {
+    const auto& p = params[bucket.params[j]];
+    auto slot = bucket.flat.narrow(0, bucket.offsets[j], p.numel());
+    const auto& grad = p.grad();
+    if (grad.defined() && ready[bucket.params[j]]) slot.copy_(grad.reshape({-1}));
+    else slot.zero_();
+  }
+  // Divide before summing, as PyTorch does: the sum of averages cannot overflow where the sum
+  // of gradients might (fp16).
+  bucket.flat.div_(worldSize);
+  if (!bucket.wire.is_same(bucket.flat)) bucket.wire.copy_(bucket.flat);
+  std::vector<at::Tensor> tensors{bucket.wire};
+  c10d::AllreduceOptions opts;
+  opts.timeout = options.timeout;
+  bucket.work = backend->allreduce(tensors, opts);
+  bucket.launched = true;
+  auto& trace = current.buckets[&bucket - buckets.data()];
+  trace.numParams = bucket.params.size();
+  trace.bytes = bucket.bytes;
+  trace.gradsReadyAtLaunch = readyCount;
+  trace.launchedUs = sinceStartUs();
+}
+
+void DdpReducer::Impl::finalize() {
+  std::lock_guard<std::mutex> lock(mu);
+  if (!inBackward) return;
+  inBackward = false;
+  if (readyCount < params.size()) {
+    if (!options.findUnusedParameters) {
+      std::string missing;
+      size_t count = 0;
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (ready[i]) continue;
+        if (count++ < 8) missing += (missing.empty() ? "" : ", ") + names[i];
+      }
+      // Drain what was launched so the backend is not left with dangling work.
+      for (auto& b : buckets) {
+        if (b.launched) {
+          try { b.work->wait(options.timeout); } catch (...) {}
+        }
+      }
+      throw InvalidArgument("DistributedDataParallel: " + std::to_string(count) +
+                            " parameter(s) received no gradient in this backward: " + missing +
+                            (count > 8 ? ", ..." : "") +
+                            ". Construct with DdpOptions::findUnusedParameters = true if the model "
+                            "legitimately skips them (or call backward on a loss that uses them)");
+    }
+    // Unused parameters count as zeros, identically on every rank.
+    while (nextToLaunch < buckets.size()) launch(buckets[nextToLaunch++]);
+  }
+  torch::NoGradGuard noGrad;
+  for (auto& bucket : buckets) {
+    bucket.work->wait(options.timeout);
+    if (!bucket.wire.is_same(bucket.flat)) bucket.flat.copy_(bucket.wire);
+    for (size_t j = 0; j < bucket.params.size(); ++j) {
+      auto& p = params[bucket.params[j]];
+      auto averaged = bucket.flat.narrow(0, bucket.offsets[j], p.numel()).view_as(p);
+      auto& grad = p.mutable_grad();
+      if (grad.defined() && grad.sizes() == p.sizes() && grad.is_contiguous()) grad.copy_(averaged);
+      else grad = averaged.clone();
+    }
+    bucket.work.reset();
+  }
+  current.finishedUs = sinceStartUs();
+  last = current;
+}
+
+DdpReducer::DdpReducer(std::shared_ptr<torch::nn::Module> module, c10::intrusive_ptr<c10d::Backend> backend,
+                       DdpOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  if (!module) throw InvalidArgument("DistributedDataParallel: null module");
+  if (!backend) throw InvalidArgument("DistributedDataParallel: null process group");
+  impl_->module = std::move(module);
+  impl_->backend = std::move(backend);
+  impl_->options = std::move(options);
+  impl_->worldSize = impl_->backend->getSize();
+  impl_->rank = impl_->backend->getRank();
+  for (const auto& item : impl_->module->named_parameters(/*recurse=*/true)) {
+    if (!item.value().requires_grad()) continue;
+    impl_->params.push_back(item.value());
+    impl_->names.push_back(item.key());
+  }
+  for (const auto& b : impl_->module->buffers(/*recurse=*/true)) impl_->buffers.push_back(b);
+  impl_->bucketOf.resize(impl_->params.size());
+  impl_->ready.assign(impl_->params.size(), false);
+
+  if (impl_->worldSize > 1) {
+    impl_->checkShapes();
+    std::vector<at::Tensor> state = impl_->params;
+    state.insert(state.end(), impl_->buffers.begin(), impl_->buffers.end());
+    broadcastCoalesced(*impl_->backend, state, impl_->options.timeout);
+  }
+  impl_->buildBuckets();
+
+  Impl* impl = impl_.get();
+  for (size_t i = 0; i < impl_->params.size(); ++i) {
+    auto accumulator = torch::autograd::impl::grad_accumulator(impl_->params[i]);
+    std::weak_ptr<bool> weak = impl_->alive;
+    impl_->hookKeys.push_back(accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [impl, weak, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+          if (weak.lock()) impl->onGradReady(i);
+          return outputs;
+        })));
+    impl_->accumulators.push_back(std::move(accumulator));
+  }
+  wlog::debug("DistributedDataParallel: " + std::to_string(impl_->params.size()) + " parameters in " +
+              std::to_string(impl_->buckets.size()) + " buckets");
+}
+
+DdpReducer::~DdpReducer() {
+  *impl_->alive = false;
+  impl_->alive.reset();
+  for (size_t i = 0; i < impl_->accumulators.size(); ++i) {
+    impl_->accumulators[i]->del_post_hook(impl_->hookKeys[i]);
+  }
+}
+
+void DdpReducer::beforeForward() {
+  if (impl_->options.broadcastBuffers && impl_->options.communicate && impl_->worldSize > 1 &&
+      !impl_->buffers.empty()) {
+    broadcastCoalesced(*impl_->backend, impl_->buffers, impl_->options.timeout);
+  }
+}
+
+void DdpReducer::setRequireGradSync(bool sync) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->requireSync = sync;
+}
+
+bool DdpReducer::requireGradSync() const { return impl_->requireSync; }
+
+IterationTrace DdpReducer::lastIteration() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->last;
+}
+
+std::vector<std::vector<std::string>> DdpReducer::bucketLayout() const {
+  std::vector<std::vector<std::string>> layout;
+  for (const auto& b : impl_->buckets) {
+    layout.emplace_back();
+    for (size_t i : b.params) layout.back().push_back(impl_->names[i]);
+  }
+  return layout;
+}
+
+const DdpOptions& DdpReducer::options() const { return impl_->options; }
+
+}  // namespace ddpl::worker

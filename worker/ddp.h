@@ -1,0 +1,124 @@
+#pragma once
+// DistributedDataParallel for LibTorch (which has none: pytorch#48959). Gradients are bucketed
+// in reverse registration order and each bucket's all-reduce is launched from autograd hooks as
+// soon as its last gradient is ready, so communication overlaps the rest of backward; the end of
+// backward waits for every bucket, so the optimizer step always sees averaged gradients.
+#include <torch/nn/module.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ddpl::worker {
+
+inline constexpr size_t kDefaultFirstBucketBytes = size_t{1} << 20;   // small: starts comm early
+inline constexpr size_t kDefaultBucketBytes = size_t{25} << 20;       // PyTorch's bucket_cap_mb
+
+enum class CommHook {
+  kNone,
+  kFp16Compress,  // all-reduce gradients as float16, as torch's fp16_compress_hook
+  kBf16Compress,  // ... as bfloat16
+};
+
+struct DdpOptions {
+  size_t firstBucketBytes = kDefaultFirstBucketBytes;
+  size_t bucketBytes = kDefaultBucketBytes;
+  // Broadcast rank 0's buffers (BatchNorm statistics) before every forward, as PyTorch does.
+  bool broadcastBuffers = true;
+  // false: a parameter without a gradient in a synchronised backward is an error naming it.
+  // true: its slot is reduced as zeros, so the ranks stay in step.
+  bool findUnusedParameters = false;
+  CommHook commHook = CommHook::kNone;
+  // false: no collective at all (gradients stay local). Only for measuring overhead.
+  bool communicate = true;
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+};
+
+// What happened in the last synchronised backward, for tests and profiling.
+struct BucketTrace {
+  size_t numParams = 0;
+  size_t bytes = 0;
+  size_t gradsReadyAtLaunch = 0;  // of all parameters, how many had their gradient then
+  double launchedUs = -1;         // since the first gradient of this backward
+};
+struct IterationTrace {
+  size_t numGrads = 0;
+  double lastGradReadyUs = -1;
+  double finishedUs = -1;  // all buckets reduced and gradients written back
+  std::vector<BucketTrace> buckets;
+};
+
+// The type-independent part: bucketing, hooks, collectives.
+class DdpReducer {
+ public:
+  DdpReducer(std::shared_ptr<torch::nn::Module> module, c10::intrusive_ptr<c10d::Backend> backend,
+             DdpOptions options = {});
+  ~DdpReducer();
+  DdpReducer(const DdpReducer&) = delete;
+  DdpReducer& operator=(const DdpReducer&) = delete;
+
+  // Called before each forward: buffer broadcast.
+  void beforeForward();
+
+  void setRequireGradSync(bool sync);
+  bool requireGradSync() const;
+
+  IterationTrace lastIteration() const;
+  // Parameter names per bucket, bucket 0 first (reverse registration order).
+  std::vector<std::vector<std::string>> bucketLayout() const;
+  const DdpOptions& options() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Disables gradient synchronisation while alive (gradient accumulation); the first backward
+// after it synchronises the accumulated gradients.
+class NoSyncGuard {
+ public:
+  explicit NoSyncGuard(DdpReducer& reducer) : reducer_(&reducer), previous_(reducer.requireGradSync()) {
+    reducer_->setRequireGradSync(false);
+  }
+  ~NoSyncGuard() { reducer_->setRequireGradSync(previous_); }
+  NoSyncGuard(const NoSyncGuard&) = delete;
+  NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+ private:
+  DdpReducer* reducer_;
+  bool previous_;
+};
+
+template <typename ModuleType>
+class DistributedDataParallel {
+ public:
+  DistributedDataParallel(std::shared_ptr<ModuleType> module,
+                          c10::intrusive_ptr<c10d::Backend> backend, DdpOptions options = {})
+      : module_(std::move(module)), reducer_(module_, std::move(backend), std::move(options)) {}
+
+  template <typename... Args>
+  decltype(auto) forward(Args&&... args) {
+    reducer_.beforeForward();
+    return module_->forward(std::forward<Args>(args)...);
+  }
+  template <typename... Args>
+  decltype(auto) operator()(Args&&... args) {
+    return forward(std::forward<Args>(args)...);
+  }
+
+  NoSyncGuard noSync() { return NoSyncGuard(reducer_); }
+
+  ModuleType* operator->() { return module_.get(); }
+  const std::shared_ptr<ModuleType>& module() const { return module_; }
+  DdpReducer& reducer() { return reducer_; }
+
+ private:
+  std::shared_ptr<ModuleType> module_;
+  DdpReducer reducer_;
+};
+
+}  // namespace ddpl::worker

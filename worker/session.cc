@@ -1,0 +1,301 @@
+#include "worker/session.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <atomic>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "common/errors.h"
+#include "worker/log_bridge.h"
+#include "worker/backends.h"
+#include "worker/store_adapter.h"
+#if DDPL_WORKER_GRPC_STORE
+#include "rendezvous/grpc_store.h"
+#endif
+
+extern char** environ;
+
+namespace ddpl::worker {
+namespace {
+
+std::string lookup(const Environment& env, const std::string& name, const std::string& fallback) {
+  auto it = env.find(name);
+  return it == env.end() || it->second.empty() ? fallback : it->second;
+}
+
+int parseInt(const Environment& env, const std::string& name, int fallback) {
+  const std::string text = lookup(env, name, "");
+  if (text.empty()) return fallback;
+  try {
+    size_t used = 0;
+    const int value = std::stoi(text, &used);
+    if (used == text.size()) return value;
+  } catch (const std::exception&) {
+  }
+  throw InvalidArgument("environment variable " + name + "='" + text + "' is not an integer");
+}
+
+bool parseBool(const std::string& text) {
+  return text == "1" || text == "True" || text == "true" || text == "TRUE" || text == "yes";
+}
+
+constexpr int kHandledSignals[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+
+}  // namespace
+
+BackendKind parseBackendKind(const std::string& name) {
+  if (name == "auto") return BackendKind::kAuto;
+  if (name == "gloo") return BackendKind::kGloo;
+  if (name == "nccl") return BackendKind::kNccl;
+  throw InvalidArgument("unknown backend '" + name + "' (expected auto, gloo or nccl)");
+}
+
+std::string toString(BackendKind kind) {
+  switch (kind) {
+    case BackendKind::kAuto: return "auto";
+    case BackendKind::kGloo: return "gloo";
+    case BackendKind::kNccl: return "nccl";
+  }
+  return "?";
+}
+
+Environment currentEnvironment() {
+  Environment env;
+  for (char** entry = environ; entry && *entry; ++entry) {
+    const std::string text(*entry);
+    const auto eq = text.find('=');
+    if (eq != std::string::npos) env.emplace(text.substr(0, eq), text.substr(eq + 1));
+  }
+  return env;
+}
+
+SessionOptions SessionOptions::fromEnvironment() { return fromEnvironment(currentEnvironment()); }
+
+SessionOptions SessionOptions::fromEnvironment(const Environment& env) {
+  SessionOptions o;
+  o.rank = parseInt(env, "RANK", 0);
+  o.worldSize = parseInt(env, "WORLD_SIZE", 1);
+  o.localRank = parseInt(env, "LOCAL_RANK", 0);
+  o.localWorldSize = parseInt(env, "LOCAL_WORLD_SIZE", 1);
+  o.masterAddr = lookup(env, "MASTER_ADDR", o.masterAddr);
+  o.masterPort = parseInt(env, "MASTER_PORT", o.masterPort);
+  o.agentHostsStore = parseBool(lookup(env, "TORCHELASTIC_USE_AGENT_STORE", "False"));
+  o.restartCount = parseInt(env, "TORCHELASTIC_RESTART_COUNT", 0);
+  o.runId = lookup(env, "TORCHELASTIC_RUN_ID", "");
+  o.errorFile = lookup(env, "TORCHELASTIC_ERROR_FILE", "");
+  o.storeAddr = lookup(env, "DDPL_STORE_ADDR", "");
+  o.storeToken = lookup(env, "DDPL_STORE_TOKEN", "");
+  o.storePrefix = lookup(env, "DDPL_STORE_PREFIX", "");
+  o.backend = parseBackendKind(lookup(env, "DDPL_BACKEND", "auto"));
+  o.glooInterface = lookup(env, "GLOO_SOCKET_IFNAME", "");
+  if (o.worldSize < 1) throw InvalidArgument("WORLD_SIZE must be >= 1, got " + std::to_string(o.worldSize));
+  if (o.rank < 0 || o.rank >= o.worldSize) {
+    throw InvalidArgument("RANK " + std::to_string(o.rank) + " outside [0, WORLD_SIZE=" +
+                          std::to_string(o.worldSize) + ")");
+  }
+  if (o.masterPort <= 0 || o.masterPort > 65535) {
+    throw InvalidArgument("MASTER_PORT " + std::to_string(o.masterPort) + " is not a port");
+  }
+  return o;
+}
+
+struct Session::Impl {
+  SessionOptions options;
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Backend> backend;
+  BackendKind kind = BackendKind::kGloo;
+  c10::Device device{c10::kCPU};
+
+  std::mutex cleanupMu;
+  bool cleanedUp = false;
+  std::vector<std::pair<std::string, Hook>> cleanupHooks;
+
+  bool signalsBlocked = false;
+  sigset_t previousMask{};
+  std::atomic<bool> stopping{false};
+  std::thread signalThread;
+};
+
+namespace {
+
+c10::intrusive_ptr<c10d::Store> connectStore(const SessionOptions& o) {
+  if (!o.storeAddr.empty()) {
+#if DDPL_WORKER_GRPC_STORE
+    rdzv::GrpcStoreOptions grpc;
+    grpc.endpoint = o.storeAddr;
+    grpc.token = o.storeToken;
+    grpc.prefix = o.storePrefix;
+    grpc.default_timeout = std::chrono::duration_cast<rdzv::Duration>(o.storeTimeout);
+    std::shared_ptr<rdzv::Store> client = rdzv::connectGrpcStore(grpc);
+    wlog::info("store: ddplaunch rendezvous store at " + o.storeAddr);
+    return c10::make_intrusive<RdzvC10dStore>(std::move(client), o.storeTimeout);
+#else
+    throw InvalidArgument("DDPL_STORE_ADDR=" + o.storeAddr +
+                          " is set but this build has no gRPC store client (ddpl_rdzv_client)");
+#endif
+  }
+  c10d::TCPStoreOptions tcp;
+  tcp.port = static_cast<uint16_t>(o.masterPort);
+  tcp.isServer = o.rank == 0 && !o.agentHostsStore;
+  tcp.numWorkers = o.worldSize;
+  // Gloo's own rendezvous synchronises the ranks; rank 0 need not block here.
+  tcp.waitWorkers = false;
+  tcp.multiTenant = true;
+  tcp.timeout = o.storeTimeout;
+  wlog::info("store: TCPStore " + o.masterAddr + ":" + std::to_string(o.masterPort) +
+             (tcp.isServer ? " (hosted by this rank)" : " (client)"));
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    store = c10::make_intrusive<c10d::TCPStore>(o.masterAddr, tcp);
+  } catch (const std::exception& e) {
+    throw NetworkError("cannot reach TCPStore at " + o.masterAddr + ":" + std::to_string(o.masterPort) +
+                       ": " + e.what());
+  }
+  if (o.agentHostsStore) {
+    // torch.distributed's env:// rendezvous scopes each restart attempt the same way.
+    return c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(o.restartCount),
+                                                  store);
+  }
+  return store;
+}
+
+void runCleanup(Session& session, Session::Impl& impl, bool normalExit) {
+  std::vector<std::pair<std::string, Session::Hook>> hooks;
+  {
+    std::lock_guard<std::mutex> lock(impl.cleanupMu);
+    if (impl.cleanedUp) return;
+    impl.cleanedUp = true;
+    hooks.swap(impl.cleanupHooks);
+  }
+  for (auto it = hooks.rbegin(); it != hooks.rend(); ++it) {
+    try {
+      it->second(session);
+    } catch (const std::exception& e) {
+      wlog::error("cleanup hook '" + it->first + "' failed: " + e.what());
+    }
+  }
+  if (normalExit && impl.options.barrierOnExit && impl.backend && impl.options.worldSize > 1) {
+    // Only on a normal exit: after a failure the peers may be gone and the barrier would just
+    // wait for its timeout.
+    try {
+      c10d::BarrierOptions barrier;
+      barrier.timeout = impl.options.collectiveTimeout;
+      impl.backend->barrier(barrier)->wait(impl.options.collectiveTimeout);
+    } catch (const std::exception& e) {
+      wlog::warn(std::string("exit barrier failed: ") + e.what());
+    }
+  }
+}
+
+}  // namespace
+
+Session::Session(SessionOptions options, std::vector<Hook> setupHooks) : impl_(std::make_unique<Impl>()) {
+  impl_->options = std::move(options);
+  const SessionOptions& o = impl_->options;
+  wlog::init(o.rank);
+
+  if (o.handleSignals) {
+    // Block the launcher's signals in this thread before any LibTorch thread exists, so they
+    // inherit the mask and only our watcher receives them (cleanup cannot run in a handler).
+    sigset_t set;
+    sigemptyset(&set);
+    for (int sig : kHandledSignals) sigaddset(&set, sig);
+    pthread_sigmask(SIG_BLOCK, &set, &impl_->previousMask);
+    impl_->signalsBlocked = true;
+    impl_->signalThread = std::thread([this, set] {
+      int sig = 0;
+      while (sigwait(&set, &sig) == 0) {
+        if (impl_->stopping.load()) return;
+        wlog::warn("received signal " + std::to_string(sig) + " (" + strsignal(sig) + "): running cleanup hooks");
+        runCleanup(*this, *impl_, /*normalExit=*/false);
+        wlog::flush();
+        // Die by the same signal so that the launcher reports what happened.
+        ::signal(sig, SIG_DFL);
+        sigset_t one;
+        sigemptyset(&one);
+        sigaddset(&one, sig);
+        pthread_sigmask(SIG_UNBLOCK, &one, nullptr);
+        ::raise(sig);
+        std::_Exit(128 + sig);
+      }
+    });
+  }
+
+  try {
+    impl_->store = connectStore(o);
+    detail::BackendSpec spec;
+    spec.store = c10::make_intrusive<c10d::PrefixStore>("default_pg", impl_->store);
+    spec.rank = o.rank;
+    spec.worldSize = o.worldSize;
+    spec.localRank = o.localRank;
+    spec.timeout = o.collectiveTimeout;
+    spec.glooInterface = o.glooInterface;
+    BackendKind kind = o.backend;
+    if (kind == BackendKind::kAuto) {
+      kind = detail::ncclCompiledIn() && detail::cudaAvailable() ? BackendKind::kNccl : BackendKind::kGloo;
+    }
+    if (kind == BackendKind::kNccl) {
+      impl_->backend = detail::makeNcclBackend(spec);
+      impl_->device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(o.localRank));
+    } else {
+      impl_->backend = detail::makeGlooBackend(spec);
+    }
+    impl_->kind = kind;
+    wlog::info("process group up: backend " + toString(kind) + ", rank " + std::to_string(o.rank) + "/" +
+               std::to_string(o.worldSize) + ", local rank " + std::to_string(o.localRank) + ", device " +
+               impl_->device.str());
+    for (auto& hook : setupHooks) hook(*this);
+  } catch (...) {
+    // The destructor will not run for a half-built object; undo the signal watcher here.
+    impl_->cleanedUp = true;
+    teardown(*impl_, /*normalExit=*/false);
+    throw;
+  }
+}
+
+void Session::teardown(Impl& impl, bool normalExit) {
+  runCleanup(*this, impl, normalExit);
+  impl.backend.reset();
+  impl.store.reset();
+  if (impl.signalThread.joinable()) {
+    impl.stopping.store(true);
+    pthread_kill(impl.signalThread.native_handle(), SIGTERM);
+    impl.signalThread.join();
+  }
+  if (impl.signalsBlocked) pthread_sigmask(SIG_SETMASK, &impl.previousMask, nullptr);
+  impl.signalsBlocked = false;
+  wlog::flush();
+}
+
+Session::~Session() {
+  if (!impl_) return;
+  teardown(*impl_, /*normalExit=*/std::uncaught_exceptions() == 0);
+  impl_.reset();
+}
+
+int Session::rank() const { return impl_->options.rank; }
+int Session::worldSize() const { return impl_->options.worldSize; }
+int Session::localRank() const { return impl_->options.localRank; }
+const SessionOptions& Session::options() const { return impl_->options; }
+c10::Device Session::device() const { return impl_->device; }
+BackendKind Session::backendKind() const { return impl_->kind; }
+const c10::intrusive_ptr<c10d::Backend>& Session::backend() const { return impl_->backend; }
+const c10::intrusive_ptr<c10d::Store>& Session::store() const { return impl_->store; }
+
+void Session::addCleanupHook(std::string name, Hook hook) {
+  std::lock_guard<std::mutex> lock(impl_->cleanupMu);
+  impl_->cleanupHooks.emplace_back(std::move(name), std::move(hook));
+}
+
+void Session::barrier() {
+  c10d::BarrierOptions barrier;
+  barrier.timeout = impl_->options.collectiveTimeout;
+  impl_->backend->barrier(barrier)->wait(impl_->options.collectiveTimeout);
+}
+
+}  // namespace ddpl::worker
