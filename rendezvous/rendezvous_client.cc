@@ -93,6 +93,10 @@ class RoundWatchImpl : public RoundWatch {
     prepare(ctx_, impl_->options.token, kWatchDeadline);
     reader_ = std::thread([this] { readLoop(); });
     heartbeats_ = std::thread([this] { heartbeatLoop(); });
+    // Return once the server has registered the stream, so that any change after watch()
+    // returns is reported with its reason (a change before it shows as a stale round).
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, impl_->options.call_timeout, [&] { return registered_ || fired_.load(); });
   }
 
   ~RoundWatchImpl() override {
@@ -137,6 +141,13 @@ class RoundWatchImpl : public RoundWatch {
     auto reader = impl_->stub->Watch(&ctx_, req);
     pb::WatchEvent ev;
     while (reader->Read(&ev)) {
+      if (ev.has_watching()) {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          registered_ = true;
+        }
+        cv_.notify_all();
+      }
       if (ev.has_invalidated()) {
         const auto& i = ev.invalidated();
         fire({a_.run_id, i.round(), i.reason(), i.nodes_waiting(), false});
@@ -184,6 +195,7 @@ class RoundWatchImpl : public RoundWatch {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
+  bool registered_ = false;
   std::atomic<bool> fired_{false};
   std::thread reader_, heartbeats_;
 };

@@ -108,7 +108,8 @@ class RendezvousClient {
   void leave(const std::string& run_id, const std::string& node_id);
 
   // `on_change` runs at most once, on a background thread, when the round ends or the
-  // server can no longer be reached.
+  // server can no longer be reached. Returns once the server has registered the watch (at
+  // most call_timeout), so a change after that is reported with the server's reason.
   std::unique_ptr<RoundWatch> watch(const RoundAssignment& assignment,
                                     std::function<void(const RoundChange&)> on_change);
 
