@@ -178,7 +178,7 @@ struct Agent::Impl {
     failures.clear();
     router.clearTails();
     world = rdzv.nextRendezvous(attempt);
-    log::info("attempt {}: starting {} worker(s), ranks {}..{} of world size {}, store {}:{}",
+    log::info("attempt {}: starting {} worker(s), ranks {}..{} of world size {}, MASTER_ADDR:PORT {}:{}",
               attempt, cfg.nproc, world.rank_offset, world.rank_offset + cfg.nproc - 1,
               world.world_size, world.master_addr, world.master_port);
     workers.assign(static_cast<size_t>(cfg.nproc), Worker{});
@@ -193,6 +193,7 @@ struct Agent::Impl {
       WorkerContext ctx{lr, cfg.nproc, sup.restartCount(), cfg.options.max_restarts,
                         cfg.options.role, w.error_file};
       Environment extra = cfg.extra_env;
+      for (const auto& [k, v] : world.worker_env) extra[k] = v;
       extra[kMarkerEnv] = watchdog.marker();
       auto env = buildWorkerEnv(cfg.base_env, world, ctx, extra);
       SpawnedProcess p = spawnProcess(substituteLocalRank(cfg.command, lr), toEnvp(env));

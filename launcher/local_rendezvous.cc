@@ -73,11 +73,13 @@ void checkPortFree(const std::string& addr, int port) {
 }
 
 LocalRendezvous::LocalRendezvous(std::string run_id, int local_world_size,
-                                 std::string master_addr, std::optional<int> master_port)
+                                 std::string master_addr, std::optional<int> master_port,
+                                 EmbeddedStore* store)
     : run_id_(std::move(run_id)),
       local_world_size_(local_world_size),
       master_addr_(std::move(master_addr)),
-      master_port_(master_port) {}
+      master_port_(master_port),
+      store_(store) {}
 
 WorldAssignment LocalRendezvous::nextRendezvous(int attempt) {
   WorldAssignment w;
@@ -91,6 +93,7 @@ WorldAssignment LocalRendezvous::nextRendezvous(int attempt) {
   } else {
     w.master_port = pickFreePort(master_addr_);
   }
+  if (store_) w.worker_env = store_->workerEnv(run_id_, attempt);
   return w;
 }
 

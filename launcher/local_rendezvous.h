@@ -1,6 +1,7 @@
 #pragma once
 #include <optional>
 
+#include "launcher/embedded_store.h"
 #include "launcher/rendezvous_handler.h"
 
 namespace ddpl::launcher {
@@ -9,8 +10,9 @@ namespace ddpl::launcher {
 // picked per attempt unless the user fixed one (then it must be free, or we say who holds it).
 class LocalRendezvous : public RendezvousHandler {
  public:
+  // `store`, when given, is started for the first attempt and its endpoint handed to workers.
   LocalRendezvous(std::string run_id, int local_world_size, std::string master_addr,
-                  std::optional<int> master_port);
+                  std::optional<int> master_port, EmbeddedStore* store = nullptr);
   WorldAssignment nextRendezvous(int attempt) override;
   std::string describe() const override;
 
@@ -19,6 +21,7 @@ class LocalRendezvous : public RendezvousHandler {
   int local_world_size_;
   std::string master_addr_;
   std::optional<int> master_port_;
+  EmbeddedStore* store_;
 };
 
 // Binds port 0 on `addr` and returns the port the kernel chose (then closes it, so rank 0 can

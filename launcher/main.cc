@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <memory>
 #include <random>
 
 #include "ddpl/config.h"
@@ -11,6 +12,7 @@
 #include "common/log.h"
 #include "launcher/agent.h"
 #include "launcher/cli.h"
+#include "launcher/embedded_store.h"
 #include "launcher/gpu.h"
 #include "launcher/local_rendezvous.h"
 #include "launcher/process.h"
@@ -116,9 +118,25 @@ int main(int argc, char** argv) {
     cfg.base_env = std::move(env);
     cfg.options = o;
     becomeSubreaper();
-    LocalRendezvous rdzv(cfg.run_id, cfg.nproc, o.master_addr, o.master_port);
-    Agent agent(std::move(cfg), rdzv);
-    return agent.run();
+    // --standalone also hosts our gRPC store for the workers (DDPL_STORE_ADDR and token); plain
+    // runs stay exactly like torchrun's static rendezvous.
+    std::unique_ptr<EmbeddedStore> store;
+    if (o.standalone) store = std::make_unique<EmbeddedStore>("127.0.0.1");
+    LocalRendezvous rdzv(cfg.run_id, cfg.nproc, o.master_addr, o.master_port, store.get());
+    int code;
+    {
+      Agent agent(std::move(cfg), rdzv);
+      code = agent.run();
+    }
+    if (store) {
+      // Every worker is gone and every log flushed; gRPC's orderly shutdown would only join its
+      // thread pools (tens of ms). Nothing is lost by leaving now.
+      ddpl::log::logger().flush();
+      fflush(stdout);
+      fflush(stderr);
+      _exit(code);
+    }
+    return code;
   } catch (const UsageError& e) {
     return usage(e.what());
   } catch (const std::exception& e) {

@@ -1,6 +1,7 @@
 #pragma once
 // The seam between supervision and membership: the agent asks for a world before each attempt.
 // One node uses LocalRendezvous; multi-node plugs the gRPC rendezvous client in here.
+#include <map>
 #include <string>
 
 namespace ddpl::launcher {
@@ -14,6 +15,8 @@ struct WorldAssignment {
   int world_size = 1;        // sum of every node's local world size
   std::string master_addr;   // where rank 0's store listens
   int master_port = 0;
+  // Added to every worker's environment for this attempt (the store endpoint, for example).
+  std::map<std::string, std::string> worker_env;
 };
 
 class RendezvousHandler {

@@ -15,3 +15,8 @@ add_dependencies(launcher_fault_test launch)
 ddpl_add_test(NAME launcher_python_test
   SOURCES integration/launcher_python_test.cc LIBS ddpl_test_util LABELS python TIMEOUT 400)
 add_dependencies(launcher_python_test launch)
+
+add_executable(store_client_program integration/programs/store_client.cc)
+target_link_libraries(store_client_program PRIVATE ddpl_rdzv_client)
+set_target_properties(store_client_program PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+add_dependencies(launcher_integration_test store_client_program)

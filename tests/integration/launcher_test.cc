@@ -288,3 +288,27 @@ TEST(Launch, FixedMasterPortInUseIsNamed) {
             std::string::npos)
       << r.err;
 }
+
+TEST(Launch, StandaloneHostsOurStoreForTheWorkers) {
+  std::string client = std::string(DDPL_TEST_BIN_DIR) + "/store_client_program";
+  auto r = launch({"--standalone", "--nproc-per-node=3", "--rdzv-id=storejob", client});
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  for (int rank = 0; rank < 3; ++rank)
+    EXPECT_NE(r.out.find("[default" + std::to_string(rank) + "]:rank " + std::to_string(rank) +
+                         " saw 'hello from " + std::to_string((rank + 1) % 3) + "'"),
+              std::string::npos)
+        << r.out;
+  EXPECT_NE(r.out.find("arrived=3"), std::string::npos) << r.out;
+  // A restarted group gets a fresh key prefix, so counters from the failed attempt don't leak.
+  RunOptions o;
+  o.env["FAIL_ONCE"] = "1";
+  r = launch({"--standalone", "--nproc-per-node=2", "--max-restarts=1", "--rdzv-id=again", client}, o);
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_NE(r.out.find("prefix=again/attempt_1/"), std::string::npos) << r.out;
+  EXPECT_EQ(linesWith(r.out, "prefix=again/attempt_1/").size(), 2u) << r.out;
+  for (const auto& l : linesWith(r.out, "prefix=again/attempt_1/"))
+    EXPECT_TRUE(l.find("arrived=1") != std::string::npos || l.find("arrived=2") != std::string::npos) << l;
+  // Without --standalone, no store is started and none is advertised.
+  r = launch({"--no-python", "sh", "-c", "echo store=${DDPL_STORE_ADDR:-none}"});
+  EXPECT_NE(r.out.find("store=none"), std::string::npos) << r.out;
+}
