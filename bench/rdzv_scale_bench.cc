@@ -1,0 +1,84 @@
+// Rendezvous scale: N agents (concurrent clients in this process, joinAsync) join one round
+// of an embedded server; reports the time from the first join sent to full membership
+// known by every agent.
+//
+//   rdzv_scale_bench [--agents 64,256,1024,4096] [--channels 16]
+#include <fmt/format.h>
+
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+#include <sstream>
+
+#include "common/log.h"
+#include "rendezvous/rendezvous_client.h"
+#include "rendezvous/server.h"
+
+using namespace ddpl::rdzv;
+
+int main(int argc, char** argv) {
+  std::vector<int> sizes = {64, 256, 1024, 4096};
+  int channels = 16;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string a = argv[i], v = argv[i + 1];
+    if (a == "--agents") {
+      sizes.clear();
+      std::stringstream ss(v);
+      for (std::string x; std::getline(ss, x, ',');) sizes.push_back(std::atoi(x.c_str()));
+    } else if (a == "--channels") {
+      channels = std::atoi(v.c_str());
+    } else {
+      std::fprintf(stderr, "rdzv_scale_bench: unknown flag %s\n", a.c_str());
+      return 2;
+    }
+  }
+  ddpl::log::init({"bench"}, spdlog::level::warn);
+  RendezvousServer server(ServerOptions{});
+  // Agents share a few client objects: in one process every channel to the same target
+  // shares gRPC's connection anyway; more clients would only add threads.
+  std::vector<std::unique_ptr<RendezvousClient>> clients;
+  for (int i = 0; i < channels; ++i) {
+    RendezvousClientOptions o;
+    o.endpoint = server.endpoint();
+    clients.push_back(std::make_unique<RendezvousClient>(o));
+  }
+  for (int n : sizes) {
+    std::mutex mu;
+    std::condition_variable cv;
+    int done = 0, errors = 0;
+    std::string first_error;
+    auto t0 = Clock::now();
+    for (int i = 0; i < n; ++i) {
+      JoinOptions j;
+      j.run_id = fmt::format("scale-{}", n);
+      j.node_id = fmt::format("node-{:05d}", i);
+      j.local_world_size = 8;
+      j.min_nodes = n;
+      j.max_nodes = n;
+      j.join_timeout = std::chrono::seconds(120);
+      clients[static_cast<size_t>(i % channels)]->joinAsync(
+          j, [&, n](RoundAssignment a, std::exception_ptr e) {
+            std::lock_guard<std::mutex> l(mu);
+            if (e) {
+              if (!errors++) {
+                try {
+                  std::rethrow_exception(e);
+                } catch (const std::exception& x) {
+                  first_error = x.what();
+                }
+              }
+            } else if (a.group_world_size != n) {
+              ++errors;
+            }
+            if (++done == n) cv.notify_all();
+          });
+    }
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait(l, [&] { return done == n; });
+    double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    std::printf("impl=grpc agents=%d ms=%.1f errors=%d%s\n", n, ms, errors,
+                first_error.empty() ? "" : (" first_error=" + first_error).c_str());
+    std::fflush(stdout);
+  }
+  return 0;
+}

@@ -1,0 +1,87 @@
+// Store throughput and latency for the NCCL-bootstrap pattern: every client, every round,
+// sets its own key, bumps a shared counter, gets its right neighbour's key (blocking until
+// that peer has set it) and waits for its left neighbour's. Same pattern as
+// rdzv_tcpstore_bench.py runs against torch.distributed.TCPStore.
+//
+//   rdzv_store_bench --clients 64 --rounds 200 [--value-bytes 128] [--endpoint host:port]
+// Without --endpoint it embeds a server in this process, as TCPStore's master does in the
+// Python driver.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "common/log.h"
+#include "rendezvous/grpc_store.h"
+#include "rendezvous/server.h"
+
+using namespace ddpl::rdzv;
+
+int main(int argc, char** argv) {
+  int clients = 16, rounds = 200, value_bytes = 128;
+  std::string endpoint;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string a = argv[i], v = argv[i + 1];
+    if (a == "--clients") clients = std::atoi(v.c_str());
+    else if (a == "--rounds") rounds = std::atoi(v.c_str());
+    else if (a == "--value-bytes") value_bytes = std::atoi(v.c_str());
+    else if (a == "--endpoint") endpoint = v;
+    else {
+      std::fprintf(stderr, "rdzv_store_bench: unknown flag %s\n", a.c_str());
+      return 2;
+    }
+  }
+  ddpl::log::init({"bench"}, spdlog::level::warn);
+  std::unique_ptr<RendezvousServer> server;
+  if (endpoint.empty()) {
+    server = std::make_unique<RendezvousServer>(ServerOptions{});
+    endpoint = server->endpoint();
+  }
+  std::vector<std::unique_ptr<Store>> stores;
+  for (int i = 0; i < clients; ++i) {
+    GrpcStoreOptions o;
+    o.endpoint = endpoint;
+    o.prefix = "bench/";
+    stores.push_back(connectGrpcStore(o));
+  }
+  Bytes value(static_cast<size_t>(value_bytes), 0xab);
+  std::vector<std::vector<double>> lat(static_cast<size_t>(clients));
+  std::atomic<int> ready{0};
+  std::atomic<bool> go{false};
+  auto timed = [](std::vector<double>& out, auto&& fn) {
+    auto t0 = Clock::now();
+    fn();
+    out.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+  };
+  std::vector<std::thread> threads;
+  for (int c = 0; c < clients; ++c)
+    threads.emplace_back([&, c] {
+      Store& s = *stores[static_cast<size_t>(c)];
+      auto& l = lat[static_cast<size_t>(c)];
+      l.reserve(static_cast<size_t>(rounds) * 4);
+      ++ready;
+      while (!go.load()) std::this_thread::yield();
+      for (int r = 0; r < rounds; ++r) {
+        std::string base = fmt::format("r{}/", r);
+        timed(l, [&] { s.set(base + std::to_string(c), value); });
+        timed(l, [&] { s.add(base + "n", 1); });
+        timed(l, [&] { s.get(base + std::to_string((c + 1) % clients), std::chrono::seconds(60)); });
+        timed(l, [&] { s.wait({base + std::to_string((c + clients - 1) % clients)}, std::chrono::seconds(60)); });
+      }
+    });
+  while (ready.load() < clients) std::this_thread::yield();
+  auto t0 = Clock::now();
+  go = true;
+  for (auto& t : threads) t.join();
+  double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::vector<double> all;
+  for (auto& l : lat) all.insert(all.end(), l.begin(), l.end());
+  std::sort(all.begin(), all.end());
+  auto pct = [&](double p) { return all[std::min(all.size() - 1, static_cast<size_t>(p * all.size()))]; };
+  std::printf("impl=grpc clients=%d rounds=%d ops=%zu secs=%.3f ops_per_s=%.0f p50_us=%.0f p99_us=%.0f\n",
+              clients, rounds, all.size(), secs, all.size() / secs, pct(0.50), pct(0.99));
+  return 0;
+}
