@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/signalfd.h>
 #include <sys/time.h>
 #include <sys/timerfd.h>
@@ -15,6 +16,8 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <mutex>
+#include <variant>
 #include <thread>
 
 #include "common/errors.h"
@@ -74,7 +77,19 @@ struct Agent::Impl {
   Supervisor sup;
   OutputRouter router;
   Watchdog watchdog;
-  int epfd = -1, sigfd = -1, timerfd = -1;
+  int epfd = -1, sigfd = -1, timerfd = -1, wakefd = -1;
+  // Rendezvous answers and round ends arrive on other threads; the loop takes them from here.
+  struct RdzvDone {
+    std::optional<WorldAssignment> world;
+    std::string error;
+  };
+  struct RoundEnd {
+    int64_t round;
+    std::string reason;
+  };
+  std::mutex inbox_mu;
+  std::vector<std::variant<RdzvDone, RoundEnd>> inbox;
+  int groups_started = 0;  // names attempt_<n> log dirs: restarts and re-formed rounds alike
   std::string log_base, run_dir;
   bool temp_base = false;
   WorldAssignment world;
@@ -111,14 +126,58 @@ struct Agent::Impl {
     sigset_t set = signalSet(cfg.options.signals_to_handle);
     sigfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
     timerfd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
-    if (epfd < 0 || sigfd < 0 || timerfd < 0)
+    wakefd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (epfd < 0 || sigfd < 0 || timerfd < 0 || wakefd < 0)
       throw Error(std::string("cannot set up the event loop: ") + strerror(errno));
     addFd(sigfd);
     addFd(timerfd);
+    addFd(wakefd);
+    rdzv.setRoundEndedCallback([this](int64_t round, std::string reason) {
+      post(RoundEnd{round, std::move(reason)});
+    });
+  }
+
+  template <typename E>
+  void post(E event) {
+    {
+      std::lock_guard<std::mutex> lock(inbox_mu);
+      inbox.emplace_back(std::move(event));
+    }
+    uint64_t one = 1;
+    ssize_t ignored = write(wakefd, &one, sizeof(one));
+    (void)ignored;
+  }
+
+  void onWake() {
+    uint64_t n;
+    ssize_t ignored = read(wakefd, &n, sizeof(n));
+    (void)ignored;
+    std::vector<std::variant<RdzvDone, RoundEnd>> events;
+    {
+      std::lock_guard<std::mutex> lock(inbox_mu);
+      events.swap(inbox);
+    }
+    for (auto& e : events) {
+      if (done) return;
+      if (auto* d = std::get_if<RdzvDone>(&e)) {
+        if (d->world) {
+          world = *d->world;
+          execute(sup.onRendezvousComplete(world.restart_count));
+        } else {
+          log::error("rendezvous failed: {}", d->error);
+          execute(sup.onRendezvousFailed());
+        }
+      } else if (auto* r = std::get_if<RoundEnd>(&e)) {
+        if (r->round != world.round || sup.phase() != Phase::kRunning) continue;  // stale
+        log::warn("round {} ended: {}; stopping workers to re-form the group", r->round,
+                  r->reason);
+        execute(sup.onMembershipChange());
+      }
+    }
   }
 
   ~Impl() {
-    for (int fd : {epfd, sigfd, timerfd})
+    for (int fd : {epfd, sigfd, timerfd, wakefd})
       if (fd >= 0) close(fd);
     if (temp_base) {
       std::error_code ec;
@@ -172,12 +231,10 @@ struct Agent::Impl {
     }
   }
 
-  void startGroup(int attempt_number) {
-    sweepAttempt();
-    attempt = attempt_number;
+  void startGroup() {
+    attempt = groups_started++;
     failures.clear();
     router.clearTails();
-    world = rdzv.nextRendezvous(attempt);
     log::info("attempt {}: starting {} worker(s), ranks {}..{} of world size {}, MASTER_ADDR:PORT {}:{}",
               attempt, cfg.nproc, world.rank_offset, world.rank_offset + cfg.nproc - 1,
               world.world_size, world.master_addr, world.master_port);
@@ -190,7 +247,7 @@ struct Agent::Impl {
       w.local_rank = lr;
       w.global_rank = world.rank_offset + lr;
       w.error_file = dir + "/error.json";
-      WorkerContext ctx{lr, cfg.nproc, sup.restartCount(), cfg.options.max_restarts,
+      WorkerContext ctx{lr, cfg.nproc, world.restart_count, cfg.options.max_restarts,
                         cfg.options.role, w.error_file};
       Environment extra = cfg.extra_env;
       for (const auto& [k, v] : world.worker_env) extra[k] = v;
@@ -234,6 +291,25 @@ struct Agent::Impl {
   }
   std::map<pid_t, FailureDetail> pendingExecFailures;
 
+  const FailureDetail* rootDetail() const {
+    const WorkerExit* root = sup.rootCause();
+    for (const auto& f : failures)
+      if (root && f.exit.pid == root->pid) return &f;
+    return nullptr;
+  }
+
+  // One paragraph for the other nodes' reports.
+  std::string failureSummary() const {
+    const FailureDetail* d = rootDetail();
+    if (!d) return "a worker group failed on " + cfg.host;
+    std::string s = "host " + cfg.host + ", rank " + std::to_string(d->global_rank) +
+                    " (local rank " + std::to_string(d->exit.local_rank) + ", pid " +
+                    std::to_string(d->exit.pid) + "): " + d->exit.status.describe();
+    if (d->error) s += ": " + d->error->message;
+    else if (!d->stderr_tail.empty()) s += "; last stderr line: " + d->stderr_tail.back();
+    return s;
+  }
+
   void killGroups(int sig) {
     for (pid_t g : pgids) kill(-g, sig);
   }
@@ -241,12 +317,29 @@ struct Agent::Impl {
   void execute(const std::vector<Action>& actions) {
     for (const auto& a : actions) {
       switch (a.kind) {
+        case Action::Kind::kStartRendezvous:
+          sweepAttempt();
+          rdzv.startRendezvous([this](std::optional<WorldAssignment> w, std::string error) {
+            post(RdzvDone{std::move(w), std::move(error)});
+          });
+          break;
         case Action::Kind::kStartGroup:
-          if (a.value > 0)
+          if (a.value > 0 && groups_started > 0)
             log::warn("restarting the worker group: restart {} of {}", a.value,
                       cfg.options.max_restarts);
-          startGroup(a.value);
+          startGroup();
           break;
+        case Action::Kind::kRecordFailure: {
+          int count;
+          try {
+            count = rdzv.recordFailure(failureSummary());
+          } catch (const std::exception& e) {
+            log::error("cannot publish this node's failure to the job ({}): giving up", e.what());
+            count = cfg.options.max_restarts + 1;
+          }
+          execute(sup.onFailureRecorded(count));
+          break;
+        }
         case Action::Kind::kTerminateAll:
           log::info("stopping {} worker(s) with {} (SIGKILL after {}s)", sup.liveWorkers(),
                     signalName(a.value), cfg.options.shutdown_timeout_sec);
@@ -334,6 +427,8 @@ struct Agent::Impl {
         int fd = events[i].data.fd;
         if (fd == sigfd) {
           onSignalFd();
+        } else if (fd == wakefd) {
+          onWake();
         } else if (fd == timerfd) {
           uint64_t expirations;
           ssize_t ignored = read(timerfd, &expirations, sizeof(expirations));
@@ -384,15 +479,20 @@ struct Agent::Impl {
       while (read(sigfd, &si, sizeof(si)) == sizeof(si)) {
       }
     }
+    bool job_ok = rdzv.finish(exit_code == 0);
     if (sup.stopReason() == StopReason::kSignal) {
       log::warn("stopped by {}: exit code {}", signalName(sup.stopSignal()), exit_code);
       return;
     }
-    if (exit_code == 0) return;
-    const WorkerExit* root = sup.rootCause();
-    const FailureDetail* root_detail = nullptr;
-    for (const auto& f : failures)
-      if (root && f.exit.pid == root->pid) root_detail = &f;
+    if (sup.stopReason() == StopReason::kJobFailedElsewhere || (exit_code == 0 && !job_ok)) {
+      std::string cause = rdzv.jobFailure();
+      log::error("the job failed on another node; root cause: {}",
+                 cause.empty() ? "<not published>" : cause);
+      if (exit_code == 0) exit_code = 1;
+      return;
+    }
+    if (exit_code == 0 || sup.stopReason() == StopReason::kRendezvousFailed) return;
+    const FailureDetail* root_detail = rootDetail();
     if (!root_detail) return;
     std::string report = formatFailureReport(cfg.options.program, failures, *root_detail);
     writeAll(STDERR_FILENO, report.data(), report.size());

@@ -81,10 +81,19 @@ LocalRendezvous::LocalRendezvous(std::string run_id, int local_world_size,
       master_port_(master_port),
       store_(store) {}
 
-WorldAssignment LocalRendezvous::nextRendezvous(int attempt) {
+void LocalRendezvous::startRendezvous(Done done) {
+  try {
+    done(nextWorld(), "");
+  } catch (const std::exception& e) {
+    done(std::nullopt, e.what());
+  }
+}
+
+WorldAssignment LocalRendezvous::nextWorld() {
   WorldAssignment w;
   w.run_id = run_id_;
-  w.round = attempt;
+  w.round = round_++;
+  w.restart_count = failures_;
   w.world_size = local_world_size_;
   w.master_addr = master_addr_;
   if (master_port_) {
@@ -93,7 +102,7 @@ WorldAssignment LocalRendezvous::nextRendezvous(int attempt) {
   } else {
     w.master_port = pickFreePort(master_addr_);
   }
-  if (store_) w.worker_env = store_->workerEnv(run_id_, attempt);
+  if (store_) w.worker_env = store_->workerEnv(run_id_, static_cast<int>(w.round));
   return w;
 }
 

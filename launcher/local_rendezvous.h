@@ -13,8 +13,15 @@ class LocalRendezvous : public RendezvousHandler {
   // `store`, when given, is started for the first attempt and its endpoint handed to workers.
   LocalRendezvous(std::string run_id, int local_world_size, std::string master_addr,
                   std::optional<int> master_port, EmbeddedStore* store = nullptr);
-  WorldAssignment nextRendezvous(int attempt) override;
+  void startRendezvous(Done done) override;
+  void setRoundEndedCallback(RoundEnded) override {}  // one node: rounds never end under us
+  int recordFailure(const std::string&) override { return ++failures_; }
+  std::string jobFailure() override { return ""; }
+  bool finish(bool) override { return true; }
   std::string describe() const override;
+
+  // The world of the next attempt, synchronously (what startRendezvous reports).
+  WorldAssignment nextWorld();
 
  private:
   std::string run_id_;
@@ -22,6 +29,8 @@ class LocalRendezvous : public RendezvousHandler {
   std::string master_addr_;
   std::optional<int> master_port_;
   EmbeddedStore* store_;
+  int failures_ = 0;
+  int64_t round_ = 0;
 };
 
 // Binds port 0 on `addr` and returns the port the kernel chose (then closes it, so rank 0 can

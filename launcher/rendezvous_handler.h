@@ -1,18 +1,23 @@
 #pragma once
-// The seam between supervision and membership: the agent asks for a world before each attempt.
-// One node uses LocalRendezvous; multi-node plugs the gRPC rendezvous client in here.
+// The seam between supervision and membership. The agent asks for a world before each
+// attempt and learns when the world it runs in ends. One node uses LocalRendezvous; jobs of
+// several nodes use ElasticRendezvous (launcher/elastic_rendezvous.h, over the gRPC service).
+#include <cstdint>
+#include <functional>
 #include <map>
+#include <optional>
 #include <string>
 
 namespace ddpl::launcher {
 
 struct WorldAssignment {
   std::string run_id;
-  int round = 0;
+  int64_t round = 0;
   int group_rank = 0;        // this node's rank among nodes
   int group_world_size = 1;  // number of nodes
   int rank_offset = 0;       // global rank of this node's local rank 0
   int world_size = 1;        // sum of every node's local world size
+  int restart_count = 0;     // job-wide worker-group failures so far (same on every node)
   std::string master_addr;   // where rank 0's store listens
   int master_port = 0;
   // Added to every worker's environment for this attempt (the store endpoint, for example).
@@ -21,9 +26,31 @@ struct WorldAssignment {
 
 class RendezvousHandler {
  public:
+  using Done = std::function<void(std::optional<WorldAssignment> world, std::string error)>;
+  using RoundEnded = std::function<void(int64_t round, std::string reason)>;
+
   virtual ~RendezvousHandler() = default;
-  // Blocks (bounded by the handler's own timeouts) until this node belongs to a complete world.
-  virtual WorldAssignment nextRendezvous(int attempt) = 0;
+
+  // Starts looking for the next world. `done` runs exactly once, possibly on another thread,
+  // possibly before this returns; with no world, `error` says why (and which limit passed).
+  virtual void startRendezvous(Done done) = 0;
+
+  // `ended` runs (on any thread) when the round of the last assigned world is no longer
+  // valid: a node died, left or wants in. Set once, before the first startRendezvous.
+  virtual void setRoundEndedCallback(RoundEnded ended) = 0;
+
+  // Publishes that this node's worker group failed (`summary`: the root cause, for the other
+  // nodes' reports) and returns the job-wide failure count including this one. Bounded.
+  virtual int recordFailure(const std::string& summary) = 0;
+
+  // The root cause another node published, when the job failed there; "" if none.
+  virtual std::string jobFailure() = 0;
+
+  // The launcher is done. success: this node's workers all succeeded; waits (bounded by the
+  // close timeout) for the other nodes to finish too, so that leaving doesn't end their round.
+  // Returns false when the job failed elsewhere meanwhile. Always leaves the rendezvous.
+  virtual bool finish(bool success) = 0;
+
   virtual std::string describe() const = 0;
 };
 

@@ -36,8 +36,49 @@ void Supervisor::beginAttempt() {
 }
 
 std::vector<Action> Supervisor::start() {
+  phase_ = Phase::kRendezvous;
+  return {{Action::Kind::kStartRendezvous, 0}};
+}
+
+std::vector<Action> Supervisor::onRendezvousComplete(int job_restarts) {
+  if (phase_ != Phase::kRendezvous) return {};
+  if (job_restarts > config_.max_restarts) {
+    phase_ = Phase::kDone;
+    reason_ = StopReason::kJobFailedElsewhere;
+    exit_code_ = 1;
+    return {{Action::Kind::kExit, exit_code_}};
+  }
+  restart_count_ = job_restarts;
   beginAttempt();
   return {{Action::Kind::kStartGroup, restart_count_}};
+}
+
+std::vector<Action> Supervisor::onRendezvousFailed() {
+  if (phase_ != Phase::kRendezvous) return {};
+  phase_ = Phase::kDone;
+  reason_ = StopReason::kRendezvousFailed;
+  exit_code_ = 1;
+  return {{Action::Kind::kExit, exit_code_}};
+}
+
+std::vector<Action> Supervisor::onMembershipChange() {
+  if (phase_ != Phase::kRunning) return {};
+  phase_ = Phase::kStopping;
+  reason_ = StopReason::kMembershipChange;
+  return {{Action::Kind::kTerminateAll, SIGTERM}, {Action::Kind::kArmShutdownTimer, 0}};
+}
+
+std::vector<Action> Supervisor::onFailureRecorded(int job_restarts) {
+  if (phase_ != Phase::kRecording) return {};
+  if (job_restarts > config_.max_restarts) {
+    phase_ = Phase::kDone;
+    const WorkerExit* root = rootCause();
+    exit_code_ = root ? root->status.shellCode() : 1;
+    if (exit_code_ == 0) exit_code_ = 1;
+    return {{Action::Kind::kExit, exit_code_}};
+  }
+  phase_ = Phase::kRendezvous;
+  return {{Action::Kind::kStartRendezvous, 0}};
 }
 
 const WorkerExit* Supervisor::rootCause() const {
@@ -73,10 +114,14 @@ std::vector<Action> Supervisor::onWorkerExit(int local_rank, int pid, ExitStatus
 
 std::vector<Action> Supervisor::finishStopIfIdle() {
   if (liveWorkers() > 0) return {};
-  if (reason_ == StopReason::kWorkerFailed && restart_count_ < config_.max_restarts) {
-    ++restart_count_;
-    beginAttempt();
-    return {{Action::Kind::kStartGroup, restart_count_}};
+  if (reason_ == StopReason::kWorkerFailed) {
+    // Whether to restart is the job's decision, made on the job-wide count.
+    phase_ = Phase::kRecording;
+    return {{Action::Kind::kRecordFailure, 0}};
+  }
+  if (reason_ == StopReason::kMembershipChange) {
+    phase_ = Phase::kRendezvous;
+    return {{Action::Kind::kStartRendezvous, 0}};
   }
   phase_ = Phase::kDone;
   if (reason_ == StopReason::kSignal) {
@@ -98,6 +143,15 @@ std::vector<Action> Supervisor::onSignal(int signo) {
     reason_ = StopReason::kSignal;
     stop_signal_ = signo;
     return {{Action::Kind::kTerminateAll, signo}, {Action::Kind::kArmShutdownTimer, 0}};
+  }
+  if (phase_ == Phase::kRendezvous || phase_ == Phase::kRecording) {
+    // No worker runs: a stop request ends the launcher now.
+    if (!stops) return {};
+    phase_ = Phase::kDone;
+    reason_ = StopReason::kSignal;
+    stop_signal_ = signo;
+    exit_code_ = 128 + signo;
+    return {{Action::Kind::kExit, exit_code_}};
   }
   if (phase_ == Phase::kStopping) {
     if (!stops) return {{Action::Kind::kForwardSignal, signo}};

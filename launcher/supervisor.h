@@ -27,12 +27,17 @@ struct WorkerExit {
   bool stopped_by_us = false;  // exited after the launcher asked the group to stop
 };
 
-enum class Phase { kIdle, kRunning, kStopping, kDone };
-enum class StopReason { kNone, kWorkerFailed, kSignal };
+// kRendezvous: waiting for a world (a round); kRecording: a failure is being published to the
+// job (multi-node: every node must learn it) before deciding to restart or give up.
+enum class Phase { kIdle, kRendezvous, kRunning, kStopping, kRecording, kDone };
+enum class StopReason { kNone, kWorkerFailed, kSignal, kMembershipChange, kRendezvousFailed,
+                        kJobFailedElsewhere };
 
 struct Action {
   enum class Kind {
+    kStartRendezvous,   // ask the rendezvous for the next world (async; answer comes as an event)
     kStartGroup,        // value: attempt number (restart count)
+    kRecordFailure,     // publish this node's failure; answer comes as onFailureRecorded
     kTerminateAll,      // value: signal to send to every live worker's process group
     kKillAll,           // SIGKILL to every live worker's process group
     kForwardSignal,     // value: signal, sent to every live worker; no state change
@@ -55,6 +60,15 @@ class Supervisor {
   explicit Supervisor(Config config);
 
   std::vector<Action> start();
+  // A world was assigned. `job_restarts` is the job-wide count of worker-group failures so far
+  // (the same on every node); more than max_restarts means the job already failed elsewhere.
+  std::vector<Action> onRendezvousComplete(int job_restarts);
+  std::vector<Action> onRendezvousFailed();
+  // The round this node runs in ended (a node died, left, or waits to join): stop and re-join
+  // without consuming a restart.
+  std::vector<Action> onMembershipChange();
+  // The job-wide failure count after this node's failure was published.
+  std::vector<Action> onFailureRecorded(int job_restarts);
   std::vector<Action> onWorkerExit(int local_rank, int pid, ExitStatus status, double unix_time);
   std::vector<Action> onSignal(int signo);
   std::vector<Action> onShutdownTimeout();

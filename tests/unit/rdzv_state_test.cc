@@ -1,13 +1,12 @@
 // The rendezvous state machine on a fake clock: every timeout is driven by explicit tick()s,
 // so these tests are deterministic and take no wall time.
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <numeric>
 #include <random>
-
-#include <fmt/format.h>
 
 #include "rendezvous/rendezvous_state.h"
 
@@ -31,8 +30,8 @@ class StateTest : public ::testing::Test {
     for (auto& i : fx.invalidated) invalidated_.push_back(i);
   }
 
-  JoinTicket join(const std::string& run, const std::string& node, int min, int max,
-                  int lws = 1, std::string version = "1.0", Duration last_call = seconds(10),
+  JoinTicket join(const std::string& run, const std::string& node, int min, int max, int lws = 1,
+                  std::string version = "1.0", Duration last_call = seconds(10),
                   Duration join_timeout = seconds(60)) {
     Effects fx;
     JoinSpec s{run, {node, lws, version, node + ".example"}, {min, max, join_timeout, last_call}};

@@ -1,9 +1,9 @@
 // One suite, every Store: the in-memory store, the file store, the prefix decorator, and the
 // gRPC client against a real in-process server on port 0. A behaviour that differs between
 // them is a bug in one of them.
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <fmt/format.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -45,13 +45,15 @@ std::string tempPath(const std::string& tag) {
 
 std::vector<Backend> backends() {
   return {
-      {"Memory", [] { return StoreUnderTest{nullptr, std::make_unique<MemoryStore>()}; }},
+      {"Memory",
+       [] {
+         return StoreUnderTest{nullptr, std::make_unique<MemoryStore>()};
+       }},
       {"File",
        [] {
          auto path = tempPath("file");
-         auto cleanup = std::shared_ptr<void>(nullptr, [path](void*) {
-           std::filesystem::remove(path);
-         });
+         auto cleanup =
+             std::shared_ptr<void>(nullptr, [path](void*) { std::filesystem::remove(path); });
          return StoreUnderTest{cleanup, std::make_unique<FileStore>(path)};
        }},
       {"PrefixOverMemory",

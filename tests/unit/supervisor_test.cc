@@ -6,32 +6,40 @@
 
 using namespace ddpl::launcher;
 using K = Action::Kind;
+using Actions = std::vector<Action>;
 
 namespace {
 Supervisor make(int nproc, int restarts) {
   return Supervisor({nproc, restarts, {SIGTERM, SIGINT, SIGHUP, SIGQUIT}});
+}
+void startRunning(Supervisor& s) {
+  ASSERT_EQ(s.start(), (Actions{{K::kStartRendezvous, 0}}));
+  ASSERT_EQ(s.phase(), Phase::kRendezvous);
+  ASSERT_EQ(s.onRendezvousComplete(0), (Actions{{K::kStartGroup, 0}}));
 }
 const ExitStatus kOk{false, 0};
 }  // namespace
 
 TEST(Supervisor, AllSucceed) {
   auto s = make(3, 0);
-  EXPECT_EQ(s.start(), (std::vector<Action>{{K::kStartGroup, 0}}));
+  startRunning(s);
   EXPECT_TRUE(s.onWorkerExit(0, 100, kOk, 1).empty());
   EXPECT_TRUE(s.onWorkerExit(2, 102, kOk, 1).empty());
-  EXPECT_EQ(s.onWorkerExit(1, 101, kOk, 1), (std::vector<Action>{{K::kExit, 0}}));
+  EXPECT_EQ(s.onWorkerExit(1, 101, kOk, 1), (Actions{{K::kExit, 0}}));
   EXPECT_EQ(s.phase(), Phase::kDone);
 }
 
-TEST(Supervisor, FailureStopsOthersThenRestarts) {
+TEST(Supervisor, FailureStopsOthersRecordsThenRestarts) {
   auto s = make(3, 1);
-  s.start();
+  startRunning(s);
   auto a = s.onWorkerExit(1, 101, {false, 3}, 10);
-  EXPECT_EQ(a, (std::vector<Action>{{K::kTerminateAll, SIGTERM}, {K::kArmShutdownTimer, 0}}));
+  EXPECT_EQ(a, (Actions{{K::kTerminateAll, SIGTERM}, {K::kArmShutdownTimer, 0}}));
   EXPECT_EQ(s.phase(), Phase::kStopping);
   EXPECT_TRUE(s.onWorkerExit(0, 100, {true, SIGTERM}, 11).empty());
-  EXPECT_EQ(s.onWorkerExit(2, 102, {true, SIGTERM}, 11),
-            (std::vector<Action>{{K::kStartGroup, 1}}));
+  EXPECT_EQ(s.onWorkerExit(2, 102, {true, SIGTERM}, 11), (Actions{{K::kRecordFailure, 0}}));
+  EXPECT_EQ(s.phase(), Phase::kRecording);
+  EXPECT_EQ(s.onFailureRecorded(1), (Actions{{K::kStartRendezvous, 0}}));
+  EXPECT_EQ(s.onRendezvousComplete(1), (Actions{{K::kStartGroup, 1}}));
   EXPECT_EQ(s.restartCount(), 1);
   EXPECT_EQ(s.phase(), Phase::kRunning);
   EXPECT_EQ(s.liveWorkers(), 3);
@@ -39,69 +47,119 @@ TEST(Supervisor, FailureStopsOthersThenRestarts) {
 
 TEST(Supervisor, RestartsExhaustedExitWithRootCauseCode) {
   auto s = make(2, 1);
-  s.start();
+  startRunning(s);
   s.onWorkerExit(0, 100, {false, 7}, 1);
-  s.onWorkerExit(1, 101, {true, SIGTERM}, 2);  // restart 1
+  s.onWorkerExit(1, 101, {true, SIGTERM}, 2);
+  s.onFailureRecorded(1);
+  s.onRendezvousComplete(1);
   s.onWorkerExit(1, 201, {true, SIGSEGV}, 3);  // root cause of the last attempt
-  auto a = s.onWorkerExit(0, 200, {false, 1}, 4);
-  EXPECT_EQ(a, (std::vector<Action>{{K::kExit, 128 + SIGSEGV}}));
+  EXPECT_EQ(s.onWorkerExit(0, 200, {false, 1}, 4), (Actions{{K::kRecordFailure, 0}}));
+  EXPECT_EQ(s.onFailureRecorded(2), (Actions{{K::kExit, 128 + SIGSEGV}}));
   ASSERT_NE(s.rootCause(), nullptr);
   EXPECT_EQ(s.rootCause()->pid, 201);
   EXPECT_FALSE(s.rootCause()->stopped_by_us);
   EXPECT_TRUE(s.failuresByAttempt().back().back().stopped_by_us);
 }
 
+TEST(Supervisor, JobWideCountDecides) {
+  // Another node's failures count too: this node's first failure may already exhaust them.
+  auto s = make(1, 2);
+  startRunning(s);
+  s.onWorkerExit(0, 100, {false, 4}, 1);
+  EXPECT_EQ(s.onFailureRecorded(3), (Actions{{K::kExit, 4}}));
+}
+
+TEST(Supervisor, JobAlreadyFailedElsewhere) {
+  auto s = make(2, 1);
+  s.start();
+  EXPECT_EQ(s.onRendezvousComplete(2), (Actions{{K::kExit, 1}}));
+  EXPECT_EQ(s.stopReason(), StopReason::kJobFailedElsewhere);
+}
+
+TEST(Supervisor, RendezvousFailureExits) {
+  auto s = make(2, 1);
+  s.start();
+  EXPECT_EQ(s.onRendezvousFailed(), (Actions{{K::kExit, 1}}));
+  EXPECT_EQ(s.stopReason(), StopReason::kRendezvousFailed);
+}
+
+TEST(Supervisor, MembershipChangeRejoinsWithoutUsingARestart) {
+  auto s = make(2, 0);
+  startRunning(s);
+  EXPECT_EQ(s.onMembershipChange(),
+            (Actions{{K::kTerminateAll, SIGTERM}, {K::kArmShutdownTimer, 0}}));
+  EXPECT_TRUE(s.onMembershipChange().empty());  // already stopping
+  s.onWorkerExit(0, 100, {true, SIGTERM}, 1);
+  EXPECT_EQ(s.onWorkerExit(1, 101, {false, 1}, 1), (Actions{{K::kStartRendezvous, 0}}));
+  EXPECT_EQ(s.onRendezvousComplete(0), (Actions{{K::kStartGroup, 0}}));
+  EXPECT_EQ(s.restartCount(), 0);
+}
+
+TEST(Supervisor, MembershipChangeIgnoredOutsideRunning) {
+  auto s = make(1, 0);
+  s.start();
+  EXPECT_TRUE(s.onMembershipChange().empty());
+  EXPECT_EQ(s.phase(), Phase::kRendezvous);
+}
+
 TEST(Supervisor, LastWorkerFailingNeedsNoTermination) {
   auto s = make(2, 0);
-  s.start();
+  startRunning(s);
   s.onWorkerExit(0, 100, kOk, 1);
-  EXPECT_EQ(s.onWorkerExit(1, 101, {false, 4}, 2), (std::vector<Action>{{K::kExit, 4}}));
+  EXPECT_EQ(s.onWorkerExit(1, 101, {false, 4}, 2), (Actions{{K::kRecordFailure, 0}}));
+  EXPECT_EQ(s.onFailureRecorded(1), (Actions{{K::kExit, 4}}));
 }
 
 TEST(Supervisor, StopSignalForwardsAndExitsWith128PlusN) {
   auto s = make(2, 3);
-  s.start();
-  EXPECT_EQ(s.onSignal(SIGTERM),
-            (std::vector<Action>{{K::kTerminateAll, SIGTERM}, {K::kArmShutdownTimer, 0}}));
+  startRunning(s);
+  EXPECT_EQ(s.onSignal(SIGTERM), (Actions{{K::kTerminateAll, SIGTERM}, {K::kArmShutdownTimer, 0}}));
   s.onWorkerExit(0, 100, {true, SIGTERM}, 1);
   // No restart after a stop request, even with restarts left.
-  EXPECT_EQ(s.onWorkerExit(1, 101, {false, 1}, 1), (std::vector<Action>{{K::kExit, 128 + SIGTERM}}));
+  EXPECT_EQ(s.onWorkerExit(1, 101, {false, 1}, 1), (Actions{{K::kExit, 128 + SIGTERM}}));
+}
+
+TEST(Supervisor, StopSignalWhileWaitingForRendezvousExitsAtOnce) {
+  auto s = make(2, 3);
+  s.start();
+  EXPECT_TRUE(s.onSignal(SIGUSR1).empty());
+  EXPECT_EQ(s.onSignal(SIGTERM), (Actions{{K::kExit, 128 + SIGTERM}}));
+  EXPECT_TRUE(s.onRendezvousComplete(0).empty());  // too late: nothing starts
 }
 
 TEST(Supervisor, OtherSignalsAreOnlyForwarded) {
   auto s = make(2, 0);
-  s.start();
-  EXPECT_EQ(s.onSignal(SIGUSR1), (std::vector<Action>{{K::kForwardSignal, SIGUSR1}}));
+  startRunning(s);
+  EXPECT_EQ(s.onSignal(SIGUSR1), (Actions{{K::kForwardSignal, SIGUSR1}}));
   EXPECT_EQ(s.phase(), Phase::kRunning);
 }
 
 TEST(Supervisor, SecondStopSignalKills) {
   auto s = make(1, 0);
-  s.start();
+  startRunning(s);
   s.onSignal(SIGINT);
-  EXPECT_EQ(s.onSignal(SIGINT), (std::vector<Action>{{K::kKillAll, 0}}));
+  EXPECT_EQ(s.onSignal(SIGINT), (Actions{{K::kKillAll, 0}}));
 }
 
 TEST(Supervisor, ShutdownTimeoutKillsOnlyWhileStopping) {
   auto s = make(2, 0);
-  s.start();
+  startRunning(s);
   EXPECT_TRUE(s.onShutdownTimeout().empty());
   s.onWorkerExit(0, 100, {false, 1}, 1);
-  EXPECT_EQ(s.onShutdownTimeout(), (std::vector<Action>{{K::kKillAll, 0}}));
+  EXPECT_EQ(s.onShutdownTimeout(), (Actions{{K::kKillAll, 0}}));
 }
 
 TEST(Supervisor, SignalDuringFailureStopPreventsRestart) {
   auto s = make(2, 5);
-  s.start();
+  startRunning(s);
   s.onWorkerExit(0, 100, {false, 1}, 1);
-  EXPECT_EQ(s.onSignal(SIGTERM), (std::vector<Action>{{K::kForwardSignal, SIGTERM}}));
-  EXPECT_EQ(s.onWorkerExit(1, 101, {true, SIGTERM}, 2),
-            (std::vector<Action>{{K::kExit, 128 + SIGTERM}}));
+  EXPECT_EQ(s.onSignal(SIGTERM), (Actions{{K::kForwardSignal, SIGTERM}}));
+  EXPECT_EQ(s.onWorkerExit(1, 101, {true, SIGTERM}, 2), (Actions{{K::kExit, 128 + SIGTERM}}));
 }
 
 TEST(Supervisor, StaleAndUnknownExitsIgnored) {
   auto s = make(2, 0);
-  s.start();
+  startRunning(s);
   EXPECT_TRUE(s.onWorkerExit(5, 1, kOk, 0).empty());
   s.onWorkerExit(0, 100, kOk, 0);
   EXPECT_TRUE(s.onWorkerExit(0, 100, {false, 1}, 0).empty());  // already exited
@@ -110,17 +168,21 @@ TEST(Supervisor, StaleAndUnknownExitsIgnored) {
 
 TEST(Supervisor, ManyRestartsCountUp) {
   auto s = make(4, 100);
-  s.start();
+  startRunning(s);
   for (int r = 1; r <= 100; ++r) {
     s.onWorkerExit(r % 4, r, {false, 2}, r);
     std::vector<int> stopped;
     for (int lr = 0; lr < 4; ++lr)
       if (s.isLive(lr)) stopped.push_back(lr);
     for (int lr : stopped) s.onWorkerExit(lr, 1000 + lr, {true, SIGTERM}, r);
+    ASSERT_EQ(s.phase(), Phase::kRecording);
+    s.onFailureRecorded(r);
+    s.onRendezvousComplete(r);
     EXPECT_EQ(s.restartCount(), r);
   }
   s.onWorkerExit(0, 1, {false, 2}, 0);
   for (int lr = 1; lr < 4; ++lr) s.onWorkerExit(lr, 1, {true, SIGTERM}, 0);
+  s.onFailureRecorded(101);
   EXPECT_EQ(s.phase(), Phase::kDone);
   EXPECT_EQ(s.exitCode(), 2);
 }

@@ -12,7 +12,14 @@
 using namespace ddpl::launcher;
 
 TEST(WorkerEnv, TorchrunVariables) {
-  WorldAssignment w{"job7", 0, 1, 3, 8, 16, "10.0.0.1", 29511};
+  WorldAssignment w;
+  w.run_id = "job7";
+  w.group_rank = 1;
+  w.group_world_size = 3;
+  w.rank_offset = 8;
+  w.world_size = 16;
+  w.master_addr = "10.0.0.1";
+  w.master_port = 29511;
   WorkerContext c{2, 4, 1, 3, "trainer", "/logs/err.json"};
   auto env = buildWorkerEnv({{"PATH", "/bin"}, {"OMP_NUM_THREADS", "8"}}, w, c, {{"X", "1"}});
   EXPECT_EQ(env["RANK"], "10");

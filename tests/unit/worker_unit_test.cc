@@ -1,0 +1,263 @@
+// In-process tests of the worker library: c10d store adapter conformance (threads as ranks over
+// MemoryStore, including a real Gloo group), GradScaler and DistributedSampler against the
+// pinned PyTorch, checkpoints, error files, environment parsing.
+#include <ATen/autocast_mode.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "common/errors.h"
+#include "rendezvous/memory_store.h"
+#include "worker/amp.h"
+#include "worker/backends.h"
+#include "worker/checkpoint.h"
+#include "worker/error_report.h"
+#include "worker/sampler.h"
+#include "worker/session.h"
+#include "worker/store_adapter.h"
+
+namespace dw = ddpl::worker;
+using ddpl::rdzv::MemoryStore;
+
+namespace {
+
+std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+
+std::string runPython(const std::string& args) {
+  const std::string cmd = std::string(DDPL_PYTHON) + " " + DDPL_SOURCE_DIR + "/tests/unit/worker_reference.py " + args;
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  if (!pipe) throw std::runtime_error("cannot run " + cmd);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
+  if (::pclose(pipe) != 0) throw std::runtime_error("reference script failed: " + cmd);
+  return out;
+}
+
+std::string tempPath(const std::string& name) {
+  return ::testing::TempDir() + "/" + name + "." + std::to_string(::getpid());
+}
+
+TEST(WorkerStoreAdapter, BehavesLikeC10dStore) {
+  auto store = c10::make_intrusive<dw::RdzvC10dStore>(std::make_shared<MemoryStore>(), std::chrono::milliseconds(200));
+  store->set("a", bytes("1"));
+  EXPECT_EQ(store->get("a"), bytes("1"));
+  EXPECT_EQ(store->add("n", 5), 5);
+  EXPECT_EQ(store->add("n", -2), 3);
+  EXPECT_TRUE(store->check({"a", "n"}));
+  EXPECT_FALSE(store->check({"a", "missing"}));
+  // compareSet: absent + empty expected creates; wrong expected returns the current value.
+  EXPECT_EQ(store->compareSet("c", {}, bytes("x")), bytes("x"));
+  EXPECT_EQ(store->compareSet("c", bytes("nope"), bytes("y")), bytes("x"));
+  EXPECT_EQ(store->compareSet("c", bytes("x"), bytes("y")), bytes("y"));
+  store->append("log", bytes("ab"));
+  store->append("log", bytes("cd"));
+  EXPECT_EQ(store->get("log"), bytes("abcd"));
+  store->multiSet({"m1", "m2"}, {bytes("1"), bytes("2")});
+  EXPECT_EQ(store->multiGet({"m1", "m2"}), (std::vector<std::vector<uint8_t>>{bytes("1"), bytes("2")}));
+  EXPECT_EQ(store->getNumKeys(), 6);
+  EXPECT_TRUE(store->deleteKey("a"));
+  EXPECT_FALSE(store->deleteKey("a"));
+  // Timeouts are errors naming the key, never hangs.
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    store->get("never");
+    FAIL() << "get of a missing key returned";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("never"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  EXPECT_THROW(store->wait({"never"}, std::chrono::milliseconds(50)), std::exception);
+  // A waiter is released by another thread's set.
+  std::thread setter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    store->set("late", bytes("v"));
+  });
+  store->wait({"late"}, std::chrono::seconds(5));
+  setter.join();
+  auto clone = store->clone();
+  EXPECT_EQ(clone->get("late"), bytes("v"));
+}
+
+// Threads as ranks: LibTorch's ProcessGroupGloo bootstraps through our store and all-reduces.
+TEST(WorkerStoreAdapter, BootstrapsGlooProcessGroup) {
+  constexpr int kWorld = 3;
+  auto shared = std::make_shared<MemoryStore>();
+  std::vector<double> results(kWorld, -1);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kWorld; ++r) {
+    ranks.emplace_back([&, r] {
+      dw::detail::BackendSpec spec;
+      spec.store = c10::make_intrusive<dw::RdzvC10dStore>(shared, std::chrono::seconds(30));
+      spec.rank = r;
+      spec.worldSize = kWorld;
+      spec.timeout = std::chrono::seconds(30);
+      spec.glooInterface = "lo";
+      auto backend = dw::detail::makeGlooBackend(spec);
+      std::vector<at::Tensor> t{torch::full({4}, static_cast<double>(r + 1))};
+      backend->allreduce(t)->wait();
+      results[r] = t[0][3].item<double>();
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < kWorld; ++r) EXPECT_EQ(results[r], 6.0);
+}
+
+TEST(WorkerGradScaler, MatchesPyTorchSkipsOnInfAndAdjustsScale) {
+  const std::string pattern = "ffiffffiif";
+  const auto expected = nlohmann::json::parse(runPython("scaler " + pattern));
+  auto p = torch::zeros({3}).requires_grad_(true);
+  torch::optim::SGD opt({p}, torch::optim::SGDOptions(1.0));
+  dw::GradScalerOptions options;
+  options.initScale = 1024.0;
+  options.growthInterval = 2;
+  dw::GradScaler scaler(options);
+  ASSERT_EQ(expected.size(), pattern.size());
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    opt.zero_grad();
+    auto loss = (p * (pattern[i] == 'i' ? std::numeric_limits<float>::infinity() : 1.0f)).sum();
+    scaler.scale(loss).backward();
+    const bool stepped = scaler.step(opt);
+    scaler.update();
+    EXPECT_EQ(stepped, expected[i]["stepped"].get<bool>()) << "step " << i;
+    EXPECT_EQ(scaler.currentScale(), expected[i]["scale"].get<double>()) << "step " << i;
+    EXPECT_FLOAT_EQ(p[0].item<float>(), expected[i]["param"].get<float>()) << "step " << i;
+  }
+}
+
+TEST(WorkerGradScaler, RefusesDoubleUnscale) {
+  auto p = torch::zeros({2}).requires_grad_(true);
+  torch::optim::SGD opt({p}, torch::optim::SGDOptions(0.1));
+  dw::GradScaler scaler;
+  scaler.scale(p.sum()).backward();
+  scaler.unscale(opt);
+  EXPECT_THROW(scaler.unscale(opt), ddpl::InvalidArgument);
+}
+
+TEST(WorkerAutocast, ScopeEnablesAndRestores) {
+  EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
+  {
+    dw::AutocastScope scope(at::kCPU);
+    auto a = torch::randn({4, 4});
+    EXPECT_EQ(torch::mm(a, a).scalar_type(), at::kBFloat16);
+  }
+  EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
+  EXPECT_EQ(torch::mm(torch::randn({2, 2}), torch::randn({2, 2})).scalar_type(), at::kFloat);
+}
+
+TEST(WorkerSampler, MatchesPyTorchShards) {
+  for (const auto& [n, world, drop] : {std::tuple{23, 4, 0}, std::tuple{23, 4, 1}, std::tuple{3, 4, 0}}) {
+    const auto expected = nlohmann::json::parse(runPython("sampler " + std::to_string(n) + " " + std::to_string(world) +
+                                                          " 7 3 " + std::to_string(drop)));
+    for (int r = 0; r < world; ++r) {
+      dw::SamplerOptions o;
+      o.seed = 7;
+      o.dropLast = drop != 0;
+      dw::DistributedSampler sampler(n, r, world, o);
+      sampler.setEpoch(3);
+      EXPECT_EQ(sampler.indices(), expected[r].get<std::vector<int64_t>>()) << "n=" << n << " rank " << r;
+    }
+  }
+}
+
+TEST(WorkerSampler, ShardsAreDisjointAndReshuffledPerEpoch) {
+  std::vector<int64_t> all;
+  for (int r = 0; r < 3; ++r) {
+    dw::DistributedSampler s(30, r, 3);
+    auto idx = s.indices();
+    all.insert(all.end(), idx.begin(), idx.end());
+    s.setEpoch(1);
+    EXPECT_NE(s.indices(), idx);
+  }
+  std::sort(all.begin(), all.end());
+  for (int i = 0; i < 30; ++i) EXPECT_EQ(all[i], i);
+}
+
+TEST(WorkerCheckpoint, RoundTripsModelOptimizerScalerProgress) {
+  torch::manual_seed(3);
+  auto model = torch::nn::Linear(4, 2);
+  torch::optim::Adam opt(model->parameters());
+  model(torch::randn({2, 4})).sum().backward();
+  opt.step();
+  dw::GradScaler scaler;
+  scaler.scale(torch::ones({1}));
+  dw::TrainingProgress progress{3, 42, 1000};
+  const std::string path = tempPath("ckpt");
+  dw::saveCheckpoint(path, {model.get(), &opt, &scaler, &progress});
+
+  torch::manual_seed(99);
+  auto other = torch::nn::Linear(4, 2);
+  torch::optim::Adam otherOpt(other->parameters());
+  dw::GradScaler otherScaler(dw::GradScalerOptions{.initScale = 8.0});
+  dw::TrainingProgress loaded;
+  ASSERT_TRUE(dw::loadCheckpoint(path, {other.get(), &otherOpt, &otherScaler, &loaded}));
+  EXPECT_TRUE(torch::equal(other->weight, model->weight));
+  EXPECT_EQ(loaded.step, 42);
+  EXPECT_EQ(loaded.epoch, 3);
+  EXPECT_EQ(loaded.samplesSeen, 1000);
+  EXPECT_EQ(otherScaler.currentScale(), 65536.0);
+  EXPECT_FALSE(dw::loadCheckpoint(path + ".absent", {other.get()}));
+  std::remove(path.c_str());
+}
+
+TEST(WorkerErrorFile, TorchrunFormatForC10Error) {
+  const std::string path = tempPath("error.json");
+  const int rc = dw::recordErrors(path, [] () -> int {
+    TORCH_CHECK(false, "shape check failed for ", 7);
+    return 0;
+  });
+  EXPECT_EQ(rc, 1);
+  std::ifstream in(path);
+  const auto json = nlohmann::json::parse(in);
+  EXPECT_EQ(json["message"]["message"].get<std::string>(), "c10::Error: shape check failed for 7");
+  EXPECT_FALSE(json["message"]["extraInfo"]["py_callstack"].get<std::string>().empty());
+  EXPECT_TRUE(json["message"]["extraInfo"]["timestamp"].is_string());
+  std::remove(path.c_str());
+}
+
+TEST(WorkerSessionOptions, ParsesLauncherEnvironmentExplicitly) {
+  const auto o = dw::SessionOptions::fromEnvironment(dw::Environment{
+      {"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
+      {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29999"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+      {"TORCHELASTIC_RESTART_COUNT", "2"}, {"TORCHELASTIC_ERROR_FILE", "/tmp/e.json"},
+      {"DDPL_STORE_ADDR", "h:1"}, {"DDPL_BACKEND", "gloo"}});
+  EXPECT_EQ(o.rank, 3);
+  EXPECT_EQ(o.worldSize, 4);
+  EXPECT_EQ(o.localRank, 1);
+  EXPECT_EQ(o.masterAddr, "10.0.0.1");
+  EXPECT_EQ(o.masterPort, 29999);
+  EXPECT_TRUE(o.agentHostsStore);
+  EXPECT_EQ(o.restartCount, 2);
+  EXPECT_EQ(o.errorFile, "/tmp/e.json");
+  EXPECT_EQ(o.storeAddr, "h:1");
+  EXPECT_EQ(o.backend, dw::BackendKind::kGloo);
+  try {
+    dw::SessionOptions::fromEnvironment(dw::Environment{{"RANK", "x1"}});
+    FAIL();
+  } catch (const ddpl::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("RANK='x1'"), std::string::npos);
+  }
+  EXPECT_THROW(dw::SessionOptions::fromEnvironment(dw::Environment{{"RANK", "2"}, {"WORLD_SIZE", "2"}}),
+               ddpl::InvalidArgument);
+}
+
+TEST(WorkerNccl, SkipsCleanlyWithoutGpu) {
+  if (dw::detail::cudaAvailable()) GTEST_SKIP() << "GPU present: exercised by tests/gpu/";
+  dw::detail::BackendSpec spec;
+  spec.store = c10::make_intrusive<dw::RdzvC10dStore>(std::make_shared<MemoryStore>());
+  try {
+    dw::detail::makeNcclBackend(spec);
+    FAIL() << "NCCL backend created without a GPU";
+  } catch (const ddpl::BackendError& e) {
+    EXPECT_NE(std::string(e.what()).find("NCCL"), std::string::npos);
+  }
+}
+
+}  // namespace
