@@ -25,10 +25,14 @@ int main(int argc, char** argv) {
   std::string endpoint;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i], v = argv[i + 1];
-    if (a == "--clients") clients = std::atoi(v.c_str());
-    else if (a == "--rounds") rounds = std::atoi(v.c_str());
-    else if (a == "--value-bytes") value_bytes = std::atoi(v.c_str());
-    else if (a == "--endpoint") endpoint = v;
+    if (a == "--clients")
+      clients = std::atoi(v.c_str());
+    else if (a == "--rounds")
+      rounds = std::atoi(v.c_str());
+    else if (a == "--value-bytes")
+      value_bytes = std::atoi(v.c_str());
+    else if (a == "--endpoint")
+      endpoint = v;
     else {
       std::fprintf(stderr, "rdzv_store_bench: unknown flag %s\n", a.c_str());
       return 2;
@@ -68,8 +72,11 @@ int main(int argc, char** argv) {
         std::string base = fmt::format("r{}/", r);
         timed(l, [&] { s.set(base + std::to_string(c), value); });
         timed(l, [&] { s.add(base + "n", 1); });
-        timed(l, [&] { s.get(base + std::to_string((c + 1) % clients), std::chrono::seconds(60)); });
-        timed(l, [&] { s.wait({base + std::to_string((c + clients - 1) % clients)}, std::chrono::seconds(60)); });
+        timed(l,
+              [&] { s.get(base + std::to_string((c + 1) % clients), std::chrono::seconds(60)); });
+        timed(l, [&] {
+          s.wait({base + std::to_string((c + clients - 1) % clients)}, std::chrono::seconds(60));
+        });
       }
     });
   while (ready.load() < clients) std::this_thread::yield();
@@ -80,8 +87,11 @@ int main(int argc, char** argv) {
   std::vector<double> all;
   for (auto& l : lat) all.insert(all.end(), l.begin(), l.end());
   std::sort(all.begin(), all.end());
-  auto pct = [&](double p) { return all[std::min(all.size() - 1, static_cast<size_t>(p * all.size()))]; };
-  std::printf("impl=grpc clients=%d rounds=%d ops=%zu secs=%.3f ops_per_s=%.0f p50_us=%.0f p99_us=%.0f\n",
-              clients, rounds, all.size(), secs, all.size() / secs, pct(0.50), pct(0.99));
+  auto pct = [&](double p) {
+    return all[std::min(all.size() - 1, static_cast<size_t>(p * all.size()))];
+  };
+  std::printf(
+      "impl=grpc clients=%d rounds=%d ops=%zu secs=%.3f ops_per_s=%.0f p50_us=%.0f p99_us=%.0f\n",
+      clients, rounds, all.size(), secs, all.size() / secs, pct(0.50), pct(0.99));
   return 0;
 }

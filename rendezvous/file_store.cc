@@ -30,7 +30,8 @@ void putU32(std::string& out, uint32_t v) {
 
 uint32_t getU32(const std::string& in, size_t pos) {
   uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<uint8_t>(in[pos + i])) << (8 * i);
+  for (int i = 0; i < 4; ++i)
+    v |= static_cast<uint32_t>(static_cast<uint8_t>(in[pos + i])) << (8 * i);
   return v;
 }
 
@@ -170,7 +171,8 @@ int64_t FileStore::numKeys() {
 
 void FileStore::multiSet(const std::vector<std::string>& keys, const std::vector<Bytes>& values) {
   if (keys.size() != values.size())
-    throw InvalidArgument(fmt::format("multiSet: {} keys but {} values", keys.size(), values.size()));
+    throw InvalidArgument(
+        fmt::format("multiSet: {} keys but {} values", keys.size(), values.size()));
   Locked l(*this, true);
   for (size_t i = 0; i < keys.size(); ++i) l.data()[keys[i]] = values[i];
   l.save();

@@ -1,15 +1,13 @@
 #include "rendezvous/grpc_common.h"
 
 #include <fmt/format.h>
+#include <grpc/support/log.h>
 
 #include <fstream>
+#include <mutex>
 #include <random>
 #include <sstream>
 #include <thread>
-
-#include <grpc/support/log.h>
-
-#include <mutex>
 
 #include "common/errors.h"
 #include "common/log.h"
@@ -79,8 +77,8 @@ std::shared_ptr<grpc::Channel> makeChannel(const ChannelSpec& spec) {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   int64_t limit = std::max<int64_t>(spec.max_value_bytes, 1) * 4 + kMessageOverheadBytes;
   args.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(limit, INT32_MAX)));
-  args.SetMaxSendMessageSize(static_cast<int>(
-      std::min<int64_t>(spec.max_value_bytes + kMessageOverheadBytes, INT32_MAX)));
+  args.SetMaxSendMessageSize(
+      static_cast<int>(std::min<int64_t>(spec.max_value_bytes + kMessageOverheadBytes, INT32_MAX)));
   return grpc::CreateCustomChannel(spec.endpoint, creds, args);
 }
 
@@ -91,24 +89,42 @@ void prepare(grpc::ClientContext& ctx, const std::string& token, Duration timeou
 
 const char* codeName(grpc::StatusCode code) {
   switch (code) {
-    case grpc::OK: return "OK";
-    case grpc::CANCELLED: return "CANCELLED";
-    case grpc::UNKNOWN: return "UNKNOWN";
-    case grpc::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
-    case grpc::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
-    case grpc::NOT_FOUND: return "NOT_FOUND";
-    case grpc::ALREADY_EXISTS: return "ALREADY_EXISTS";
-    case grpc::PERMISSION_DENIED: return "PERMISSION_DENIED";
-    case grpc::UNAUTHENTICATED: return "UNAUTHENTICATED";
-    case grpc::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
-    case grpc::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
-    case grpc::ABORTED: return "ABORTED";
-    case grpc::OUT_OF_RANGE: return "OUT_OF_RANGE";
-    case grpc::UNIMPLEMENTED: return "UNIMPLEMENTED";
-    case grpc::INTERNAL: return "INTERNAL";
-    case grpc::UNAVAILABLE: return "UNAVAILABLE";
-    case grpc::DATA_LOSS: return "DATA_LOSS";
-    default: return "UNKNOWN";
+    case grpc::OK:
+      return "OK";
+    case grpc::CANCELLED:
+      return "CANCELLED";
+    case grpc::UNKNOWN:
+      return "UNKNOWN";
+    case grpc::INVALID_ARGUMENT:
+      return "INVALID_ARGUMENT";
+    case grpc::DEADLINE_EXCEEDED:
+      return "DEADLINE_EXCEEDED";
+    case grpc::NOT_FOUND:
+      return "NOT_FOUND";
+    case grpc::ALREADY_EXISTS:
+      return "ALREADY_EXISTS";
+    case grpc::PERMISSION_DENIED:
+      return "PERMISSION_DENIED";
+    case grpc::UNAUTHENTICATED:
+      return "UNAUTHENTICATED";
+    case grpc::RESOURCE_EXHAUSTED:
+      return "RESOURCE_EXHAUSTED";
+    case grpc::FAILED_PRECONDITION:
+      return "FAILED_PRECONDITION";
+    case grpc::ABORTED:
+      return "ABORTED";
+    case grpc::OUT_OF_RANGE:
+      return "OUT_OF_RANGE";
+    case grpc::UNIMPLEMENTED:
+      return "UNIMPLEMENTED";
+    case grpc::INTERNAL:
+      return "INTERNAL";
+    case grpc::UNAVAILABLE:
+      return "UNAVAILABLE";
+    case grpc::DATA_LOSS:
+      return "DATA_LOSS";
+    default:
+      return "UNKNOWN";
   }
 }
 
@@ -122,12 +138,17 @@ void throwStatus(const grpc::Status& status, const std::string& endpoint, const 
   std::string msg = fmt::format("{} on rendezvous server {}: {}: {}", op, endpoint,
                                 codeName(status.error_code()), status.error_message());
   switch (status.error_code()) {
-    case grpc::DEADLINE_EXCEEDED: throw TimeoutError(msg);
-    case grpc::UNAVAILABLE: throw NetworkError(msg);
+    case grpc::DEADLINE_EXCEEDED:
+      throw TimeoutError(msg);
+    case grpc::UNAVAILABLE:
+      throw NetworkError(msg);
     case grpc::UNAUTHENTICATED:
-    case grpc::PERMISSION_DENIED: throw AuthError(msg);
-    case grpc::INVALID_ARGUMENT: throw InvalidArgument(msg);
-    default: throw StoreError(msg);
+    case grpc::PERMISSION_DENIED:
+      throw AuthError(msg);
+    case grpc::INVALID_ARGUMENT:
+      throw InvalidArgument(msg);
+    default:
+      throw StoreError(msg);
   }
 }
 
@@ -146,8 +167,7 @@ void retryConnect(const std::string& endpoint, Duration timeout,
     last = attempt(std::min(left, Duration(std::chrono::seconds(5))));
     if (last.ok()) return;
     if (last.error_code() == grpc::UNAUTHENTICATED ||
-        last.error_code() == grpc::PERMISSION_DENIED ||
-        last.error_code() == grpc::INVALID_ARGUMENT)
+        last.error_code() == grpc::PERMISSION_DENIED || last.error_code() == grpc::INVALID_ARGUMENT)
       throwStatus(last, endpoint, "connect");
     // Full jitter: agents of a big job started together must not retry in lockstep.
     std::uniform_int_distribution<int64_t> jitter(backoff.count() / 2, backoff.count());

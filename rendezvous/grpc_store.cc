@@ -19,8 +19,8 @@ constexpr Duration kBlockingGrace{std::chrono::seconds(5)};
 class GrpcStore : public Store {
  public:
   explicit GrpcStore(const GrpcStoreOptions& o) : o_(o) {
-    channel_ = makeChannel({o.endpoint, o.tls_ca_file, o.tls_cert_file, o.tls_key_file,
-                            kDefaultMaxValueBytes});
+    channel_ = makeChannel(
+        {o.endpoint, o.tls_ca_file, o.tls_cert_file, o.tls_key_file, kDefaultMaxValueBytes});
     stub_ = pb::Store::NewStub(channel_);
     retryConnect(o.endpoint, o.connect_timeout, [&](Duration attempt_timeout) {
       grpc::ClientContext ctx;
@@ -108,8 +108,7 @@ class GrpcStore : public Store {
     for (const auto& key : keys) req.add_keys(k(key));
     req.set_timeout_ms(timeout.count());
     pb::MultiGetResponse resp;
-    call("multiGet", first(keys), timeout + kBlockingGrace, &pb::Store::Stub::MultiGet, req,
-         resp);
+    call("multiGet", first(keys), timeout + kBlockingGrace, &pb::Store::Stub::MultiGet, req, resp);
     std::vector<Bytes> out;
     out.reserve(resp.values_size());
     for (const auto& v : resp.values()) out.push_back(bytes(v));

@@ -14,11 +14,11 @@ inline constexpr int64_t kDefaultMaxValueBytes = 16 << 20;
 inline constexpr Duration kDefaultConnectTimeout{std::chrono::seconds(30)};
 
 struct GrpcStoreOptions {
-  std::string endpoint;  // host:port
-  std::string token;     // empty: none
-  std::string tls_ca_file;  // empty: plaintext
+  std::string endpoint;                     // host:port
+  std::string token;                        // empty: none
+  std::string tls_ca_file;                  // empty: plaintext
   std::string tls_cert_file, tls_key_file;  // optional client certificate
-  std::string prefix;    // key prefix, e.g. "run/attempt_0/"; numKeys() counts only these
+  std::string prefix;  // key prefix, e.g. "run/attempt_0/"; numKeys() counts only these
   Duration connect_timeout = kDefaultConnectTimeout;
   // Deadline of the calls that do not block on other ranks (set, add, check, ...). get, wait
   // and multiGet take their own timeouts; their deadline adds a short grace on top, so that

@@ -16,8 +16,8 @@ int64_t parseCounter(const std::string& key, const Bytes& value) {
     if (used == s.size()) return v;
   } catch (const std::exception&) {
   }
-  throw StoreError(fmt::format("add on key '{}': its value is not an integer ({} bytes)", key,
-                               value.size()));
+  throw StoreError(
+      fmt::format("add on key '{}': its value is not an integer ({} bytes)", key, value.size()));
 }
 
 void KvSpace::run(Fired& fired) {
@@ -66,7 +66,8 @@ void KvSpace::set(const std::string& key, Bytes value) {
 
 void KvSpace::multiSet(const std::vector<std::string>& keys, std::vector<Bytes> values) {
   if (keys.size() != values.size())
-    throw InvalidArgument(fmt::format("multiSet: {} keys but {} values", keys.size(), values.size()));
+    throw InvalidArgument(
+        fmt::format("multiSet: {} keys but {} values", keys.size(), values.size()));
   Fired fired;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -21,9 +21,9 @@ class KvSpace {
   using Ready = std::function<void(std::vector<Bytes> values)>;
 
   struct WaitStart {
-    bool ready = false;          // every key existed: `values` holds them, nothing registered
-    std::vector<Bytes> values;   // in key order, when ready and values were wanted
-    WaitId id = 0;               // otherwise: the registration, for cancelWait
+    bool ready = false;         // every key existed: `values` holds them, nothing registered
+    std::vector<Bytes> values;  // in key order, when ready and values were wanted
+    WaitId id = 0;              // otherwise: the registration, for cancelWait
   };
 
   void set(const std::string& key, Bytes value);

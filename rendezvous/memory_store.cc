@@ -63,8 +63,7 @@ int64_t MemoryStore::add(const std::string& key, int64_t delta) {
   return v;
 }
 
-Bytes MemoryStore::compareSet(const std::string& key, const Bytes& expected,
-                              const Bytes& desired) {
+Bytes MemoryStore::compareSet(const std::string& key, const Bytes& expected, const Bytes& desired) {
   Bytes result;
   bool changed = false;
   {
@@ -131,7 +130,8 @@ std::vector<Bytes> MemoryStore::multiGet(const std::vector<std::string>& keys, D
 
 void MemoryStore::multiSet(const std::vector<std::string>& keys, const std::vector<Bytes>& values) {
   if (keys.size() != values.size())
-    throw InvalidArgument(fmt::format("multiSet: {} keys but {} values", keys.size(), values.size()));
+    throw InvalidArgument(
+        fmt::format("multiSet: {} keys but {} values", keys.size(), values.size()));
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t i = 0; i < keys.size(); ++i) data_[keys[i]] = values[i];

@@ -23,8 +23,7 @@ Bytes PrefixStore::get(const std::string& key, Duration timeout) {
 int64_t PrefixStore::add(const std::string& key, int64_t delta) {
   return inner_->add(k(key), delta);
 }
-Bytes PrefixStore::compareSet(const std::string& key, const Bytes& expected,
-                              const Bytes& desired) {
+Bytes PrefixStore::compareSet(const std::string& key, const Bytes& expected, const Bytes& desired) {
   return inner_->compareSet(k(key), expected, desired);
 }
 bool PrefixStore::check(const std::vector<std::string>& keys) { return inner_->check(k(keys)); }
@@ -36,8 +35,7 @@ int64_t PrefixStore::numKeys() { return inner_->numKeys(); }
 std::vector<Bytes> PrefixStore::multiGet(const std::vector<std::string>& keys, Duration timeout) {
   return inner_->multiGet(k(keys), timeout);
 }
-void PrefixStore::multiSet(const std::vector<std::string>& keys,
-                           const std::vector<Bytes>& values) {
+void PrefixStore::multiSet(const std::vector<std::string>& keys, const std::vector<Bytes>& values) {
   inner_->multiSet(k(keys), values);
 }
 

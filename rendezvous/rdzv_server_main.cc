@@ -61,12 +61,19 @@ int main(int argc, char** argv) {
   rdzv::ServerOptions o;
   o.port = 29400;
   std::string token_file, port_file, level = "info";
-  static const std::map<std::string, bool> kTakesValue = {
-      {"--host", true},           {"--port", true},          {"--port-file", true},
-      {"--token-file", true},     {"--tls-cert", true},      {"--tls-key", true},
-      {"--tls-client-ca", true},  {"--max-value-bytes", true}, {"--heartbeat-window", true},
-      {"--log-level", true},      {"--help", false},         {"-h", false},
-      {"--version", false}};
+  static const std::map<std::string, bool> kTakesValue = {{"--host", true},
+                                                          {"--port", true},
+                                                          {"--port-file", true},
+                                                          {"--token-file", true},
+                                                          {"--tls-cert", true},
+                                                          {"--tls-key", true},
+                                                          {"--tls-client-ca", true},
+                                                          {"--max-value-bytes", true},
+                                                          {"--heartbeat-window", true},
+                                                          {"--log-level", true},
+                                                          {"--help", false},
+                                                          {"-h", false},
+                                                          {"--version", false}};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i], value;
     auto eq = arg.find('=');
@@ -100,8 +107,7 @@ int main(int argc, char** argv) {
     if (arg == "--tls-cert") o.tls_cert_file = value;
     if (arg == "--tls-key") o.tls_key_file = value;
     if (arg == "--tls-client-ca") o.tls_client_ca_file = value;
-    if (arg == "--max-value-bytes")
-      o.max_value_bytes = parseInt(arg, value, 1, int64_t{1} << 30);
+    if (arg == "--max-value-bytes") o.max_value_bytes = parseInt(arg, value, 1, int64_t{1} << 30);
     if (arg == "--heartbeat-window")
       o.heartbeat_window = std::chrono::seconds(parseInt(arg, value, 1, 86400));
     if (arg == "--log-level") level = value;

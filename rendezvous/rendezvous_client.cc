@@ -56,10 +56,10 @@ RoundAssignment toAssignment(const JoinOptions& o, const pb::JoinResponse& r) {
   }
   if (a.group_rank < 0 || a.group_rank >= static_cast<int32_t>(a.local_world_sizes.size()) ||
       offset != a.world_size)
-    throw StoreError(fmt::format("join run '{}': the server's reply is inconsistent (group rank "
-                                 "{} of {} nodes, world size {} vs {})",
-                                 o.run_id, a.group_rank, a.local_world_sizes.size(), a.world_size,
-                                 offset));
+    throw StoreError(
+        fmt::format("join run '{}': the server's reply is inconsistent (group rank "
+                    "{} of {} nodes, world size {} vs {})",
+                    o.run_id, a.group_rank, a.local_world_sizes.size(), a.world_size, offset));
   a.rank_offset = a.rank_offsets[a.group_rank];
   a.local_world_size = a.local_world_sizes[a.group_rank];
   a.master_address = r.master_address();
@@ -241,12 +241,12 @@ void RendezvousClient::joinAsync(const JoinOptions& o,
   call->req = toRequest(o);
   auto impl = impl_;
   impl_->stub->async()->Join(
-      &call->ctx, &call->req, &call->resp,
-      [call, impl, o, done = std::move(done)](grpc::Status s) {
+      &call->ctx, &call->req, &call->resp, [call, impl, o, done = std::move(done)](grpc::Status s) {
         RoundAssignment a;
         std::exception_ptr e;
         try {
-          if (!s.ok()) impl->fail(s, fmt::format("join run '{}' as node '{}'", o.run_id, o.node_id));
+          if (!s.ok())
+            impl->fail(s, fmt::format("join run '{}' as node '{}'", o.run_id, o.node_id));
           a = toAssignment(o, call->resp);
         } catch (...) {
           e = std::current_exception();

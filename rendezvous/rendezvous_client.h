@@ -20,8 +20,8 @@
 namespace ddpl::rdzv {
 
 struct RendezvousClientOptions {
-  std::string endpoint;  // host:port
-  std::string token;     // empty: none
+  std::string endpoint;     // host:port
+  std::string token;        // empty: none
   std::string tls_ca_file;  // empty: plaintext
   std::string tls_cert_file, tls_key_file;
   Duration connect_timeout = kDefaultConnectTimeout;
@@ -30,10 +30,10 @@ struct RendezvousClientOptions {
 
 struct JoinOptions {
   std::string run_id;
-  std::string node_id;        // unique per node in the run (e.g. host name + launcher pid)
+  std::string node_id;  // unique per node in the run (e.g. host name + launcher pid)
   int32_t local_world_size = 1;
-  std::string version;        // empty: this build's DDPL_VERSION; nodes must agree
-  std::string address;        // how other nodes reach this one (becomes MASTER_ADDR on rank 0)
+  std::string version;  // empty: this build's DDPL_VERSION; nodes must agree
+  std::string address;  // how other nodes reach this one (becomes MASTER_ADDR on rank 0)
   int32_t min_nodes = 1;
   int32_t max_nodes = 1;
   Duration join_timeout = kDefaultJoinTimeout;
@@ -52,13 +52,13 @@ struct RoundAssignment {
   int64_t round = 0;
   int32_t group_rank = 0;
   int32_t group_world_size = 0;
-  int32_t world_size = 0;        // all workers of all nodes
-  int32_t rank_offset = 0;       // this node's first global rank
+  int32_t world_size = 0;   // all workers of all nodes
+  int32_t rank_offset = 0;  // this node's first global rank
   int32_t local_world_size = 0;
   std::vector<int32_t> local_world_sizes;  // by group rank
   std::vector<int32_t> rank_offsets;       // by group rank
-  std::string master_address;  // group rank 0's address
-  std::string store_prefix;    // this run's and round's key namespace
+  std::string master_address;              // group rank 0's address
+  std::string store_prefix;                // this run's and round's key namespace
   Duration heartbeat_interval{};
   std::vector<NodeInfo> members;  // by group rank, when JoinOptions::include_members
 };
@@ -66,7 +66,7 @@ struct RoundAssignment {
 struct RoundChange {
   std::string run_id;
   int64_t round = 0;
-  std::string reason;         // the server's words, e.g. "node 'b' evicted: no heartbeat ..."
+  std::string reason;  // the server's words, e.g. "node 'b' evicted: no heartbeat ..."
   int32_t nodes_waiting = 0;
   bool connection_lost = false;  // the watch could not reach the server
 };

@@ -12,9 +12,7 @@ std::string seconds(Duration d) {
   return fmt::format("{:.3g}s", d.count() / 1000.0);
 }
 
-std::string seconds(Clock::duration d) {
-  return seconds(std::chrono::duration_cast<Duration>(d));
-}
+std::string seconds(Clock::duration d) { return seconds(std::chrono::duration_cast<Duration>(d)); }
 
 RdzvStatus err(RdzvCode code, std::string message) { return {code, std::move(message)}; }
 
@@ -22,13 +20,20 @@ RdzvStatus err(RdzvCode code, std::string message) { return {code, std::move(mes
 
 const char* toString(RdzvCode code) {
   switch (code) {
-    case RdzvCode::kOk: return "OK";
-    case RdzvCode::kInvalidArgument: return "INVALID_ARGUMENT";
-    case RdzvCode::kFailedPrecondition: return "FAILED_PRECONDITION";
-    case RdzvCode::kDeadlineExceeded: return "DEADLINE_EXCEEDED";
-    case RdzvCode::kResourceExhausted: return "RESOURCE_EXHAUSTED";
-    case RdzvCode::kNotFound: return "NOT_FOUND";
-    case RdzvCode::kCancelled: return "CANCELLED";
+    case RdzvCode::kOk:
+      return "OK";
+    case RdzvCode::kInvalidArgument:
+      return "INVALID_ARGUMENT";
+    case RdzvCode::kFailedPrecondition:
+      return "FAILED_PRECONDITION";
+    case RdzvCode::kDeadlineExceeded:
+      return "DEADLINE_EXCEEDED";
+    case RdzvCode::kResourceExhausted:
+      return "RESOURCE_EXHAUSTED";
+    case RdzvCode::kNotFound:
+      return "NOT_FOUND";
+    case RdzvCode::kCancelled:
+      return "CANCELLED";
   }
   return "UNKNOWN";
 }
@@ -144,8 +149,8 @@ void RendezvousState::addJoiner(Run& run, Pending p, TimePoint now, Effects& fx)
   run.joining.emplace(node, std::move(p));
   if (run.joining.size() == 1) run.join_deadline = now + run.config.join_timeout;
   fx.events.push_back(fmt::format("run '{}': node '{}' joined round {} ({}/{} nodes, min {})",
-                                  run.id, node, run.round, run.joining.size(),
-                                  run.config.max_nodes, run.config.min_nodes));
+                                  run.id, node, run.round, run.joining.size(), run.config.max_nodes,
+                                  run.config.min_nodes));
   refreshDeadlines(run, now, fx);
 }
 
@@ -198,8 +203,8 @@ void RendezvousState::failJoining(Run& run, TimePoint now, Effects& fx) {
   (void)now;
   std::string msg = fmt::format(
       "run '{}': round {} timed out after {} (join timeout) with {}/{} nodes joined (min {})",
-      run.id, run.round, seconds(run.config.join_timeout), run.joining.size(),
-      run.config.max_nodes, run.config.min_nodes);
+      run.id, run.round, seconds(run.config.join_timeout), run.joining.size(), run.config.max_nodes,
+      run.config.min_nodes);
   for (auto& [id, p] : run.joining) {
     tickets_.erase(p.ticket);
     fx.joins.push_back({p.ticket, err(RdzvCode::kDeadlineExceeded, msg), nullptr, -1});
@@ -210,10 +215,8 @@ void RendezvousState::failJoining(Run& run, TimePoint now, Effects& fx) {
   fx.events.push_back(msg);
 }
 
-void RendezvousState::invalidate(Run& run, const std::string& reason, TimePoint now,
-                                 Effects& fx) {
-  fx.invalidated.push_back(
-      {run.id, run.round, reason, static_cast<int32_t>(run.waiting.size())});
+void RendezvousState::invalidate(Run& run, const std::string& reason, TimePoint now, Effects& fx) {
+  fx.invalidated.push_back({run.id, run.round, reason, static_cast<int32_t>(run.waiting.size())});
   fx.events.push_back(fmt::format("run '{}': round {} ended: {}", run.id, run.round, reason));
   run.membership.reset();
   run.last_seen.clear();
@@ -264,8 +267,8 @@ void RendezvousState::cancelJoin(JoinTicket ticket, TimePoint now, Effects& fx) 
     return false;
   };
   if (match(run.joining)) {
-    fx.events.push_back(fmt::format("run '{}': node '{}' stopped waiting for round {}", run_id,
-                                    node, run.round));
+    fx.events.push_back(
+        fmt::format("run '{}': node '{}' stopped waiting for round {}", run_id, node, run.round));
     refreshDeadlines(run, now, fx);
   } else if (match(run.waiting)) {
     fx.events.push_back(
@@ -290,10 +293,10 @@ RdzvStatus RendezvousState::checkMember(const std::string& run_id, const std::st
     return err(RdzvCode::kNotFound, fmt::format("no run '{}' on this server", run_id));
   const Run& run = r->second;
   if (run.phase != Phase::kComplete || run.round != round)
-    return err(RdzvCode::kFailedPrecondition,
-               fmt::format("round {} of run '{}' is no longer current (the run is {} round {})",
-                           round, run_id,
-                           run.phase == Phase::kComplete ? "in" : "forming", run.round));
+    return err(
+        RdzvCode::kFailedPrecondition,
+        fmt::format("round {} of run '{}' is no longer current (the run is {} round {})", round,
+                    run_id, run.phase == Phase::kComplete ? "in" : "forming", run.round));
   if (!run.isMember(node_id))
     return err(RdzvCode::kNotFound, fmt::format("node '{}' is not a member of round {} of run '{}'",
                                                 node_id, round, run_id));
@@ -316,8 +319,8 @@ RdzvStatus RendezvousState::leave(const std::string& run_id, const std::string& 
                         err(RdzvCode::kCancelled,
                             fmt::format("node '{}' left run '{}' while joining", node_id, run_id)),
                         nullptr, -1});
-    fx.events.push_back(fmt::format("run '{}': node '{}' left before its round formed", run_id,
-                                    node_id));
+    fx.events.push_back(
+        fmt::format("run '{}': node '{}' left before its round formed", run_id, node_id));
     if (m == &run.joining) refreshDeadlines(run, now, fx);
     return {};
   }
@@ -330,9 +333,8 @@ RdzvStatus RendezvousState::leave(const std::string& run_id, const std::string& 
              fmt::format("node '{}' is not part of run '{}'", node_id, run_id));
 }
 
-void RendezvousState::nodeLost(const std::string& run_id, const std::string& node_id,
-                               int64_t round, const std::string& why, TimePoint now,
-                               Effects& fx) {
+void RendezvousState::nodeLost(const std::string& run_id, const std::string& node_id, int64_t round,
+                               const std::string& why, TimePoint now, Effects& fx) {
   if (!checkMember(run_id, node_id, round).ok()) return;  // the round already moved on
   Run& run = runs_.at(run_id);
   removeMember(run, node_id);

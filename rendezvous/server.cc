@@ -57,16 +57,17 @@ std::string whyCannotBind(const std::string& host, int port) {
 void validate(const ServerOptions& o) {
   if (o.host.empty()) throw InvalidArgument("rendezvous server: the listen address is empty");
   if (o.port < 0 || o.port > 65535)
-    throw InvalidArgument(fmt::format("rendezvous server: port {} is out of range 0..65535", o.port));
+    throw InvalidArgument(
+        fmt::format("rendezvous server: port {} is out of range 0..65535", o.port));
   if (o.tls_cert_file.empty() != o.tls_key_file.empty())
     throw InvalidArgument("rendezvous server: TLS certificate and key go together: set both");
   if (!o.tls_client_ca_file.empty() && o.tls_cert_file.empty())
     throw InvalidArgument(
         "rendezvous server: client certificates need TLS: set the server certificate and key");
   if (o.max_value_bytes <= 0 || o.max_value_bytes > (1 << 30))
-    throw InvalidArgument(fmt::format(
-        "rendezvous server: max value size {} bytes is out of range 1..1073741824",
-        o.max_value_bytes));
+    throw InvalidArgument(
+        fmt::format("rendezvous server: max value size {} bytes is out of range 1..1073741824",
+                    o.max_value_bytes));
   if (o.heartbeat_window.count() <= 0)
     throw InvalidArgument("rendezvous server: the heartbeat window must be positive");
 }
@@ -84,8 +85,7 @@ struct RendezvousServer::Impl {
   bool stopped = false;
 };
 
-RendezvousServer::RendezvousServer(const ServerOptions& options)
-    : impl_(std::make_unique<Impl>()) {
+RendezvousServer::RendezvousServer(const ServerOptions& options) : impl_(std::make_unique<Impl>()) {
   validate(options);
   grpc_detail::routeGrpcLogs();
   impl_->options = options;
@@ -133,9 +133,10 @@ RendezvousServer::RendezvousServer(const ServerOptions& options)
     throw NetworkError(fmt::format("rendezvous server cannot listen on {}: {}", address,
                                    whyCannotBind(options.host, options.port)));
   if (options.token.empty())
-    log::warn("[{}] serving on {} WITHOUT a token: anyone who can reach this address can read "
-              "and change the store and the membership",
-              options.log_name, endpoint());
+    log::warn(
+        "[{}] serving on {} WITHOUT a token: anyone who can reach this address can read "
+        "and change the store and the membership",
+        options.log_name, endpoint());
   log::info("[{}] serving on {} ({}, {}, max value {} bytes, heartbeat window {}ms)",
             options.log_name, endpoint(), options.tls_cert_file.empty() ? "plaintext" : "TLS",
             options.token.empty() ? "no token" : "token required", options.max_value_bytes,

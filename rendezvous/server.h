@@ -12,8 +12,8 @@ namespace ddpl::rdzv {
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  int port = 0;        // 0: pick a free port; read it back with port()
-  std::string token;   // empty: anyone may call (logged as a warning at start)
+  int port = 0;                             // 0: pick a free port; read it back with port()
+  std::string token;                        // empty: anyone may call (logged as a warning at start)
   std::string tls_cert_file, tls_key_file;  // both set: TLS
   std::string tls_client_ca_file;           // set: clients must present a certificate from it
   int64_t max_value_bytes = kDefaultMaxValueBytes;

@@ -32,13 +32,20 @@ struct RpcError {
 
 grpc::StatusCode toGrpc(RdzvCode c) {
   switch (c) {
-    case RdzvCode::kOk: return grpc::OK;
-    case RdzvCode::kInvalidArgument: return grpc::INVALID_ARGUMENT;
-    case RdzvCode::kFailedPrecondition: return grpc::FAILED_PRECONDITION;
-    case RdzvCode::kDeadlineExceeded: return grpc::DEADLINE_EXCEEDED;
-    case RdzvCode::kResourceExhausted: return grpc::RESOURCE_EXHAUSTED;
-    case RdzvCode::kNotFound: return grpc::NOT_FOUND;
-    case RdzvCode::kCancelled: return grpc::CANCELLED;
+    case RdzvCode::kOk:
+      return grpc::OK;
+    case RdzvCode::kInvalidArgument:
+      return grpc::INVALID_ARGUMENT;
+    case RdzvCode::kFailedPrecondition:
+      return grpc::FAILED_PRECONDITION;
+    case RdzvCode::kDeadlineExceeded:
+      return grpc::DEADLINE_EXCEEDED;
+    case RdzvCode::kResourceExhausted:
+      return grpc::RESOURCE_EXHAUSTED;
+    case RdzvCode::kNotFound:
+      return grpc::NOT_FOUND;
+    case RdzvCode::kCancelled:
+      return grpc::CANCELLED;
   }
   return grpc::UNKNOWN;
 }
@@ -200,8 +207,8 @@ class ParkedCall : public grpc::ServerUnaryReactor {
     auto missing = core_->kv.missing(keys_);
     std::string msg =
         keys_.size() == 1
-            ? fmt::format("{}: timed out after {} waiting for key '{}'", op_,
-                          describe(timeout_), keys_[0])
+            ? fmt::format("{}: timed out after {} waiting for key '{}'", op_, describe(timeout_),
+                          keys_[0])
             : fmt::format("{}: timed out after {} waiting for {}/{} keys: {}", op_,
                           describe(timeout_), missing.size(), keys_.size(), keyList(missing));
     Finish(grpc::Status(grpc::DEADLINE_EXCEEDED, msg));
@@ -253,9 +260,9 @@ class StoreService final : public pb::Store::CallbackService {
 
   grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext* ctx, const pb::GetRequest* req,
                                 pb::GetResponse* resp) override {
-    return park(ctx, {req->key()}, req->timeout_ms(), true,
-                [resp](std::vector<Bytes>& v) { resp->set_value(v[0].data(), v[0].size()); },
-                "get");
+    return park(
+        ctx, {req->key()}, req->timeout_ms(), true,
+        [resp](std::vector<Bytes>& v) { resp->set_value(v[0].data(), v[0].size()); }, "get");
   }
 
   grpc::ServerUnaryReactor* Add(grpc::CallbackServerContext* ctx, const pb::AddRequest* req,
@@ -282,8 +289,9 @@ class StoreService final : public pb::Store::CallbackService {
 
   grpc::ServerUnaryReactor* Wait(grpc::CallbackServerContext* ctx, const pb::WaitRequest* req,
                                  pb::WaitResponse*) override {
-    return park(ctx, {req->keys().begin(), req->keys().end()}, req->timeout_ms(), false,
-                [](std::vector<Bytes>&) {}, "wait");
+    return park(
+        ctx, {req->keys().begin(), req->keys().end()}, req->timeout_ms(), false,
+        [](std::vector<Bytes>&) {}, "wait");
   }
 
   grpc::ServerUnaryReactor* DeleteKey(grpc::CallbackServerContext* ctx,
@@ -292,8 +300,7 @@ class StoreService final : public pb::Store::CallbackService {
     return core_->unary(ctx, [&] { resp->set_existed(core_->kv.deleteKey(req->key())); });
   }
 
-  grpc::ServerUnaryReactor* NumKeys(grpc::CallbackServerContext* ctx,
-                                    const pb::NumKeysRequest* req,
+  grpc::ServerUnaryReactor* NumKeys(grpc::CallbackServerContext* ctx, const pb::NumKeysRequest* req,
                                     pb::NumKeysResponse* resp) override {
     return core_->unary(ctx, [&] { resp->set_count(core_->kv.numKeys(req->prefix())); });
   }
@@ -301,11 +308,12 @@ class StoreService final : public pb::Store::CallbackService {
   grpc::ServerUnaryReactor* MultiGet(grpc::CallbackServerContext* ctx,
                                      const pb::MultiGetRequest* req,
                                      pb::MultiGetResponse* resp) override {
-    return park(ctx, {req->keys().begin(), req->keys().end()}, req->timeout_ms(), true,
-                [resp](std::vector<Bytes>& v) {
-                  for (auto& b : v) resp->add_values(b.data(), b.size());
-                },
-                "multiGet");
+    return park(
+        ctx, {req->keys().begin(), req->keys().end()}, req->timeout_ms(), true,
+        [resp](std::vector<Bytes>& v) {
+          for (auto& b : v) resp->add_values(b.data(), b.size());
+        },
+        "multiGet");
   }
 
   grpc::ServerUnaryReactor* MultiSet(grpc::CallbackServerContext* ctx,
@@ -336,8 +344,8 @@ class StoreService final : public pb::Store::CallbackService {
       r->Finish(s);
       return r;
     }
-    auto* call = new ParkedCall(core_, ctx, std::move(keys), timeout, want_values,
-                                std::move(fill), op);
+    auto* call =
+        new ParkedCall(core_, ctx, std::move(keys), timeout, want_values, std::move(fill), op);
     call->start();
     return call;
   }

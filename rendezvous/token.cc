@@ -13,7 +13,8 @@ namespace ddpl::rdzv {
 
 std::string readTokenFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw AuthError(fmt::format("cannot read token file {}: {}", path, std::strerror(errno)));
+  if (!in)
+    throw AuthError(fmt::format("cannot read token file {}: {}", path, std::strerror(errno)));
   std::ostringstream ss;
   ss << in.rdbuf();
   if (in.bad()) throw AuthError(fmt::format("cannot read token file {}", path));

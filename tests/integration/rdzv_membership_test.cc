@@ -1,5 +1,6 @@
 // Agents forming rounds through a real server on port 0: ranks, watches, heartbeats,
 // eviction and the errors a misconfigured node gets.
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -9,8 +10,6 @@
 #include <mutex>
 #include <optional>
 #include <thread>
-
-#include <fmt/format.h>
 
 #include "common/errors.h"
 #include "rendezvous/rendezvous_client.h"
@@ -98,8 +97,8 @@ TEST(MembershipTest, AgentsFormOneRoundWithConsistentRanks) {
 TEST(MembershipTest, LeavingEndsTheRoundForOthersButNotTheRun) {
   RendezvousServer server(ServerOptions{});
   RendezvousClient client(clientOptions(server));
-  auto fa = std::async(std::launch::async,
-                       [&] { return client.join(joinOptions("run", "a", 2, 2)); });
+  auto fa =
+      std::async(std::launch::async, [&] { return client.join(joinOptions("run", "a", 2, 2)); });
   auto b = client.join(joinOptions("run", "b", 2, 2));
   auto a = fa.get();
   ChangeLatch latch;
@@ -113,8 +112,8 @@ TEST(MembershipTest, LeavingEndsTheRoundForOthersButNotTheRun) {
   EXPECT_FALSE(change->connection_lost);
   EXPECT_THROW(client.heartbeat(b), StoreError) << "round 0 is over";
   // The run goes on: both re-join into round 1.
-  auto fa2 = std::async(std::launch::async,
-                        [&] { return client.join(joinOptions("run", "a", 2, 2)); });
+  auto fa2 =
+      std::async(std::launch::async, [&] { return client.join(joinOptions("run", "a", 2, 2)); });
   auto b2 = client.join(joinOptions("run", "b", 2, 2));
   EXPECT_EQ(b2.round, 1);
   EXPECT_EQ(fa2.get().store_prefix, "run/1/");
@@ -140,8 +139,8 @@ TEST(MembershipTest, SilentNodeIsEvictedAfterTheHeartbeatWindow) {
 TEST(MembershipTest, BrokenWatchStreamEvictsTheNode) {
   RendezvousServer server(ServerOptions{});
   RendezvousClient client(clientOptions(server));
-  auto fb = std::async(std::launch::async,
-                       [&] { return client.join(joinOptions("run", "b", 2, 2)); });
+  auto fb =
+      std::async(std::launch::async, [&] { return client.join(joinOptions("run", "b", 2, 2)); });
   auto a = client.join(joinOptions("run", "a", 2, 2));
   auto b = fb.get();
   ChangeLatch la, lb;
@@ -163,8 +162,8 @@ TEST(MembershipTest, ArrivalWithRoomTellsMembersAtOnce) {
   auto a = client.join(joinOptions("run", "a", 1, 3));
   ChangeLatch latch;
   auto watch = client.watch(a, latch.callback());
-  auto fc = std::async(std::launch::async,
-                       [&] { return client.join(joinOptions("run", "c", 1, 3)); });
+  auto fc =
+      std::async(std::launch::async, [&] { return client.join(joinOptions("run", "c", 1, 3)); });
   auto change = latch.await();
   ASSERT_TRUE(change.has_value());
   EXPECT_THAT(change->reason, HasSubstr("'c' wants to join"));
@@ -175,8 +174,8 @@ TEST(MembershipTest, ArrivalWithRoomTellsMembersAtOnce) {
 TEST(MembershipTest, MisconfiguredNodesGetClearErrorsAndDoNotDisturbOthers) {
   RendezvousServer server(ServerOptions{});
   RendezvousClient client(clientOptions(server));
-  auto fa = std::async(std::launch::async,
-                       [&] { return client.join(joinOptions("run", "a", 2, 2)); });
+  auto fa =
+      std::async(std::launch::async, [&] { return client.join(joinOptions("run", "a", 2, 2)); });
   for (int i = 0; i < 2000 && server.stats().parked_joins < 1; ++i)
     std::this_thread::sleep_for(milliseconds(5));
   auto skew = joinOptions("run", "b", 2, 2);
@@ -227,7 +226,10 @@ TEST(MembershipTest, ManyAsyncJoinsFormOneRound) {
     client.joinAsync(joinOptions("wide", fmt::format("n{:04d}", i), kAgents, kAgents, 8),
                      [&](RoundAssignment a, std::exception_ptr e) {
                        std::lock_guard<std::mutex> l(mu);
-                       if (e) ++errors; else got.push_back(std::move(a));
+                       if (e)
+                         ++errors;
+                       else
+                         got.push_back(std::move(a));
                        cv.notify_all();
                      });
   std::unique_lock<std::mutex> l(mu);

@@ -1,9 +1,9 @@
 // The store service against a real server on port 0: concurrency, parked calls, deadlines,
 // the token, size limits and TLS.
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 #include <fmt/format.h>
+#include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <atomic>
