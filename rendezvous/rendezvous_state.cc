@@ -147,6 +147,7 @@ JoinTicket RendezvousState::join(const JoinSpec& spec, TimePoint now, Effects& f
 void RendezvousState::addJoiner(Run& run, Pending p, TimePoint now, Effects& fx) {
   std::string node = p.node.node_id;
   run.joining.emplace(node, std::move(p));
+  if (run.expected.count(node)) --run.expected_missing;
   if (run.joining.size() == 1) run.join_deadline = now + run.config.join_timeout;
   fx.events.push_back(fmt::format("run '{}': node '{}' joined round {} ({}/{} nodes, min {})",
                                   run.id, node, run.round, run.joining.size(), run.config.max_nodes,
@@ -166,6 +167,15 @@ void RendezvousState::refreshDeadlines(Run& run, TimePoint now, Effects& fx) {
     return;
   }
   if (n >= run.config.min_nodes) {
+    if (!run.expected.empty() && run.expected_missing == 0) {
+      // Every node expected back after the previous round ended is here: nobody else is
+      // known to be coming, so waiting out the last call would only delay recovery.
+      fx.events.push_back(fmt::format(
+          "run '{}': all {} expected nodes re-joined round {}: completing without last call",
+          run.id, run.expected.size(), run.round));
+      complete(run, now, fx);
+      return;
+    }
     if (!run.last_call_deadline) run.last_call_deadline = now + run.config.last_call_timeout;
     if (run.config.last_call_timeout.count() == 0) complete(run, now, fx);
   } else {
@@ -188,6 +198,8 @@ void RendezvousState::complete(Run& run, TimePoint now, Effects& fx) {
   run.phase = Phase::kComplete;
   run.join_deadline.reset();
   run.last_call_deadline.reset();
+  run.expected.clear();
+  run.expected_missing = 0;
   int32_t rank = 0;
   for (auto& [id, p] : run.joining) {
     touch(run, id, now);
@@ -212,12 +224,20 @@ void RendezvousState::failJoining(Run& run, TimePoint now, Effects& fx) {
   run.joining.clear();
   run.join_deadline.reset();
   run.last_call_deadline.reset();
+  run.expected.clear();  // the round starts over empty, as a fresh one
+  run.expected_missing = 0;
   fx.events.push_back(msg);
 }
 
 void RendezvousState::invalidate(Run& run, const std::string& reason, TimePoint now, Effects& fx) {
   fx.invalidated.push_back({run.id, run.round, reason, static_cast<int32_t>(run.waiting.size())});
   fx.events.push_back(fmt::format("run '{}': round {} ended: {}", run.id, run.round, reason));
+  // Callers have already removed a lost member from last_seen; a member re-joining sits in
+  // waiting. So the survivors plus the waiters are exactly the nodes expected back.
+  run.expected.clear();
+  for (const auto& [id, seen] : run.last_seen) run.expected.insert(id);
+  for (const auto& [id, p] : run.waiting) run.expected.insert(id);
+  run.expected_missing = run.expected.size() - run.waiting.size();
   run.membership.reset();
   run.last_seen.clear();
   run.by_last_seen.clear();
@@ -241,6 +261,11 @@ void RendezvousState::touch(Run& run, const std::string& node, TimePoint now) {
     run.last_seen.emplace(node, now);
   }
   run.by_last_seen.insert({now, node});
+}
+
+void RendezvousState::forgetExpected(Run& run, const std::string& node) {
+  // Only called for a node that had joined, so it was not counted as missing.
+  run.expected.erase(node);
 }
 
 void RendezvousState::removeMember(Run& run, const std::string& node) {
@@ -267,6 +292,7 @@ void RendezvousState::cancelJoin(JoinTicket ticket, TimePoint now, Effects& fx) 
     return false;
   };
   if (match(run.joining)) {
+    forgetExpected(run, node);  // its call went away: treat it as lost, like a broken stream
     fx.events.push_back(
         fmt::format("run '{}': node '{}' stopped waiting for round {}", run_id, node, run.round));
     refreshDeadlines(run, now, fx);
@@ -321,12 +347,23 @@ RdzvStatus RendezvousState::leave(const std::string& run_id, const std::string& 
                         nullptr, -1});
     fx.events.push_back(
         fmt::format("run '{}': node '{}' left before its round formed", run_id, node_id));
-    if (m == &run.joining) refreshDeadlines(run, now, fx);
+    if (m == &run.joining) {
+      forgetExpected(run, node_id);
+      refreshDeadlines(run, now, fx);
+    }
     return {};
   }
   if (run.phase == Phase::kComplete && run.isMember(node_id)) {
     removeMember(run, node_id);
     invalidate(run, fmt::format("node '{}' left", node_id), now, fx);
+    return {};
+  }
+  if (run.phase == Phase::kJoining && run.expected.erase(node_id)) {
+    // A survivor of the previous round leaves instead of re-joining: stop waiting for it.
+    --run.expected_missing;
+    fx.events.push_back(fmt::format("run '{}': node '{}' left; round {} no longer expects it",
+                                    run_id, node_id, run.round));
+    refreshDeadlines(run, now, fx);
     return {};
   }
   return err(RdzvCode::kNotFound,
@@ -398,6 +435,7 @@ std::optional<RendezvousState::RunStatus> RendezvousState::status(const std::str
   s.joining = static_cast<int32_t>(run.joining.size());
   s.members = static_cast<int32_t>(run.last_seen.size());
   s.waiting = static_cast<int32_t>(run.waiting.size());
+  s.expected = static_cast<int32_t>(run.expected.size());
   return s;
 }
 

@@ -15,6 +15,12 @@
 //    ranks; rank offsets are prefix sums of local world sizes.
 //  - A member whose heartbeats stop for the window, whose watch stream breaks, or that
 //    leaves, ends the round for the others, who re-join; the run itself never closes.
+//  - Fast re-formation: when a round ends, the nodes expected in the next one are the old
+//    members that were not lost (evicted, left, stream broken) plus the nodes that were
+//    waiting. Once all of them have joined again and at least min_nodes have, the round
+//    completes at once instead of waiting out the last call. A run's first round has no
+//    expected nodes and keeps the rules above; an expected node that never re-joins
+//    leaves the normal rules (last call after min, join timeout) in charge.
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -115,6 +121,7 @@ class RendezvousState {
     int32_t joining = 0;
     int32_t members = 0;
     int32_t waiting = 0;
+    int32_t expected = 0;  // nodes the forming round still expects to re-join (0: none)
   };
 
   explicit RendezvousState(RendezvousStateOptions options = {});
@@ -167,6 +174,10 @@ class RendezvousState {
     std::unordered_map<std::string, TimePoint> last_seen;  // members of a complete round
     std::set<std::pair<TimePoint, std::string>> by_last_seen;
     std::map<std::string, Pending> waiting;  // arrived during a complete round
+    // While a round re-forms after an invalidation: the nodes it expects (survivors of the
+    // previous round and the nodes that were waiting), and how many of them have not joined.
+    std::set<std::string> expected;
+    size_t expected_missing = 0;
 
     bool empty() const { return joining.empty() && waiting.empty() && !membership; }
     bool isMember(const std::string& node) const { return last_seen.count(node) > 0; }
@@ -180,6 +191,8 @@ class RendezvousState {
   // Ends the complete round (telling its watchers why) and opens the next with the waiters.
   void invalidate(Run& run, const std::string& reason, TimePoint now, Effects& fx);
   void refreshDeadlines(Run& run, TimePoint now, Effects& fx);
+  // A joiner of the forming round went away (cancelled or left): it is no longer expected.
+  void forgetExpected(Run& run, const std::string& node);
   void touch(Run& run, const std::string& node, TimePoint now);
   void removeMember(Run& run, const std::string& node);
 

@@ -156,6 +156,51 @@ TEST(MembershipTest, BrokenWatchStreamEvictsTheNode) {
   EXPECT_THAT(change->reason, HasSubstr("'b' evicted: its watch stream broke"));
 }
 
+// Fast re-formation on a real server: a crashed agent's stream breaks, the two survivors
+// re-join and their round completes as soon as both are back, not after the 30 s last call.
+TEST(MembershipTest, SurvivorsOfACrashedAgentReformWithoutWaitingOutTheLastCall) {
+  RendezvousServer server(ServerOptions{});
+  constexpr auto kLastCall = seconds(30);  // the default, as the multi-node launcher uses
+  auto opts = [&](const std::string& node) {
+    auto j = joinOptions("elastic", node, 2, 3);
+    j.last_call_timeout = kLastCall;
+    return j;
+  };
+  auto ca = std::make_unique<RendezvousClient>(clientOptions(server));
+  auto cb = std::make_unique<RendezvousClient>(clientOptions(server));
+  auto cc = std::make_unique<RendezvousClient>(clientOptions(server));
+  auto fa = std::async(std::launch::async, [&] { return ca->join(opts("a")); });
+  auto fb = std::async(std::launch::async, [&] { return cb->join(opts("b")); });
+  auto c = cc->join(opts("c"));  // the third arrival reaches max: round 0 completes at once
+  auto a = fa.get();
+  auto b = fb.get();
+  ASSERT_EQ(a.round, 0);
+  ChangeLatch la, lb, lc;
+  auto wa = ca->watch(a, la.callback());
+  auto wb = cb->watch(b, lb.callback());
+  auto wc = cc->watch(c, lc.callback());
+  ASSERT_EQ(server.stats().watchers, 3);
+
+  wc.reset();  // c's agent crashes: its watch stream and its client go away
+  cc.reset();
+  auto change_a = la.await();
+  auto change_b = lb.await();
+  ASSERT_TRUE(change_a.has_value() && change_b.has_value());
+  EXPECT_THAT(change_a->reason, HasSubstr("'c' evicted"));
+
+  auto t0 = Clock::now();
+  auto fa1 = std::async(std::launch::async, [&] { return ca->join(opts("a")); });
+  auto b1 = cb->join(opts("b"));
+  auto a1 = fa1.get();
+  auto took = std::chrono::duration_cast<milliseconds>(Clock::now() - t0);
+  EXPECT_EQ(a1.round, 1);
+  EXPECT_EQ(b1.round, 1);
+  EXPECT_EQ(a1.group_world_size, 2);
+  EXPECT_EQ(b1.group_rank, 1);
+  EXPECT_LT(took, kLastCall) << "the survivors waited out the last call (" << took.count()
+                             << " ms)";
+}
+
 TEST(MembershipTest, ArrivalWithRoomTellsMembersAtOnce) {
   RendezvousServer server(ServerOptions{});
   RendezvousClient client(clientOptions(server));

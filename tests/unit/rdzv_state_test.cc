@@ -268,6 +268,161 @@ TEST_F(StateTest, RanksAreDeterministicForAMembership) {
   EXPECT_EQ(seen[1], seen[2]);
 }
 
+// ---- fast re-formation: the nodes expected back complete the round without a last call ---
+
+TEST_F(StateTest, CrashOfOneOfThreeSurvivorsReformWithoutLastCall) {
+  auto a = join("r", "a", 2, 3);
+  auto b = join("r", "b", 2, 3);
+  auto c = join("r", "c", 2, 3);
+  ASSERT_TRUE(outcome(a).status.ok() && outcome(b).status.ok() && outcome(c).status.ok());
+  Effects fx;
+  state_.nodeLost("r", "c", 0, "its watch stream broke", now_, fx);
+  absorb(fx);
+  ASSERT_EQ(invalidated_.size(), 1u);
+  EXPECT_EQ(state_.status("r")->expected, 2);
+  advance(milliseconds(100));
+  auto a1 = join("r", "a", 2, 3);
+  EXPECT_FALSE(resolved(a1)) << "'b' is still expected";
+  advance(milliseconds(100));
+  auto b1 = join("r", "b", 2, 3);
+  ASSERT_TRUE(resolved(a1) && resolved(b1)) << "no last call once every survivor is back";
+  ASSERT_TRUE(outcome(a1).status.ok()) << outcome(a1).status.message;
+  EXPECT_EQ(outcome(a1).round->round, 1);
+  EXPECT_EQ(outcome(a1).round->nodes.size(), 2u);
+  EXPECT_EQ(outcome(b1).group_rank, 1);
+  EXPECT_EQ(state_.status("r")->phase, RendezvousState::Phase::kComplete);
+  EXPECT_EQ(state_.status("r")->expected, 0);
+
+  // The lost node comes back later: it waits, the round has room, so all three re-form at
+  // once (c is expected as a waiter, a and b as survivors).
+  auto c2 = join("r", "c", 2, 3);
+  EXPECT_FALSE(resolved(c2));
+  ASSERT_EQ(invalidated_.size(), 2u);
+  auto a2 = join("r", "a", 2, 3);
+  EXPECT_FALSE(resolved(c2));
+  auto b2 = join("r", "b", 2, 3);  // max reached as well here
+  ASSERT_TRUE(resolved(a2) && resolved(b2) && resolved(c2));
+  EXPECT_EQ(outcome(c2).round->round, 2);
+  EXPECT_EQ(outcome(c2).round->nodes.size(), 3u);
+}
+
+TEST_F(StateTest, WaitingFourthNodeIsAdmittedAndAllFourCompleteAtOnce) {
+  auto a = join("r", "a", 2, 5);
+  auto b = join("r", "b", 2, 5);
+  auto c = join("r", "c", 2, 5);
+  advance(seconds(10));  // the first round of a run keeps its last call
+  ASSERT_TRUE(outcome(a).status.ok() && outcome(b).status.ok() && outcome(c).status.ok());
+  auto d = join("r", "d", 2, 5);
+  ASSERT_EQ(invalidated_.size(), 1u);
+  EXPECT_THAT(invalidated_[0].reason, HasSubstr("'d' wants to join"));
+  EXPECT_EQ(state_.status("r")->expected, 4);
+  auto a1 = join("r", "a", 2, 5);
+  auto b1 = join("r", "b", 2, 5);
+  EXPECT_FALSE(resolved(d) || resolved(a1) || resolved(b1)) << "'c' is still expected";
+  auto c1 = join("r", "c", 2, 5);
+  for (auto t : {a1, b1, c1, d}) {
+    ASSERT_TRUE(resolved(t));
+    ASSERT_TRUE(outcome(t).status.ok()) << outcome(t).status.message;
+  }
+  EXPECT_EQ(outcome(d).round->round, 1);
+  EXPECT_EQ(outcome(d).round->nodes.size(), 4u);
+  EXPECT_EQ(outcome(d).group_rank, 3);
+}
+
+TEST_F(StateTest, MemberRejoiningToRestartItsWorkersReformsAtOnce) {
+  auto a = join("r", "a", 2, 4);
+  auto b = join("r", "b", 2, 4);
+  auto c = join("r", "c", 2, 4);
+  advance(seconds(10));
+  ASSERT_TRUE(outcome(a).status.ok() && outcome(b).status.ok() && outcome(c).status.ok());
+  auto b1 = join("r", "b", 2, 4);  // b's workers failed: it restarts them
+  ASSERT_EQ(invalidated_.size(), 1u);
+  EXPECT_THAT(invalidated_[0].reason, HasSubstr("'b' re-joined"));
+  EXPECT_EQ(state_.status("r")->expected, 3);
+  auto a1 = join("r", "a", 2, 4);
+  EXPECT_FALSE(resolved(a1) || resolved(b1));
+  auto c1 = join("r", "c", 2, 4);
+  ASSERT_TRUE(resolved(a1) && resolved(b1) && resolved(c1));
+  EXPECT_EQ(outcome(b1).round->round, 1);
+  EXPECT_EQ(outcome(b1).round->nodes.size(), 3u);
+  EXPECT_EQ(outcome(c1).group_rank, 2);
+}
+
+TEST_F(StateTest, ExpectedNodeThatNeverComesBackLeavesTheLastCallInCharge) {
+  for (auto n : {"a", "b", "c", "d"}) join("r", n, 2, 5);
+  advance(seconds(10));
+  ASSERT_EQ(state_.status("r")->phase, RendezvousState::Phase::kComplete);
+  Effects fx;
+  state_.nodeLost("r", "d", 0, "its watch stream broke", now_, fx);
+  absorb(fx);
+  auto a1 = join("r", "a", 2, 5);
+  auto b1 = join("r", "b", 2, 5);  // min reached; 'c' is expected but never re-joins
+  ASSERT_TRUE(state_.nextDeadline().has_value());
+  EXPECT_EQ(*state_.nextDeadline(), now_ + seconds(10));
+  advance(milliseconds(9999));
+  EXPECT_FALSE(resolved(a1));
+  advance(milliseconds(1));
+  ASSERT_TRUE(resolved(a1) && resolved(b1));
+  EXPECT_EQ(outcome(a1).round->nodes.size(), 2u);
+
+  // Below min, an expected node that never re-joins leaves the join timeout in charge.
+  Effects fx2;
+  state_.nodeLost("r", "b", 1, "its watch stream broke", now_, fx2);
+  absorb(fx2);
+  auto c2 = join("r", "c", 2, 5);  // c comes back but a never does: 1/2 nodes
+  advance(seconds(59));
+  EXPECT_FALSE(resolved(c2));
+  advance(seconds(1));
+  ASSERT_TRUE(resolved(c2));
+  EXPECT_EQ(outcome(c2).status.code, RdzvCode::kDeadlineExceeded);
+  EXPECT_EQ(state_.status("r")->expected, 0) << "a failed round starts over as a fresh one";
+}
+
+TEST_F(StateTest, ExpectedJoinerThatGoesAwayIsNoLongerAwaited) {
+  for (auto n : {"a", "b", "c", "d"}) join("r", n, 2, 5);
+  advance(seconds(10));
+  Effects fx;
+  state_.nodeLost("r", "d", 0, "its watch stream broke", now_, fx);
+  absorb(fx);
+  auto a1 = join("r", "a", 2, 5);
+  auto b1 = join("r", "b", 2, 5);
+  auto c1 = join("r", "c", 2, 5);
+  EXPECT_TRUE(resolved(a1) && resolved(b1) && resolved(c1));
+  // Round 1 = {a, b, c}; c restarts, a re-joins, then c's join call goes away: only a and b
+  // are still expected, so b's arrival completes the round.
+  auto c2 = join("r", "c", 2, 5);
+  auto a2 = join("r", "a", 2, 5);
+  Effects fx2;
+  state_.cancelJoin(c2, now_, fx2);
+  absorb(fx2);
+  EXPECT_FALSE(resolved(a2));
+  auto b2 = join("r", "b", 2, 5);
+  ASSERT_TRUE(resolved(a2) && resolved(b2));
+  EXPECT_EQ(outcome(a2).round->nodes.size(), 2u);
+
+  // An expected node that leaves instead of re-joining is not awaited either.
+  Effects fx3;
+  state_.nodeLost("r", "b", 2, "its watch stream broke", now_, fx3);  // round 3 expects a
+  absorb(fx3);
+  auto c3 = join("r", "c", 2, 5);
+  auto d3 = join("r", "d", 2, 5);
+  auto a3 = join("r", "a", 2, 5);
+  ASSERT_TRUE(resolved(a3) && resolved(c3) && resolved(d3)) << "lost nodes may come back early";
+  EXPECT_EQ(outcome(c3).round->nodes.size(), 3u);
+  Effects fx4;
+  state_.nodeLost("r", "d", 3, "its watch stream broke", now_, fx4);  // round 4 expects a, c
+  absorb(fx4);
+  auto a4 = join("r", "a", 2, 5);
+  auto b4 = join("r", "b", 2, 5);
+  EXPECT_FALSE(resolved(a4)) << "'c' is still expected";
+  Effects fx5;
+  EXPECT_TRUE(state_.leave("r", "c", now_, fx5).ok());
+  absorb(fx5);
+  ASSERT_TRUE(resolved(a4) && resolved(b4));
+  EXPECT_EQ(outcome(a4).round->round, 4);
+  EXPECT_EQ(outcome(a4).round->nodes.size(), 2u);
+}
+
 // 100,000 single-rank nodes form one round, one stops heartbeating and is evicted, the rest
 // re-form without it. Exercises the data structures at the scale a big job would need.
 TEST_F(StateTest, Simulation100kRanks) {
@@ -298,10 +453,11 @@ TEST_F(StateTest, Simulation100kRanks) {
   EXPECT_THAT(invalidated_[0].reason, HasSubstr("'n004242'"));
 
   outcomes_.clear();
+  EXPECT_EQ(state_.status("big")->expected, kNodes - 1);
   for (int i = 0; i < kNodes; ++i)
     if (i != 4242) tickets[i] = join("big", ids[i], kNodes - 10, kNodes, 1, "1.0", seconds(5));
-  EXPECT_FALSE(resolved(tickets[0]));  // min reached, max not: last call running
-  advance(seconds(5));
+  // Min reached, max not, but every survivor is back: no last call (fast re-formation).
+  ASSERT_TRUE(resolved(tickets[0]));
   const auto& o = outcome(tickets[kNodes - 1]);
   ASSERT_TRUE(o.status.ok());
   EXPECT_EQ(o.round->round, 1);
