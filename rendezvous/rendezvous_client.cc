@@ -24,6 +24,9 @@ namespace {
 constexpr Duration kJoinGrace{std::chrono::seconds(5)};
 // A watch lives as long as its round; keepalive, not this deadline, finds a dead server.
 constexpr Duration kWatchDeadline{std::chrono::hours(24 * 30)};
+// How long a heartbeat that finds its round over waits for the watch stream to bring the
+// server's reason before reporting the stale round itself.
+constexpr Duration kStreamReasonGrace{std::chrono::milliseconds(500)};
 
 pb::JoinRequest toRequest(const JoinOptions& o) {
   pb::JoinRequest r;
@@ -178,6 +181,13 @@ class RoundWatchImpl : public RoundWatch {
       pb::HeartbeatResponse resp;
       grpc::Status s = impl_->stub->Heartbeat(&ctx, req, &resp);
       if (s.error_code() == grpc::FAILED_PRECONDITION || s.error_code() == grpc::NOT_FOUND) {
+        // The round ended. The server sends the reason ("node 'b' evicted: ...") down the
+        // watch stream at the same moment, and this reply may merely have overtaken it: give
+        // a registered stream a moment to deliver it before reporting the bare stale round.
+        lock.lock();
+        if (registered_)
+          cv_.wait_for(lock, kStreamReasonGrace, [&] { return stopping_ || fired_.load(); });
+        lock.unlock();
         fire({a_.run_id, a_.round, s.error_message(), 0, false});
         return;
       }
