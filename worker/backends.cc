@@ -1,5 +1,7 @@
 #include "worker/backends.h"
 
+#include "worker/build_config.h"
+
 #if DDPL_WORKER_NCCL
 #define USE_C10D_NCCL
 #include <c10/cuda/CUDAFunctions.h>

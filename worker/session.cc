@@ -13,6 +13,7 @@
 #include "common/errors.h"
 #include "worker/log_bridge.h"
 #include "worker/backends.h"
+#include "worker/build_config.h"
 #include "worker/store_adapter.h"
 #if DDPL_WORKER_GRPC_STORE
 #include "rendezvous/grpc_store.h"

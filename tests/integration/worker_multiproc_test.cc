@@ -1,0 +1,115 @@
+// Real processes on loopback with Gloo: the claims of issue 4 that need more than one rank.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/integration/worker_procs.h"
+
+namespace wt = ddpl::worker::testing;
+
+namespace {
+
+void expectAllSucceed(const std::vector<wt::RankResult>& results) {
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_TRUE(wt::exitedWith(results[r].status, 0)) << "rank " << r << " status " << results[r].status
+                                                      << "\n" << results[r].log;
+  }
+}
+
+class WorkerEquivalence : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(WorkerEquivalence, MatchesSingleProcessWithGlobalBatch) {
+  const auto& [scenario, world] = GetParam();
+  expectAllSucceed(wt::runRanks(world, {scenario}, wt::tempDir()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Gloo, WorkerEquivalence,
+                         ::testing::Values(std::make_tuple("equivalence", 2), std::make_tuple("equivalence", 3),
+                                           std::make_tuple("equivalence_nosync", 2),
+                                           std::make_tuple("equivalence_batchnorm", 2)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "ranks";
+                         });
+
+TEST(WorkerDdp, FirstBucketAllReduceStartsBeforeBackwardEnds) {
+  expectAllSucceed(wt::runRanks(2, {"overlap"}, wt::tempDir()));
+}
+
+TEST(WorkerDdp, ShapeMismatchNamesTheFirstDifferentParameter) {
+  const auto results = wt::runRanks(2, {"shape_mismatch"}, wt::tempDir());
+  for (const auto& r : results) EXPECT_TRUE(wt::exitedWith(r.status, 1)) << r.log;
+  const auto rank1 = nlohmann::json::parse(wt::readFile(results[1].errorFile));
+  EXPECT_EQ(rank1["message"]["message"].get<std::string>(),
+            "ddpl::InvalidArgument: DistributedDataParallel: model mismatch: parameter '0.weight' has shape "
+            "[5, 8] on rank 1 but [4, 8] on rank 0");
+  const auto rank0 = nlohmann::json::parse(wt::readFile(results[0].errorFile));
+  EXPECT_NE(rank0["message"]["message"].get<std::string>().find("rank 1 holds different parameter shapes"),
+            std::string::npos);
+}
+
+TEST(WorkerSession, UncaughtExceptionWritesTorchrunErrorFileAndRunsCleanup) {
+  const std::string dir = wt::tempDir();
+  const long before = static_cast<long>(::time(nullptr));
+  const auto results = wt::runRanks(2, {"throw", dir + "/cleanup"}, dir);
+  for (size_t r = 0; r < results.size(); ++r) {
+    ASSERT_TRUE(wt::exitedWith(results[r].status, 1)) << results[r].log;
+    const auto json = nlohmann::json::parse(wt::readFile(results[r].errorFile));
+    EXPECT_EQ(json["message"]["message"].get<std::string>(),
+              "ddpl::InvalidArgument: deliberate failure on rank " + std::to_string(r));
+    const long ts = std::stol(json["message"]["extraInfo"]["timestamp"].get<std::string>());
+    EXPECT_GE(ts, before);
+    EXPECT_LE(ts, static_cast<long>(::time(nullptr)));
+    EXPECT_NE(json["message"]["extraInfo"]["py_callstack"].get<std::string>().find("main + "), std::string::npos)
+        << json.dump(2);
+  }
+  EXPECT_EQ(wt::readFile(dir + "/cleanup"), "cleanup ran\n");
+}
+
+TEST(WorkerSession, SigtermRunsCleanupHooksThenDiesBySignal) {
+  const std::string dir = wt::tempDir();
+  const int port = wt::freePort();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 2; ++r) {
+    pids.push_back(wt::spawn({wt::rankBinary(), "signal", dir + "/marker"},
+                             {{"RANK", std::to_string(r)}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", std::to_string(r)},
+                              {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)},
+                              {"DDPL_BACKEND", "gloo"}},
+                             dir + "/rank" + std::to_string(r) + ".log"));
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!(wt::exists(dir + "/marker.ready.0") && wt::exists(dir + "/marker.ready.1"))) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << wt::readFile(dir + "/rank0.log");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (pid_t pid : pids) ::kill(pid, SIGTERM);
+  for (int r = 0; r < 2; ++r) {
+    const int status = wt::waitFor(pids[r], std::chrono::seconds(30));
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) << status;
+    EXPECT_EQ(wt::readFile(dir + "/marker." + std::to_string(r)), "cleanup ran\n")
+        << wt::readFile(dir + "/rank" + std::to_string(r) + ".log");
+  }
+}
+
+// The same binary runs unchanged under the launchers users already have.
+TEST(WorkerLaunchers, RunsUnderPinnedTorchrun) {
+  const std::string torchrun = std::string(DDPL_PYTHON).substr(0, std::string(DDPL_PYTHON).rfind('/')) + "/torchrun";
+  if (!wt::exists(torchrun)) GTEST_SKIP() << "no torchrun next to " << DDPL_PYTHON;
+  const std::string dir = wt::tempDir();
+  const pid_t pid = wt::spawn({torchrun, "--standalone", "--nproc-per-node=2", "--no-python", wt::rankBinary(),
+                               "equivalence"},
+                              {{"OMP_NUM_THREADS", "1"}, {"DDPL_BACKEND", "gloo"}}, dir + "/torchrun.log");
+  const int status = wt::waitFor(pid, std::chrono::seconds(120));
+  EXPECT_TRUE(wt::exitedWith(status, 0)) << wt::readFile(dir + "/torchrun.log");
+}
+
+TEST(WorkerLaunchers, RunsUnderLaunch) {
+  const std::string launch = std::string(DDPL_BIN_DIR) + "/launch";
+  if (!wt::exists(launch)) GTEST_SKIP() << launch << " not built";
+  const std::string dir = wt::tempDir();
+  const pid_t pid = wt::spawn({launch, "--standalone", "--nproc-per-node=2", wt::rankBinary(), "equivalence"},
+                              {{"OMP_NUM_THREADS", "1"}, {"DDPL_BACKEND", "gloo"}}, dir + "/launch.log");
+  const int status = wt::waitFor(pid, std::chrono::seconds(120));
+  EXPECT_TRUE(wt::exitedWith(status, 0)) << wt::readFile(dir + "/launch.log");
+}
+
+}  // namespace

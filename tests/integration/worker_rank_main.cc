@@ -1,0 +1,242 @@
+// One rank of the worker library's multi-process tests. The drivers (worker_multiproc_test,
+// worker_fault_test) start several of these, under plain fork/exec, torchrun or `launch`, and
+// judge them by exit status, error files and marker files. Each scenario checks its own claim
+// and exits non-zero with a message when it does not hold.
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include "common/errors.h"
+#include "worker/amp.h"
+#include "worker/checkpoint.h"
+#include "worker/ddp.h"
+#include "worker/error_report.h"
+#include "worker/session.h"
+
+namespace dw = ddpl::worker;
+
+namespace {
+
+constexpr int kSteps = 5;
+constexpr int kPerRankBatch = 4;
+
+struct MlpImpl : torch::nn::Module {
+  explicit MlpImpl(bool batchNorm, int64_t width = 16) : useBn(batchNorm) {
+    fc1 = register_module("fc1", torch::nn::Linear(8, width));
+    if (useBn) bn = register_module("bn", torch::nn::BatchNorm1d(width));
+    fc2 = register_module("fc2", torch::nn::Linear(width, 3));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = fc1(x);
+    if (useBn) h = bn(h);
+    return fc2(torch::relu(h));
+  }
+  bool useBn;
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  torch::nn::BatchNorm1d bn{nullptr};
+};
+
+void fail(const std::string& why) { throw std::runtime_error(why); }
+
+// Global batch for a step, identical on every rank; rank r trains on rows [r*b, (r+1)*b).
+std::pair<torch::Tensor, torch::Tensor> globalBatch(int step, int micro, int rows) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 + step * 17 + micro);
+  return {torch::randn({rows, 8}, gen), torch::randn({rows, 3}, gen)};
+}
+
+double maxDiff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) fail("tensor count differs");
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, (a[i].to(torch::kDouble) - b[i].to(torch::kDouble)).abs().max().item<double>());
+  }
+  return worst;
+}
+
+std::vector<torch::Tensor> stateOf(torch::nn::Module& m) {
+  std::vector<torch::Tensor> out;
+  for (auto& p : m.parameters()) out.push_back(p.detach().clone());
+  for (auto& b : m.buffers()) out.push_back(b.detach().clone());
+  return out;
+}
+
+// N ranks with batch b for K steps == one process with batch N*b (BatchNorm: each replica
+// normalises its own shard, as DDP without SyncBatchNorm; the reference does the same per shard
+// and keeps rank 0's running statistics, which DDP broadcasts before every forward).
+int equivalence(dw::Session& session, bool noSync, bool batchNorm) {
+  const int world = session.worldSize();
+  const int rank = session.rank();
+  const int micro = noSync ? 3 : 1;
+
+  torch::manual_seed(1234 + rank);  // different on purpose: DDP must broadcast rank 0's
+  auto model = std::make_shared<MlpImpl>(batchNorm);
+  dw::DistributedDataParallel<MlpImpl> ddp(model, session.backend());
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+
+  torch::manual_seed(1234);  // rank 0's initial weights
+  auto ref = std::make_shared<MlpImpl>(batchNorm);
+  torch::optim::SGD refOpt(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+
+  for (int step = 0; step < kSteps; ++step) {
+    opt.zero_grad();
+    refOpt.zero_grad();
+    for (int m = 0; m < micro; ++m) {
+      auto [x, y] = globalBatch(step, m, world * kPerRankBatch);
+      auto mine = x.narrow(0, rank * kPerRankBatch, kPerRankBatch);
+      auto target = y.narrow(0, rank * kPerRankBatch, kPerRankBatch);
+      {
+        std::optional<dw::NoSyncGuard> guard;
+        if (m + 1 < micro) guard.emplace(ddp.reducer());
+        auto loss = torch::mse_loss(ddp.forward(mine), target) / micro;
+        loss.backward();
+      }
+      if (!batchNorm) {
+        (torch::mse_loss(ref->forward(x), y) / micro).backward();
+      } else {
+        std::vector<torch::Tensor> before;
+        for (auto& b : ref->buffers()) before.push_back(b.detach().clone());
+        std::vector<torch::Tensor> afterRank0;
+        // One backward per shard (gradients add up the same): autograd saved the running
+        // statistics, so they may only be reset once that shard's backward is done.
+        for (int r = 0; r < world; ++r) {
+          if (r > 0) {
+            torch::NoGradGuard ng;
+            auto bufs = ref->buffers();
+            for (size_t i = 0; i < bufs.size(); ++i) bufs[i].copy_(before[i]);
+          }
+          auto part = torch::mse_loss(ref->forward(x.narrow(0, r * kPerRankBatch, kPerRankBatch)),
+                                      y.narrow(0, r * kPerRankBatch, kPerRankBatch));
+          (part / world / micro).backward();
+          if (r == 0) for (auto& b : ref->buffers()) afterRank0.push_back(b.detach().clone());
+        }
+        torch::NoGradGuard ng;
+        auto bufs = ref->buffers();
+        for (size_t i = 0; i < bufs.size(); ++i) bufs[i].copy_(afterRank0[i]);
+      }
+    }
+    opt.step();
+    refOpt.step();
+  }
+  ddp.reducer().beforeForward();  // buffers: every rank now holds rank 0's
+  const double diff = maxDiff(stateOf(*model), stateOf(*ref));
+  std::cout << "rank " << rank << " max |ddp - reference| = " << diff << std::endl;
+  if (!(diff < 1e-5)) fail("DDP diverged from the single-process reference: " + std::to_string(diff));
+  // The reference must actually have moved, or the comparison proves nothing.
+  torch::manual_seed(1234);
+  auto initial = std::make_shared<MlpImpl>(batchNorm);
+  if (maxDiff(stateOf(*initial), stateOf(*ref)) < 1e-3) fail("training did not change the parameters");
+  return 0;
+}
+
+// The first bucket's all-reduce is issued while other gradients are still being computed.
+int overlap(dw::Session& session) {
+  torch::manual_seed(7);
+  auto seq = torch::nn::Sequential();
+  for (int i = 0; i < 8; ++i) {
+    seq->push_back(torch::nn::Linear(256, 256));
+    seq->push_back(torch::nn::Tanh());
+  }
+  auto module = seq.ptr();
+  dw::DdpOptions options;
+  options.firstBucketBytes = 300 * 1024;  // one Linear(256,256) per bucket
+  options.bucketBytes = 300 * 1024;
+  dw::DistributedDataParallel<torch::nn::SequentialImpl> ddp(module, session.backend(), options);
+  if (ddp.reducer().bucketLayout().size() != 8) fail("expected 8 buckets");
+  if (ddp.reducer().bucketLayout()[0][0] != "14.bias") fail("bucket 0 must hold the last layer, got " + ddp.reducer().bucketLayout()[0][0]);
+  for (int it = 0; it < 3; ++it) {
+    auto x = torch::randn({64, 256});
+    ddp.forward(x).pow(2).sum().backward();
+    const auto trace = ddp.reducer().lastIteration();
+    const auto& first = trace.buckets.at(0);
+    std::cout << "iteration " << it << ": bucket 0 launched at " << first.launchedUs << "us with "
+              << first.gradsReadyAtLaunch << "/" << trace.numGrads << " gradients ready; last gradient at "
+              << trace.lastGradReadyUs << "us, done at " << trace.finishedUs << "us" << std::endl;
+    if (first.gradsReadyAtLaunch >= trace.numGrads) fail("bucket 0 launched only after every gradient was ready");
+    if (!(first.launchedUs < trace.lastGradReadyUs)) fail("bucket 0 launched after backward produced its last gradient");
+    for (auto& p : module->parameters()) p.mutable_grad().reset();
+  }
+  return 0;
+}
+
+int shapeMismatch(dw::Session& session) {
+  auto model = torch::nn::Sequential(torch::nn::Linear(8, session.rank() == 1 ? 5 : 4));
+  dw::DistributedDataParallel<torch::nn::SequentialImpl> ddp(model.ptr(), session.backend());
+  return 0;  // not reached when shapes differ
+}
+
+int throwAfterSetup(dw::Session& session, const std::string& marker) {
+  session.addCleanupHook("marker", [marker](dw::Session&) { std::ofstream(marker) << "cleanup ran\n"; });
+  session.barrier();
+  throw ddpl::InvalidArgument("deliberate failure on rank " + std::to_string(session.rank()));
+}
+
+int waitForSignal(dw::Session& session, const std::string& marker) {
+  session.addCleanupHook("marker", [marker](dw::Session& s) {
+    std::ofstream(marker + "." + std::to_string(s.rank())) << "cleanup ran\n";
+  });
+  std::ofstream(marker + ".ready." + std::to_string(session.rank())) << "ready\n";
+  std::this_thread::sleep_for(std::chrono::seconds(60));
+  return 5;  // the signal should have ended us long before
+}
+
+struct BigImpl : torch::nn::Module {
+  BigImpl() { w = register_parameter("w", torch::zeros({32 << 20})); }  // 128 MiB
+  torch::Tensor w;
+};
+
+int checkpointWriter(const std::string& path) {
+  auto model = std::make_shared<BigImpl>();
+  dw::TrainingProgress progress;
+  {
+    torch::NoGradGuard ng;
+    model->w.fill_(1.0);
+  }
+  progress.step = 1;
+  dw::saveCheckpoint(path, {model.get(), nullptr, nullptr, &progress});
+  std::ofstream(path + ".first-done") << "1\n";
+  {
+    torch::NoGradGuard ng;
+    model->w.fill_(2.0);
+  }
+  progress.step = 2;
+  for (;;) dw::saveCheckpoint(path, {model.get(), nullptr, nullptr, &progress});  // until killed
+}
+
+int checkpointVerify(const std::string& path) {
+  auto model = std::make_shared<BigImpl>();
+  dw::TrainingProgress progress;
+  if (!dw::loadCheckpoint(path, {model.get(), nullptr, nullptr, &progress})) fail("no checkpoint at " + path);
+  const double lo = model->w.min().item<double>(), hi = model->w.max().item<double>();
+  std::cout << "loaded step " << progress.step << " values [" << lo << ", " << hi << "]" << std::endl;
+  if (lo != hi || static_cast<int64_t>(lo) != progress.step) fail("checkpoint content does not match its progress");
+  return progress.step == 1 ? 0 : 4;  // 4: the second write had completed (test retries)
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string scenario = argc > 1 ? argv[1] : "";
+  const std::string arg = argc > 2 ? argv[2] : "";
+  // The library never reads the environment on its own: main does, once.
+  dw::SessionOptions options = dw::SessionOptions::fromEnvironment();
+  options.collectiveTimeout = std::chrono::seconds(60);
+  options.storeTimeout = std::chrono::seconds(60);
+  return dw::recordErrors(options.errorFile, [&]() -> int {
+    if (scenario == "checkpoint_write") return checkpointWriter(arg);
+    if (scenario == "checkpoint_verify") return checkpointVerify(arg);
+    dw::Session session(options);
+    if (scenario == "equivalence") return equivalence(session, false, false);
+    if (scenario == "equivalence_nosync") return equivalence(session, true, false);
+    if (scenario == "equivalence_batchnorm") return equivalence(session, false, true);
+    if (scenario == "overlap") return overlap(session);
+    if (scenario == "shape_mismatch") return shapeMismatch(session);
+    if (scenario == "throw") return throwAfterSetup(session, arg);
+    if (scenario == "signal") return waitForSignal(session, arg);
+    throw ddpl::InvalidArgument("unknown scenario '" + scenario + "'");
+  });
+}
