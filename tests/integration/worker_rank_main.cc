@@ -73,20 +73,24 @@ int equivalence(dw::Session& session, bool noSync, bool batchNorm) {
   const int rank = session.rank();
   const int micro = noSync ? 3 : 1;
 
+  const auto device = session.device();  // cpu for Gloo, cuda:LOCAL_RANK for NCCL (tests/gpu)
   torch::manual_seed(1234 + rank);  // different on purpose: DDP must broadcast rank 0's
   auto model = std::make_shared<MlpImpl>(batchNorm);
+  model->to(device);
   dw::DistributedDataParallel<MlpImpl> ddp(model, session.backend());
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
 
   torch::manual_seed(1234);  // rank 0's initial weights
   auto ref = std::make_shared<MlpImpl>(batchNorm);
+  ref->to(device);
   torch::optim::SGD refOpt(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
 
   for (int step = 0; step < kSteps; ++step) {
     opt.zero_grad();
     refOpt.zero_grad();
     for (int m = 0; m < micro; ++m) {
-      auto [x, y] = globalBatch(step, m, world * kPerRankBatch);
+      auto [xCpu, yCpu] = globalBatch(step, m, world * kPerRankBatch);
+      auto x = xCpu.to(device), y = yCpu.to(device);
       auto mine = x.narrow(0, rank * kPerRankBatch, kPerRankBatch);
       auto target = y.narrow(0, rank * kPerRankBatch, kPerRankBatch);
       {
@@ -129,6 +133,7 @@ int equivalence(dw::Session& session, bool noSync, bool batchNorm) {
   // The reference must actually have moved, or the comparison proves nothing.
   torch::manual_seed(1234);
   auto initial = std::make_shared<MlpImpl>(batchNorm);
+  initial->to(device);
   if (maxDiff(stateOf(*initial), stateOf(*ref)) < 1e-3) fail("training did not change the parameters");
   return 0;
 }
@@ -142,6 +147,7 @@ int overlap(dw::Session& session) {
     seq->push_back(torch::nn::Tanh());
   }
   auto module = seq.ptr();
+  module->to(session.device());
   dw::DdpOptions options;
   options.firstBucketBytes = 300 * 1024;  // one Linear(256,256) per bucket
   options.bucketBytes = 300 * 1024;
@@ -149,7 +155,7 @@ int overlap(dw::Session& session) {
   if (ddp.reducer().bucketLayout().size() != 8) fail("expected 8 buckets");
   if (ddp.reducer().bucketLayout()[0][0] != "14.bias") fail("bucket 0 must hold the last layer, got " + ddp.reducer().bucketLayout()[0][0]);
   for (int it = 0; it < 3; ++it) {
-    auto x = torch::randn({64, 256});
+    auto x = torch::randn({64, 256}, torch::TensorOptions().device(session.device()));
     ddp.forward(x).pow(2).sum().backward();
     const auto trace = ddp.reducer().lastIteration();
     const auto& first = trace.buckets.at(0);

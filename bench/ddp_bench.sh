@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Our C++ DDP vs PyTorch's Python DDP (same small ResNet, same per-rank batch, 2 ranks, Gloo on
+# CPU), interleaved round by round so that machine noise hits all variants alike; plus our DDP
+# with communication switched off, to show the overhead. Prints medians and ratios.
+# Usage: bench/ddp_bench.sh [BUILD_DIR] [ROUNDS]
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=${1:-$ROOT/build}
+ROUNDS=${2:-5}
+NPROC=${NPROC:-2}
+PY=${DDPL_PYTHON:-$ROOT/.venv/bin/python}
+TORCHRUN=$(dirname "$PY")/torchrun
+BIN=$BUILD/bench/ddp_bench
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+if [[ -x $BUILD/bin/launch ]]; then
+  CPP_LAUNCH=("$BUILD/bin/launch" --standalone --nproc-per-node="$NPROC")
+  CPP_LAUNCHER=launch
+else
+  CPP_LAUNCH=("$TORCHRUN" --standalone --nproc-per-node="$NPROC" --no-python)
+  CPP_LAUNCHER="torchrun --no-python (launch not built)"
+fi
+rate() { grep -o 'samples_per_sec=[0-9.]*' | tail -1 | cut -d= -f2; }
+median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+py=(); cpp=(); nocomm=()
+for ((r = 1; r <= ROUNDS; r++)); do
+  py+=("$("$TORCHRUN" --standalone --nproc-per-node="$NPROC" "$ROOT/bench/ddp_bench.py" 2>/dev/null | rate)")
+  cpp+=("$(DDPL_BACKEND=gloo "${CPP_LAUNCH[@]}" "$BIN" 2>/dev/null | rate)")
+  nocomm+=("$(DDPL_BACKEND=gloo "${CPP_LAUNCH[@]}" "$BIN" --no-comm 2>/dev/null | rate)")
+  echo "round $r: python ${py[-1]}  cpp ${cpp[-1]}  cpp-no-comm ${nocomm[-1]} samples/s"
+done
+P=$(printf '%s\n' "${py[@]}" | median)
+C=$(printf '%s\n' "${cpp[@]}" | median)
+N=$(printf '%s\n' "${nocomm[@]}" | median)
+echo "median samples/s: python DDP (torchrun) $P | C++ DDP ($CPP_LAUNCHER) $C | C++ no-comm $N"
+awk -v c="$C" -v p="$P" -v n="$N" 'BEGIN {
+  printf "C++ DDP / Python DDP = %.2fx (target >= 1.1x)\n", c / p;
+  printf "communication overhead = %.1f%% (1 - cpp/no-comm; target < 10%%)\n", 100 * (1 - c / n) }'
