@@ -128,6 +128,8 @@ RendezvousServer::RendezvousServer(const ServerOptions& options) : impl_(std::ma
   b.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   b.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   b.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // No per-call channelz bookkeeping: nothing here serves channelz.
+  b.AddChannelArgument(GRPC_ARG_ENABLE_CHANNELZ, 0);
   impl_->server = b.BuildAndStart();
   if (!impl_->server || impl_->port == 0)
     throw NetworkError(fmt::format("rendezvous server cannot listen on {}: {}", address,
