@@ -78,17 +78,6 @@ void parseNnodes(const std::string& v, LaunchOptions& o) {
                                  o.nnodes_min, o.nnodes_max, v));
 }
 
-std::map<std::string, std::string> parseConf(const std::string& v) {
-  std::map<std::string, std::string> out;
-  if (trim(v).empty()) return out;
-  for (const auto& kv : split(v, ',')) {
-    auto eq = kv.find('=');
-    if (eq == std::string::npos || eq == 0)
-      throw UsageError(fmt::format("--rdzv-conf: '{}' is not key=value", kv));
-    out[trim(kv.substr(0, eq))] = trim(kv.substr(eq + 1));
-  }
-  return out;
-}
 
 StreamSelection selectionFromCode(const std::string& flag, const std::string& code) {
   int c = -1;
@@ -132,8 +121,9 @@ const std::vector<Flag>& flags() {
       {{"--rdzv-id"}, true, "ID", "job id shared by every node (default: random)",
        [](auto&, auto& v, auto& o) { o.rdzv_id = v; }},
       {{"--rdzv-conf"}, true, "K=V,...",
-       "join_timeout, last_call_timeout, close_timeout, read_timeout, is_host, ...",
-       [](auto&, auto& v, auto& o) { o.rdzv_conf = parseConf(v); }},
+       "join_timeout, last_call_timeout, read_timeout, is_host, heartbeat_timeout, "
+       "exit_barrier_timeout (seconds), token_file, tls_ca_file",
+       [](auto&, auto& v, auto& o) { o.rdzv_conf = parseRdzvConf(v); }},
       {{"--master-addr"}, true, "ADDR", "address of rank 0's store (default 127.0.0.1)",
        [](auto& f, auto& v, auto& o) {
          if (v.empty()) throw UsageError(fmt::format("{}: empty address", f));
@@ -239,6 +229,98 @@ std::string petName(const Flag& f) {
 
 }  // namespace
 
+RdzvConf parseRdzvConf(const std::string& v) {
+  RdzvConf c;
+  if (trim(v).empty()) return c;
+  for (const auto& kv : split(v, ',')) {
+    auto eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw UsageError(fmt::format("--rdzv-conf: '{}' is not key=value", kv));
+    std::string key = trim(kv.substr(0, eq)), value = trim(kv.substr(eq + 1));
+    std::string flag = "--rdzv-conf " + key;
+    if (key == "join_timeout" || key == "timeout") c.join_timeout_sec = parseSeconds(flag, value);
+    else if (key == "last_call_timeout") c.last_call_timeout_sec = parseSeconds(flag, value);
+    else if (key == "read_timeout") c.read_timeout_sec = parseSeconds(flag, value);
+    else if (key == "heartbeat_timeout") c.heartbeat_timeout_sec = parseSeconds(flag, value);
+    else if (key == "exit_barrier_timeout" || key == "close_timeout")
+      c.exit_barrier_timeout_sec = parseSeconds(flag, value);
+    else if (key == "is_host") c.is_host = parseBool(flag, value);
+    else if (key == "token_file") c.token_file = value;
+    else if (key == "tls_ca_file") c.tls_ca_file = value;
+    else
+      throw UsageError(fmt::format(
+          "--rdzv-conf: unknown key '{}' (known: join_timeout, last_call_timeout, read_timeout, "
+          "heartbeat_timeout, exit_barrier_timeout, is_host, token_file, tls_ca_file)",
+          key));
+  }
+  if (c.join_timeout_sec <= 0 || c.read_timeout_sec <= 0 || c.heartbeat_timeout_sec <= 0)
+    throw UsageError("--rdzv-conf: join_timeout, read_timeout and heartbeat_timeout must be > 0");
+  return c;
+}
+
+std::vector<std::string> expandSlurmNodeList(const std::string& list) {
+  std::vector<std::string> out;
+  size_t i = 0;
+  while (i < list.size()) {
+    // One item: prefix, optionally followed by [ranges], up to a top-level comma.
+    size_t j = i;
+    std::string prefix;
+    while (j < list.size() && list[j] != ',' && list[j] != '[') prefix.push_back(list[j++]);
+    if (j < list.size() && list[j] == '[') {
+      size_t close = list.find(']', j);
+      if (close == std::string::npos)
+        throw UsageError("SLURM_JOB_NODELIST: unbalanced '[' in '" + list + "'");
+      std::string suffix;
+      size_t k = close + 1;
+      while (k < list.size() && list[k] != ',') suffix.push_back(list[k++]);
+      for (const auto& range : split(list.substr(j + 1, close - j - 1), ',')) {
+        auto dash = range.find('-');
+        std::string lo = dash == std::string::npos ? range : range.substr(0, dash);
+        std::string hi = dash == std::string::npos ? range : range.substr(dash + 1);
+        int a = parseInt("SLURM_JOB_NODELIST", lo, 0), b = parseInt("SLURM_JOB_NODELIST", hi, 0);
+        for (int n = a; n <= b; ++n) {
+          std::string num = std::to_string(n);
+          if (num.size() < lo.size()) num = std::string(lo.size() - num.size(), '0') + num;
+          out.push_back(prefix + num + suffix);
+        }
+      }
+      j = k;
+    } else if (!prefix.empty()) {
+      out.push_back(prefix);
+    }
+    i = j + 1;
+  }
+  return out;
+}
+
+std::string applySlurmDefaults(LaunchOptions& o, const std::vector<std::string>& given,
+                               const std::map<std::string, std::string>& env) {
+  auto get = [&](const char* k) {
+    auto it = env.find(k);
+    return it == env.end() ? std::string() : it->second;
+  };
+  std::string job = get("SLURM_JOB_ID"), nnodes = get("SLURM_NNODES"),
+              nodelist = get("SLURM_JOB_NODELIST");
+  if (job.empty() || nnodes.empty() || nodelist.empty()) return "";
+  int n = parseInt("SLURM_NNODES", nnodes, 1);
+  if (n < 2) return "";
+  auto was_given = [&](const char* flag) {
+    return std::find(given.begin(), given.end(), flag) != given.end();
+  };
+  // The user spelled out a rendezvous or node count: they configured it themselves.
+  if (was_given("--nnodes") || was_given("--rdzv-endpoint") || was_given("--rdzv-backend") ||
+      was_given("--node-rank") || was_given("--master-addr"))
+    return "";
+  auto nodes = expandSlurmNodeList(nodelist);
+  if (nodes.empty()) return "";
+  o.nnodes_min = o.nnodes_max = n;
+  o.rdzv_backend = "c10d";
+  o.rdzv_endpoint = nodes.front() + ":" + std::to_string(kDefaultRdzvPort);
+  if (!was_given("--rdzv-id")) o.rdzv_id = "slurm-" + job;
+  return fmt::format("Slurm job {}: {} nodes, rendezvous on {} (first node of the allocation)",
+                     job, n, o.rdzv_endpoint);
+}
+
 int parseSignalName(const std::string& raw) {
   std::string s = raw;
   std::transform(s.begin(), s.end(), s.begin(), ::toupper);
@@ -281,6 +363,28 @@ StreamSpec parseStreamSpec(const std::string& flag, const std::string& value) {
   return spec;
 }
 
+void validateTopology(const LaunchOptions& o) {
+  if (o.elastic()) {
+    if (o.rdzv_endpoint.empty())
+      throw UsageError(fmt::format("--rdzv-backend={} needs --rdzv-endpoint HOST[:PORT] (the node "
+                                   "that hosts the rendezvous, or an rdzv-server)",
+                                   o.rdzv_backend));
+    if (o.standalone)
+      throw UsageError("--standalone picks its own rendezvous: drop --rdzv-backend/--rdzv-endpoint");
+    return;
+  }
+  if (!o.rdzv_endpoint.empty() && !o.standalone)
+    throw UsageError("--rdzv-endpoint is for --rdzv-backend=c10d (or ddpl); the static backend "
+                     "uses --master-addr/--master-port");
+  if (o.nnodes_min != o.nnodes_max)
+    throw UsageError(fmt::format("--nnodes={}:{} is elastic: add --rdzv-backend=c10d "
+                                 "--rdzv-endpoint HOST[:PORT] (static jobs have a fixed size)",
+                                 o.nnodes_min, o.nnodes_max));
+  if (o.node_rank >= o.nnodes_max)
+    throw UsageError(fmt::format("--node-rank={} but the job has {} node(s): node ranks are 0..{}",
+                                 o.node_rank, o.nnodes_max, o.nnodes_max - 1));
+}
+
 ParseResult parseCommandLine(const std::vector<std::string>& args,
                              const std::map<std::string, std::string>& env) {
   ParseResult result;
@@ -292,6 +396,7 @@ ParseResult parseCommandLine(const std::vector<std::string>& args,
     if (it == env.end()) continue;
     if (f.names[0] == "--run-path" && !parseBool(petName(f), it->second)) continue;
     f.apply(petName(f), it->second, o);
+    result.given_flags.push_back(f.names[0]);
   }
 
   size_t i = 0;
@@ -337,6 +442,7 @@ ParseResult parseCommandLine(const std::vector<std::string>& args,
     } else {
       f->apply(name, has_inline ? value : "1", o);
     }
+    result.given_flags.push_back(f->names[0]);
   }
   if (i >= args.size())
     throw UsageError("missing PROGRAM: usage is launch [options] PROGRAM [ARGS...]");
@@ -347,14 +453,7 @@ ParseResult parseCommandLine(const std::vector<std::string>& args,
   if (o.standalone && (o.nnodes_min != 1 || o.nnodes_max != 1))
     throw UsageError(fmt::format("--standalone runs one node, but --nnodes={}:{} was given",
                                  o.nnodes_min, o.nnodes_max));
-  if (o.nnodes_max > 1)
-    throw UsageError(fmt::format(
-        "--nnodes={}:{}: multi-node jobs are not yet supported by this build of launch; run "
-        "one node (--nnodes=1) for now",
-        o.nnodes_min, o.nnodes_max));
-  if (o.node_rank != 0)
-    throw UsageError(
-        fmt::format("--node-rank={} but the job has 1 node: the only node rank is 0", o.node_rank));
+  validateTopology(o);
   return result;
 }
 

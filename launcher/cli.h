@@ -22,6 +22,7 @@ struct ParseResult {
   enum class Action { kRun, kHelp, kVersion };
   Action action = Action::kRun;
   LaunchOptions options;
+  std::vector<std::string> given_flags;  // canonical names set by the command line or PET_*
 };
 
 // `args` excludes argv[0]. Flags stop at the first positional argument (the program); every
@@ -35,5 +36,18 @@ std::string helpText();
 int parseSignalName(const std::string& name);  // "SIGUSR1", "USR1" or "10"; throws UsageError
 std::string signalName(int signo);              // "SIGUSR1"; "signal 77" when unknown
 StreamSpec parseStreamSpec(const std::string& flag, const std::string& value);
+RdzvConf parseRdzvConf(const std::string& value);
+
+// Throws UsageError for inconsistent --nnodes/--node-rank/--rdzv-* combinations.
+void validateTopology(const LaunchOptions& options);
+
+// Expands Slurm's compressed node lists: "n[1-3,7],gpu05" -> n1 n2 n3 n7 gpu05.
+std::vector<std::string> expandSlurmNodeList(const std::string& list);
+
+// Inside a Slurm allocation of several nodes, fills what `srun launch PROGRAM` leaves out:
+// nodes, rendezvous on the allocation's first node, run id from the job id. Flags the user
+// gave (or PET_ variables) win. Returns a line for the log, or "" when nothing was applied.
+std::string applySlurmDefaults(LaunchOptions& options, const std::vector<std::string>& given_flags,
+                               const std::map<std::string, std::string>& env);
 
 }  // namespace ddpl::launcher

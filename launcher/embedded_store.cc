@@ -1,6 +1,5 @@
 #include "launcher/embedded_store.h"
 
-#include <dlfcn.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <netinet/in.h>
@@ -14,12 +13,10 @@
 
 #include "common/errors.h"
 #include "common/log.h"
+#include "launcher/grpc_plugin.h"
 
 namespace ddpl::launcher {
 namespace {
-
-using StartFn = void* (*)(const char*, int, const char*, int, char*, size_t);
-using StopFn = void (*)(void*);
 
 std::string randomToken() {
   unsigned char bytes[24];
@@ -38,21 +35,9 @@ std::string randomToken() {
   return out;
 }
 
-std::string defaultPluginPath() {
-  char exe[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-  if (n <= 0) return "libddpl_embedded_store.so";
-  std::string dir(exe, static_cast<size_t>(n));
-  dir = dir.substr(0, dir.rfind('/'));
-  return dir + "/../lib/libddpl_embedded_store.so";
-}
-
 }  // namespace
 
-EmbeddedStore::EmbeddedStore(std::string host, std::string plugin_path)
-    : host_(std::move(host)),
-      plugin_path_(plugin_path.empty() ? defaultPluginPath() : std::move(plugin_path)),
-      token_(randomToken()) {
+EmbeddedStore::EmbeddedStore(std::string host) : host_(std::move(host)), token_(randomToken()) {
   sockaddr_in a{};
   a.sin_family = AF_INET;
   if (inet_pton(AF_INET, host_.c_str(), &a.sin_addr) != 1)
@@ -74,27 +59,20 @@ EmbeddedStore::EmbeddedStore(std::string host, std::string plugin_path)
 
 EmbeddedStore::~EmbeddedStore() {
   if (starter_.joinable()) starter_.join();
-  if (server_ && plugin_) reinterpret_cast<StopFn>(dlsym(plugin_, "ddpl_embedded_store_stop"))(server_);
+  if (server_) GrpcPlugin::get().stopStore(server_);
   if (reserve_fd_ >= 0) close(reserve_fd_);
 }
 
 void EmbeddedStore::startInBackground() {
   starter_ = std::thread([this] {
     std::string error;
-    void* plugin = dlopen(plugin_path_.c_str(), RTLD_NOW | RTLD_LOCAL);
     void* server = nullptr;
-    if (!plugin) {
-      error = std::string("cannot load the store plugin: ") + dlerror();
-    } else if (auto start = reinterpret_cast<StartFn>(dlsym(plugin, "ddpl_embedded_store_start"))) {
-      char buf[1024] = {0};
-      server = start(host_.c_str(), port_, token_.c_str(), static_cast<int>(log::logger().level()),
-                     buf, sizeof(buf));
-      if (!server) error = buf;
-    } else {
-      error = "store plugin " + plugin_path_ + " has no ddpl_embedded_store_start";
+    try {
+      server = GrpcPlugin::get().startStore(host_, port_, token_);
+    } catch (const std::exception& e) {
+      error = e.what();
     }
     std::lock_guard<std::mutex> lock(mu_);
-    plugin_ = plugin;
     server_ = server;
     start_error_ = error;
     if (reserve_fd_ >= 0) {  // the server listens on the port now: the placeholder can go

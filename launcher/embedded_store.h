@@ -1,10 +1,11 @@
 #pragma once
 // `launch --standalone` hosts our gRPC store for its workers, on a free loopback port with a
 // fresh random token, without making `launch` itself pay for gRPC:
-//  - gRPC lives in a plugin (libddpl_embedded_store.so) that is dlopen'ed only here, so plain
+//  - gRPC lives in a plugin (launcher/grpc_plugin.h) that is dlopen'ed only here, so plain
 //    runs load none of its ~50 shared libraries (about 10 ms of start-up);
-//  - the port is reserved first (SO_REUSEPORT, held until the server listens on it, so nobody
-//    else can take it), the endpoint goes into the workers' environment at once, and the
+//  - the port is reserved first (bound, not listening, until the server listens on it, so a
+//    program binding ports the ordinary way cannot take it), the endpoint goes into the
+//    workers' environment at once, and the
 //    server starts on a background thread while the workers start. Clients retry connecting
 //    within their deadline, so a worker that is faster than the server just waits a moment.
 #include <atomic>
@@ -17,9 +18,8 @@ namespace ddpl::launcher {
 
 class EmbeddedStore {
  public:
-  // `plugin_path`: the plugin to load; empty means libddpl_embedded_store.so next to the
-  // launcher's ../lib. Reserves the port now; throws ddpl::NetworkError when it cannot.
-  explicit EmbeddedStore(std::string host = "127.0.0.1", std::string plugin_path = "");
+  // Reserves the port now; throws ddpl::NetworkError when it cannot.
+  explicit EmbeddedStore(std::string host = "127.0.0.1");
   ~EmbeddedStore();  // stops the server (joins the start-up thread first)
   EmbeddedStore(const EmbeddedStore&) = delete;
   EmbeddedStore& operator=(const EmbeddedStore&) = delete;
@@ -36,13 +36,12 @@ class EmbeddedStore {
  private:
   void startInBackground();
 
-  std::string host_, plugin_path_, token_, endpoint_;
+  std::string host_, token_, endpoint_;
   int port_ = 0;
   int reserve_fd_ = -1;
   std::thread starter_;
   std::mutex mu_;
   std::string start_error_;
-  void* plugin_ = nullptr;
   void* server_ = nullptr;
 };
 

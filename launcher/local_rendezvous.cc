@@ -1,5 +1,10 @@
 #include "launcher/local_rendezvous.h"
 
+#include <fmt/format.h>
+
+#include "launcher/options.h"
+#include "launcher/ports.h"
+
 #include <arpa/inet.h>
 #include <fmt/format.h>
 #include <netdb.h>
@@ -13,73 +18,16 @@
 #include "common/errors.h"
 
 namespace ddpl::launcher {
-namespace {
-
-// Returns the bound port, or -errno.
-int tryBind(const std::string& addr, int port) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* res = nullptr;
-  int rc = getaddrinfo(addr.c_str(), std::to_string(port).c_str(), &hints, &res);
-  if (rc != 0)
-    throw NetworkError(fmt::format("cannot resolve address '{}': {}", addr, gai_strerror(rc)));
-  int result = -EADDRNOTAVAIL;
-  for (addrinfo* ai = res; ai; ai = ai->ai_next) {
-    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, 0);
-    if (fd < 0) continue;
-    int one = 1;
-    // Same option TCPStore uses, so a port in TIME_WAIT counts as free, as it is for rank 0.
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
-      sockaddr_storage ss{};
-      socklen_t len = sizeof(ss);
-      getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
-      result = ss.ss_family == AF_INET6
-                   ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
-                   : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
-      close(fd);
-      break;
-    }
-    result = -errno;
-    close(fd);
-  }
-  freeaddrinfo(res);
-  return result;
-}
-
-}  // namespace
-
-int pickFreePort(const std::string& addr) {
-  int port = tryBind(addr, 0);
-  if (port <= 0)
-    throw NetworkError(fmt::format("cannot bind any port on '{}': {}; is it an address of this "
-                                   "machine? (--master-addr)",
-                                   addr, std::strerror(-port)));
-  return port;
-}
-
-void checkPortFree(const std::string& addr, int port) {
-  int rc = tryBind(addr, port);
-  if (rc == -EADDRINUSE)
-    throw NetworkError(fmt::format(
-        "{}:{} is already in use (--master-port): stop what holds it (ss -ltnp 'sport = :{}'), "
-        "pick another port, or leave --master-port out to get a free one",
-        addr, port, port));
-  if (rc < 0)
-    throw NetworkError(fmt::format("cannot bind {}:{} (--master-addr/--master-port): {}", addr,
-                                   port, std::strerror(-rc)));
-}
-
 LocalRendezvous::LocalRendezvous(std::string run_id, int local_world_size,
                                  std::string master_addr, std::optional<int> master_port,
-                                 EmbeddedStore* store)
+                                 EmbeddedStore* store, int node_rank, int nnodes)
     : run_id_(std::move(run_id)),
       local_world_size_(local_world_size),
       master_addr_(std::move(master_addr)),
       master_port_(master_port),
-      store_(store) {}
+      store_(store),
+      node_rank_(node_rank),
+      nnodes_(nnodes) {}
 
 void LocalRendezvous::startRendezvous(Done done) {
   try {
@@ -94,9 +42,14 @@ WorldAssignment LocalRendezvous::nextWorld() {
   w.run_id = run_id_;
   w.round = round_++;
   w.restart_count = failures_;
-  w.world_size = local_world_size_;
+  w.world_size = local_world_size_ * nnodes_;
+  w.group_rank = node_rank_;
+  w.group_world_size = nnodes_;
+  w.rank_offset = node_rank_ * local_world_size_;
   w.master_addr = master_addr_;
-  if (master_port_) {
+  if (nnodes_ > 1) {
+    w.master_port = master_port_.value_or(kDefaultMasterPort);  // node 0's, maybe elsewhere
+  } else if (master_port_) {
     checkPortFree(master_addr_, *master_port_);
     w.master_port = *master_port_;
   } else {
@@ -107,7 +60,8 @@ WorldAssignment LocalRendezvous::nextWorld() {
 }
 
 std::string LocalRendezvous::describe() const {
-  return fmt::format("local (1 node, {} workers, store on {})", local_world_size_, master_addr_);
+  return fmt::format("static (node {}/{}, {} workers, MASTER_ADDR {})", node_rank_, nnodes_,
+                     local_world_size_, master_addr_);
 }
 
 }  // namespace ddpl::launcher

@@ -2,17 +2,22 @@
 #include <optional>
 
 #include "launcher/embedded_store.h"
+#include "launcher/ports.h"
 #include "launcher/rendezvous_handler.h"
 
 namespace ddpl::launcher {
 
-// Single node: every rank is local; rank 0 hosts Python's TCPStore on MASTER_PORT, a free port
-// picked per attempt unless the user fixed one (then it must be free, or we say who holds it).
+// Static rendezvous, as torchrun's: no agent talks to another. One node: every rank is local and
+// MASTER_PORT is a free port picked per attempt unless the user fixed one (then it must be
+// free, or we say so). Several nodes (--nnodes=N --node-rank=R): each node computes its ranks
+// as R * nproc, so every node must run the same --nproc-per-node, and MASTER_ADDR:MASTER_PORT
+// (default 29500) is node 0's.
 class LocalRendezvous : public RendezvousHandler {
  public:
   // `store`, when given, is started for the first attempt and its endpoint handed to workers.
   LocalRendezvous(std::string run_id, int local_world_size, std::string master_addr,
-                  std::optional<int> master_port, EmbeddedStore* store = nullptr);
+                  std::optional<int> master_port, EmbeddedStore* store = nullptr,
+                  int node_rank = 0, int nnodes = 1);
   void startRendezvous(Done done) override;
   void setRoundEndedCallback(RoundEnded) override {}  // one node: rounds never end under us
   int recordFailure(const std::string&) override { return ++failures_; }
@@ -29,15 +34,9 @@ class LocalRendezvous : public RendezvousHandler {
   std::string master_addr_;
   std::optional<int> master_port_;
   EmbeddedStore* store_;
+  int node_rank_, nnodes_;
   int failures_ = 0;
   int64_t round_ = 0;
 };
-
-// Binds port 0 on `addr` and returns the port the kernel chose (then closes it, so rank 0 can
-// bind it). Throws ddpl::NetworkError naming the address when it cannot.
-int pickFreePort(const std::string& addr);
-
-// Throws ddpl::NetworkError naming addr:port when the port cannot be bound (already in use).
-void checkPortFree(const std::string& addr, int port);
 
 }  // namespace ddpl::launcher

@@ -13,6 +13,8 @@
 #include "launcher/agent.h"
 #include "launcher/cli.h"
 #include "launcher/embedded_store.h"
+#include "launcher/grpc_plugin.h"
+#include "rendezvous/token.h"
 #include "launcher/gpu.h"
 #include "launcher/local_rendezvous.h"
 #include "launcher/process.h"
@@ -46,6 +48,32 @@ std::string randomRunId() {
   char buf[17];
   snprintf(buf, sizeof(buf), "%08x%08x", rd(), rd());
   return buf;
+}
+
+ElasticConfig elasticConfig(const LaunchOptions& o, const std::string& run_id, int nproc,
+                            const std::string& host) {
+  ElasticConfig c;
+  c.run_id = run_id;
+  c.endpoint = o.rdzv_endpoint.find(':') == std::string::npos
+                   ? o.rdzv_endpoint + ":" + std::to_string(kDefaultRdzvPort)
+                   : o.rdzv_endpoint;
+  c.token = o.rdzv_token;
+  c.tls_ca_file = o.rdzv_conf.tls_ca_file;
+  c.node_id = host + "-" + std::to_string(getpid());
+  c.local_addr = o.local_addr;
+  c.local_world_size = nproc;
+  c.min_nodes = o.nnodes_min;
+  c.max_nodes = o.nnodes_max;
+  c.max_restarts = o.max_restarts;
+  if (o.rdzv_conf.is_host)
+    c.host = *o.rdzv_conf.is_host ? ElasticConfig::Host::kYes : ElasticConfig::Host::kNo;
+  auto ms = [](double sec) { return std::chrono::milliseconds(static_cast<int64_t>(sec * 1000)); };
+  c.join_timeout = ms(o.rdzv_conf.join_timeout_sec);
+  c.last_call_timeout = ms(o.rdzv_conf.last_call_timeout_sec);
+  c.read_timeout = ms(o.rdzv_conf.read_timeout_sec);
+  c.heartbeat_window = ms(o.rdzv_conf.heartbeat_timeout_sec);
+  c.exit_barrier_timeout = ms(o.rdzv_conf.exit_barrier_timeout_sec);
+  return c;
 }
 
 int usage(const std::string& message) {
@@ -100,14 +128,36 @@ int main(int argc, char** argv) {
     return 0;
   }
   LaunchOptions& o = parsed.options;
+  std::string slurm_note;
+  try {
+    slurm_note = applySlurmDefaults(o, parsed.given_flags, env);
+    validateTopology(o);
+    if (!o.rdzv_conf.token_file.empty()) {
+      o.rdzv_token = ddpl::rdzv::readTokenFile(o.rdzv_conf.token_file);
+    } else if (auto t = env.find("DDPL_RDZV_TOKEN"); t != env.end()) {
+      if (t->second.empty()) return usage("DDPL_RDZV_TOKEN is set but empty: unset it or give a token");
+      o.rdzv_token = t->second;
+    }
+  } catch (const UsageError& e) {
+    return usage(e.what());
+  } catch (const std::exception& e) {
+    return usage(e.what());
+  }
   // Before any thread exists: the handled signals and SIGCHLD arrive through a signalfd.
   blockSignals(o.signals_to_handle);
   ddpl::log::init({"launch", -1, ""}, ddpl::log::parseLevel(o.log_level));
+  if (!slurm_note.empty()) ddpl::log::info("{}", slurm_note);
 
   try {
     AgentConfig cfg;
     cfg.nproc = resolveNproc(o.nproc_per_node, env);
     cfg.command = resolveCommand(o, env);
+    if (o.rdzv_id.empty() && o.nnodes_max > 1) {
+      // Every node must name the same run; torchrun's default is the literal "none".
+      o.rdzv_id = "none";
+      ddpl::log::warn("no --rdzv-id for a multi-node job: using 'none'; give every job its own id "
+                      "so that two jobs on one rendezvous never mix");
+    }
     cfg.run_id = o.rdzv_id.empty() ? randomRunId() : o.rdzv_id;
     cfg.host = ddpl::log::hostname();
     if (cfg.nproc > 1 && !env.count("OMP_NUM_THREADS"))
@@ -121,14 +171,21 @@ int main(int argc, char** argv) {
     // --standalone also hosts our gRPC store for the workers (DDPL_STORE_ADDR and token); plain
     // runs stay exactly like torchrun's static rendezvous.
     std::unique_ptr<EmbeddedStore> store;
-    if (o.standalone) store = std::make_unique<EmbeddedStore>("127.0.0.1");
-    LocalRendezvous rdzv(cfg.run_id, cfg.nproc, o.master_addr, o.master_port, store.get());
+    std::unique_ptr<RendezvousHandler> rdzv;
+    if (o.elastic()) {
+      rdzv = GrpcPlugin::get().makeElastic(elasticConfig(o, cfg.run_id, cfg.nproc, cfg.host));
+    } else {
+      if (o.standalone) store = std::make_unique<EmbeddedStore>("127.0.0.1");
+      rdzv = std::make_unique<LocalRendezvous>(cfg.run_id, cfg.nproc, o.master_addr,
+                                               o.master_port, store.get(), o.node_rank,
+                                               o.nnodes_max);
+    }
     int code;
     {
-      Agent agent(std::move(cfg), rdzv);
+      Agent agent(std::move(cfg), *rdzv);
       code = agent.run();
     }
-    if (store) {
+    if (store || o.elastic()) {
       // Every worker is gone and every log flushed; gRPC's orderly shutdown would only join its
       // thread pools (tens of ms). Nothing is lost by leaving now.
       ddpl::log::logger().flush();

@@ -43,6 +43,18 @@ enum class TargetKind {
   kNoPython,  // --no-python: exec as given
 };
 
+// Typed --rdzv-conf (torchrun's keys plus ours), validated by the parser.
+struct RdzvConf {
+  double join_timeout_sec = 600;
+  double last_call_timeout_sec = 30;
+  double read_timeout_sec = 60;
+  double heartbeat_timeout_sec = 30;  // when this agent hosts the service
+  double exit_barrier_timeout_sec = 300;
+  std::optional<bool> is_host;  // unset: host when the endpoint names this machine
+  std::string token_file;
+  std::string tls_ca_file;
+};
+
 struct LaunchOptions {
   // Topology.
   int nnodes_min = 1;
@@ -55,8 +67,9 @@ struct LaunchOptions {
   std::string rdzv_backend = "static";
   std::string rdzv_endpoint;
   std::string rdzv_id;  // empty: a random id is generated
-  std::map<std::string, std::string> rdzv_conf;
+  RdzvConf rdzv_conf;
   std::string master_addr = "127.0.0.1";
+  std::string rdzv_token;  // read once in main from --rdzv-conf token_file or DDPL_RDZV_TOKEN
   std::optional<int> master_port;  // unset: a free port is picked per attempt
   std::string local_addr;
 
@@ -73,6 +86,8 @@ struct LaunchOptions {
   StreamSpec tee;
   std::vector<int> local_ranks_filter;  // empty: show every local rank on the console
   std::string log_level = "info";
+
+  bool elastic() const { return rdzv_backend != "static"; }
 
   // What to run.
   TargetKind target_kind = TargetKind::kAuto;

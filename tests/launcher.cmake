@@ -20,3 +20,7 @@ add_executable(store_client_program integration/programs/store_client.cc)
 target_link_libraries(store_client_program PRIVATE ddpl_rdzv_client)
 set_target_properties(store_client_program PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
 add_dependencies(launcher_integration_test store_client_program)
+
+ddpl_add_test(NAME multinode_test
+  SOURCES integration/multinode_test.cc LIBS ddpl_test_util LABELS integration TIMEOUT 300)
+add_dependencies(multinode_test launch rdzv-server)

@@ -122,17 +122,75 @@ TEST(Cli, BadInputNamesTheFlag) {
 TEST(Cli, NnodesValidation) {
   EXPECT_NE(usageError({"--nnodes=3:2", "p"}).find("minimum 3 is greater than maximum 2"),
             std::string::npos);
-  EXPECT_NE(usageError({"--nnodes=2", "p"}).find("not yet supported"), std::string::npos);
+  EXPECT_NE(usageError({"--nnodes=2:4", "p"}).find("elastic"), std::string::npos);
   EXPECT_NE(usageError({"--node-rank=1", "p"}).find("--node-rank=1"), std::string::npos);
+  EXPECT_NE(usageError({"--nnodes=2", "--node-rank=2", "p"}).find("node ranks are 0..1"),
+            std::string::npos);
   EXPECT_EQ(parse({"--nnodes=1:1", "p"}).options.nnodes_max, 1);
   EXPECT_NE(usageError({"--standalone", "--nnodes=1:2", "p"}).find("--standalone"),
             std::string::npos);
+  EXPECT_NE(usageError({"--rdzv-backend=c10d", "--nnodes=2", "p"}).find("--rdzv-endpoint"),
+            std::string::npos);
+  EXPECT_NE(usageError({"--rdzv-endpoint=h:1", "--nnodes=2", "p"}).find("c10d"),
+            std::string::npos);
+  auto st = parse({"--nnodes=2", "--node-rank=1", "--master-addr=10.1.1.1", "p"}).options;
+  EXPECT_FALSE(st.elastic());
+  EXPECT_EQ(st.node_rank, 1);
+  auto el = parse({"--nnodes=2:4", "--rdzv-backend=c10d", "--rdzv-endpoint=head:29400",
+                   "--rdzv-id=j", "p"}).options;
+  EXPECT_TRUE(el.elastic());
+  EXPECT_EQ(el.nnodes_min, 2);
+  EXPECT_EQ(el.nnodes_max, 4);
 }
 
 TEST(Cli, RdzvConf) {
-  auto o = parse({"--rdzv-conf=join_timeout=5, is_host=1", "p"}).options;
-  EXPECT_EQ(o.rdzv_conf.at("join_timeout"), "5");
-  EXPECT_EQ(o.rdzv_conf.at("is_host"), "1");
+  auto o = parse({"--rdzv-conf=join_timeout=5, is_host=1,last_call_timeout=0.5", "p"}).options;
+  EXPECT_DOUBLE_EQ(o.rdzv_conf.join_timeout_sec, 5);
+  EXPECT_DOUBLE_EQ(o.rdzv_conf.last_call_timeout_sec, 0.5);
+  ASSERT_TRUE(o.rdzv_conf.is_host.has_value());
+  EXPECT_TRUE(*o.rdzv_conf.is_host);
+  EXPECT_DOUBLE_EQ(o.rdzv_conf.heartbeat_timeout_sec, 30);
+  EXPECT_NE(usageError({"--rdzv-conf=colour=blue", "p"}).find("unknown key 'colour'"),
+            std::string::npos);
+  EXPECT_NE(usageError({"--rdzv-conf=join_timeout=soon", "p"}).find("join_timeout"),
+            std::string::npos);
+  EXPECT_NE(usageError({"--rdzv-conf=novalue", "p"}).find("key=value"), std::string::npos);
+}
+
+TEST(Slurm, NodeListExpansion) {
+  EXPECT_EQ(expandSlurmNodeList("n[1-3,7],gpu05"),
+            (std::vector<std::string>{"n1", "n2", "n3", "n7", "gpu05"}));
+  EXPECT_EQ(expandSlurmNodeList("node[08-10]"),
+            (std::vector<std::string>{"node08", "node09", "node10"}));
+  EXPECT_EQ(expandSlurmNodeList("a,b"), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(expandSlurmNodeList("vm"), (std::vector<std::string>{"vm"}));
+  EXPECT_THROW(expandSlurmNodeList("n[1-3"), UsageError);
+}
+
+TEST(Slurm, DefaultsFromTheAllocation) {
+  std::map<std::string, std::string> env = {
+      {"SLURM_JOB_ID", "4242"}, {"SLURM_NNODES", "3"}, {"SLURM_JOB_NODELIST", "cn[07-09]"}};
+  auto r = parseCommandLine({"--nproc-per-node=2", "train.py"}, env);
+  std::string note = applySlurmDefaults(r.options, r.given_flags, env);
+  EXPECT_NE(note.find("4242"), std::string::npos);
+  EXPECT_EQ(r.options.nnodes_min, 3);
+  EXPECT_EQ(r.options.nnodes_max, 3);
+  EXPECT_EQ(r.options.rdzv_backend, "c10d");
+  EXPECT_EQ(r.options.rdzv_endpoint, "cn07:29400");
+  EXPECT_EQ(r.options.rdzv_id, "slurm-4242");
+  EXPECT_NO_THROW(validateTopology(r.options));
+
+  // What the user spelled out wins.
+  auto given = parseCommandLine({"--nnodes=1", "train.py"}, env);
+  EXPECT_EQ(applySlurmDefaults(given.options, given.given_flags, env), "");
+  EXPECT_EQ(given.options.nnodes_max, 1);
+  // One-node allocations and no Slurm: nothing to do.
+  auto single = env;
+  single["SLURM_NNODES"] = "1";
+  auto r1 = parseCommandLine({"train.py"}, single);
+  EXPECT_EQ(applySlurmDefaults(r1.options, r1.given_flags, single), "");
+  auto r2 = parseCommandLine({"train.py"}, {});
+  EXPECT_EQ(applySlurmDefaults(r2.options, r2.given_flags, {}), "");
 }
 
 TEST(Cli, HelpAndVersion) {

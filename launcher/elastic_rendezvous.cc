@@ -1,0 +1,332 @@
+#include "launcher/elastic_rendezvous.h"
+
+#include <arpa/inet.h>
+#include <fmt/format.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <mutex>
+#include <thread>
+
+#include "common/errors.h"
+#include "common/log.h"
+#include "launcher/ports.h"
+#include "rendezvous/grpc_store.h"
+#include "rendezvous/rendezvous_client.h"
+#include "rendezvous/server.h"
+
+namespace ddpl::launcher {
+namespace {
+
+using std::chrono::milliseconds;
+
+std::pair<std::string, int> splitEndpoint(const std::string& endpoint) {
+  auto colon = endpoint.rfind(':');
+  if (colon == std::string::npos || endpoint.find(']') > colon && endpoint.front() == '[')
+    return {endpoint, 29400};
+  std::string host = endpoint.substr(0, colon);
+  if (!host.empty() && host.front() == '[') host = host.substr(1, host.size() - 2);
+  return {host, std::stoi(endpoint.substr(colon + 1))};
+}
+
+// How long a hosting agent keeps serving for nodes that have not finished yet (a node that was
+// SIGKILLed never says goodbye, so this is bounded).
+constexpr milliseconds kHostLinger{std::chrono::seconds(30)};
+
+bool isLoopback(const std::string& host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+// Does `host` name this machine? Compared by name and by address: an address of this machine
+// can be bound.
+bool namesThisMachine(const std::string& host) {
+  if (isLoopback(host)) return true;
+  if (host == log::hostname()) return true;
+  char full[256] = {0};
+  gethostname(full, sizeof(full) - 1);
+  if (host == full) return true;
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return false;
+  bool local = false;
+  for (addrinfo* ai = res; ai && !local; ai = ai->ai_next) {
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_storage ss{};
+    memcpy(&ss, ai->ai_addr, ai->ai_addrlen);
+    reinterpret_cast<sockaddr_in*>(&ss)->sin_port = 0;  // same offset for v6
+    local = bind(fd, reinterpret_cast<sockaddr*>(&ss), ai->ai_addrlen) == 0;
+    close(fd);
+  }
+  freeaddrinfo(res);
+  return local;
+}
+
+class ElasticRendezvous : public RendezvousHandler {
+ public:
+  explicit ElasticRendezvous(const ElasticConfig& c) : c_(c) {
+    auto [host, port] = splitEndpoint(c_.endpoint);
+    endpoint_ = fmt::format("{}:{}", host.find(':') != std::string::npos ? "[" + host + "]" : host,
+                            port);
+    if (c_.host != ElasticConfig::Host::kNo && (c_.host == ElasticConfig::Host::kYes || namesThisMachine(host)))
+      maybeHost(host, port);
+    address_ = c_.local_addr.empty() ? routeAddressTo(host, port) : c_.local_addr;
+
+    rdzv::RendezvousClientOptions ro;
+    ro.endpoint = endpoint_;
+    ro.token = c_.token;
+    ro.tls_ca_file = c_.tls_ca_file;
+    ro.connect_timeout = c_.read_timeout;
+    client_ = std::make_unique<rdzv::RendezvousClient>(ro);
+
+    rdzv::GrpcStoreOptions so;
+    so.endpoint = endpoint_;
+    so.token = c_.token;
+    so.tls_ca_file = c_.tls_ca_file;
+    so.connect_timeout = c_.read_timeout;
+    so.default_timeout = c_.read_timeout;
+    // Job-wide facts every agent shares: the failure count and the last root cause.
+    so.prefix = "ddpl-agents/" + c_.run_id + "/";
+    store_ = rdzv::connectGrpcStore(so);
+    log::info("rendezvous {} ({}), run '{}', node '{}' at {}, {}:{} nodes", endpoint_,
+              server_ ? "hosted by this agent" : "client", c_.run_id, c_.node_id, address_,
+              c_.min_nodes, c_.max_nodes);
+  }
+
+  ~ElasticRendezvous() override {
+    if (joiner_.joinable()) joiner_.join();
+    watch_.reset();
+  }
+
+  void setRoundEndedCallback(RoundEnded ended) override { ended_ = std::move(ended); }
+
+  void startRendezvous(Done done) override {
+    if (joiner_.joinable()) joiner_.join();
+    watch_.reset();
+    // join() blocks until the round completes (up to the join timeout): a thread of its own,
+    // so the agent keeps handling signals meanwhile.
+    joiner_ = std::thread([this, done = std::move(done)] {
+      try {
+        done(joinOnce(), "");
+      } catch (const std::exception& e) {
+        done(std::nullopt, e.what());
+      }
+    });
+  }
+
+  int recordFailure(const std::string& summary) override {
+    int n = static_cast<int>(store_->add("failures", 1));
+    store_->set("last_failure", rdzv::toBytes(summary));
+    if (current_) store_->set(roundKey("end"), rdzv::toBytes("failed"));
+    leaveQuietly();  // the other nodes learn at once and stop their workers
+    return n;
+  }
+
+  std::string jobFailure() override {
+    if (!cached_failure_.empty()) return cached_failure_;
+    try {
+      if (store_->check({"last_failure"}))
+        return rdzv::toString(store_->get("last_failure", c_.read_timeout));
+    } catch (const std::exception& e) {
+      return std::string("<could not read it: ") + e.what() + ">";
+    }
+    return "";
+  }
+
+  bool finish(bool success) override {
+    bool job_ok = true;
+    if (success && current_) {
+      try {
+        int64_t done = store_->add(roundKey("done"), 1);
+        if (done >= current_->group_world_size) store_->set(roundKey("end"), rdzv::toBytes("done"));
+        // Leaving ends the round for nodes still running, so wait for them: returns at once when
+        // the last node is done or any node failed.
+        store_->wait({roundKey("end")}, c_.exit_barrier_timeout);
+        job_ok = rdzv::toString(store_->get(roundKey("end"), c_.read_timeout)) == "done";
+      } catch (const TimeoutError&) {
+        log::warn("other nodes did not finish within the exit barrier ({}s); leaving anyway",
+                  c_.exit_barrier_timeout.count() / 1000);
+      } catch (const std::exception& e) {
+        log::warn("exit barrier: {}", e.what());
+      }
+    }
+    leaveQuietly();
+    if (current_) {
+      try {
+        // The hosting agent must outlive the other members of its round: they may still be
+        // reading the outcome (a failure's root cause) from the service it hosts.
+        int64_t gone = store_->add(roundKey("gone"), 1);
+        if (gone >= current_->group_world_size) store_->set(roundKey("all_gone"), rdzv::toBytes("1"));
+        if (server_ && gone < current_->group_world_size) {
+          log::info("waiting for {} other node(s) to finish before closing the rendezvous",
+                    current_->group_world_size - gone);
+          store_->wait({roundKey("all_gone")}, kHostLinger);
+        }
+      } catch (const std::exception& e) {
+        log::warn("closing the rendezvous: {}", e.what());
+      }
+    }
+    if (server_) {
+      cached_failure_ = jobFailure();  // asked for after this returns, when nobody serves it
+      server_->shutdown();
+    }
+    return job_ok;
+  }
+
+  std::string describe() const override { return "elastic via " + endpoint_; }
+
+ private:
+  std::string roundKey(const std::string& what) const {
+    return fmt::format("round/{}/{}", current_ ? current_->round : -1, what);
+  }
+
+  void maybeHost(const std::string& host, int port) {
+    std::string bind_host = isLoopback(host) ? "127.0.0.1" : "0.0.0.0";
+    if (c_.host == ElasticConfig::Host::kAuto) {
+      // Usual case on every node but one: the port is taken by the hosting agent. Find out
+      // quietly instead of through gRPC's bind error.
+      try {
+        checkPortFree(bind_host, port);
+      } catch (const NetworkError&) {
+        return;
+      }
+    }
+    rdzv::ServerOptions so;
+    so.host = bind_host;
+    so.port = port;
+    so.token = c_.token;
+    so.heartbeat_window = c_.heartbeat_window;
+    so.log_name = "rdzv";
+    try {
+      server_ = std::make_unique<rdzv::RendezvousServer>(so);
+    } catch (const NetworkError& e) {
+      if (c_.host == ElasticConfig::Host::kYes) throw;
+      // Another agent (or an rdzv-server) holds the port: it hosts, we are a client.
+      log::debug("not hosting the rendezvous: {}", e.what());
+    }
+  }
+
+  std::optional<WorldAssignment> joinOnce() {
+    // A node that stopped because another failed for good must not wait for a round that
+    // will never form: the count tells, and the supervisor reports the failure.
+    int failures = static_cast<int>(store_->add("failures", 0));
+    if (failures > c_.max_restarts) {
+      WorldAssignment w;
+      w.run_id = c_.run_id;
+      w.restart_count = failures;
+      return w;
+    }
+    rdzv::JoinOptions jo;
+    jo.run_id = c_.run_id;
+    jo.node_id = c_.node_id;
+    jo.local_world_size = c_.local_world_size;
+    jo.address = address_;
+    jo.min_nodes = c_.min_nodes;
+    jo.max_nodes = c_.max_nodes;
+    jo.join_timeout = c_.join_timeout;
+    jo.last_call_timeout = c_.last_call_timeout;
+    rdzv::RoundAssignment a = client_->join(jo);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      current_ = a;
+      left_ = false;
+    }
+    int64_t round = a.round;
+    watch_ = client_->watch(a, [this, round](const rdzv::RoundChange& ch) {
+      if (ended_)
+        ended_(round, ch.connection_lost ? "lost the rendezvous service at " + endpoint_ + ": " + ch.reason
+                                         : ch.reason);
+    });
+
+    WorldAssignment w;
+    w.run_id = a.run_id;
+    w.round = a.round;
+    w.group_rank = a.group_rank;
+    w.group_world_size = a.group_world_size;
+    w.rank_offset = a.rank_offset;
+    w.world_size = a.world_size;
+    w.master_addr = a.master_address;
+    w.restart_count = static_cast<int>(store_->add("failures", 0));
+    // Group rank 0 picks MASTER_PORT on its own machine and tells the others.
+    std::string port_key = roundKey("master_port");
+    if (a.group_rank == 0) {
+      std::string bind_addr = c_.local_addr.empty() ? "0.0.0.0" : c_.local_addr;
+      int port = pickFreePort(isLoopback(a.master_address) ? "127.0.0.1" : bind_addr);
+      store_->set(port_key, rdzv::toBytes(std::to_string(port)));
+      w.master_port = port;
+    } else {
+      w.master_port = std::stoi(rdzv::toString(store_->get(port_key, c_.read_timeout)));
+    }
+    w.worker_env = {{"DDPL_STORE_ADDR", endpoint_},
+                    {"DDPL_STORE_TOKEN", c_.token},
+                    {"DDPL_STORE_PREFIX", a.store_prefix}};
+    log::info("round {}: node {}/{} ({} nodes, world size {}), ranks {}..{}", a.round,
+              a.group_rank, a.group_world_size, a.group_world_size, a.world_size, a.rank_offset,
+              a.rank_offset + a.local_world_size - 1);
+    return w;
+  }
+
+  void leaveQuietly() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (left_ || !current_) return;
+    left_ = true;
+    try {
+      client_->leave(c_.run_id, c_.node_id);
+    } catch (const std::exception& e) {
+      log::warn("leaving the rendezvous: {}", e.what());
+    }
+  }
+
+  ElasticConfig c_;
+  std::string endpoint_, address_;
+  std::unique_ptr<rdzv::RendezvousServer> server_;
+  std::unique_ptr<rdzv::RendezvousClient> client_;
+  std::unique_ptr<rdzv::Store> store_;
+  std::unique_ptr<rdzv::RoundWatch> watch_;
+  std::thread joiner_;
+  RoundEnded ended_;
+  std::mutex mu_;
+  std::optional<rdzv::RoundAssignment> current_;
+  bool left_ = false;
+  std::string cached_failure_;
+};
+
+}  // namespace
+
+std::string routeAddressTo(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0)
+    throw NetworkError(fmt::format("cannot resolve rendezvous host '{}'", host));
+  std::string out;
+  for (addrinfo* ai = res; ai && out.empty(); ai = ai->ai_next) {
+    int fd = socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
+      sockaddr_storage ss{};
+      socklen_t len = sizeof(ss);
+      getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
+      char buf[INET6_ADDRSTRLEN] = {0};
+      if (ss.ss_family == AF_INET)
+        inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&ss)->sin_addr, buf, sizeof(buf));
+      else
+        inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr, buf, sizeof(buf));
+      out = buf;
+    }
+    close(fd);
+  }
+  freeaddrinfo(res);
+  if (out.empty())
+    throw NetworkError(fmt::format("no route to the rendezvous host '{}' from this machine", host));
+  return out;
+}
+
+std::unique_ptr<RendezvousHandler> makeElasticRendezvous(const ElasticConfig& config) {
+  return std::make_unique<ElasticRendezvous>(config);
+}
+
+}  // namespace ddpl::launcher

@@ -1,0 +1,13 @@
+#pragma once
+#include <string>
+
+namespace ddpl::launcher {
+
+// Binds port 0 on `addr` and returns the port the kernel chose (then closes it, so rank 0 can
+// bind it). Throws ddpl::NetworkError naming the address when it cannot.
+int pickFreePort(const std::string& addr);
+
+// Throws ddpl::NetworkError naming addr:port when the port cannot be bound (already in use).
+void checkPortFree(const std::string& addr, int port);
+
+}  // namespace ddpl::launcher

@@ -1,0 +1,235 @@
+// Several `launch` agents on this machine form one job through the gRPC rendezvous, running a
+// real Gloo job (PyTorch, one worker per agent to keep two cores busy but not drowned).
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <memory>
+#include <regex>
+#include <sstream>
+
+#include "tests/common/subprocess.h"
+
+namespace fs = std::filesystem;
+using namespace ddpl::testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+const std::string kBin = DDPL_BIN_DIR;
+const std::string kElastic = std::string(DDPL_SOURCE_DIR) + "/tests/python/elastic_gloo.py";
+const std::string kFailRank = std::string(DDPL_SOURCE_DIR) + "/tests/integration/programs/fail_rank.sh";
+const std::string kEnvDump = std::string(DDPL_SOURCE_DIR) + "/tests/integration/programs/env_dump.sh";
+
+int freePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+int stepOf(const std::string& ckpt_dir) {
+  std::string s = readFile(ckpt_dir + "/step");
+  return s.empty() ? 0 : std::stoi(s);
+}
+
+int count(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (size_t p = text.find(needle); p != std::string::npos; p = text.find(needle, p + 1)) ++n;
+  return n;
+}
+
+class MultiNode : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    port_ = freePort();
+    ckpt_ = makeTempDir("elastic");
+    env_.env = {{"PYTHON_EXEC", DDPL_PYTHON}, {"CKPT_DIR", ckpt_}, {"TOTAL_STEPS", "40"},
+                {"STEP_SECONDS", "0.15"}, {"OMP_NUM_THREADS", "1"}};
+  }
+  std::string endpoint() const { return "127.0.0.1:" + std::to_string(port_); }
+  std::unique_ptr<Background> agent(const std::string& nnodes, const std::string& program,
+                                    std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {kBin + "/launch", "--nnodes=" + nnodes,
+                                     "--nproc-per-node=1", "--rdzv-backend=c10d",
+                                     "--rdzv-endpoint=" + endpoint(), "--rdzv-id=job"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.push_back(program);
+    return std::make_unique<Background>(args, env_);
+  }
+  std::unique_ptr<Background> server(std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {kBin + "/rdzv-server", "--port", std::to_string(port_)};
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto s = std::make_unique<Background>(args, env_);
+    EXPECT_TRUE(eventually([&] { return s->outputSoFar().find("serving on") != std::string::npos; }, 20s));
+    return s;
+  }
+  int port_ = 0;
+  std::string ckpt_;
+  RunOptions env_;
+};
+
+}  // namespace
+
+TEST_F(MultiNode, ThreeNodesFormOneWorldAndFinish) {
+  std::vector<std::unique_ptr<Background>> agents;
+  for (int i = 0; i < 3; ++i) agents.push_back(agent("3", kElastic));  // the first hosts
+  std::string all;
+  for (auto& a : agents) {
+    auto r = a->wait(180s);
+    EXPECT_EQ(r.exit_code, 0) << r.all();
+    all += r.all();
+  }
+  for (int rank = 0; rank < 3; ++rank)
+    EXPECT_NE(all.find("done rank=" + std::to_string(rank) + " world=3 step=40"), std::string::npos)
+        << all;
+  EXPECT_EQ(count(all, "hosted by this agent"), 1) << all;
+}
+
+TEST_F(MultiNode, SigkillOfOneAgentTheOthersReformAndFinish) {
+  env_.env["TOTAL_STEPS"] = "60";
+  auto a0 = agent("2:3", kElastic);
+  auto a1 = agent("2:3", kElastic);
+  auto a2 = agent("2:3", kElastic);
+  ASSERT_TRUE(eventually([&] { return stepOf(ckpt_) >= 5; }, 120s)) << a0->outputSoFar();
+  kill(a2->pid(), SIGKILL);
+  auto r0 = a0->wait(180s), r1 = a1->wait(180s);
+  EXPECT_EQ(r0.exit_code, 0) << r0.all();
+  EXPECT_EQ(r1.exit_code, 0) << r1.all();
+  std::string both = r0.all() + r1.all();
+  EXPECT_NE(both.find("evicted"), std::string::npos) << both;
+  EXPECT_EQ(count(both, "done rank="), 2) << both;
+  EXPECT_EQ(count(both, "world=2 step=60"), 2) << both;
+  // Resumed from the checkpoint, and a membership change does not consume a restart.
+  std::smatch m;
+  std::regex resumed("start rank=\\d world=2 step=(\\d+) restart=0");
+  ASSERT_TRUE(std::regex_search(both, m, resumed)) << both;
+  EXPECT_GE(std::stoi(m[1]), 5);
+}
+
+TEST_F(MultiNode, LateAgentJoinsTheNextRound) {
+  env_.env["TOTAL_STEPS"] = "60";
+  auto a0 = agent("2:3", kElastic, {"--rdzv-conf=last_call_timeout=1"});
+  auto a1 = agent("2:3", kElastic, {"--rdzv-conf=last_call_timeout=1"});
+  ASSERT_TRUE(eventually([&] { return stepOf(ckpt_) >= 5; }, 120s)) << a0->outputSoFar();
+  auto a2 = agent("2:3", kElastic, {"--rdzv-conf=last_call_timeout=1"});
+  std::string all;
+  for (auto* a : {a0.get(), a1.get(), a2.get()}) {
+    auto r = a->wait(180s);
+    EXPECT_EQ(r.exit_code, 0) << r.all();
+    all += r.all();
+  }
+  EXPECT_NE(all.find("wants to join"), std::string::npos) << all;
+  EXPECT_EQ(count(all, "world=3 step=60"), 3) << all;
+}
+
+TEST_F(MultiNode, SigtermToOneAgentDoesNotCloseTheJob) {
+  env_.env["TOTAL_STEPS"] = "60";
+  auto srv = server();
+  auto a0 = agent("2:3", kElastic);
+  auto a1 = agent("2:3", kElastic);
+  auto a2 = agent("2:3", kElastic);
+  ASSERT_TRUE(eventually([&] { return stepOf(ckpt_) >= 5; }, 120s)) << a0->outputSoFar();
+  kill(a0->pid(), SIGTERM);
+  auto r0 = a0->wait(60s);
+  EXPECT_EQ(r0.exit_code, 128 + SIGTERM) << r0.all();
+  auto r1 = a1->wait(180s), r2 = a2->wait(180s);
+  EXPECT_EQ(r1.exit_code, 0) << r1.all();
+  EXPECT_EQ(r2.exit_code, 0) << r2.all();
+  EXPECT_EQ(count(r1.all() + r2.all(), "world=2 step=60"), 2) << r1.all() << r2.all();
+}
+
+TEST_F(MultiNode, HungAgentIsEvictedAfterTheHeartbeatWindow) {
+  env_.env["TOTAL_STEPS"] = "60";
+  auto srv = server({"--heartbeat-window", "2"});
+  auto a0 = agent("2:3", kElastic);
+  auto a1 = agent("2:3", kElastic);
+  auto a2 = agent("2:3", kElastic);
+  ASSERT_TRUE(eventually([&] { return stepOf(ckpt_) >= 5; }, 120s)) << a0->outputSoFar();
+  kill(a2->pid(), SIGSTOP);
+  auto r0 = a0->wait(180s), r1 = a1->wait(180s);
+  kill(a2->pid(), SIGKILL);
+  EXPECT_EQ(r0.exit_code, 0) << r0.all();
+  EXPECT_EQ(r1.exit_code, 0) << r1.all();
+  std::string both = r0.all() + r1.all();
+  EXPECT_NE(both.find("no heartbeat"), std::string::npos) << both;
+  EXPECT_EQ(count(both, "world=2 step=60"), 2) << both;
+}
+
+TEST_F(MultiNode, FewerThanMinNodesFailEveryAgentAfterTheJoinTimeout) {
+  auto a0 = agent("3", kEnvDump, {"--rdzv-conf=join_timeout=2"});
+  auto a1 = agent("3", kEnvDump, {"--rdzv-conf=join_timeout=2"});
+  for (auto* a : {a0.get(), a1.get()}) {
+    auto r = a->wait(60s);
+    EXPECT_EQ(r.exit_code, 1) << r.all();
+    EXPECT_NE(r.err.find("2/3 nodes joined"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("join timeout"), std::string::npos) << r.err;
+  }
+}
+
+TEST_F(MultiNode, UnreachableRendezvousFailsWithinTheDeadlineNamingIt) {
+  auto a = agent("2", kEnvDump, {"--rdzv-conf=is_host=0,read_timeout=2"});
+  auto r = a->wait(60s);
+  EXPECT_EQ(r.exit_code, 1) << r.all();
+  EXPECT_NE(r.err.find(endpoint()), std::string::npos) << r.err;
+}
+
+TEST_F(MultiNode, WorkerFailureRestartsEveryNodeAndCountsPerJob) {
+  env_.env.insert({{"FAIL_RANK", "1"}, {"FAILS", "1"}, {"SLEEP", "0.5"}});
+  auto a0 = agent("2", kFailRank, {"--max-restarts=1", "--rdzv-conf=exit_barrier_timeout=30"});
+  auto a1 = agent("2", kFailRank, {"--max-restarts=1", "--rdzv-conf=exit_barrier_timeout=30"});
+  auto r0 = a0->wait(120s), r1 = a1->wait(120s);
+  EXPECT_EQ(r0.exit_code, 0) << r0.all();
+  EXPECT_EQ(r1.exit_code, 0) << r1.all();
+  std::string both = r0.out + r1.out;
+  EXPECT_NE(both.find("rank 0 done in attempt 1"), std::string::npos) << both;
+  EXPECT_NE(both.find("rank 1 done in attempt 1"), std::string::npos) << both;
+}
+
+TEST_F(MultiNode, FailureElsewhereIsReportedOnEveryNode) {
+  env_.env.insert({{"FAIL_RANK", "1"}, {"FAILS", "9"}, {"FAIL_CODE", "7"}, {"SLEEP", "300"}});
+  auto a0 = agent("2", kFailRank);
+  auto a1 = agent("2", kFailRank);
+  auto r0 = a0->wait(120s), r1 = a1->wait(120s);
+  // One node had the root cause (exit code 7 and the full report); the other names it.
+  std::string both = r0.err + r1.err;
+  EXPECT_TRUE((r0.exit_code == 7 && r1.exit_code == 1) || (r0.exit_code == 1 && r1.exit_code == 7))
+      << r0.all() << r1.all();
+  EXPECT_NE(both.find("Root Cause (first observed failure)"), std::string::npos) << both;
+  EXPECT_NE(both.find("the job failed on another node; root cause: host"), std::string::npos)
+      << both;
+  EXPECT_NE(both.find("rank 1 (local rank 0"), std::string::npos) << both;
+  EXPECT_NE(both.find("exit code 7"), std::string::npos) << both;
+}
+
+TEST_F(MultiNode, StaticRendezvousAcrossNodes) {
+  std::vector<std::unique_ptr<Background>> agents;
+  for (int node = 0; node < 2; ++node)
+    agents.push_back(std::make_unique<Background>(
+        std::vector<std::string>{kBin + "/launch", "--nnodes=2", "--node-rank=" + std::to_string(node),
+                                 "--nproc-per-node=2", "--master-port=" + std::to_string(port_),
+                                 kEnvDump},
+        env_));
+  std::string all;
+  for (auto& a : agents) {
+    auto r = a->wait(60s);
+    EXPECT_EQ(r.exit_code, 0) << r.all();
+    all += r.out;
+  }
+  for (int rank = 0; rank < 4; ++rank)
+    EXPECT_NE(all.find("[default" + std::to_string(rank) + "]:RANK=" + std::to_string(rank)),
+              std::string::npos)
+        << all;
+  EXPECT_EQ(count(all, "]:WORLD_SIZE=4"), 4) << all;
+  EXPECT_EQ(count(all, "GROUP_WORLD_SIZE=2"), 4) << all;
+  EXPECT_EQ(count(all, "MASTER_PORT=" + std::to_string(port_)), 4) << all;
+}
