@@ -13,7 +13,8 @@ PKGS=(build-essential cmake ninja-build ccache pkg-config
       libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libgloo-dev
       libopenmpi-dev openmpi-bin
       libgtest-dev libgmock-dev libbenchmark-dev
-      openssl procps iproute2 psmisc)
+      openssl procps iproute2 psmisc
+      slurmctld slurmd slurm-client munge)
 
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
@@ -49,5 +50,9 @@ fi
 if ! "$VENV/bin/python" -c "import torch,sys; sys.exit(0 if torch.__version__.split('+')[0]=='$TORCH_VERSION' else 1)" 2>/dev/null; then
   echo "setup: installing torch==$TORCH_VERSION into $VENV (large download, once)"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check "torch==$TORCH_VERSION" numpy
+fi
+if ! "$VENV/bin/python" -c "import yaml" 2>/dev/null; then
+  echo "setup: installing pyyaml into $VENV (deploy manifest tests)"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check pyyaml
 fi
 echo "setup: ok (torch $TORCH_VERSION in $VENV, Debian packages present)"

@@ -24,3 +24,15 @@ add_dependencies(launcher_integration_test store_client_program)
 ddpl_add_test(NAME multinode_test
   SOURCES integration/multinode_test.cc LIBS ddpl_test_util LABELS integration TIMEOUT 300)
 add_dependencies(multinode_test launch rdzv-server)
+
+# deploy/: manifests agree with the binaries' flags.
+add_test(NAME deploy_manifests_test
+  COMMAND ${DDPL_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/deploy_manifests_test.py ${CMAKE_BINARY_DIR}/bin)
+set_tests_properties(deploy_manifests_test PROPERTIES TIMEOUT 60 LABELS integration)
+
+# launch under a real one-host Slurm cluster that the test starts (skipped, saying why, where
+# it cannot start one).
+add_test(NAME slurm_test
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/slurm_test.sh ${CMAKE_BINARY_DIR}/bin ${PROJECT_SOURCE_DIR})
+set_tests_properties(slurm_test PROPERTIES TIMEOUT 240 LABELS integration SKIP_RETURN_CODE 77
+  RUN_SERIAL TRUE)

@@ -1,0 +1,118 @@
+"""deploy/: the Kubernetes manifests parse and agree with launch's flags, rdzv-server's flags,
+and each other (ports, names, secrets, exit codes). Usage: deploy_manifests_test.py BIN_DIR"""
+import glob
+import os
+import re
+import subprocess
+import sys
+import unittest
+
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = sys.argv.pop(1) if len(sys.argv) > 1 else os.path.join(ROOT, "build", "bin")
+
+
+def docs():
+    out = []
+    for path in sorted(glob.glob(os.path.join(ROOT, "deploy", "k8s", "*.yaml"))):
+        with open(path) as f:
+            out += [d for d in yaml.safe_load_all(f) if d]
+    return out
+
+
+def find(kind, name):
+    for d in docs():
+        if d["kind"] == kind and d["metadata"]["name"] == name:
+            return d
+    raise AssertionError(f"no {kind} named {name} in deploy/k8s")
+
+
+def help_flags(binary):
+    text = subprocess.run([os.path.join(BIN, binary), "--help"], capture_output=True,
+                          text=True, check=True).stdout
+    return set(re.findall(r"--[a-z][a-z0-9-]*", text))
+
+
+def flag_value(args, flag):
+    for i, a in enumerate(args):
+        if a == flag:
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    raise AssertionError(f"{flag} not in {args}")
+
+
+class K8sManifests(unittest.TestCase):
+    def test_every_document_parses_with_kind_and_name(self):
+        ds = docs()
+        self.assertGreaterEqual(len(ds), 5)
+        for d in ds:
+            self.assertIn("kind", d)
+            self.assertIn("name", d["metadata"])
+
+    def test_rdzv_server_flags_and_ports_agree(self):
+        dep = find("Deployment", "ddpl-rdzv")
+        c = dep["spec"]["template"]["spec"]["containers"][0]
+        known = help_flags("rdzv-server")
+        for a in c["args"]:
+            if a.startswith("--"):
+                self.assertIn(a.split("=")[0], known, f"rdzv-server has no flag {a}")
+        port = int(flag_value(c["args"], "--port"))
+        self.assertEqual(c["ports"][0]["containerPort"], port)
+        svc = find("Service", "ddpl-rdzv")
+        self.assertEqual(svc["spec"]["ports"][0]["port"], port)
+        self.assertEqual(svc["spec"]["ports"][0]["targetPort"], port)
+        self.assertEqual(svc["spec"]["selector"], dep["spec"]["template"]["metadata"]["labels"])
+
+    def test_training_job_uses_real_launch_flags_and_reaches_the_service(self):
+        job = find("Job", "ddpl-train")
+        c = job["spec"]["template"]["spec"]["containers"][0]
+        args = c["args"]
+        known = help_flags("launch")
+        program_at = next(i for i, a in enumerate(args) if not a.startswith("-"))
+        for a in args[:program_at]:
+            self.assertIn(a.split("=")[0], known, f"launch has no flag {a}")
+        host, port = flag_value(args, "--rdzv-endpoint").split(":")
+        svc = find("Service", host)
+        self.assertEqual(svc["spec"]["ports"][0]["port"], int(port))
+        nnodes = flag_value(args, "--nnodes")
+        lo, hi = (int(x) for x in nnodes.split(":"))
+        self.assertEqual(job["spec"]["completions"], hi)
+        self.assertLessEqual(lo, hi)
+        # The Job's pods are the headless Service's endpoints.
+        headless = find("Service", job["spec"]["template"]["spec"]["subdomain"])
+        self.assertEqual(headless["spec"]["clusterIP"], "None")
+
+    def test_token_comes_from_the_same_secret_everywhere(self):
+        secret = find("Secret", "ddpl-rdzv-token")
+        job = find("Job", "ddpl-train")
+        env = {e["name"]: e for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+        ref = env["DDPL_RDZV_TOKEN"]["valueFrom"]["secretKeyRef"]
+        self.assertEqual(ref["name"], secret["metadata"]["name"])
+        self.assertIn(ref["key"], secret["stringData"])
+        dep = find("Deployment", "ddpl-rdzv")
+        vols = dep["spec"]["template"]["spec"]["volumes"]
+        self.assertEqual(vols[0]["secret"]["secretName"], secret["metadata"]["name"])
+
+    def test_failure_policy_matches_launchs_usage_exit_code(self):
+        r = subprocess.run([os.path.join(BIN, "launch"), "--no-such-flag", "x"],
+                           capture_output=True)
+        job = find("Job", "ddpl-train")
+        rule = job["spec"]["podFailurePolicy"]["rules"][0]
+        self.assertEqual(rule["action"], "FailJob")
+        self.assertEqual(rule["onExitCodes"]["values"], [r.returncode])
+
+
+class Systemd(unittest.TestCase):
+    def test_unit_starts_rdzv_server_with_real_flags(self):
+        with open(os.path.join(ROOT, "deploy", "systemd", "rdzv-server.service")) as f:
+            line = next(l for l in f if l.startswith("ExecStart="))
+        known = help_flags("rdzv-server")
+        for a in line.split()[1:]:
+            if a.startswith("--"):
+                self.assertIn(a, known)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

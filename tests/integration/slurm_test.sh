@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# launch under a real Slurm: a one-host cluster (munged, slurmctld, slurmd from Debian) started
+# here in a private directory, with its own ports and munge socket. Exits 77 (CTest: skipped)
+# saying why when such a cluster cannot be started on this machine.
+# Usage: slurm_test.sh BIN_DIR SOURCE_DIR
+set -u
+BIN="$1"; SRC="$2"
+PROGS="$SRC/tests/integration/programs"
+skip() { echo "SKIP: $*"; exit 77; }
+fail() { echo "FAIL: $*"; for f in "$DIR"/*.log; do echo "--- $f"; tail -20 "$f"; done; exit 1; }
+
+[ "$(id -u)" = 0 ] || skip "needs root to run slurmd"
+for b in munged slurmctld slurmd srun sbatch sinfo scancel; do
+  command -v "$b" >/dev/null || skip "$b not installed (make setup installs slurmctld slurmd slurm-client munge)"
+done
+
+DIR="$(mktemp -d /tmp/ddpl-slurm-XXXXXX)"
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+  sleep 0.5
+  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
+  rm -rf "$DIR"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+HOST="$(hostname -s)"
+mkdir -p "$DIR/state" "$DIR/spool"
+head -c 1024 /dev/urandom > "$DIR/munge.key"; chmod 400 "$DIR/munge.key"
+munged --force --foreground --socket="$DIR/munge.sock" --key-file="$DIR/munge.key" \
+  --pid-file="$DIR/munged.pid" --log-file="$DIR/munged.log" --seed-file="$DIR/munge.seed" &
+PIDS+=($!)
+
+cat > "$DIR/slurm.conf" <<CONF
+ClusterName=ddpltest
+SlurmctldHost=$HOST
+SlurmctldPort=$(free_port)
+SlurmdPort=$(free_port)
+AuthType=auth/munge
+AuthInfo=socket=$DIR/munge.sock
+CredType=cred/munge
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation=$DIR/state
+SlurmdSpoolDir=$DIR/spool
+SlurmctldPidFile=$DIR/slurmctld.pid
+SlurmdPidFile=$DIR/slurmd.pid
+SlurmctldLogFile=$DIR/slurmctld.log
+SlurmdLogFile=$DIR/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+MpiDefault=none
+ReturnToService=2
+NodeName=$HOST CPUs=$(nproc) State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+CONF
+export SLURM_CONF="$DIR/slurm.conf"
+for i in $(seq 50); do [ -S "$DIR/munge.sock" ] && break; sleep 0.1; done
+[ -S "$DIR/munge.sock" ] || skip "munged did not start: $(tail -3 "$DIR/munged.log" 2>/dev/null)"
+slurmctld -D -i > "$DIR/slurmctld.out.log" 2>&1 & PIDS+=($!)
+slurmd -D > "$DIR/slurmd.out.log" 2>&1 & PIDS+=($!)
+ready=""
+for i in $(seq 150); do
+  state="$(sinfo -h -o %T 2>/dev/null | head -1)"
+  case "$state" in idle*|mixed*|allocated*) ready=1; break;; esac
+  sleep 0.2
+done
+[ -n "$ready" ] || skip "the one-host Slurm cluster did not come up (node state '${state:-none}'): $(tail -3 "$DIR/slurmd.log" "$DIR/slurmctld.log" 2>/dev/null | tr '\n' ' ')"
+echo "Slurm up on $HOST"
+
+# 1. srun launch: workers get the torchrun environment from launch inside a Slurm step.
+out="$(timeout 120 srun -N1 -n1 "$BIN/launch" --nproc-per-node=2 "$PROGS/env_dump.sh" 2>&1)" || fail "srun launch failed: $out"
+echo "$out" | grep -q '^\[default1\]:RANK=1$' || fail "no rank 1 in: $out"
+echo "$out" | grep -q '^\[default0\]:WORLD_SIZE=2$' || fail "wrong world size in: $out"
+echo "ok: srun launch"
+
+# 2. The ready sbatch script, as users submit it.
+jobout="$DIR/job.out"
+LAUNCH="$BIN/launch" NPROC_PER_NODE=2 timeout 120 sbatch --wait --nodes=1 -o "$jobout" \
+  "$SRC/deploy/slurm/train.sbatch" "$PROGS/env_dump.sh" >/dev/null || fail "sbatch job failed: $(cat "$jobout")"
+grep -q '^\[default1\]:RANK=1$' "$jobout" || fail "sbatch output lacks rank 1: $(cat "$jobout")"
+echo "ok: deploy/slurm/train.sbatch"
+
+# 3. Preemption warning: SIGUSR1 from Slurm reaches the workers through launch.
+sigdir="$DIR/sig"; mkdir -p "$sigdir"
+jobid="$(OUT_DIR="$sigdir" LAUNCH="$BIN/launch" NPROC_PER_NODE=2 sbatch --parsable --nodes=1 \
+  -o "$DIR/sig.out" "$SRC/deploy/slurm/train.sbatch" "$PROGS/trap_term.sh")" || fail "sbatch failed"
+for i in $(seq 150); do [ -f "$sigdir/ready.0" ] && [ -f "$sigdir/ready.1" ] && break; sleep 0.2; done
+[ -f "$sigdir/ready.1" ] || fail "workers did not start: $(cat "$DIR/sig.out")"
+scancel --signal=USR1 "$jobid"
+# Slurm signals every process of the step, and launch forwards too: each worker must see it.
+got_both() { grep -q "got USR1" "$sigdir/signals.0" 2>/dev/null && grep -q "got USR1" "$sigdir/signals.1" 2>/dev/null; }
+for i in $(seq 100); do got_both && break; sleep 0.1; done
+got_both || fail "SIGUSR1 did not reach both workers: $(cat "$DIR/sig.out")"
+grep -q "received SIGUSR1" "$DIR/sig.out" || fail "launch did not see SIGUSR1: $(cat "$DIR/sig.out")"
+scancel "$jobid"
+echo "ok: SIGUSR1 forwarded to the workers"
+echo "slurm_test: 3 passed, 0 failed"
