@@ -11,12 +11,17 @@
 #include <thread>
 
 #include "common/errors.h"
+#include "ddpl/config.h"
 #include "worker/log_bridge.h"
 #include "worker/backends.h"
 #include "worker/build_config.h"
+#include "worker/mpi_env.h"
 #include "worker/store_adapter.h"
 #if DDPL_WORKER_GRPC_STORE
 #include "rendezvous/grpc_store.h"
+#endif
+#if DDPL_WITH_MPI
+#include "worker/mpi_bootstrap.h"
 #endif
 
 extern char** environ;
@@ -43,6 +48,53 @@ int parseInt(const Environment& env, const std::string& name, int fallback) {
 
 bool parseBool(const std::string& text) {
   return text == "1" || text == "True" || text == "true" || text == "TRUE" || text == "yes";
+}
+
+bool isSet(const Environment& env, const std::string& name) { return !lookup(env, name, "").empty(); }
+
+// An MPI launcher started us (worker/mpi_env.h): rank and sizes come from its variables, and any
+// torchrun variable also present (`launch --launcher=mpi` exports WORLD_SIZE) must agree.
+void applyMpiLaunch(SessionOptions& o, const Environment& env) {
+  const BootstrapMode mode = parseBootstrapMode(lookup(env, "DDPL_BOOTSTRAP", "auto"));
+  const bool hasRank = isSet(env, "RANK"), hasWorld = isSet(env, "WORLD_SIZE");
+  std::optional<MpiLaunch> launch;
+  // Both torchrun variables win over MPI's: `launch` or torchrun may itself run under mpirun.
+  if (mode == BootstrapMode::kMpi || (mode == BootstrapMode::kAuto && !(hasRank && hasWorld))) {
+    launch = detectMpiLaunch(env);
+  }
+  if (!launch) {
+    if (mode == BootstrapMode::kMpi) {
+      throw InvalidArgument("DDPL_BOOTSTRAP=mpi but no MPI launcher started this process (none of "
+                            "OMPI_COMM_WORLD_RANK, PMI_RANK, PMIX_RANK, or SLURM_PROCID in a job step is set)");
+    }
+    if (hasRank != hasWorld) {
+      throw InvalidArgument(std::string(hasRank ? "RANK" : "WORLD_SIZE") + " is set but " +
+                            (hasRank ? "WORLD_SIZE" : "RANK") +
+                            " is not: a partial launcher environment; set both, or start the program with "
+                            "launch, torchrun or mpirun");
+    }
+    return;
+  }
+  const std::string from = " but the " + launch->source + " launch says ";
+  const std::string vars = " (" + launch->variables + ")";
+  auto agree = [&](const char* name, int value, std::optional<int> mpiValue, const char* what) {
+    if (isSet(env, name) && mpiValue && value != *mpiValue) {
+      throw InvalidArgument(std::string(name) + "=" + std::to_string(value) + from + what + " " +
+                            std::to_string(*mpiValue) + vars + ": inconsistent launcher environment");
+    }
+  };
+  agree("RANK", o.rank, launch->rank, "rank");
+  agree("WORLD_SIZE", o.worldSize, launch->worldSize, "world size");
+  agree("LOCAL_RANK", o.localRank, launch->localRank, "local rank");
+  agree("LOCAL_WORLD_SIZE", o.localWorldSize, launch->localWorldSize, "local world size");
+  o.mpiBootstrap = true;
+  o.mpiVariables = launch->source + ": " + launch->variables;
+  o.rank = launch->rank;
+  o.worldSize = launch->worldSize.value_or(-1);
+  o.localRank = launch->localRank.value_or(-1);
+  o.localWorldSize = launch->localWorldSize.value_or(-1);
+  o.masterAddr = lookup(env, "MASTER_ADDR", "");
+  o.masterPort = parseInt(env, "MASTER_PORT", 0);
 }
 
 constexpr int kHandledSignals[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
@@ -85,6 +137,7 @@ SessionOptions SessionOptions::fromEnvironment(const Environment& env) {
   o.localWorldSize = parseInt(env, "LOCAL_WORLD_SIZE", 1);
   o.masterAddr = lookup(env, "MASTER_ADDR", o.masterAddr);
   o.masterPort = parseInt(env, "MASTER_PORT", o.masterPort);
+  applyMpiLaunch(o, env);
   o.agentHostsStore = parseBool(lookup(env, "TORCHELASTIC_USE_AGENT_STORE", "False"));
   o.restartCount = parseInt(env, "TORCHELASTIC_RESTART_COUNT", 0);
   o.runId = lookup(env, "TORCHELASTIC_RUN_ID", "");
@@ -94,12 +147,14 @@ SessionOptions SessionOptions::fromEnvironment(const Environment& env) {
   o.storePrefix = lookup(env, "DDPL_STORE_PREFIX", "");
   o.backend = parseBackendKind(lookup(env, "DDPL_BACKEND", "auto"));
   o.glooInterface = lookup(env, "GLOO_SOCKET_IFNAME", "");
-  if (o.worldSize < 1) throw InvalidArgument("WORLD_SIZE must be >= 1, got " + std::to_string(o.worldSize));
-  if (o.rank < 0 || o.rank >= o.worldSize) {
+  if (o.worldSize < 1 && !o.mpiBootstrap) {
+    throw InvalidArgument("WORLD_SIZE must be >= 1, got " + std::to_string(o.worldSize));
+  }
+  if (o.rank < 0 || (o.worldSize >= 1 && o.rank >= o.worldSize)) {
     throw InvalidArgument("RANK " + std::to_string(o.rank) + " outside [0, WORLD_SIZE=" +
                           std::to_string(o.worldSize) + ")");
   }
-  if (o.masterPort <= 0 || o.masterPort > 65535) {
+  if (o.masterPort < (o.mpiBootstrap ? 0 : 1) || o.masterPort > 65535) {
     throw InvalidArgument("MASTER_PORT " + std::to_string(o.masterPort) + " is not a port");
   }
   return o;
@@ -165,6 +220,94 @@ c10::intrusive_ptr<c10d::Store> connectStore(const SessionOptions& o) {
   return store;
 }
 
+// mpirun or srun started this rank (SessionOptions::mpiBootstrap): no launcher and no separate
+// rendezvous server. MPI supplies rank, world and local rank; rank 0 hosts a TCPStore on a free
+// port (or MASTER_PORT) and MPI_Bcast tells every rank where it is. Gloo and NCCL (its unique
+// id) then bootstrap from that store exactly as under `launch`.
+c10::intrusive_ptr<c10d::Store> connectStoreThroughMpi(SessionOptions& o) {
+  auto host = [&](const std::string& advertised, const std::string& local) {
+    c10d::TCPStoreOptions tcp;
+    tcp.port = static_cast<uint16_t>(o.masterPort);
+    tcp.isServer = true;
+    tcp.numWorkers = o.worldSize;
+    tcp.waitWorkers = false;
+    tcp.multiTenant = true;
+    tcp.timeout = o.storeTimeout;
+    auto store = c10::make_intrusive<c10d::TCPStore>(local, tcp);
+    return std::make_pair(store, advertised + ":" + std::to_string(store->getPort()));
+  };
+#if DDPL_WITH_MPI
+  const mpi::World world = mpi::initialize();
+  if (o.rank != world.rank || (o.worldSize >= 1 && o.worldSize != world.size)) {
+    throw BackendError("MPI_COMM_WORLD has rank " + std::to_string(world.rank) + " of " +
+                       std::to_string(world.size) + " but the launcher's variables say rank " + std::to_string(o.rank) +
+                       " of " + (o.worldSize >= 1 ? std::to_string(o.worldSize) : std::string("?")) + " (" +
+                       o.mpiVariables + "): the ranks were not started as one MPI job (under Slurm: srun --mpi=pmix)");
+  }
+  o.worldSize = world.size;
+  if (o.localRank < 0 || o.localWorldSize < 0) {
+    o.localRank = world.localRank;
+    o.localWorldSize = world.localSize;
+  } else if (o.localRank != world.localRank) {
+    wlog::warn("local rank " + std::to_string(o.localRank) + " from the launcher (" + o.mpiVariables +
+               ") differs from MPI's node split (" + std::to_string(world.localRank) + "): using the launcher's");
+  }
+  std::string endpoint;
+  c10::intrusive_ptr<c10d::Store> store;
+  if (o.rank == 0) {
+    // Every rank on this node: loopback. Otherwise the name peers resolve, as torchrun's default.
+    std::string advertised = o.masterAddr;
+    if (advertised.empty()) advertised = world.localSize == world.size ? "127.0.0.1" : world.processorName;
+    try {
+      auto [server, address] = host(advertised, "127.0.0.1");
+      store = server;
+      endpoint = address;
+    } catch (const std::exception& e) {
+      // The others are already waiting in MPI_Bcast: tell them why nothing comes.
+      endpoint = std::string("error:") + e.what();
+    }
+  }
+  endpoint = mpi::broadcastFromRoot(endpoint);
+  if (endpoint.rfind("error:", 0) == 0) {
+    throw NetworkError("rank 0 could not host the TCPStore" +
+                       (o.masterPort ? " on port " + std::to_string(o.masterPort) : std::string()) + ": " +
+                       endpoint.substr(6));
+  }
+  const auto colon = endpoint.rfind(':');
+  o.masterAddr = endpoint.substr(0, colon);
+  o.masterPort = std::stoi(endpoint.substr(colon + 1));
+  wlog::info("store: TCPStore " + endpoint + (o.rank == 0 ? " (hosted by this rank)" : " (client)") +
+             ", address shared through MPI; " + o.mpiVariables);
+  if (store) return store;
+  c10d::TCPStoreOptions tcp;
+  tcp.port = static_cast<uint16_t>(o.masterPort);
+  tcp.isServer = false;
+  tcp.numWorkers = o.worldSize;
+  tcp.waitWorkers = false;
+  tcp.timeout = o.storeTimeout;
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(o.masterAddr, tcp);
+  } catch (const std::exception& e) {
+    throw NetworkError("cannot reach rank 0's TCPStore at " + endpoint + " (address shared through MPI): " +
+                       e.what());
+  }
+#else
+  if (o.worldSize != 1) {
+    throw InvalidArgument("started by an MPI launcher (" + o.mpiVariables +
+                          ") but this build of ddpl_worker has no MPI support (configure with OpenMPI "
+                          "installed and DDPL_WITH_MPI=ON), or start the program with launch or torchrun");
+  }
+  // mpirun -np 1: a world of one needs no peer, only its own store.
+  o.localRank = 0;
+  o.localWorldSize = 1;
+  auto [server, address] = host("127.0.0.1", "127.0.0.1");
+  o.masterAddr = "127.0.0.1";
+  o.masterPort = server->getPort();
+  wlog::info("store: TCPStore " + address + " for a one-rank MPI launch (this build has no MPI)");
+  return server;
+#endif
+}
+
 void runCleanup(Session& session, Session::Impl& impl, bool normalExit) {
   std::vector<std::pair<std::string, Session::Hook>> hooks;
   {
@@ -228,7 +371,7 @@ Session::Session(SessionOptions options, std::vector<Hook> setupHooks) : impl_(s
   }
 
   try {
-    impl_->store = connectStore(o);
+    impl_->store = o.mpiBootstrap ? connectStoreThroughMpi(impl_->options) : connectStore(o);
     detail::BackendSpec spec;
     spec.store = c10::make_intrusive<c10d::PrefixStore>("default_pg", impl_->store);
     spec.rank = o.rank;
@@ -263,6 +406,10 @@ void Session::teardown(Impl& impl, bool normalExit) {
   runCleanup(*this, impl, normalExit);
   impl.backend.reset();
   impl.store.reset();
+#if DDPL_WITH_MPI
+  // After a failure MPI is not finalized: mpirun sees the rank leave and ends the whole job.
+  if (impl.options.mpiBootstrap) mpi::sessionEnded(normalExit);
+#endif
   if (impl.signalThread.joinable()) {
     impl.stopping.store(true);
     pthread_kill(impl.signalThread.native_handle(), SIGTERM);

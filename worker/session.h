@@ -52,10 +52,21 @@ struct SessionOptions {
   bool barrierOnExit = true;
   // Run cleanup hooks on SIGTERM/SIGINT/SIGHUP from the launcher, then die by that signal.
   bool handleSignals = true;
+  // Set when an MPI launcher (mpirun, srun) started this process without the torchrun
+  // variables (worker/mpi_env.h): the session initialises MPI, takes rank and sizes from it,
+  // and rank 0 hosts the TCPStore, whose address reaches the others through MPI_Bcast.
+  // masterPort 0 then means a free port; an empty masterAddr, rank 0's host name (127.0.0.1
+  // when every rank is on one node). Sizes the launcher does not export are -1 until the
+  // session starts (PMIx gives no size; local ranks then come from MPI's node split).
+  bool mpiBootstrap = false;
+  std::string mpiVariables;  // the launcher variables read, for messages
 
   // Reads RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
   // TORCHELASTIC_*, DDPL_STORE_*, DDPL_BACKEND, GLOO_SOCKET_IFNAME. Malformed numbers are an
-  // InvalidArgument naming the variable.
+  // InvalidArgument naming the variable. Without RANK and WORLD_SIZE, an MPI launcher's
+  // variables (OMPI_COMM_WORLD_*, PMI_*, PMIX_RANK, SLURM_*; DDPL_BOOTSTRAP=auto|env|mpi)
+  // select the MPI bootstrap; RANK without WORLD_SIZE (or the reverse) outside an MPI launch,
+  // or values that contradict MPI's, are an InvalidArgument.
   static SessionOptions fromEnvironment(const Environment& env);
   // The same over this process's environment; call it in main, not in libraries.
   static SessionOptions fromEnvironment();
