@@ -188,6 +188,24 @@ const std::vector<Flag>& flags() {
              "(a .py PROGRAM already runs under python)",
              f));
        }},
+      {{"--launcher"}, true, "native|mpi",
+       "native: launch supervises the workers (default); mpi: run the job with OpenMPI's mpirun "
+       "(docs/mpi.md)",
+       [](auto& f, auto& v, auto& o) {
+         if (v != "native" && v != "mpi")
+           throw UsageError(fmt::format("{}: '{}' is not native or mpi", f, v));
+         o.launcher = v;
+       }},
+      {{"--hostfile"}, true, "FILE", "with --launcher=mpi: hosts and slots, as OpenMPI's hostfile",
+       [](auto& f, auto& v, auto& o) {
+         if (v.empty()) throw UsageError(fmt::format("{}: empty file name", f));
+         o.hostfile = v;
+       }},
+      {{"--mpi-args"}, true, "\"ARGS\"",
+       "with --launcher=mpi: extra mpirun arguments (binding, mapping, -x VAR), split like a shell",
+       [](auto&, auto& v, auto& o) { o.mpi_args = v; }},
+      {{"--dry-run"}, false, "", "with --launcher=mpi: print the mpirun command and exit",
+       [](auto& f, auto& v, auto& o) { o.dry_run = parseBool(f, v); }},
       {{"--log-level"}, true, "LEVEL", "launcher log level: debug, info, warn, error (default info)",
        [](auto& f, auto& v, auto& o) {
          static const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "critical",
@@ -449,6 +467,8 @@ ParseResult parseCommandLine(const std::vector<std::string>& args,
   o.program = args[i];
   o.program_args.assign(args.begin() + static_cast<long>(i) + 1, args.end());
 
+  if (o.launcher != "mpi" && (!o.hostfile.empty() || !o.mpi_args.empty() || o.dry_run))
+    throw UsageError("--hostfile, --mpi-args and --dry-run go with --launcher=mpi");
   if (o.signals_to_handle.empty()) o.signals_to_handle = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
   if (o.standalone && (o.nnodes_min != 1 || o.nnodes_max != 1))
     throw UsageError(fmt::format("--standalone runs one node, but --nnodes={}:{} was given",

@@ -3,6 +3,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <random>
@@ -17,6 +18,7 @@
 #include "rendezvous/token.h"
 #include "launcher/gpu.h"
 #include "launcher/local_rendezvous.h"
+#include "launcher/mpi_launch.h"
 #include "launcher/process.h"
 #include "launcher/worker_spec.h"
 
@@ -128,6 +130,18 @@ int main(int argc, char** argv) {
     return 0;
   }
   LaunchOptions& o = parsed.options;
+  if (o.launcher == "mpi") {
+    // launcher/mpi_launch.h: exec mpirun (or print its command); nothing below applies.
+    try {
+      const auto& g = parsed.given_flags;
+      const bool nproc_given = std::find(g.begin(), g.end(), "--nproc-per-node") != g.end();
+      std::optional<int> nproc;
+      if (nproc_given) nproc = resolveNproc(o.nproc_per_node, env);
+      return runMpiLaunch(o, env, nproc, g);
+    } catch (const std::exception& e) {
+      return usage(e.what());
+    }
+  }
   std::string slurm_note;
   try {
     slurm_note = applySlurmDefaults(o, parsed.given_flags, env);

@@ -89,6 +89,12 @@ struct LaunchOptions {
 
   bool elastic() const { return rdzv_backend != "static"; }
 
+  // --launcher=mpi (launcher/mpi_launch.h): mpirun starts the ranks, launch only builds its command.
+  std::string launcher = "native";  // native | mpi
+  std::string hostfile;             // empty: this host only
+  std::string mpi_args;             // passed through to mpirun, split like a shell
+  bool dry_run = false;             // print the mpirun command and exit 0
+
   // What to run.
   TargetKind target_kind = TargetKind::kAuto;
   std::string program;
