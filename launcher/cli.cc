@@ -477,6 +477,23 @@ ParseResult parseCommandLine(const std::vector<std::string>& args,
   return result;
 }
 
+namespace {
+// Word-wraps `text` for a column starting at `indent`, lines at most `width` wide.
+std::string wrap(const std::string& text, size_t indent, size_t width) {
+  std::string out, line;
+  std::istringstream words(text);
+  std::string w;
+  while (words >> w) {
+    if (!line.empty() && indent + line.size() + 1 + w.size() > width) {
+      out += line + "\n" + std::string(indent, ' ');
+      line.clear();
+    }
+    line += (line.empty() ? "" : " ") + w;
+  }
+  return out + line + "\n";
+}
+}  // namespace
+
 std::string helpText() {
   std::string out =
       "usage: launch [options] PROGRAM [ARGS...]\n\n"
@@ -492,7 +509,7 @@ std::string helpText() {
     for (auto it = f.names.rbegin(); it != f.names.rend(); ++it)
       names += (names.empty() ? "" : ", ") + *it;
     if (f.takes_value) names += " " + f.metavar;
-    out += fmt::format("  {:<34} {}\n", names, f.help);
+    out += fmt::format("  {:<34} {}", names, wrap(f.help, 37, 100));
   }
   out += fmt::format("  {:<34} {}\n", "-h, --help", "show this help");
   out += fmt::format("  {:<34} {}\n", "--version", "print the version");
