@@ -37,9 +37,10 @@ struct SyntheticSpec {
 
 // A learnable image-classification set generated deterministically from spec.seed (the same
 // bytes on every rank and every run): each class is a pair of oriented colour gratings with its
-// own frequencies; every image draws random phases and amplitudes, adds a distractor grating
-// shared by no class and pixel noise. Recognising a class means finding orientation, frequency
-// and colour regardless of position: what early convolution layers learn.
+// own frequencies; every image jitters those frequencies and angles, draws random phases and
+// amplitudes, and adds two gratings of no class and pixel noise. Recognising a class means
+// finding orientation, frequency and colour regardless of position: what early convolution
+// layers learn.
 Dataset makeSynthetic(const SyntheticSpec& spec);
 
 Dataset fromCifar10(const Cifar10& data, bool augment);

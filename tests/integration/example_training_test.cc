@@ -1,0 +1,147 @@
+// ddp_resnet as users run it: real ranks over Gloo on loopback, started by `launch` or the
+// pinned torchrun, judged by what rank 0 prints and the summary it writes. Budgets are small
+// (a narrow ResNet-18, a few hundred images per rank); nothing here asserts on speed.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "tests/common/subprocess.h"
+#include "tests/integration/example_cifar_files.h"
+#include "tests/integration/example_procs.h"
+
+namespace et = ddpl::example::testing;
+namespace dt = ddpl::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr auto kRunTimeout = std::chrono::seconds(150);
+
+class ExampleTraining : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = dt::makeTempDir("ddpl-example-train"); }
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+
+  dt::RunResult launch(const std::vector<std::string>& trainerArgs, int nproc = 2) {
+    std::vector<std::string> argv{et::binary("launch"), "--standalone", "--nproc-per-node=" + std::to_string(nproc),
+                                  et::trainer()};
+    argv.insert(argv.end(), trainerArgs.begin(), trainerArgs.end());
+    return dt::run(argv, options());
+  }
+  dt::RunOptions options() const {
+    dt::RunOptions o;
+    o.env = {{"OMP_NUM_THREADS", "1"}, {"DDPL_BACKEND", "gloo"}};
+    o.timeout = kRunTimeout;
+    return o;
+  }
+  // A small job: 2048 synthetic images, 32 per rank per step -> 32 steps per epoch on 2 ranks.
+  std::vector<std::string> smallJob(int epochs) const {
+    return {"--width", "8", "--train-size", "2048", "--test-size", "512", "--batch-size", "32",
+            "--epochs", std::to_string(epochs), "--lr", "0.2", "--checkpoint-dir", dir_ + "/ckpt",
+            "--summary-json", dir_ + "/summary.json", "--log-every", "8"};
+  }
+  std::string dir_;
+};
+
+TEST_F(ExampleTraining, TwoRanksLearnTheSyntheticSetWellAboveChance) {
+  const auto r = launch(smallJob(3));
+  ASSERT_FALSE(r.timed_out) << r.all();
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  const auto s = et::summary(dir_ + "/summary.json");
+  ASSERT_FALSE(s.empty()) << r.all();
+  EXPECT_EQ(s["world_size"], 2);
+  EXPECT_EQ(s["backend"], "gloo");
+  EXPECT_EQ(s["total_steps"], 3 * 32);
+  EXPECT_EQ(s["final_step"], 3 * 32);
+  EXPECT_EQ(s["test_images"], 512);
+  // Ten classes: chance is 10%.
+  EXPECT_GT(s["final_top1"].get<double>(), 0.35) << r.all();
+  const auto& log = s["epoch_log"];
+  ASSERT_EQ(log.size(), 3u);
+  EXPECT_LT(log[2]["train_loss"].get<double>(), log[0]["train_loss"].get<double>()) << log.dump();
+  // What the user reads: rank 0's lines only, progress, per-epoch results and the summary.
+  EXPECT_NE(r.out.find("[default0]:epoch 1/3  step 8/32  loss "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[default0]:epoch 3/3 done: train loss "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[default0]:final test top-1: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[default0]:checkpoint: " + dir_ + "/ckpt/ckpt-step00000096.pt"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("[default1]:epoch"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(dir_ + "/ckpt/ckpt-step00000096.pt"));
+  EXPECT_TRUE(fs::exists(dir_ + "/ckpt/ckpt-step00000064.pt"));  // --keep-checkpoints 2
+  EXPECT_FALSE(fs::exists(dir_ + "/ckpt/ckpt-step00000032.pt"));
+}
+
+TEST_F(ExampleTraining, ReadsCifar10FilesShardedOverTwoRanks) {
+  // 2 x 400 training records in two files, 200 test records: a reader that misaligned labels and
+  // pixels would leave the network at chance.
+  fs::create_directories(dir_ + "/cifar");
+  et::writeCifarFile(dir_ + "/cifar/data_batch_1.bin", 400, 11);
+  et::writeCifarFile(dir_ + "/cifar/data_batch_2.bin", 400, 12);
+  et::writeCifarFile(dir_ + "/cifar/test_batch.bin", 200, 13);
+  const auto r = launch({"--data", dir_ + "/cifar", "--width", "8", "--batch-size", "25", "--epochs", "3",
+                         "--lr", "0.1", "--checkpoint-dir", "", "--summary-json", dir_ + "/summary.json"});
+  ASSERT_FALSE(r.timed_out) << r.all();
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_NE(r.out.find("data: CIFAR-10: 800 train (2 files) / 200 test images, random crop + flip"), std::string::npos)
+      << r.out;
+  const auto s = et::summary(dir_ + "/summary.json");
+  EXPECT_EQ(s["steps_per_epoch"], 16);  // 400 images per rank / 25
+  EXPECT_EQ(s["test_images"], 200);
+  EXPECT_EQ(s["checkpoint"], "");
+  EXPECT_GT(s["final_top1"].get<double>(), 0.5) << r.all();
+}
+
+TEST_F(ExampleTraining, ResumeFlagContinuesAFinishedRunAndPlainStartBeginsAfresh) {
+  // A single rank without any launcher: the same program, world size 1.
+  dt::RunOptions o = options();
+  std::vector<std::string> argv{et::trainer()};
+  auto first = smallJob(1);
+  argv.insert(argv.end(), first.begin(), first.end());
+  auto r = dt::run(argv, o);
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_EQ(et::summary(dir_ + "/summary.json")["final_step"], 64);  // 2048 / 32 on one rank
+
+  // Two epochs with --resume: the first epoch is not repeated.
+  argv = {et::trainer()};
+  auto second = smallJob(2);
+  second.push_back("--resume");
+  argv.insert(argv.end(), second.begin(), second.end());
+  r = dt::run(argv, o);
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  auto s = et::summary(dir_ + "/summary.json");
+  EXPECT_EQ(s["start_step"], 64);
+  EXPECT_EQ(s["final_step"], 128);
+  EXPECT_EQ(s["steps_this_run"], 64);
+  EXPECT_EQ(s["resumed_from"], dir_ + "/ckpt/ckpt-step00000064.pt");
+  EXPECT_EQ(s["epoch_log"].size(), 1u);
+
+  // Without --resume a first start ignores (and removes) the earlier run's checkpoints.
+  argv = {et::trainer()};
+  argv.insert(argv.end(), first.begin(), first.end());
+  r = dt::run(argv, o);
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_NE(r.out.find("starting afresh: removed 2 checkpoint(s)"), std::string::npos) << r.out;
+  s = et::summary(dir_ + "/summary.json");
+  EXPECT_EQ(s["start_step"], 0);
+  EXPECT_EQ(s["final_step"], 64);
+  EXPECT_FALSE(fs::exists(dir_ + "/ckpt/ckpt-step00000128.pt"));
+}
+
+TEST_F(ExampleTraining, RunsUnderThePinnedTorchrun) {
+  if (!fs::exists(et::torchrun())) GTEST_SKIP() << "no torchrun next to " << DDPL_PYTHON;
+  std::vector<std::string> argv{et::torchrun(), "--standalone", "--nproc-per-node=2", "--no-python", et::trainer()};
+  const auto job = smallJob(1);
+  argv.insert(argv.end(), job.begin(), job.end());
+  const auto r = dt::run(argv, options());
+  ASSERT_FALSE(r.timed_out) << r.all();
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  const auto s = et::summary(dir_ + "/summary.json");
+  EXPECT_EQ(s["world_size"], 2);
+  EXPECT_EQ(s["final_step"], 32);
+  EXPECT_GT(s["final_top1"].get<double>(), 0.0);
+  // torchrun's TCPStore (hosted by its agent), not our gRPC store: the worker found it alone.
+  EXPECT_EQ(r.all().find("ddplaunch rendezvous store"), std::string::npos) << r.all();
+}
+
+}  // namespace
