@@ -36,3 +36,8 @@ add_test(NAME slurm_test
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/slurm_test.sh ${CMAKE_BINARY_DIR}/bin ${PROJECT_SOURCE_DIR})
 set_tests_properties(slurm_test PROPERTIES TIMEOUT 240 LABELS integration SKIP_RETURN_CODE 77
   RUN_SERIAL TRUE)
+
+# Three hosts with their own addresses (network namespaces the test makes), a real Gloo job.
+add_test(NAME netns_test
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/netns_test.sh ${CMAKE_BINARY_DIR}/bin ${PROJECT_SOURCE_DIR} ${DDPL_PYTHON})
+set_tests_properties(netns_test PROPERTIES TIMEOUT 180 LABELS integration SKIP_RETURN_CODE 77)
