@@ -88,6 +88,8 @@ uint64_t mix(uint64_t a, uint64_t b) {
 // pointer file that could itself be half-written.
 class CheckpointDir {
  public:
+  static constexpr const char* kRunIdFile = "run_id";
+
   CheckpointDir(std::string dir, int keep) : dir_(std::move(dir)), keep_(keep) {}
 
   bool enabled() const { return !dir_.empty(); }
@@ -127,6 +129,20 @@ class CheckpointDir {
     const auto all = list();
     std::error_code ec;
     for (size_t i = static_cast<size_t>(keep_); i < all.size(); ++i) fs::remove(all[i].second, ec);
+  }
+
+  // The job (TORCHELASTIC_RUN_ID) whose checkpoints these are.
+  std::string storedRunId() const {
+    std::ifstream in(dir_ + "/" + kRunIdFile);
+    std::string id;
+    std::getline(in, id);
+    return id;
+  }
+  void storeRunId(const std::string& id) const {
+    if (id.empty() || storedRunId() == id) return;
+    const std::string tmp = dir_ + "/" + kRunIdFile + ".tmp";
+    std::ofstream(tmp) << id << "\n";
+    fs::rename(tmp, dir_ + "/" + kRunIdFile);
   }
 
   size_t removeAll() const {
@@ -308,16 +324,29 @@ int train(const Options& o, const dw::SessionOptions& sessionOptions, const std:
                  " warm-up steps then cosine decay" +
                  (checkpoints.enabled() ? "; checkpoints in " + checkpoints.dir() : "; no checkpoints"));
 
-  // Resume: always after a launcher restart, on a first start only with --resume.
+  // Resume whenever this is the same job started again: after a restart (a worker failed) and
+  // after the group re-formed around a node that left or joined, which keeps the restart count
+  // but not the run id. A new job (another run id) starts afresh unless --resume says
+  // otherwise. Rank 0 decides, so that no rank reads the run id while rank 0 rewrites it.
   int64_t startStep = 0;
   std::string resumedFrom;
-  const bool resuming = o.resume || sessionOptions.restartCount > 0;
+  std::string resumeReason;
   if (checkpoints.enabled()) {
+    int64_t decision = 0;  // 0: afresh, 1: --resume, 2: restart, 3: same run re-formed
     if (rank == 0) {
       fs::create_directories(checkpoints.dir());
       checkpoints.removeTemporaries();
+      if (sessionOptions.restartCount > 0) decision = 2;
+      else if (!sessionOptions.runId.empty() && checkpoints.storedRunId() == sessionOptions.runId) decision = 3;
+      else if (o.resume) decision = 1;
     }
-    if (resuming) {
+    decision = allReduce(session, torch::tensor({decision}, torch::TensorOptions().dtype(torch::kLong).device(device)),
+                         c10d::ReduceOp::MAX)
+                   .item<int64_t>();
+    if (decision > 0) {
+      resumeReason = decision == 2   ? "restart " + std::to_string(sessionOptions.restartCount)
+                     : decision == 3 ? "run " + sessionOptions.runId + " started again"
+                                     : "--resume";
       for (const auto& [step, path] : checkpoints.list()) {
         try {
           if (dw::loadCheckpoint(path, refs)) {
@@ -345,6 +374,7 @@ int train(const Options& o, const dw::SessionOptions& sessionOptions, const std:
                        checkpoints.dir() + " (--resume continues from them instead)");
       }
     }
+    if (rank == 0) checkpoints.storeRunId(sessionOptions.runId);
   }
   // Every rank must continue from the same step; differing answers mean the directory is not
   // shared between the nodes.
@@ -363,7 +393,7 @@ int train(const Options& o, const dw::SessionOptions& sessionOptions, const std:
   if (!resumedFrom.empty()) {
     progress->line("resumed from " + resumedFrom + " at step " + std::to_string(startStep) + "/" +
                    std::to_string(plan.totalSteps) +
-                   (sessionOptions.restartCount > 0 ? " (restart " + std::to_string(sessionOptions.restartCount) + ")" : ""));
+                   " (" + resumeReason + ")");
   }
   state->step = startStep;
 
@@ -376,6 +406,7 @@ int train(const Options& o, const dw::SessionOptions& sessionOptions, const std:
 
   const auto saveAt = [&](int64_t epoch, int64_t step) {
     if (!checkpoints.enabled()) return;
+    progress->finishLine();  // the library logs the write: not onto the end of a progress bar
     saved = {epoch, step, step * plan.globalBatch};
     const std::string path = checkpoints.pathFor(step);
     dw::saveCheckpoint(session, path, refs);

@@ -92,40 +92,46 @@ TEST_F(ExampleTraining, ReadsCifar10FilesShardedOverTwoRanks) {
   EXPECT_GT(s["final_top1"].get<double>(), 0.5) << r.all();
 }
 
-TEST_F(ExampleTraining, ResumeFlagContinuesAFinishedRunAndPlainStartBeginsAfresh) {
-  // A single rank without any launcher: the same program, world size 1.
-  dt::RunOptions o = options();
-  std::vector<std::string> argv{et::trainer()};
-  auto first = smallJob(1);
-  argv.insert(argv.end(), first.begin(), first.end());
-  auto r = dt::run(argv, o);
-  ASSERT_EQ(r.exit_code, 0) << r.all();
-  EXPECT_EQ(et::summary(dir_ + "/summary.json")["final_step"], 64);  // 2048 / 32 on one rank
+TEST_F(ExampleTraining, ResumesTheSameRunOrOnRequestAndStartsANewRunAfresh) {
+  // A single rank without a launcher: the same program at world size 1, 64 steps per epoch.
+  const auto runJob = [&](int epochs, const std::string& runId, bool resume) {
+    dt::RunOptions o = options();
+    o.env["TORCHELASTIC_RUN_ID"] = runId;
+    std::vector<std::string> argv{et::trainer()};
+    const auto job = smallJob(epochs);
+    argv.insert(argv.end(), job.begin(), job.end());
+    if (resume) argv.push_back("--resume");
+    auto r = dt::run(argv, o);
+    EXPECT_EQ(r.exit_code, 0) << r.all();
+    return std::make_pair(r, et::summary(dir_ + "/summary.json"));
+  };
 
-  // Two epochs with --resume: the first epoch is not repeated.
-  argv = {et::trainer()};
-  auto second = smallJob(2);
-  second.push_back("--resume");
-  argv.insert(argv.end(), second.begin(), second.end());
-  r = dt::run(argv, o);
-  ASSERT_EQ(r.exit_code, 0) << r.all();
-  auto s = et::summary(dir_ + "/summary.json");
+  auto [r, s] = runJob(1, "job-a", false);
+  EXPECT_EQ(s["final_step"], 64);
+
+  // A new job with --resume continues; the first epoch is not repeated.
+  std::tie(r, s) = runJob(2, "job-b", true);
   EXPECT_EQ(s["start_step"], 64);
   EXPECT_EQ(s["final_step"], 128);
   EXPECT_EQ(s["steps_this_run"], 64);
   EXPECT_EQ(s["resumed_from"], dir_ + "/ckpt/ckpt-step00000064.pt");
   EXPECT_EQ(s["epoch_log"].size(), 1u);
+  EXPECT_NE(r.out.find("resumed from " + dir_ + "/ckpt/ckpt-step00000064.pt at step 64/128 (--resume)"),
+            std::string::npos) << r.out;
 
-  // Without --resume a first start ignores (and removes) the earlier run's checkpoints.
-  argv = {et::trainer()};
-  argv.insert(argv.end(), first.begin(), first.end());
-  r = dt::run(argv, o);
-  ASSERT_EQ(r.exit_code, 0) << r.all();
+  // The same job started again (as after an elastic re-formation, which keeps the restart count
+  // at 0) resumes without being asked.
+  std::tie(r, s) = runJob(3, "job-b", false);
+  EXPECT_EQ(s["start_step"], 128);
+  EXPECT_EQ(s["final_step"], 192);
+  EXPECT_NE(r.out.find("(run job-b started again)"), std::string::npos) << r.out;
+
+  // A new job without --resume ignores (and removes) the earlier run's checkpoints.
+  std::tie(r, s) = runJob(1, "job-c", false);
   EXPECT_NE(r.out.find("starting afresh: removed 2 checkpoint(s)"), std::string::npos) << r.out;
-  s = et::summary(dir_ + "/summary.json");
   EXPECT_EQ(s["start_step"], 0);
   EXPECT_EQ(s["final_step"], 64);
-  EXPECT_FALSE(fs::exists(dir_ + "/ckpt/ckpt-step00000128.pt"));
+  EXPECT_FALSE(fs::exists(dir_ + "/ckpt/ckpt-step00000192.pt"));
 }
 
 TEST_F(ExampleTraining, RunsUnderThePinnedTorchrun) {
