@@ -19,7 +19,8 @@ long batchNumber(const std::string& name) {
       name.compare(name.size() - kSuffix.size(), kSuffix.size(), kSuffix) != 0) {
     return -1;
   }
-  const std::string digits = name.substr(kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size());
+  const std::string digits =
+      name.substr(kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size());
   if (digits.size() > 9 || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return -1;
   return std::stol(digits);
 }
@@ -42,13 +43,15 @@ ImageSet readCifar10File(const std::string& path) {
     throw DataError(path + ": " + std::to_string(size) + " bytes is not a whole number of " +
                     std::to_string(kCifarRecordBytes) + "-byte CIFAR-10 records (" +
                     std::to_string(size / kCifarRecordBytes) + " full records and " +
-                    std::to_string(size % kCifarRecordBytes) + " bytes over): truncated or not CIFAR-10 binary format");
+                    std::to_string(size % kCifarRecordBytes) +
+                    " bytes over): truncated or not CIFAR-10 binary format");
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError(path + ": cannot open: " + std::strerror(errno));
   std::vector<uint8_t> raw(static_cast<size_t>(size));
   if (!in.read(reinterpret_cast<char*>(raw.data()), size)) {
-    throw DataError(path + ": read failed after " + std::to_string(in.gcount()) + " of " + std::to_string(size) + " bytes");
+    throw DataError(path + ": read failed after " + std::to_string(in.gcount()) + " of " +
+                    std::to_string(size) + " bytes");
   }
 
   ImageSet set;
@@ -59,7 +62,8 @@ ImageSet readCifar10File(const std::string& path) {
     const uint8_t* record = raw.data() + i * kCifarRecordBytes;
     if (record[0] >= kCifarClasses) {
       // CIFAR-100's format (two label bytes, 3074-byte records) lands here as well.
-      throw DataError(path + ": record " + std::to_string(i) + " has label " + std::to_string(record[0]) +
+      throw DataError(path + ": record " + std::to_string(i) + " has label " +
+                      std::to_string(record[0]) +
                       ", but CIFAR-10 labels are 0-9: not CIFAR-10 binary format");
     }
     set.labels[static_cast<size_t>(i)] = record[0];
@@ -82,9 +86,10 @@ Cifar10 loadCifar10(const std::string& dir) {
   }
   ::closedir(d);
   if (batches.empty()) {
-    throw DataError("--data " + dir +
-                    ": no data_batch_<n>.bin files (expected CIFAR-10's binary version, the files of "
-                    "cifar-10-batches-bin/)");
+    throw DataError(
+        "--data " + dir +
+        ": no data_batch_<n>.bin files (expected CIFAR-10's binary version, the files of "
+        "cifar-10-batches-bin/)");
   }
   std::sort(batches.begin(), batches.end());
 

@@ -19,7 +19,7 @@ class DataError : public std::runtime_error {
 inline constexpr int64_t kCifarSide = 32;
 inline constexpr int64_t kCifarChannels = 3;
 inline constexpr int64_t kCifarPixels = kCifarChannels * kCifarSide * kCifarSide;  // 3072
-inline constexpr int64_t kCifarRecordBytes = 1 + kCifarPixels;                      // 3073
+inline constexpr int64_t kCifarRecordBytes = 1 + kCifarPixels;                     // 3073
 inline constexpr int kCifarClasses = 10;
 
 // uint8 images, channel-major per image ([count][channels][side][side]), as CIFAR stores them.

@@ -20,8 +20,8 @@ constexpr double kPi = 3.14159265358979323846;
 constexpr double kNoise = 1.2;                // pixel noise, in units of a grating's amplitude
 constexpr double kDistractorAmplitude = 1.2;  // up to this much of a class grating
 constexpr int64_t kDistractors = 2;
-constexpr double kAngleJitter = 0.5;          // radians, uniform +-
-constexpr double kFrequencyJitter = 0.35;     // relative, uniform +-
+constexpr double kAngleJitter = 0.5;       // radians, uniform +-
+constexpr double kFrequencyJitter = 0.35;  // relative, uniform +-
 constexpr double kContrast = 0.16;
 constexpr int64_t kCropPadding = 4;
 
@@ -50,8 +50,10 @@ ClassPatterns drawClasses(int64_t classes, uint64_t seed) {
   return p;
 }
 
-// sin(2*pi*f*(x cos(a) + y sin(a)) + phase) on the unit square; f, a, phase: [B, K] -> [B, K, S, S].
-at::Tensor gratings(const at::Tensor& f, const at::Tensor& a, const at::Tensor& phase, const at::Tensor& coords) {
+// sin(2*pi*f*(x cos(a) + y sin(a)) + phase) on the unit square; f, a, phase: [B, K] -> [B, K, S,
+// S].
+at::Tensor gratings(const at::Tensor& f, const at::Tensor& a, const at::Tensor& phase,
+                    const at::Tensor& coords) {
   const auto x = coords.view({1, 1, 1, -1});
   const auto y = coords.view({1, 1, -1, 1});
   const auto b = [](const at::Tensor& t) { return t.unsqueeze(-1).unsqueeze(-1); };
@@ -63,7 +65,8 @@ Split generateSplit(const ClassPatterns& classes, int64_t n, int64_t side, uint6
   auto g = generator(seed);
   // Balanced classes in a random order.
   Split split;
-  split.labels = torch::arange(n, torch::kLong).remainder(numClasses).index_select(0, torch::randperm(n, g));
+  split.labels =
+      torch::arange(n, torch::kLong).remainder(numClasses).index_select(0, torch::randperm(n, g));
   split.images = torch::empty({n, 3, side, side}, torch::kUInt8);
   const auto coords = torch::arange(side, torch::kFloat) / static_cast<double>(side);
   for (int64_t start = 0; start < n; start += kChunk) {
@@ -72,15 +75,17 @@ Split generateSplit(const ClassPatterns& classes, int64_t n, int64_t side, uint6
     const auto k = kGratingsPerClass;
     const auto amplitude = 0.6 + 0.4 * torch::rand({b, k}, g);
     const auto jitter = [&] { return 2 * torch::rand({b, k}, g) - 1; };
-    const auto frequency = classes.frequency.index_select(0, labels) * (1.0 + kFrequencyJitter * jitter());
+    const auto frequency =
+        classes.frequency.index_select(0, labels) * (1.0 + kFrequencyJitter * jitter());
     const auto angle = classes.angle.index_select(0, labels) + kAngleJitter * jitter();
     const auto waves = gratings(frequency, angle, 2 * kPi * torch::rand({b, k}, g), coords) *
                        amplitude.unsqueeze(-1).unsqueeze(-1);
     auto image = torch::einsum("bkhw,bkc->bchw", {waves, classes.colour.index_select(0, labels)});
     // Gratings of no class: the network must look for the right pair, not for any stripes.
     for (int64_t d = 0; d < kDistractors; ++d) {
-      const auto distractor = gratings(1.0 + 3.0 * torch::rand({b, 1}, g), kPi * torch::rand({b, 1}, g),
-                                       2 * kPi * torch::rand({b, 1}, g), coords);
+      const auto distractor =
+          gratings(1.0 + 3.0 * torch::rand({b, 1}, g), kPi * torch::rand({b, 1}, g),
+                   2 * kPi * torch::rand({b, 1}, g), coords);
       const auto distractorColour =
           (2.0 * torch::rand({b, 3}, g) - 1.0) * kDistractorAmplitude * torch::rand({b, 1}, g);
       image += distractor * distractorColour.view({b, 3, 1, 1});
@@ -112,10 +117,12 @@ void channelStatistics(const at::Tensor& images, at::Tensor& mean, at::Tensor& s
 Split toSplit(const ImageSet& set) {
   Split split;
   // from_blob borrows; clone owns.
-  split.images = torch::from_blob(const_cast<uint8_t*>(set.pixels.data()), {set.count, set.channels, set.side, set.side},
-                                  torch::kUInt8)
+  split.images = torch::from_blob(const_cast<uint8_t*>(set.pixels.data()),
+                                  {set.count, set.channels, set.side, set.side}, torch::kUInt8)
                      .clone();
-  split.labels = torch::from_blob(const_cast<uint8_t*>(set.labels.data()), {set.count}, torch::kUInt8).to(torch::kLong);
+  split.labels =
+      torch::from_blob(const_cast<uint8_t*>(set.labels.data()), {set.count}, torch::kUInt8)
+          .to(torch::kLong);
   return split;
 }
 
@@ -127,11 +134,15 @@ at::Tensor cropAndFlip(const at::Tensor& images, uint64_t seed) {
   const auto dy = torch::randint(0, 2 * kCropPadding + 1, {b}, g, torch::kLong).to(device);
   const auto dx = torch::randint(0, 2 * kCropPadding + 1, {b}, g, torch::kLong).to(device);
   const auto flip = (torch::rand({b}, g) < 0.5).to(device);
-  const auto padded = torch::constant_pad_nd(images, {kCropPadding, kCropPadding, kCropPadding, kCropPadding}, 0);
+  const auto padded =
+      torch::constant_pad_nd(images, {kCropPadding, kCropPadding, kCropPadding, kCropPadding}, 0);
   const auto opts = torch::TensorOptions().dtype(torch::kLong).device(device);
-  const auto rows = (dy.view({b, 1}) + torch::arange(h, opts)).view({b, 1, h, 1}).expand({b, c, h, w + 2 * kCropPadding});
+  const auto rows = (dy.view({b, 1}) + torch::arange(h, opts))
+                        .view({b, 1, h, 1})
+                        .expand({b, c, h, w + 2 * kCropPadding});
   const auto cropped = padded.gather(2, rows);
-  const auto cols = (dx.view({b, 1}) + torch::arange(w, opts)).view({b, 1, 1, w}).expand({b, c, h, w});
+  const auto cols =
+      (dx.view({b, 1}) + torch::arange(w, opts)).view({b, 1, 1, w}).expand({b, c, h, w});
   const auto out = cropped.gather(3, cols);
   return torch::where(flip.view({b, 1, 1, 1}), out.flip({3}), out);
 }
@@ -148,8 +159,9 @@ Dataset makeSynthetic(const SyntheticSpec& spec) {
   data.augment = false;
   channelStatistics(data.train.images, data.mean, data.std);
   data.description = "synthetic gratings: " + std::to_string(spec.trainSize) + " train / " +
-                     std::to_string(spec.testSize) + " test images, " + std::to_string(spec.side) + "x" +
-                     std::to_string(spec.side) + ", " + std::to_string(spec.classes) + " classes";
+                     std::to_string(spec.testSize) + " test images, " + std::to_string(spec.side) +
+                     "x" + std::to_string(spec.side) + ", " + std::to_string(spec.classes) +
+                     " classes";
   return data;
 }
 
@@ -161,8 +173,9 @@ Dataset fromCifar10(const Cifar10& cifar, bool augment) {
   data.augment = augment;
   channelStatistics(data.train.images, data.mean, data.std);
   data.description = "CIFAR-10: " + std::to_string(cifar.train.count) + " train (" +
-                     std::to_string(cifar.trainFiles.size()) + " files) / " + std::to_string(cifar.test.count) +
-                     " test images" + (augment ? ", random crop + flip" : "");
+                     std::to_string(cifar.trainFiles.size()) + " files) / " +
+                     std::to_string(cifar.test.count) + " test images" +
+                     (augment ? ", random crop + flip" : "");
   return data;
 }
 
@@ -175,11 +188,12 @@ void moveTo(Dataset& data, const c10::Device& device) {
   data.std = data.std.to(device);
 }
 
-Batch makeBatch(const Dataset& data, const Split& split, const at::Tensor& indices, bool channelsLast,
-                const uint64_t* augmentSeed) {
+Batch makeBatch(const Dataset& data, const Split& split, const at::Tensor& indices,
+                bool channelsLast, const uint64_t* augmentSeed) {
   auto images = split.images.index_select(0, indices);
   if (augmentSeed != nullptr && data.augment) images = cropAndFlip(images, *augmentSeed);
-  auto x = images.to(torch::kFloat).sub_(data.mean.view({1, 3, 1, 1})).div_(data.std.view({1, 3, 1, 1}));
+  auto x =
+      images.to(torch::kFloat).sub_(data.mean.view({1, 3, 1, 1})).div_(data.std.view({1, 3, 1, 1}));
   if (channelsLast) x = x.contiguous(at::MemoryFormat::ChannelsLast);
   return {x, split.labels.index_select(0, indices)};
 }

@@ -56,7 +56,7 @@ struct Batch {
 // indices: int64 on the dataset's device. With augmentSeed set (training on an augmenting
 // set) each image gets a random crop and flip drawn from that seed, so reruns and resumed
 // runs see the same batches.
-Batch makeBatch(const Dataset& data, const Split& split, const at::Tensor& indices, bool channelsLast,
-                const uint64_t* augmentSeed);
+Batch makeBatch(const Dataset& data, const Split& split, const at::Tensor& indices,
+                bool channelsLast, const uint64_t* augmentSeed);
 
 }  // namespace ddpl::example

@@ -8,18 +8,20 @@
 namespace ddpl::example {
 namespace {
 
-int64_t parseInteger(const std::string& flag, const std::string& value, int64_t minValue, int64_t maxValue) {
+int64_t parseInteger(const std::string& flag, const std::string& value, int64_t minValue,
+                     int64_t maxValue) {
   try {
     size_t used = 0;
     const long long n = std::stoll(value, &used);
     if (used == value.size() && n >= minValue && n <= maxValue) return n;
   } catch (const std::exception&) {
   }
-  throw UsageError(flag + ": '" + value + "' is not a whole number in [" + std::to_string(minValue) + ", " +
-                   std::to_string(maxValue) + "]");
+  throw UsageError(flag + ": '" + value + "' is not a whole number in [" +
+                   std::to_string(minValue) + ", " + std::to_string(maxValue) + "]");
 }
 
-double parseNumber(const std::string& flag, const std::string& value, double minValue, double maxValue) {
+double parseNumber(const std::string& flag, const std::string& value, double minValue,
+                   double maxValue) {
   try {
     size_t used = 0;
     const double d = std::stod(value, &used);
@@ -62,96 +64,169 @@ constexpr int64_t kMaxCount = 1'000'000'000;
 
 const std::vector<Flag>& flags() {
   static const std::vector<Flag> table = {
-      {"--model", true, "resnet18|resnet34|resnet50", "network (basic blocks for 18/34, bottleneck for 50)",
+      {"--model", true, "resnet18|resnet34|resnet50",
+       "network (basic blocks for 18/34, bottleneck for 50)",
        [](Options& o, const std::string& f, const std::string& v) {
-         o.model = parseChoice<ModelKind>(
-             f, v, {{"resnet18", ModelKind::kResNet18}, {"resnet34", ModelKind::kResNet34}, {"resnet50", ModelKind::kResNet50}});
+         o.model = parseChoice<ModelKind>(f, v,
+                                          {{"resnet18", ModelKind::kResNet18},
+                                           {"resnet34", ModelKind::kResNet34},
+                                           {"resnet50", ModelKind::kResNet50}});
        }},
       {"--width", true, "N", "channels of the first stage (64 = the standard ResNet; default 16)",
-       [](Options& o, const std::string& f, const std::string& v) { o.width = parseInteger(f, v, 1, 4096); }},
-      {"--stem", true, "auto|cifar|imagenet", "3x3 stem for small images, 7x7/2 + max-pool for 224x224 (auto: by image size)",
        [](Options& o, const std::string& f, const std::string& v) {
-         o.stem = parseChoice<StemKind>(f, v, {{"auto", StemKind::kAuto}, {"cifar", StemKind::kCifar}, {"imagenet", StemKind::kImageNet}});
+         o.width = parseInteger(f, v, 1, 4096);
        }},
-      {"--data", true, "DIR", "CIFAR-10 binary files (data_batch_*.bin, test_batch.bin); default: the synthetic set",
+      {"--stem", true, "auto|cifar|imagenet",
+       "3x3 stem for small images, 7x7/2 + max-pool for 224x224 (auto: by image size)",
+       [](Options& o, const std::string& f, const std::string& v) {
+         o.stem = parseChoice<StemKind>(f, v,
+                                        {{"auto", StemKind::kAuto},
+                                         {"cifar", StemKind::kCifar},
+                                         {"imagenet", StemKind::kImageNet}});
+       }},
+      {"--data", true, "DIR",
+       "CIFAR-10 binary files (data_batch_*.bin, test_batch.bin); default: the synthetic set",
        [](Options& o, const std::string& f, const std::string& v) {
          if (v.empty()) throw UsageError(f + ": needs a directory");
          o.dataDir = v;
        }},
       {"--train-size", true, "N", "synthetic training images",
-       [](Options& o, const std::string& f, const std::string& v) { o.trainSize = parseInteger(f, v, 1, kMaxCount); }},
+       [](Options& o, const std::string& f, const std::string& v) {
+         o.trainSize = parseInteger(f, v, 1, kMaxCount);
+       }},
       {"--test-size", true, "N", "synthetic test images",
-       [](Options& o, const std::string& f, const std::string& v) { o.testSize = parseInteger(f, v, 1, kMaxCount); }},
+       [](Options& o, const std::string& f, const std::string& v) {
+         o.testSize = parseInteger(f, v, 1, kMaxCount);
+       }},
       {"--image-size", true, "N", "synthetic image side in pixels (224 for the ImageNet stem)",
-       [](Options& o, const std::string& f, const std::string& v) { o.imageSize = parseInteger(f, v, 8, 1024); }},
+       [](Options& o, const std::string& f, const std::string& v) {
+         o.imageSize = parseInteger(f, v, 8, 1024);
+       }},
       {"--classes", true, "N", "synthetic classes",
-       [](Options& o, const std::string& f, const std::string& v) { o.classes = parseInteger(f, v, 2, 1000); }},
+       [](Options& o, const std::string& f, const std::string& v) {
+         o.classes = parseInteger(f, v, 2, 1000);
+       }},
       {"--data-seed", true, "N", "which synthetic set (independent of --seed)",
-       [](Options& o, const std::string& f, const std::string& v) { o.dataSeed = parseInteger(f, v, 0, kMaxCount); }},
-      {"--augment", false, "", "random crop and flip on CIFAR-10 (default on; --augment=0 turns it off)",
+       [](Options& o, const std::string& f, const std::string& v) {
+         o.dataSeed = parseInteger(f, v, 0, kMaxCount);
+       }},
+      {"--augment", false, "",
+       "random crop and flip on CIFAR-10 (default on; --augment=0 turns it off)",
        [](Options& o, const std::string& f, const std::string& v) { o.augment = parseBool(f, v); }},
       {"--epochs", true, "N", "passes over the training set",
-       [](Options& o, const std::string& f, const std::string& v) { o.epochs = parseInteger(f, v, 1, kMaxCount); }},
+       [](Options& o, const std::string& f, const std::string& v) {
+         o.epochs = parseInteger(f, v, 1, kMaxCount);
+       }},
       {"--batch-size", true, "N", "images per rank per micro-batch",
-       [](Options& o, const std::string& f, const std::string& v) { o.batchSize = parseInteger(f, v, 1, kMaxCount); }},
+       [](Options& o, const std::string& f, const std::string& v) {
+         o.batchSize = parseInteger(f, v, 1, kMaxCount);
+       }},
       {"--accumulation", true, "N", "micro-batches per optimizer step (gradient accumulation)",
-       [](Options& o, const std::string& f, const std::string& v) { o.accumulation = parseInteger(f, v, 1, 1024); }},
+       [](Options& o, const std::string& f, const std::string& v) {
+         o.accumulation = parseInteger(f, v, 1, 1024);
+       }},
       {"--lr", true, "X", "peak learning rate (after warm-up)",
-       [](Options& o, const std::string& f, const std::string& v) { o.lr = parseNumber(f, v, 0, 1e3); }},
+       [](Options& o, const std::string& f, const std::string& v) {
+         o.lr = parseNumber(f, v, 0, 1e3);
+       }},
       {"--min-lr", true, "X", "learning rate at the end of the cosine decay",
-       [](Options& o, const std::string& f, const std::string& v) { o.minLr = parseNumber(f, v, 0, 1e3); }},
+       [](Options& o, const std::string& f, const std::string& v) {
+         o.minLr = parseNumber(f, v, 0, 1e3);
+       }},
       {"--warmup-epochs", true, "X", "linear warm-up length in epochs (fractions allowed)",
-       [](Options& o, const std::string& f, const std::string& v) { o.warmupEpochs = parseNumber(f, v, 0, 1e6); }},
+       [](Options& o, const std::string& f, const std::string& v) {
+         o.warmupEpochs = parseNumber(f, v, 0, 1e6);
+       }},
       {"--momentum", true, "X", "SGD momentum",
-       [](Options& o, const std::string& f, const std::string& v) { o.momentum = parseNumber(f, v, 0, 1); }},
+       [](Options& o, const std::string& f, const std::string& v) {
+         o.momentum = parseNumber(f, v, 0, 1);
+       }},
       {"--weight-decay", true, "X", "L2 weight decay",
-       [](Options& o, const std::string& f, const std::string& v) { o.weightDecay = parseNumber(f, v, 0, 1); }},
+       [](Options& o, const std::string& f, const std::string& v) {
+         o.weightDecay = parseNumber(f, v, 0, 1);
+       }},
       {"--nesterov", false, "", "Nesterov momentum",
-       [](Options& o, const std::string& f, const std::string& v) { o.nesterov = parseBool(f, v); }},
+       [](Options& o, const std::string& f, const std::string& v) {
+         o.nesterov = parseBool(f, v);
+       }},
       {"--seed", true, "N", "initialisation and shuffling",
-       [](Options& o, const std::string& f, const std::string& v) { o.seed = parseInteger(f, v, 0, kMaxCount); }},
-      {"--checkpoint-dir", true, "DIR", "where checkpoints go ('' = none; default checkpoints/ddp_resnet)",
+       [](Options& o, const std::string& f, const std::string& v) {
+         o.seed = parseInteger(f, v, 0, kMaxCount);
+       }},
+      {"--checkpoint-dir", true, "DIR",
+       "where checkpoints go ('' = none; default checkpoints/ddp_resnet)",
        [](Options& o, const std::string&, const std::string& v) { o.checkpointDir = v; }},
-      {"--checkpoint-every", true, "N", "also checkpoint every N optimizer steps (0: end of each epoch only)",
-       [](Options& o, const std::string& f, const std::string& v) { o.checkpointEvery = parseInteger(f, v, 0, kMaxCount); }},
+      {"--checkpoint-every", true, "N",
+       "also checkpoint every N optimizer steps (0: end of each epoch only)",
+       [](Options& o, const std::string& f, const std::string& v) {
+         o.checkpointEvery = parseInteger(f, v, 0, kMaxCount);
+       }},
       {"--keep-checkpoints", true, "N", "how many recent checkpoints to keep",
-       [](Options& o, const std::string& f, const std::string& v) { o.keepCheckpoints = parseInteger(f, v, 1, 1000); }},
-      {"--resume", false, "", "continue from the latest checkpoint on a first start too (restarts always do)",
+       [](Options& o, const std::string& f, const std::string& v) {
+         o.keepCheckpoints = parseInteger(f, v, 1, 1000);
+       }},
+      {"--resume", false, "",
+       "continue from the latest checkpoint on a first start too (restarts always do)",
        [](Options& o, const std::string& f, const std::string& v) { o.resume = parseBool(f, v); }},
       {"--eval-every", true, "N", "evaluate every N epochs (the last epoch always is)",
-       [](Options& o, const std::string& f, const std::string& v) { o.evalEvery = parseInteger(f, v, 1, kMaxCount); }},
-      {"--backend", true, "auto|gloo|nccl", "process group backend (default: DDPL_BACKEND, else auto)",
        [](Options& o, const std::string& f, const std::string& v) {
-         if (v != "auto" && v != "gloo" && v != "nccl") throw UsageError(f + ": '" + v + "' is not one of auto, gloo, nccl");
+         o.evalEvery = parseInteger(f, v, 1, kMaxCount);
+       }},
+      {"--backend", true, "auto|gloo|nccl",
+       "process group backend (default: DDPL_BACKEND, else auto)",
+       [](Options& o, const std::string& f, const std::string& v) {
+         if (v != "auto" && v != "gloo" && v != "nccl")
+           throw UsageError(f + ": '" + v + "' is not one of auto, gloo, nccl");
          o.backend = v;
        }},
       {"--amp", true, "off|bf16|fp16", "mixed precision (fp16 uses a GradScaler)",
        [](Options& o, const std::string& f, const std::string& v) {
-         o.amp = parseChoice<AmpMode>(f, v, {{"off", AmpMode::kOff}, {"bf16", AmpMode::kBf16}, {"fp16", AmpMode::kFp16}});
+         o.amp = parseChoice<AmpMode>(
+             f, v, {{"off", AmpMode::kOff}, {"bf16", AmpMode::kBf16}, {"fp16", AmpMode::kFp16}});
        }},
-      {"--channels-last", false, "", "NHWC memory format (faster convolutions on GPUs and recent CPUs)",
-       [](Options& o, const std::string& f, const std::string& v) { o.channelsLast = parseBool(f, v); }},
+      {"--channels-last", false, "",
+       "NHWC memory format (faster convolutions on GPUs and recent CPUs)",
+       [](Options& o, const std::string& f, const std::string& v) {
+         o.channelsLast = parseBool(f, v);
+       }},
       {"--cudnn-benchmark", false, "", "let cuDNN pick the fastest algorithms",
-       [](Options& o, const std::string& f, const std::string& v) { o.cudnnBenchmark = parseBool(f, v); }},
+       [](Options& o, const std::string& f, const std::string& v) {
+         o.cudnnBenchmark = parseBool(f, v);
+       }},
       {"--deterministic", false, "", "deterministic algorithms only",
-       [](Options& o, const std::string& f, const std::string& v) { o.deterministic = parseBool(f, v); }},
+       [](Options& o, const std::string& f, const std::string& v) {
+         o.deterministic = parseBool(f, v);
+       }},
       {"--tf32", false, "", "TF32 matmuls and convolutions on Ampere and newer",
        [](Options& o, const std::string& f, const std::string& v) { o.tf32 = parseBool(f, v); }},
       {"--threads", true, "N", "intra-op threads per rank (default: OMP_NUM_THREADS)",
-       [](Options& o, const std::string& f, const std::string& v) { o.threads = parseInteger(f, v, 1, 1024); }},
+       [](Options& o, const std::string& f, const std::string& v) {
+         o.threads = parseInteger(f, v, 1, 1024);
+       }},
       {"--bucket-mb", true, "X", "DDP gradient bucket size in MiB",
-       [](Options& o, const std::string& f, const std::string& v) { o.bucketMb = parseNumber(f, v, 0.001, 1e5); }},
+       [](Options& o, const std::string& f, const std::string& v) {
+         o.bucketMb = parseNumber(f, v, 0.001, 1e5);
+       }},
       {"--comm-hook", true, "none|fp16|bf16", "compress gradients for the all-reduce",
        [](Options& o, const std::string& f, const std::string& v) {
-         o.commHook = parseChoice<CommHookKind>(f, v, {{"none", CommHookKind::kNone}, {"fp16", CommHookKind::kFp16}, {"bf16", CommHookKind::kBf16}});
+         o.commHook = parseChoice<CommHookKind>(f, v,
+                                                {{"none", CommHookKind::kNone},
+                                                 {"fp16", CommHookKind::kFp16},
+                                                 {"bf16", CommHookKind::kBf16}});
        }},
-      {"--progress", true, "auto|bar|lines|off", "rank 0's progress: a bar on a terminal, else lines (auto)",
+      {"--progress", true, "auto|bar|lines|off",
+       "rank 0's progress: a bar on a terminal, else lines (auto)",
        [](Options& o, const std::string& f, const std::string& v) {
-         o.progress = parseChoice<ProgressMode>(
-             f, v, {{"auto", ProgressMode::kAuto}, {"bar", ProgressMode::kBar}, {"lines", ProgressMode::kLines}, {"off", ProgressMode::kOff}});
+         o.progress = parseChoice<ProgressMode>(f, v,
+                                                {{"auto", ProgressMode::kAuto},
+                                                 {"bar", ProgressMode::kBar},
+                                                 {"lines", ProgressMode::kLines},
+                                                 {"off", ProgressMode::kOff}});
        }},
       {"--log-every", true, "N", "steps between progress lines (0: about ten per epoch)",
-       [](Options& o, const std::string& f, const std::string& v) { o.logEvery = parseInteger(f, v, 0, kMaxCount); }},
+       [](Options& o, const std::string& f, const std::string& v) {
+         o.logEvery = parseInteger(f, v, 0, kMaxCount);
+       }},
       {"--summary-json", true, "PATH", "rank 0 writes the run's summary as JSON here",
        [](Options& o, const std::string& f, const std::string& v) {
          if (v.empty()) throw UsageError(f + ": needs a path");
@@ -173,13 +248,16 @@ Options parseOptions(const std::vector<std::string>& args) {
       options.help = true;
       continue;
     }
-    if (arg.rfind("--", 0) != 0) throw UsageError("unexpected argument '" + arg + "' (options start with --)");
+    if (arg.rfind("--", 0) != 0)
+      throw UsageError("unexpected argument '" + arg + "' (options start with --)");
     const auto eq = arg.find('=');
     std::string name = arg.substr(0, eq);
     // torchrun users write --batch_size; accept both spellings as launch does.
     std::replace(name.begin() + 2, name.end(), '_', '-');
-    const auto flag = std::find_if(flags().begin(), flags().end(), [&](const Flag& f) { return f.name == name; });
-    if (flag == flags().end()) throw UsageError("unknown option '" + arg.substr(0, eq) + "' (see --help)");
+    const auto flag =
+        std::find_if(flags().begin(), flags().end(), [&](const Flag& f) { return f.name == name; });
+    if (flag == flags().end())
+      throw UsageError("unknown option '" + arg.substr(0, eq) + "' (see --help)");
     std::string value;
     if (eq != std::string::npos) {
       value = arg.substr(eq + 1);
@@ -192,10 +270,12 @@ Options parseOptions(const std::vector<std::string>& args) {
     flag->apply(options, name, value);
   }
   if (options.minLr > options.lr) {
-    throw UsageError("--min-lr: " + std::to_string(options.minLr) + " is above --lr " + std::to_string(options.lr));
+    throw UsageError("--min-lr: " + std::to_string(options.minLr) + " is above --lr " +
+                     std::to_string(options.lr));
   }
   if (!options.dataDir.empty() && options.classes != kDefaultClasses) {
-    throw UsageError("--classes: CIFAR-10 has 10 classes; --classes applies to the synthetic set only");
+    throw UsageError(
+        "--classes: CIFAR-10 has 10 classes; --classes applies to the synthetic set only");
   }
   return options;
 }
@@ -203,12 +283,15 @@ Options parseOptions(const std::vector<std::string>& args) {
 std::string usage() {
   std::ostringstream out;
   out << "usage: launch --nproc-per-node=N ddp_resnet [options]\n\n"
-         "Trains a ResNet with DistributedDataParallel, one process per rank (started by `launch`,\n"
+         "Trains a ResNet with DistributedDataParallel, one process per rank (started by "
+         "`launch`,\n"
          "torchrun or mpirun; alone it runs as a single rank). Options:\n";
   for (const auto& f : flags()) {
     std::string lhs = "  " + f.name + (f.takesValue ? " " + f.metavar : "");
-    if (lhs.size() < 34) lhs.resize(34, ' ');
-    else lhs += "\n" + std::string(34, ' ');
+    if (lhs.size() < 34)
+      lhs.resize(34, ' ');
+    else
+      lhs += "\n" + std::string(34, ' ');
     out << lhs << f.help << "\n";
   }
   return out.str();
@@ -216,18 +299,24 @@ std::string usage() {
 
 std::string toString(ModelKind model) {
   switch (model) {
-    case ModelKind::kResNet18: return "resnet18";
-    case ModelKind::kResNet34: return "resnet34";
-    case ModelKind::kResNet50: return "resnet50";
+    case ModelKind::kResNet18:
+      return "resnet18";
+    case ModelKind::kResNet34:
+      return "resnet34";
+    case ModelKind::kResNet50:
+      return "resnet50";
   }
   return "?";
 }
 
 std::string toString(AmpMode amp) {
   switch (amp) {
-    case AmpMode::kOff: return "off";
-    case AmpMode::kBf16: return "bf16";
-    case AmpMode::kFp16: return "fp16";
+    case AmpMode::kOff:
+      return "off";
+    case AmpMode::kBf16:
+      return "bf16";
+    case AmpMode::kFp16:
+      return "fp16";
   }
   return "?";
 }

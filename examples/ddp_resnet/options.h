@@ -80,7 +80,7 @@ struct Options {
   CommHookKind commHook = CommHookKind::kNone;
 
   ProgressMode progress = ProgressMode::kAuto;
-  int logEvery = 0;  // steps between plain progress lines; 0: about ten per epoch
+  int logEvery = 0;         // steps between plain progress lines; 0: about ten per epoch
   std::string summaryJson;  // rank 0 writes a machine-readable summary here
 
   bool help = false;

@@ -29,12 +29,18 @@ std::string formatDuration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "?";
   const auto s = static_cast<int64_t>(std::llround(seconds));
   if (s < 60) return printf("%llds", static_cast<long long>(s));
-  if (s < 3600) return printf("%lldm%02llds", static_cast<long long>(s / 60), static_cast<long long>(s % 60));
-  return printf("%lldh%02lldm", static_cast<long long>(s / 3600), static_cast<long long>((s % 3600) / 60));
+  if (s < 3600)
+    return printf("%lldm%02llds", static_cast<long long>(s / 60), static_cast<long long>(s % 60));
+  return printf("%lldh%02lldm", static_cast<long long>(s / 3600),
+                static_cast<long long>((s % 3600) / 60));
 }
 
-ProgressReporter::ProgressReporter(ProgressMode mode, bool enabled, int64_t logEvery, std::FILE* out)
-    : out_(out), enabled_(enabled), steps_(enabled && mode != ProgressMode::kOff), logEvery_(std::max<int64_t>(1, logEvery)) {
+ProgressReporter::ProgressReporter(ProgressMode mode, bool enabled, int64_t logEvery,
+                                   std::FILE* out)
+    : out_(out),
+      enabled_(enabled),
+      steps_(enabled && mode != ProgressMode::kOff),
+      logEvery_(std::max<int64_t>(1, logEvery)) {
   const bool terminal = ::isatty(::fileno(out_)) == 1;
   bar_ = steps_ && (mode == ProgressMode::kBar || (mode == ProgressMode::kAuto && terminal));
 }
@@ -51,21 +57,24 @@ bool ProgressReporter::wantsUpdate(int64_t stepInEpoch, int64_t stepsPerEpoch) {
 void ProgressReporter::update(const StepStats& s) {
   if (!steps_) return;
   lastDraw_ = std::chrono::steady_clock::now();
-  const std::string numbers = printf("loss %.4f  lr %.4f  %.0f img/s  ETA %s", s.loss, s.lr, s.imagesPerSecond,
-                                     formatDuration(s.etaSeconds).c_str());
+  const std::string numbers = printf("loss %.4f  lr %.4f  %.0f img/s  ETA %s", s.loss, s.lr,
+                                     s.imagesPerSecond, formatDuration(s.etaSeconds).c_str());
   if (bar_) {
-    const double done = s.stepsPerEpoch > 0 ? static_cast<double>(s.stepInEpoch) / s.stepsPerEpoch : 0;
+    const double done =
+        s.stepsPerEpoch > 0 ? static_cast<double>(s.stepInEpoch) / s.stepsPerEpoch : 0;
     const int filled = static_cast<int>(done * kBarWidth);
     std::string bar(static_cast<size_t>(filled), '=');
     if (filled < kBarWidth) bar += '>';
     bar.resize(kBarWidth, ' ');
     // \r and erase-to-end-of-line: one line redrawn in place.
     std::fprintf(out_, "\r\033[Kepoch %d/%d [%s] %lld/%lld  %s", s.epoch, s.epochs, bar.c_str(),
-                 static_cast<long long>(s.stepInEpoch), static_cast<long long>(s.stepsPerEpoch), numbers.c_str());
+                 static_cast<long long>(s.stepInEpoch), static_cast<long long>(s.stepsPerEpoch),
+                 numbers.c_str());
     barDrawn_ = true;
   } else {
-    std::fprintf(out_, "epoch %d/%d  step %lld/%lld  %s\n", s.epoch, s.epochs, static_cast<long long>(s.stepInEpoch),
-                 static_cast<long long>(s.stepsPerEpoch), numbers.c_str());
+    std::fprintf(out_, "epoch %d/%d  step %lld/%lld  %s\n", s.epoch, s.epochs,
+                 static_cast<long long>(s.stepInEpoch), static_cast<long long>(s.stepsPerEpoch),
+                 numbers.c_str());
   }
   std::fflush(out_);
 }

@@ -20,7 +20,7 @@ struct StepStats {
   int epochs = 0;
   int64_t stepInEpoch = 0;  // 1-based, optimizer steps
   int64_t stepsPerEpoch = 0;
-  double loss = 0;           // rank 0, mean since the last update
+  double loss = 0;  // rank 0, mean since the last update
   double lr = 0;
   double imagesPerSecond = 0;  // all ranks
   double etaSeconds = 0;

@@ -12,21 +12,25 @@ namespace nn = torch::nn;
 constexpr int64_t kBottleneckExpansion = 4;
 
 nn::Conv2d conv(int64_t in, int64_t out, int64_t kernel, int64_t stride) {
-  return nn::Conv2d(nn::Conv2dOptions(in, out, kernel).stride(stride).padding(kernel / 2).bias(false));
+  return nn::Conv2d(
+      nn::Conv2dOptions(in, out, kernel).stride(stride).padding(kernel / 2).bias(false));
 }
 
 std::array<int64_t, 4> blocksPerStage(ModelKind model) {
   switch (model) {
-    case ModelKind::kResNet18: return {2, 2, 2, 2};
+    case ModelKind::kResNet18:
+      return {2, 2, 2, 2};
     case ModelKind::kResNet34:
-    case ModelKind::kResNet50: return {3, 4, 6, 3};
+    case ModelKind::kResNet50:
+      return {3, 4, 6, 3};
   }
   return {2, 2, 2, 2};
 }
 
 }  // namespace
 
-ResidualBlockImpl::ResidualBlockImpl(int64_t inChannels, int64_t planes, int64_t stride, bool bottleneck) {
+ResidualBlockImpl::ResidualBlockImpl(int64_t inChannels, int64_t planes, int64_t stride,
+                                     bool bottleneck) {
   nn::Sequential branch;
   nn::BatchNorm2d lastBn{nullptr};
   if (bottleneck) {

@@ -4,14 +4,13 @@
 // number of optimizer steps.
 #include <torch/torch.h>
 
-#include <nlohmann/json.hpp>
-
 #include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <regex>
 
@@ -53,17 +52,20 @@ Plan makePlan(const Options& o, int64_t trainSize, int worldSize) {
   p.samplesPerRank = (trainSize + worldSize - 1) / worldSize;
   const int64_t microBatches = p.samplesPerRank / o.batchSize;
   if (microBatches == 0) {
-    throw UsageError("--batch-size: " + std::to_string(o.batchSize) + " is more than each rank's share of the " +
-                     std::to_string(trainSize) + " training images (" + std::to_string(p.samplesPerRank) +
-                     " on each of " + std::to_string(worldSize) + " ranks)");
+    throw UsageError("--batch-size: " + std::to_string(o.batchSize) +
+                     " is more than each rank's share of the " + std::to_string(trainSize) +
+                     " training images (" + std::to_string(p.samplesPerRank) + " on each of " +
+                     std::to_string(worldSize) + " ranks)");
   }
   p.stepsPerEpoch = microBatches / o.accumulation;
   if (p.stepsPerEpoch == 0) {
-    throw UsageError("--accumulation: " + std::to_string(o.accumulation) + " micro-batches per step, but an epoch has only " +
+    throw UsageError("--accumulation: " + std::to_string(o.accumulation) +
+                     " micro-batches per step, but an epoch has only " +
                      std::to_string(microBatches) + " per rank");
   }
   p.totalSteps = p.stepsPerEpoch * o.epochs;
-  p.warmupSteps = std::min<int64_t>(p.totalSteps, std::llround(o.warmupEpochs * static_cast<double>(p.stepsPerEpoch)));
+  p.warmupSteps = std::min<int64_t>(
+      p.totalSteps, std::llround(o.warmupEpochs * static_cast<double>(p.stepsPerEpoch)));
   p.globalBatch = static_cast<int64_t>(o.batchSize) * o.accumulation * worldSize;
   p.logEvery = o.logEvery > 0 ? o.logEvery : std::max<int64_t>(1, p.stepsPerEpoch / 10);
   return p;
@@ -71,7 +73,8 @@ Plan makePlan(const Options& o, int64_t trainSize, int worldSize) {
 
 // Linear warm-up to the peak, then cosine decay to --min-lr. step: 0-based index of the step.
 double learningRate(const Options& o, const Plan& p, int64_t step) {
-  if (step < p.warmupSteps) return o.lr * static_cast<double>(step + 1) / static_cast<double>(p.warmupSteps);
+  if (step < p.warmupSteps)
+    return o.lr * static_cast<double>(step + 1) / static_cast<double>(p.warmupSteps);
   const double decaySteps = static_cast<double>(std::max<int64_t>(1, p.totalSteps - p.warmupSteps));
   const double t = std::min(1.0, static_cast<double>(step - p.warmupSteps) / decaySteps);
   return o.minLr + 0.5 * (o.lr - o.minLr) * (1.0 + std::cos(kPi * t));
@@ -110,7 +113,8 @@ class CheckpointDir {
     for (const auto& entry : fs::directory_iterator(dir_, ec)) {
       std::smatch m;
       const std::string name = entry.path().filename().string();
-      if (std::regex_match(name, m, kName)) found.emplace_back(std::stoll(m[1]), entry.path().string());
+      if (std::regex_match(name, m, kName))
+        found.emplace_back(std::stoll(m[1]), entry.path().string());
     }
     std::sort(found.rbegin(), found.rend());
     return found;
@@ -168,9 +172,12 @@ at::Tensor allReduce(dw::Session& session, at::Tensor t, c10d::ReduceOp op = c10
 
 std::optional<at::ScalarType> ampType(AmpMode amp) {
   switch (amp) {
-    case AmpMode::kOff: return std::nullopt;
-    case AmpMode::kBf16: return at::kBFloat16;
-    case AmpMode::kFp16: return at::kHalf;
+    case AmpMode::kOff:
+      return std::nullopt;
+    case AmpMode::kBf16:
+      return at::kBFloat16;
+    case AmpMode::kFp16:
+      return at::kHalf;
   }
   return std::nullopt;
 }
@@ -183,7 +190,8 @@ struct Evaluation {
 
 // Top-1 over the whole test set: each rank takes every world-th image (no padding, so nothing is
 // counted twice) and the counts are summed over ranks.
-Evaluation evaluate(dw::Session& session, ResNetImpl& model, const Dataset& data, const Options& o) {
+Evaluation evaluate(dw::Session& session, ResNetImpl& model, const Dataset& data,
+                    const Options& o) {
   torch::NoGradGuard noGrad;
   model.eval();
   const auto device = data.test.labels.device();
@@ -200,14 +208,17 @@ Evaluation evaluate(dw::Session& session, ResNetImpl& model, const Dataset& data
     const auto logits = model.forward(batch.images).to(torch::kFloat);
     correct += logits.argmax(1).eq(batch.labels).sum().to(torch::kDouble);
     lossSum += torch::nn::functional::cross_entropy(
-                   logits, batch.labels, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                   logits, batch.labels,
+                   torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
                    .to(torch::kDouble);
   }
-  auto stats = torch::stack({correct, lossSum, torch::full({}, static_cast<double>(indices.size(0)), correct.options())});
+  auto stats = torch::stack(
+      {correct, lossSum, torch::full({}, static_cast<double>(indices.size(0)), correct.options())});
   stats = allReduce(session, stats).cpu();
   model.train();
   const double images = stats[2].item<double>();
-  return {stats[0].item<double>() / images, static_cast<int64_t>(images), stats[1].item<double>() / images};
+  return {stats[0].item<double>() / images, static_cast<int64_t>(images),
+          stats[1].item<double>() / images};
 }
 
 std::string percent(double fraction) {
@@ -236,7 +247,8 @@ struct RunState {
   std::string lastCheckpoint;
 };
 
-int train(const Options& o, const dw::SessionOptions& sessionOptions, const std::optional<Cifar10>& cifar) {
+int train(const Options& o, const dw::SessionOptions& sessionOptions,
+          const std::optional<Cifar10>& cifar) {
   auto state = std::make_shared<RunState>();
   std::shared_ptr<ProgressReporter> progress;
 
@@ -269,8 +281,9 @@ int train(const Options& o, const dw::SessionOptions& sessionOptions, const std:
       std::lock_guard<std::mutex> lock(state->mu);
       checkpoint = state->lastCheckpoint;
     }
-    progress->line("stopped at step " + std::to_string(state->step.load()) + "/" + std::to_string(total) +
-                   (checkpoint.empty() ? "; no checkpoint written yet" : "; latest checkpoint " + checkpoint));
+    progress->line(
+        "stopped at step " + std::to_string(state->step.load()) + "/" + std::to_string(total) +
+        (checkpoint.empty() ? "; no checkpoint written yet" : "; latest checkpoint " + checkpoint));
   });
 
   torch::manual_seed(o.seed);
@@ -282,8 +295,10 @@ int train(const Options& o, const dw::SessionOptions& sessionOptions, const std:
   }
   moveTo(data, device);
 
-  const bool imagenetStem = o.stem == StemKind::kImageNet || (o.stem == StemKind::kAuto && data.train.images.size(2) >= 128);
-  auto model = std::make_shared<ResNetImpl>(ResNetConfig{o.model, o.width, data.classes, imagenetStem});
+  const bool imagenetStem = o.stem == StemKind::kImageNet ||
+                            (o.stem == StemKind::kAuto && data.train.images.size(2) >= 128);
+  auto model =
+      std::make_shared<ResNetImpl>(ResNetConfig{o.model, o.width, data.classes, imagenetStem});
   model->to(device);
   if (o.channelsLast) {
     torch::NoGradGuard noGrad;
@@ -308,21 +323,26 @@ int train(const Options& o, const dw::SessionOptions& sessionOptions, const std:
   dw::GradScaler scaler(scalerOptions, session.backend());
 
   dw::TrainingProgress saved;
-  dw::CheckpointRefs refs{model.get(), &optimizer, scalerOptions.enabled ? &scaler : nullptr, &saved};
+  dw::CheckpointRefs refs{model.get(), &optimizer, scalerOptions.enabled ? &scaler : nullptr,
+                          &saved};
   CheckpointDir checkpoints(o.checkpointDir, o.keepCheckpoints);
 
   progress->line("ddp_resnet: " + toString(o.model) + " (width " + std::to_string(o.width) + ", " +
                  fixed(static_cast<double>(countParameters(*model)) / 1e6, 2) + "M parameters, " +
-                 (imagenetStem ? "ImageNet" : "CIFAR") + " stem) on " + std::to_string(world) + " rank" +
-                 (world > 1 ? "s" : "") + ", " + device.str() + "/" + dw::toString(session.backendKind()) +
-                 (o.amp != AmpMode::kOff ? ", amp " + toString(o.amp) : "") + (o.channelsLast ? ", channels-last" : ""));
+                 (imagenetStem ? "ImageNet" : "CIFAR") + " stem) on " + std::to_string(world) +
+                 " rank" + (world > 1 ? "s" : "") + ", " + device.str() + "/" +
+                 dw::toString(session.backendKind()) +
+                 (o.amp != AmpMode::kOff ? ", amp " + toString(o.amp) : "") +
+                 (o.channelsLast ? ", channels-last" : ""));
   progress->line("data: " + data.description);
-  progress->line("plan: " + std::to_string(o.epochs) + " epochs x " + std::to_string(plan.stepsPerEpoch) +
-                 " steps, global batch " + std::to_string(plan.globalBatch) + " (" + std::to_string(o.batchSize) +
-                 " per rank" + (o.accumulation > 1 ? " x " + std::to_string(o.accumulation) + " accumulated" : "") +
-                 "), lr " + fixed(o.lr, 4) + " with " + std::to_string(plan.warmupSteps) +
-                 " warm-up steps then cosine decay" +
-                 (checkpoints.enabled() ? "; checkpoints in " + checkpoints.dir() : "; no checkpoints"));
+  progress->line(
+      "plan: " + std::to_string(o.epochs) + " epochs x " + std::to_string(plan.stepsPerEpoch) +
+      " steps, global batch " + std::to_string(plan.globalBatch) + " (" +
+      std::to_string(o.batchSize) + " per rank" +
+      (o.accumulation > 1 ? " x " + std::to_string(o.accumulation) + " accumulated" : "") +
+      "), lr " + fixed(o.lr, 4) + " with " + std::to_string(plan.warmupSteps) +
+      " warm-up steps then cosine decay" +
+      (checkpoints.enabled() ? "; checkpoints in " + checkpoints.dir() : "; no checkpoints"));
 
   // Resume whenever this is the same job started again: after a restart (a worker failed) and
   // after the group re-formed around a node that left or joined, which keeps the restart count
@@ -336,42 +356,68 @@ int train(const Options& o, const dw::SessionOptions& sessionOptions, const std:
     if (rank == 0) {
       fs::create_directories(checkpoints.dir());
       checkpoints.removeTemporaries();
-      if (sessionOptions.restartCount > 0) decision = 2;
-      else if (!sessionOptions.runId.empty() && checkpoints.storedRunId() == sessionOptions.runId) decision = 3;
-      else if (o.resume) decision = 1;
+      if (sessionOptions.restartCount > 0)
+        decision = 2;
+      else if (!sessionOptions.runId.empty() && checkpoints.storedRunId() == sessionOptions.runId)
+        decision = 3;
+      else if (o.resume)
+        decision = 1;
     }
-    decision = allReduce(session, torch::tensor({decision}, torch::TensorOptions().dtype(torch::kLong).device(device)),
+    decision = allReduce(session,
+                         torch::tensor({decision},
+                                       torch::TensorOptions().dtype(torch::kLong).device(device)),
                          c10d::ReduceOp::MAX)
                    .item<int64_t>();
     if (decision > 0) {
       resumeReason = decision == 2   ? "restart " + std::to_string(sessionOptions.restartCount)
                      : decision == 3 ? "run " + sessionOptions.runId + " started again"
                                      : "--resume";
-      for (const auto& [step, path] : checkpoints.list()) {
+      // Only the newest: writes are atomic, so it is complete. One that does not load is an
+      // error, not a reason to fall back: it belongs to another model or options, and a failed
+      // load has already overwritten part of the model.
+      const auto all = checkpoints.list();
+      if (!all.empty()) {
+        const std::string& path = all.front().second;
         try {
-          if (dw::loadCheckpoint(path, refs)) {
-            startStep = saved.step;
-            resumedFrom = path;
-            break;
+          // LibTorch's load replaces a tensor of another shape instead of refusing it.
+          std::vector<std::vector<int64_t>> shapes;
+          for (const auto& t : model->named_parameters()) shapes.push_back(t.value().sizes().vec());
+          dw::loadCheckpoint(path, refs);
+          size_t i = 0;
+          for (const auto& t : model->named_parameters()) {
+            if (t.value().sizes().vec() != shapes[i++]) {
+              throw ddpl::InvalidArgument("parameter '" + t.key() + "' has shape " +
+                                          c10::str(t.value().sizes()) + " in the checkpoint but " +
+                                          c10::str(c10::IntArrayRef(shapes[i - 1])) +
+                                          " in this model");
+            }
           }
         } catch (const std::exception& e) {
-          dw::wlog::warn("skipping unreadable checkpoint " + path + ": " + e.what());
+          const std::string what = e.what();
+          throw ddpl::InvalidArgument(
+              "cannot resume from " + path + " (" + resumeReason +
+              "): " + what.substr(0, what.find('\n')) +
+              "; was it written with another --model, --width or --amp? Use another "
+              "--checkpoint-dir, or start a new run without --resume");
         }
+        startStep = saved.step;
+        resumedFrom = path;
       }
       if (startStep > 0 && saved.samplesSeen != startStep * plan.globalBatch) {
         // World size or batch changed (an elastic resize): the data order within an epoch
         // depends on both, so pick up at the start of the interrupted epoch.
         const int64_t restart = std::min<int64_t>(saved.epoch, o.epochs) * plan.stepsPerEpoch;
         progress->line("global batch changed since the checkpoint (" +
-                       std::to_string(saved.samplesSeen / std::max<int64_t>(1, startStep)) + " -> " +
-                       std::to_string(plan.globalBatch) + "): continuing at the start of epoch " +
-                       std::to_string(saved.epoch + 1));
+                       std::to_string(saved.samplesSeen / std::max<int64_t>(1, startStep)) +
+                       " -> " + std::to_string(plan.globalBatch) +
+                       "): continuing at the start of epoch " + std::to_string(saved.epoch + 1));
         startStep = restart;
       }
     } else if (rank == 0) {
       if (const size_t removed = checkpoints.removeAll()) {
-        progress->line("starting afresh: removed " + std::to_string(removed) + " checkpoint(s) of an earlier run from " +
-                       checkpoints.dir() + " (--resume continues from them instead)");
+        progress->line("starting afresh: removed " + std::to_string(removed) +
+                       " checkpoint(s) of an earlier run from " + checkpoints.dir() +
+                       " (--resume continues from them instead)");
       }
     }
     if (rank == 0) checkpoints.storeRunId(sessionOptions.runId);
@@ -379,29 +425,32 @@ int train(const Options& o, const dw::SessionOptions& sessionOptions, const std:
   // Every rank must continue from the same step; differing answers mean the directory is not
   // shared between the nodes.
   {
-    auto steps = allReduce(session, torch::tensor({startStep, -startStep}, torch::TensorOptions().dtype(torch::kLong).device(device)),
+    auto steps = allReduce(session,
+                           torch::tensor({startStep, -startStep},
+                                         torch::TensorOptions().dtype(torch::kLong).device(device)),
                            c10d::ReduceOp::MAX)
                      .cpu();
     const int64_t most = steps[0].item<int64_t>(), least = -steps[1].item<int64_t>();
     if (most != least) {
-      throw ddpl::Error("ranks resume from different steps (" + std::to_string(least) + " to " + std::to_string(most) +
-                        "; this rank: " + std::to_string(startStep) + "): --checkpoint-dir " + checkpoints.dir() +
+      throw ddpl::Error("ranks resume from different steps (" + std::to_string(least) + " to " +
+                        std::to_string(most) + "; this rank: " + std::to_string(startStep) +
+                        "): --checkpoint-dir " + checkpoints.dir() +
                         " must be one directory shared by all nodes");
     }
   }
   startStep = std::min(startStep, plan.totalSteps);
   if (!resumedFrom.empty()) {
     progress->line("resumed from " + resumedFrom + " at step " + std::to_string(startStep) + "/" +
-                   std::to_string(plan.totalSteps) +
-                   " (" + resumeReason + ")");
+                   std::to_string(plan.totalSteps) + " (" + resumeReason + ")");
   }
   state->step = startStep;
 
   dw::DistributedDataParallel<ResNetImpl> ddp(model, session.backend(), ddpOptions);
-  dw::DistributedSampler sampler(data.train.size(), rank, world, {/*shuffle=*/true, o.seed, /*dropLast=*/false});
+  dw::DistributedSampler sampler(data.train.size(), rank, world,
+                                 {/*shuffle=*/true, o.seed, /*dropLast=*/false});
   if (sampler.numSamples() != plan.samplesPerRank) {
-    throw ddpl::Error("sampler gives " + std::to_string(sampler.numSamples()) + " images per rank, plan expected " +
-                      std::to_string(plan.samplesPerRank));
+    throw ddpl::Error("sampler gives " + std::to_string(sampler.numSamples()) +
+                      " images per rank, plan expected " + std::to_string(plan.samplesPerRank));
   }
 
   const auto saveAt = [&](int64_t epoch, int64_t step) {
@@ -435,13 +484,16 @@ int train(const Options& o, const dw::SessionOptions& sessionOptions, const std:
 
     for (int64_t s = step - epoch * plan.stepsPerEpoch; s < plan.stepsPerEpoch; ++s) {
       const double lr = learningRate(o, plan, step);
-      for (auto& group : optimizer.param_groups()) static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr);
+      for (auto& group : optimizer.param_groups())
+        static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr);
       optimizer.zero_grad();
       for (int m = 0; m < o.accumulation; ++m) {
         const int64_t micro = s * o.accumulation + m;
-        const uint64_t augmentSeed = mix(mix(o.seed, static_cast<uint64_t>(epoch)), static_cast<uint64_t>(micro * world + rank));
-        const Batch batch = makeBatch(data, data.train, indices.narrow(0, micro * o.batchSize, o.batchSize),
-                                      o.channelsLast, &augmentSeed);
+        const uint64_t augmentSeed = mix(mix(o.seed, static_cast<uint64_t>(epoch)),
+                                         static_cast<uint64_t>(micro * world + rank));
+        const Batch batch =
+            makeBatch(data, data.train, indices.narrow(0, micro * o.batchSize, o.batchSize),
+                      o.channelsLast, &augmentSeed);
         // Only the last micro-batch of a step synchronises gradients.
         std::optional<dw::NoSyncGuard> noSync;
         if (m + 1 < o.accumulation) noSync.emplace(ddp.reducer());
@@ -463,7 +515,9 @@ int train(const Options& o, const dw::SessionOptions& sessionOptions, const std:
       state->step = ++step;
 
       if (progress->wantsUpdate(s + 1, plan.stepsPerEpoch)) {
-        const double elapsed = trainSeconds + std::chrono::duration<double>(std::chrono::steady_clock::now() - epochStart).count();
+        const double elapsed =
+            trainSeconds +
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - epochStart).count();
         const double stepsDone = static_cast<double>(step - startStep);
         StepStats stats;
         stats.epoch = static_cast<int>(epoch + 1);
@@ -472,49 +526,70 @@ int train(const Options& o, const dw::SessionOptions& sessionOptions, const std:
         stats.stepsPerEpoch = plan.stepsPerEpoch;
         stats.loss = windowLoss.item<double>() / static_cast<double>(windowMicroBatches);
         stats.lr = lr;
-        stats.imagesPerSecond = stepsDone * static_cast<double>(plan.globalBatch) / std::max(elapsed, 1e-9);
-        stats.etaSeconds = static_cast<double>(plan.totalSteps - step) * elapsed / std::max(stepsDone, 1.0);
+        stats.imagesPerSecond =
+            stepsDone * static_cast<double>(plan.globalBatch) / std::max(elapsed, 1e-9);
+        stats.etaSeconds =
+            static_cast<double>(plan.totalSteps - step) * elapsed / std::max(stepsDone, 1.0);
         progress->update(stats);
         windowLoss.zero_();
         windowMicroBatches = 0;
       }
-      if (o.checkpointEvery > 0 && step % o.checkpointEvery == 0 && s + 1 < plan.stepsPerEpoch) saveAt(epoch, step);
+      if (o.checkpointEvery > 0 && step % o.checkpointEvery == 0 && s + 1 < plan.stepsPerEpoch)
+        saveAt(epoch, step);
     }
-    trainSeconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - epochStart).count();
+    trainSeconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - epochStart).count();
 
-    auto lossStats = allReduce(session, torch::stack({epochLoss, torch::full({}, static_cast<float>(epochMicroBatches), floatOnDevice)})).cpu();
-    const double trainLoss = lossStats[0].item<double>() / std::max(1.0, lossStats[1].item<double>());
+    auto lossStats =
+        allReduce(session,
+                  torch::stack({epochLoss, torch::full({}, static_cast<float>(epochMicroBatches),
+                                                       floatOnDevice)}))
+            .cpu();
+    const double trainLoss =
+        lossStats[0].item<double>() / std::max(1.0, lossStats[1].item<double>());
     nlohmann::json entry{{"epoch", epoch + 1}, {"train_loss", trainLoss}};
-    std::string line = "epoch " + std::to_string(epoch + 1) + "/" + std::to_string(o.epochs) + " done: train loss " + fixed(trainLoss, 4);
+    std::string line = "epoch " + std::to_string(epoch + 1) + "/" + std::to_string(o.epochs) +
+                       " done: train loss " + fixed(trainLoss, 4);
     if ((epoch + 1) % o.evalEvery == 0 || epoch + 1 == o.epochs) {
       last = evaluate(session, *model, data, o);
       entry["test_top1"] = last.top1;
       entry["test_loss"] = last.loss;
-      line += ", test loss " + fixed(last.loss, 4) + ", top-1 " + percent(last.top1) + " (" + std::to_string(last.images) + " images)";
+      line += ", test loss " + fixed(last.loss, 4) + ", top-1 " + percent(last.top1) + " (" +
+              std::to_string(last.images) + " images)";
     }
     saveAt(epoch + 1, step);
-    line += ", " + formatDuration(std::chrono::duration<double>(std::chrono::steady_clock::now() - epochStart).count());
+    line +=
+        ", " +
+        formatDuration(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - epochStart).count());
     progress->line(line);
     epochLog.push_back(entry);
   }
   if (last.images == 0) last = evaluate(session, *model, data, o);  // resumed after the last step
 
   state->finished = true;
-  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - runStart).count();
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - runStart).count();
   const int64_t stepsRun = step - startStep;
-  const double throughput = static_cast<double>(stepsRun * plan.globalBatch) / std::max(trainSeconds, 1e-9);
+  const double throughput =
+      static_cast<double>(stepsRun * plan.globalBatch) / std::max(trainSeconds, 1e-9);
   std::string checkpointPath;
   {
     std::lock_guard<std::mutex> lock(state->mu);
     checkpointPath = state->lastCheckpoint;
   }
-  progress->line("finished: " + std::to_string(step) + "/" + std::to_string(plan.totalSteps) + " steps" +
-                 (startStep > 0 ? " (" + std::to_string(stepsRun) + " in this run, resumed at " + std::to_string(startStep) + ")" : "") +
-                 " in " + formatDuration(wall) + " on " + std::to_string(world) + " rank" + (world > 1 ? "s" : "") + ", " +
-                 fixed(throughput, 0) + " images/s");
-  progress->line("final test top-1: " + percent(last.top1) + " on " + std::to_string(last.images) + " images (chance " +
-                 percent(1.0 / static_cast<double>(data.classes)) + ")");
-  progress->line(checkpointPath.empty() ? "checkpoint: none (--checkpoint-dir '')" : "checkpoint: " + checkpointPath);
+  progress->line("finished: " + std::to_string(step) + "/" + std::to_string(plan.totalSteps) +
+                 " steps" +
+                 (startStep > 0 ? " (" + std::to_string(stepsRun) + " in this run, resumed at " +
+                                      std::to_string(startStep) + ")"
+                                : "") +
+                 " in " + formatDuration(wall) + " on " + std::to_string(world) + " rank" +
+                 (world > 1 ? "s" : "") + ", " + fixed(throughput, 0) + " images/s");
+  progress->line("final test top-1: " + percent(last.top1) + " on " + std::to_string(last.images) +
+                 " images (chance " + percent(1.0 / static_cast<double>(data.classes)) + ")");
+  if (checkpointPath.empty()) checkpointPath = resumedFrom;  // resumed after the last step
+  progress->line(checkpointPath.empty() ? "checkpoint: none (--checkpoint-dir '')"
+                                        : "checkpoint: " + checkpointPath);
 
   if (rank == 0 && !o.summaryJson.empty()) {
     nlohmann::json summary{{"model", toString(o.model)},
@@ -586,5 +661,6 @@ int main(int argc, char** argv) {
   } catch (const ex::DataError& e) {
     return ex::inputError(sessionOptions.errorFile, e.what());
   }
-  return dw::recordErrors(sessionOptions.errorFile, [&] { return ex::train(options, sessionOptions, cifar); });
+  return dw::recordErrors(sessionOptions.errorFile,
+                          [&] { return ex::train(options, sessionOptions, cifar); });
 }

@@ -2,7 +2,6 @@
 // the other and starts the group again, and the new ranks resume from the latest complete
 // checkpoint and finish exactly the planned number of steps.
 #include <gtest/gtest.h>
-
 #include <signal.h>
 
 #include <filesystem>
@@ -39,10 +38,29 @@ TEST(ExampleFault, KilledWorkerRestartsTheGroupWhichResumesAndFinishesThePlanned
   constexpr int64_t kKillAfterCheckpoint = 24;
   dt::RunOptions o;
   o.env = {{"OMP_NUM_THREADS", "1"}, {"DDPL_BACKEND", "gloo"}};
-  dt::Background launch({et::binary("launch"), "--standalone", "--nproc-per-node=2", "--max-restarts=1",
-                         et::trainer(), "--width", "16", "--train-size", "4096", "--test-size", "256",
-                         "--batch-size", "32", "--epochs", "3", "--checkpoint-dir", ckpt, "--checkpoint-every", "8",
-                         "--summary-json", dir + "/summary.json", "--log-every", "16"},
+  dt::Background launch({et::binary("launch"),
+                         "--standalone",
+                         "--nproc-per-node=2",
+                         "--max-restarts=1",
+                         et::trainer(),
+                         "--width",
+                         "16",
+                         "--train-size",
+                         "4096",
+                         "--test-size",
+                         "256",
+                         "--batch-size",
+                         "32",
+                         "--epochs",
+                         "3",
+                         "--checkpoint-dir",
+                         ckpt,
+                         "--checkpoint-every",
+                         "8",
+                         "--summary-json",
+                         dir + "/summary.json",
+                         "--log-every",
+                         "16"},
                         o);
 
   // Wait for a mid-run checkpoint, then SIGKILL rank 1: a crash, no cleanup of its own.
@@ -58,7 +76,8 @@ TEST(ExampleFault, KilledWorkerRestartsTheGroupWhichResumesAndFinishesThePlanned
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  ASSERT_GT(victim, 0) << "no checkpoint at step >= " << kKillAfterCheckpoint << " or no rank 1 found\n"
+  ASSERT_GT(victim, 0) << "no checkpoint at step >= " << kKillAfterCheckpoint
+                       << " or no rank 1 found\n"
                        << launch.outputSoFar();
   ASSERT_LT(stepAtKill, kTotalSteps);
   ASSERT_EQ(::kill(victim, SIGKILL), 0);
@@ -80,7 +99,8 @@ TEST(ExampleFault, KilledWorkerRestartsTheGroupWhichResumesAndFinishesThePlanned
   char name[64];
   std::snprintf(name, sizeof name, "/ckpt-step%08lld.pt", static_cast<long long>(start));
   EXPECT_EQ(s["resumed_from"], ckpt + name);
-  EXPECT_NE(r.out.find("resumed from " + ckpt + name + " at step " + std::to_string(start) + "/192 (restart 1)"),
+  EXPECT_NE(r.out.find("resumed from " + ckpt + name + " at step " + std::to_string(start) +
+                       "/192 (restart 1)"),
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("final test top-1: "), std::string::npos) << r.out;

@@ -2,7 +2,6 @@
 // truncated file and bad flags through the real binary, which must fail before any process
 // group exists), and what it shows back (progress formatting). All torch-free drivers.
 #include <gtest/gtest.h>
-
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -31,8 +30,9 @@ std::string errorOf(const std::vector<std::string>& args) {
 }
 
 TEST(ExampleOptions, ParsesBothSpellingsAndEqualsForm) {
-  const auto o = ex::parseOptions({"--model", "resnet50", "--batch_size=16", "--lr", "0.05", "--channels-last",
-                                   "--amp=bf16", "--accumulation", "4", "--resume", "--augment=0", "--checkpoint-dir="});
+  const auto o = ex::parseOptions({"--model", "resnet50", "--batch_size=16", "--lr", "0.05",
+                                   "--channels-last", "--amp=bf16", "--accumulation", "4",
+                                   "--resume", "--augment=0", "--checkpoint-dir="});
   EXPECT_EQ(o.model, ex::ModelKind::kResNet50);
   EXPECT_EQ(o.batchSize, 16);
   EXPECT_DOUBLE_EQ(o.lr, 0.05);
@@ -54,14 +54,17 @@ TEST(ExampleOptions, DefaultsAreTheDemo) {
 }
 
 TEST(ExampleOptions, ErrorsNameTheFlag) {
-  EXPECT_EQ(errorOf({"--epochs", "abc"}), "--epochs: 'abc' is not a whole number in [1, 1000000000]");
+  EXPECT_EQ(errorOf({"--epochs", "abc"}),
+            "--epochs: 'abc' is not a whole number in [1, 1000000000]");
   EXPECT_EQ(errorOf({"--epochs", "0"}), "--epochs: '0' is not a whole number in [1, 1000000000]");
-  EXPECT_EQ(errorOf({"--model", "resnet19"}), "--model: 'resnet19' is not one of resnet18, resnet34, resnet50");
+  EXPECT_EQ(errorOf({"--model", "resnet19"}),
+            "--model: 'resnet19' is not one of resnet18, resnet34, resnet50");
   EXPECT_EQ(errorOf({"--bogus"}), "unknown option '--bogus' (see --help)");
   EXPECT_EQ(errorOf({"--lr"}), "--lr: needs a value (X)");
   EXPECT_EQ(errorOf({"--lr", "nan"}).rfind("--lr: 'nan' is not a number", 0), 0u);
   EXPECT_EQ(errorOf({"--amp", "int8"}), "--amp: 'int8' is not one of off, bf16, fp16");
-  EXPECT_EQ(errorOf({"--channels-last=maybe"}), "--channels-last: 'maybe' is not a boolean (1/0, true/false)");
+  EXPECT_EQ(errorOf({"--channels-last=maybe"}),
+            "--channels-last: 'maybe' is not a boolean (1/0, true/false)");
   EXPECT_EQ(errorOf({"train.py"}), "unexpected argument 'train.py' (options start with --)");
   EXPECT_EQ(errorOf({"--data", "/d", "--classes", "5"}),
             "--classes: CIFAR-10 has 10 classes; --classes applies to the synthetic set only");
@@ -70,9 +73,10 @@ TEST(ExampleOptions, ErrorsNameTheFlag) {
 
 TEST(ExampleOptions, UsageListsEveryFlag) {
   const auto text = ex::usage();
-  for (const char* flag : {"--model", "--data", "--epochs", "--batch-size", "--lr", "--warmup-epochs", "--momentum",
-                           "--weight-decay", "--accumulation", "--seed", "--checkpoint-dir", "--checkpoint-every",
-                           "--resume", "--amp", "--channels-last", "--backend"}) {
+  for (const char* flag :
+       {"--model", "--data", "--epochs", "--batch-size", "--lr", "--warmup-epochs", "--momentum",
+        "--weight-decay", "--accumulation", "--seed", "--checkpoint-dir", "--checkpoint-every",
+        "--resume", "--amp", "--channels-last", "--backend"}) {
     EXPECT_NE(text.find(flag), std::string::npos) << flag;
   }
 }
@@ -102,7 +106,8 @@ TEST(ExampleProgress, LinesWhenNotATerminal) {
     p.line("done");
   }
   std::fclose(out);
-  EXPECT_EQ(std::string(buf, size), "epoch 2/4  step 5/20  loss 1.2500  lr 0.1000  300 img/s  ETA 1m05s\ndone\n");
+  EXPECT_EQ(std::string(buf, size),
+            "epoch 2/4  step 5/20  loss 1.2500  lr 0.1000  300 img/s  ETA 1m05s\ndone\n");
   std::free(buf);
 }
 
@@ -123,8 +128,9 @@ TEST(ExampleProgress, OtherRanksAreSilent) {
 class ExampleCifarReader : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("ddpl-cifar-" + std::to_string(::getpid()) + "-" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() /
+           ("ddpl-cifar-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -161,7 +167,8 @@ TEST_F(ExampleCifarReader, ReadsRecordsInOrderWithLabelsAndPlanarPixels) {
   for (int c = 0; c < 3; ++c) {
     for (int y : {0, 3, 31}) {
       for (int x : {0, 17, 31}) {
-        EXPECT_EQ(data.train.pixels[13 * 3072 + c * 1024 + y * 32 + x], expected[1 + c * 1024 + y * 32 + x]);
+        EXPECT_EQ(data.train.pixels[13 * 3072 + c * 1024 + y * 32 + x],
+                  expected[1 + c * 1024 + y * 32 + x]);
       }
     }
   }
@@ -172,9 +179,11 @@ TEST_F(ExampleCifarReader, TruncatedFileIsAClearError) {
   ex::testing::writeCifarFile(path("data_batch_1.bin"), 4, 1);
   ex::testing::writeCifarFile(path("test_batch.bin"), 4, 1);
   fs::resize_file(path("data_batch_1.bin"), 4 * 3073 - 100);
-  EXPECT_EQ(loadError(), path("data_batch_1.bin") +
-                             ": 12192 bytes is not a whole number of 3073-byte CIFAR-10 records (3 full records and "
-                             "2973 bytes over): truncated or not CIFAR-10 binary format");
+  EXPECT_EQ(
+      loadError(),
+      path("data_batch_1.bin") +
+          ": 12192 bytes is not a whole number of 3073-byte CIFAR-10 records (3 full records and "
+          "2973 bytes over): truncated or not CIFAR-10 binary format");
 }
 
 TEST_F(ExampleCifarReader, MalformedLabelIsAClearError) {
@@ -185,16 +194,20 @@ TEST_F(ExampleCifarReader, MalformedLabelIsAClearError) {
     f.seekp(2 * 3073);
     f.put(static_cast<char>(200));
   }
-  EXPECT_EQ(loadError(), path("data_batch_1.bin") +
-                             ": record 2 has label 200, but CIFAR-10 labels are 0-9: not CIFAR-10 binary format");
+  EXPECT_EQ(
+      loadError(),
+      path("data_batch_1.bin") +
+          ": record 2 has label 200, but CIFAR-10 labels are 0-9: not CIFAR-10 binary format");
 }
 
 TEST_F(ExampleCifarReader, MissingPiecesAreClearErrors) {
   EXPECT_NE(loadError().find("no data_batch_<n>.bin files"), std::string::npos) << loadError();
   ex::testing::writeCifarFile(path("data_batch_1.bin"), 2, 1);
-  EXPECT_EQ(loadError(), "--data " + dir_.string() + ": test_batch.bin is missing (needed for evaluation)");
+  EXPECT_EQ(loadError(),
+            "--data " + dir_.string() + ": test_batch.bin is missing (needed for evaluation)");
   std::ofstream(path("test_batch.bin"));  // empty
-  EXPECT_EQ(loadError(), path("test_batch.bin") + ": empty file (expected 3073-byte CIFAR-10 records)");
+  EXPECT_EQ(loadError(),
+            path("test_batch.bin") + ": empty file (expected 3073-byte CIFAR-10 records)");
   fs::remove_all(dir_);
   EXPECT_EQ(loadError(), "--data " + dir_.string() + ": No such file or directory");
 }
@@ -214,10 +227,14 @@ class ExampleBinary : public ::testing::Test {
     std::vector<std::string> argv{et::trainer()};
     argv.insert(argv.end(), args.begin(), args.end());
     dt::RunOptions o;
-    o.env = {{"RANK", "0"},           {"LOCAL_RANK", "0"},
-             {"WORLD_SIZE", "2"},     {"LOCAL_WORLD_SIZE", "2"},
-             {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(et::freePort())},
-             {"DDPL_BACKEND", "gloo"}, {"TORCHELASTIC_ERROR_FILE", dir_ + "/error.json"}};
+    o.env = {{"RANK", "0"},
+             {"LOCAL_RANK", "0"},
+             {"WORLD_SIZE", "2"},
+             {"LOCAL_WORLD_SIZE", "2"},
+             {"MASTER_ADDR", "127.0.0.1"},
+             {"MASTER_PORT", std::to_string(et::freePort())},
+             {"DDPL_BACKEND", "gloo"},
+             {"TORCHELASTIC_ERROR_FILE", dir_ + "/error.json"}};
     o.unset_env = {"DDPL_STORE_ADDR", "TORCHELASTIC_USE_AGENT_STORE"};
     o.timeout = std::chrono::seconds(60);
     return dt::run(argv, o);
@@ -227,11 +244,14 @@ class ExampleBinary : public ::testing::Test {
 
 TEST_F(ExampleBinary, BadFlagsNameTheFlagAndExit2) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
-      {{"--epochs", "abc"}, "ddp_resnet: --epochs: 'abc' is not a whole number in [1, 1000000000]\n"},
-      {{"--model", "resnet19"}, "ddp_resnet: --model: 'resnet19' is not one of resnet18, resnet34, resnet50\n"},
+      {{"--epochs", "abc"},
+       "ddp_resnet: --epochs: 'abc' is not a whole number in [1, 1000000000]\n"},
+      {{"--model", "resnet19"},
+       "ddp_resnet: --model: 'resnet19' is not one of resnet18, resnet34, resnet50\n"},
       {{"--frobnicate"}, "ddp_resnet: unknown option '--frobnicate' (see --help)\n"},
       {{"--batch-size", "5000"},
-       "ddp_resnet: --batch-size: 5000 is more than each rank's share of the 8192 training images (4096 on each of 2 "
+       "ddp_resnet: --batch-size: 5000 is more than each rank's share of the 8192 training images "
+       "(4096 on each of 2 "
        "ranks)\n"},
   };
   for (const auto& [args, message] : cases) {
@@ -242,7 +262,8 @@ TEST_F(ExampleBinary, BadFlagsNameTheFlagAndExit2) {
   }
   // The launcher's failure report reads the torchrun error file.
   const auto error = nlohmann::json::parse(et::slurp(dir_ + "/error.json"));
-  EXPECT_NE(error["message"]["message"].get<std::string>().find("--batch-size: 5000"), std::string::npos);
+  EXPECT_NE(error["message"]["message"].get<std::string>().find("--batch-size: 5000"),
+            std::string::npos);
 }
 
 TEST_F(ExampleBinary, HelpListsOptionsAndExits0) {
@@ -262,7 +283,8 @@ TEST_F(ExampleBinary, TruncatedCifarFileFailsBeforeAnyProcessGroup) {
   EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(30));
   EXPECT_EQ(r.exit_code, 2) << r.all();
   EXPECT_EQ(r.err, "ddp_resnet: " + dir_ +
-                       "/data_batch_2.bin: 61459 bytes is not a whole number of 3073-byte CIFAR-10 records (19 full "
+                       "/data_batch_2.bin: 61459 bytes is not a whole number of 3073-byte CIFAR-10 "
+                       "records (19 full "
                        "records and 3072 bytes over): truncated or not CIFAR-10 binary format\n");
   EXPECT_EQ(r.out, "");  // nothing started: no banner, no process-group log
 }

@@ -15,7 +15,9 @@
 
 namespace ddpl::example::testing {
 
-inline std::string binary(const std::string& name) { return std::string(DDPL_BIN_DIR) + "/" + name; }
+inline std::string binary(const std::string& name) {
+  return std::string(DDPL_BIN_DIR) + "/" + name;
+}
 inline std::string trainer() { return binary("ddp_resnet"); }
 inline std::string torchrun() {
   const std::string python = DDPL_PYTHON;
@@ -86,8 +88,10 @@ inline pid_t findRank(pid_t root, int rank) {
       }
     }
     if (!descendant) continue;
-    if (slurp("/proc/" + std::to_string(pid) + "/cmdline").find("ddp_resnet") == std::string::npos) continue;
-    if (environOf(pid).find("\nRANK=" + std::to_string(rank) + "\n") != std::string::npos) return pid;
+    if (slurp("/proc/" + std::to_string(pid) + "/cmdline").find("ddp_resnet") == std::string::npos)
+      continue;
+    if (environOf(pid).find("\nRANK=" + std::to_string(rank) + "\n") != std::string::npos)
+      return pid;
   }
   return -1;
 }

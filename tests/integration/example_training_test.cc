@@ -25,8 +25,8 @@ class ExampleTraining : public ::testing::Test {
   }
 
   dt::RunResult launch(const std::vector<std::string>& trainerArgs, int nproc = 2) {
-    std::vector<std::string> argv{et::binary("launch"), "--standalone", "--nproc-per-node=" + std::to_string(nproc),
-                                  et::trainer()};
+    std::vector<std::string> argv{et::binary("launch"), "--standalone",
+                                  "--nproc-per-node=" + std::to_string(nproc), et::trainer()};
     argv.insert(argv.end(), trainerArgs.begin(), trainerArgs.end());
     return dt::run(argv, options());
   }
@@ -38,9 +38,24 @@ class ExampleTraining : public ::testing::Test {
   }
   // A small job: 2048 synthetic images, 32 per rank per step -> 32 steps per epoch on 2 ranks.
   std::vector<std::string> smallJob(int epochs) const {
-    return {"--width", "8", "--train-size", "2048", "--test-size", "512", "--batch-size", "32",
-            "--epochs", std::to_string(epochs), "--lr", "0.2", "--checkpoint-dir", dir_ + "/ckpt",
-            "--summary-json", dir_ + "/summary.json", "--log-every", "8"};
+    return {"--width",
+            "8",
+            "--train-size",
+            "2048",
+            "--test-size",
+            "512",
+            "--batch-size",
+            "32",
+            "--epochs",
+            std::to_string(epochs),
+            "--lr",
+            "0.2",
+            "--checkpoint-dir",
+            dir_ + "/ckpt",
+            "--summary-json",
+            dir_ + "/summary.json",
+            "--log-every",
+            "8"};
   }
   std::string dir_;
 };
@@ -65,7 +80,9 @@ TEST_F(ExampleTraining, TwoRanksLearnTheSyntheticSetWellAboveChance) {
   EXPECT_NE(r.out.find("[default0]:epoch 1/3  step 8/32  loss "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("[default0]:epoch 3/3 done: train loss "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("[default0]:final test top-1: "), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("[default0]:checkpoint: " + dir_ + "/ckpt/ckpt-step00000096.pt"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[default0]:checkpoint: " + dir_ + "/ckpt/ckpt-step00000096.pt"),
+            std::string::npos)
+      << r.out;
   EXPECT_EQ(r.out.find("[default1]:epoch"), std::string::npos) << r.out;
   EXPECT_TRUE(fs::exists(dir_ + "/ckpt/ckpt-step00000096.pt"));
   EXPECT_TRUE(fs::exists(dir_ + "/ckpt/ckpt-step00000064.pt"));  // --keep-checkpoints 2
@@ -79,11 +96,13 @@ TEST_F(ExampleTraining, ReadsCifar10FilesShardedOverTwoRanks) {
   et::writeCifarFile(dir_ + "/cifar/data_batch_1.bin", 400, 11);
   et::writeCifarFile(dir_ + "/cifar/data_batch_2.bin", 400, 12);
   et::writeCifarFile(dir_ + "/cifar/test_batch.bin", 200, 13);
-  const auto r = launch({"--data", dir_ + "/cifar", "--width", "8", "--batch-size", "25", "--epochs", "3",
-                         "--lr", "0.1", "--checkpoint-dir", "", "--summary-json", dir_ + "/summary.json"});
+  const auto r =
+      launch({"--data", dir_ + "/cifar", "--width", "8", "--batch-size", "25", "--epochs", "3",
+              "--lr", "0.1", "--checkpoint-dir", "", "--summary-json", dir_ + "/summary.json"});
   ASSERT_FALSE(r.timed_out) << r.all();
   ASSERT_EQ(r.exit_code, 0) << r.all();
-  EXPECT_NE(r.out.find("data: CIFAR-10: 800 train (2 files) / 200 test images, random crop + flip"), std::string::npos)
+  EXPECT_NE(r.out.find("data: CIFAR-10: 800 train (2 files) / 200 test images, random crop + flip"),
+            std::string::npos)
       << r.out;
   const auto s = et::summary(dir_ + "/summary.json");
   EXPECT_EQ(s["steps_per_epoch"], 16);  // 400 images per rank / 25
@@ -116,8 +135,10 @@ TEST_F(ExampleTraining, ResumesTheSameRunOrOnRequestAndStartsANewRunAfresh) {
   EXPECT_EQ(s["steps_this_run"], 64);
   EXPECT_EQ(s["resumed_from"], dir_ + "/ckpt/ckpt-step00000064.pt");
   EXPECT_EQ(s["epoch_log"].size(), 1u);
-  EXPECT_NE(r.out.find("resumed from " + dir_ + "/ckpt/ckpt-step00000064.pt at step 64/128 (--resume)"),
-            std::string::npos) << r.out;
+  EXPECT_NE(
+      r.out.find("resumed from " + dir_ + "/ckpt/ckpt-step00000064.pt at step 64/128 (--resume)"),
+      std::string::npos)
+      << r.out;
 
   // The same job started again (as after an elastic re-formation, which keeps the restart count
   // at 0) resumes without being asked.
@@ -134,9 +155,88 @@ TEST_F(ExampleTraining, ResumesTheSameRunOrOnRequestAndStartsANewRunAfresh) {
   EXPECT_FALSE(fs::exists(dir_ + "/ckpt/ckpt-step00000192.pt"));
 }
 
+TEST_F(ExampleTraining, ResumingFromAnotherModelsCheckpointIsAClearError) {
+  const auto runJob = [&](const std::string& width, bool resume) {
+    std::vector<std::string> argv{et::trainer(), "--width",     width, "--train-size",
+                                  "128",         "--test-size", "32",  "--batch-size",
+                                  "16",          "--epochs",    "1",   "--checkpoint-dir",
+                                  dir_ + "/ckpt"};
+    if (resume) argv.push_back("--resume");
+    dt::RunOptions o = options();
+    o.env["TORCHELASTIC_ERROR_FILE"] = dir_ + "/error.json";
+    return dt::run(argv, o);
+  };
+  ASSERT_EQ(runJob("4", false).exit_code, 0);
+  const auto r = runJob("8", true);
+  EXPECT_EQ(r.exit_code, 1) << r.all();
+  const auto error = nlohmann::json::parse(et::slurp(dir_ + "/error.json"));
+  EXPECT_EQ(error["message"]["message"].get<std::string>(),
+            "ddpl::InvalidArgument: cannot resume from " + dir_ +
+                "/ckpt/ckpt-step00000008.pt (--resume): parameter 'stem.conv.weight' has shape [4, "
+                "3, 3, 3] in the "
+                "checkpoint but [8, 3, 3, 3] in this model; was it written with another --model, "
+                "--width or --amp? "
+                "Use another --checkpoint-dir, or start a new run without --resume");
+  EXPECT_TRUE(fs::exists(dir_ + "/ckpt/ckpt-step00000008.pt"));  // left alone
+}
+
+// The other architecture and the switches on CPU: bottleneck blocks behind the ImageNet stem,
+// bf16 autocast, channels-last and gradient accumulation together, through DDP and a resume.
+TEST_F(ExampleTraining, BottleneckResNet50WithAmpChannelsLastAndAccumulation) {
+  const auto job = [&](const std::string& epochs) {
+    return std::vector<std::string>{"--model",
+                                    "resnet50",
+                                    "--width",
+                                    "4",
+                                    "--image-size",
+                                    "64",
+                                    "--stem",
+                                    "imagenet",
+                                    "--train-size",
+                                    "256",
+                                    "--test-size",
+                                    "64",
+                                    "--batch-size",
+                                    "16",
+                                    "--accumulation",
+                                    "2",
+                                    "--amp",
+                                    "bf16",
+                                    "--channels-last",
+                                    "--epochs",
+                                    epochs,
+                                    "--checkpoint-dir",
+                                    dir_ + "/ckpt",
+                                    "--summary-json",
+                                    dir_ + "/summary.json"};
+  };
+  auto r = launch(job("1"));
+  ASSERT_FALSE(r.timed_out) << r.all();
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_NE(r.out.find("resnet50 (width 4, "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("ImageNet stem) on 2 ranks, cpu/gloo, amp bf16, channels-last"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("global batch 64 (16 per rank x 2 accumulated)"), std::string::npos)
+      << r.out;
+  auto s = et::summary(dir_ + "/summary.json");
+  EXPECT_EQ(s["final_step"], 4);  // 128 images per rank / (16 x 2)
+  const double loss = s["epoch_log"][0]["train_loss"].get<double>();
+  EXPECT_TRUE(loss > 0 && loss < 10) << loss;
+  // The checkpoint of this model loads back: a second epoch resumes from it.
+  auto more = job("2");
+  more.push_back("--resume");
+  r = launch(more);
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  s = et::summary(dir_ + "/summary.json");
+  EXPECT_EQ(s["start_step"], 4);
+  EXPECT_EQ(s["final_step"], 8);
+}
+
 TEST_F(ExampleTraining, RunsUnderThePinnedTorchrun) {
   if (!fs::exists(et::torchrun())) GTEST_SKIP() << "no torchrun next to " << DDPL_PYTHON;
-  std::vector<std::string> argv{et::torchrun(), "--standalone", "--nproc-per-node=2", "--no-python", et::trainer()};
+  std::vector<std::string> argv{et::torchrun(), "--standalone", "--nproc-per-node=2", "--no-python",
+                                et::trainer()};
   const auto job = smallJob(1);
   argv.insert(argv.end(), job.begin(), job.end());
   const auto r = dt::run(argv, options());
