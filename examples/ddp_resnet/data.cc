@@ -11,7 +11,10 @@ namespace {
 using torch::indexing::None;
 using torch::indexing::Slice;
 
-constexpr int64_t kChunk = 1024;  // images generated at once: bounds the float temporaries
+// Images processed at once: 1024 of 32x32, fewer of larger ones, so that the float temporaries
+// stay near 100 MB whatever the image size.
+constexpr int64_t kChunkPixels = 1024 * 32 * 32;
+int64_t chunkFor(int64_t side) { return std::max<int64_t>(1, kChunkPixels / (side * side)); }
 constexpr int64_t kGratingsPerClass = 2;
 constexpr double kPi = 3.14159265358979323846;
 // Difficulty, tuned so that the demo's narrow ResNet-18 needs a few epochs to pass 80%: without
@@ -69,8 +72,9 @@ Split generateSplit(const ClassPatterns& classes, int64_t n, int64_t side, uint6
       torch::arange(n, torch::kLong).remainder(numClasses).index_select(0, torch::randperm(n, g));
   split.images = torch::empty({n, 3, side, side}, torch::kUInt8);
   const auto coords = torch::arange(side, torch::kFloat) / static_cast<double>(side);
-  for (int64_t start = 0; start < n; start += kChunk) {
-    const int64_t b = std::min(kChunk, n - start);
+  const int64_t chunk = chunkFor(side);
+  for (int64_t start = 0; start < n; start += chunk) {
+    const int64_t b = std::min(chunk, n - start);
     const auto labels = split.labels.narrow(0, start, b);
     const auto k = kGratingsPerClass;
     const auto amplitude = 0.6 + 0.4 * torch::rand({b, k}, g);
@@ -103,8 +107,9 @@ void channelStatistics(const at::Tensor& images, at::Tensor& mean, at::Tensor& s
   auto sum = torch::zeros({3}, torch::kDouble);
   auto squares = torch::zeros({3}, torch::kDouble);
   const int64_t n = images.size(0);
-  for (int64_t start = 0; start < n; start += kChunk) {
-    const auto x = images.narrow(0, start, std::min(kChunk, n - start)).to(torch::kDouble);
+  const int64_t chunk = chunkFor(images.size(2));
+  for (int64_t start = 0; start < n; start += chunk) {
+    const auto x = images.narrow(0, start, std::min(chunk, n - start)).to(torch::kDouble);
     sum += x.sum({0, 2, 3});
     squares += x.square().sum({0, 2, 3});
   }
