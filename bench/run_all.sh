@@ -5,6 +5,7 @@ cd "$(dirname "$0")/.."
 BUILD_DIR="${1:-build}"
 PY=.venv/bin/python
 echo "== launch overhead"; $PY bench/launch_overhead.py --build "$BUILD_DIR" --rounds 30
+echo "== recovery after a node loss"; $PY bench/recovery_bench.py --build "$BUILD_DIR" --rounds 3
 for extra in bench/rdzv_bench.sh bench/ddp_bench.sh; do
-  if [ -x "$extra" ]; then echo "== $extra"; bash "$extra" "$BUILD_DIR"; fi
+  if [ -f "$extra" ]; then echo "== $extra"; bash "$extra" "$BUILD_DIR"; fi
 done
