@@ -290,7 +290,8 @@ void DdpReducer::Impl::finalize() {
       auto& p = params[bucket.params[j]];
       auto averaged = bucket.flat.narrow(0, bucket.offsets[j], p.numel()).view_as(p);
       auto& grad = p.mutable_grad();
-      if (grad.defined() && grad.sizes() == p.sizes() && grad.is_contiguous()) grad.copy_(averaged);
+      // copy_ honours the gradient's own strides (channels-last stays channels-last).
+      if (grad.defined() && grad.sizes() == p.sizes()) grad.copy_(averaged);
       else grad = averaged.clone();
     }
     bucket.work.reset();

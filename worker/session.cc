@@ -154,7 +154,11 @@ SessionOptions SessionOptions::fromEnvironment(const Environment& env) {
     throw InvalidArgument("RANK " + std::to_string(o.rank) + " outside [0, WORLD_SIZE=" +
                           std::to_string(o.worldSize) + ")");
   }
-  if (o.masterPort < (o.mpiBootstrap ? 0 : 1) || o.masterPort > 65535) {
+  // A program run on its own (one rank, no launcher) needs no agreed port: a fixed default such
+  // as 29500 would make two such runs on one machine collide. Port 0 lets the kernel choose.
+  const bool alone = o.worldSize == 1 && !o.mpiBootstrap && !env.count("MASTER_PORT");
+  if (alone) o.masterPort = 0;
+  if (o.masterPort < (o.mpiBootstrap || alone ? 0 : 1) || o.masterPort > 65535) {
     throw InvalidArgument("MASTER_PORT " + std::to_string(o.masterPort) + " is not a port");
   }
   return o;

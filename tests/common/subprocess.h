@@ -54,6 +54,9 @@ template <typename Pred>
 bool eventually(Pred pred, std::chrono::milliseconds timeout);
 
 std::string readFile(const std::string& path);
+
+// A port on 127.0.0.1 that was free a moment ago (bound to port 0, read back, closed).
+int freeLoopbackPort();
 std::string makeTempDir(const std::string& prefix);
 
 }  // namespace ddpl::testing

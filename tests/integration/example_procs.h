@@ -1,6 +1,7 @@
 #pragma once
 // Helpers for the example's process-level tests (torch-free): where the binaries are, a free
 // port, the summary ddp_resnet writes, and finding one rank among launch's descendants.
+#include "tests/common/subprocess.h"
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <netinet/in.h>
@@ -24,24 +25,9 @@ inline std::string torchrun() {
   return python.substr(0, python.rfind('/')) + "/torchrun";
 }
 
-inline int freePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
+inline int freePort() { return ddpl::testing::freeLoopbackPort(); }
 
-inline std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+inline std::string slurp(const std::string& path) { return ddpl::testing::readFile(path); }
 
 // Empty object when the run wrote no summary (it failed before the end).
 inline nlohmann::json summary(const std::string& path) {

@@ -25,17 +25,6 @@ const std::string kElastic = std::string(DDPL_SOURCE_DIR) + "/tests/python/elast
 const std::string kFailRank = std::string(DDPL_SOURCE_DIR) + "/tests/integration/programs/fail_rank.sh";
 const std::string kEnvDump = std::string(DDPL_SOURCE_DIR) + "/tests/integration/programs/env_dump.sh";
 
-int freePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
 
 int stepOf(const std::string& ckpt_dir) {
   std::string s = readFile(ckpt_dir + "/step");
@@ -51,7 +40,7 @@ int count(const std::string& text, const std::string& needle) {
 class MultiNode : public ::testing::Test {
  protected:
   void SetUp() override {
-    port_ = freePort();
+    port_ = freeLoopbackPort();
     ckpt_ = makeTempDir("elastic");
     env_.env = {{"PYTHON_EXEC", DDPL_PYTHON}, {"CKPT_DIR", ckpt_}, {"TOTAL_STEPS", "40"},
                 {"STEP_SECONDS", "0.15"}, {"OMP_NUM_THREADS", "1"}};

@@ -1,6 +1,7 @@
 #pragma once
 // Test helpers (torch-free) for the worker library's multi-process tests: start real rank
 // processes with the launcher's environment, wait with a deadline, read what they left.
+#include "tests/common/subprocess.h"
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -25,17 +26,7 @@ namespace ddpl::worker::testing {
 
 inline std::string rankBinary() { return std::string(DDPL_TEST_BIN_DIR) + "/worker_rank"; }
 
-inline int freePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
+inline int freePort() { return ddpl::testing::freeLoopbackPort(); }
 
 inline std::string tempDir() {
   std::string pattern = "/tmp/ddpl-worker-test-XXXXXX";
