@@ -8,6 +8,8 @@
 #include <chrono>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "tests/common/subprocess.h"
 
 namespace dt = ddpl::testing;
@@ -202,3 +204,22 @@ TEST(MpiLaunch, HostfileErrorNamesTheLine) {
 }
 
 }  // namespace
+
+// The example trainer, unchanged, as an MPI job: rank, world and the store come from MPI.
+TEST(MpiExample, ResNetTrainerLearnsUnderMpirun) {
+  REQUIRE_MPIRUN();
+  const std::string trainer = std::string(DDPL_BIN_DIR) + "/ddp_resnet";
+  ASSERT_EQ(::access(trainer.c_str(), X_OK), 0) << trainer << " not built";
+  const std::string dir = dt::makeTempDir("mpi-example");
+  const auto r = dt::run(concat(mpirun(2), {trainer, "--width", "8", "--train-size", "1024",
+                                            "--test-size", "256", "--batch-size", "32",
+                                            "--epochs", "2", "--lr", "0.2", "--checkpoint-dir",
+                                            dir + "/ckpt", "--summary-json", dir + "/summary.json"}),
+                         options(std::chrono::seconds(240)));
+  ASSERT_FALSE(r.timed_out) << r.all();
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  const auto summary = nlohmann::json::parse(dt::readFile(dir + "/summary.json"));
+  EXPECT_EQ(summary["world_size"], 2);
+  EXPECT_EQ(summary["final_step"], summary["total_steps"]);
+  EXPECT_GT(summary["final_top1"].get<double>(), 0.2) << r.all();  // chance is 0.1
+}
