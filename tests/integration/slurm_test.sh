@@ -92,9 +92,10 @@ for i in $(seq 150); do [ -f "$sigdir/ready.0" ] && [ -f "$sigdir/ready.1" ] && 
 scancel --signal=USR1 "$jobid"
 # Slurm signals every process of the step, and launch forwards too: each worker must see it.
 got_both() { grep -q "got USR1" "$sigdir/signals.0" 2>/dev/null && grep -q "got USR1" "$sigdir/signals.1" 2>/dev/null; }
-for i in $(seq 100); do got_both && break; sleep 0.1; done
+launch_saw() { grep -q "forwarding SIGUSR1 to the workers" "$DIR/sig.out" 2>/dev/null; }
+for i in $(seq 100); do got_both && launch_saw && break; sleep 0.1; done
 got_both || fail "SIGUSR1 did not reach both workers: $(cat "$DIR/sig.out")"
-grep -q "received SIGUSR1" "$DIR/sig.out" || fail "launch did not see SIGUSR1: $(cat "$DIR/sig.out")"
+launch_saw || fail "launch did not forward SIGUSR1: $(cat "$DIR/sig.out")"
 scancel "$jobid"
 echo "ok: SIGUSR1 forwarded to the workers"
 echo "slurm_test: 3 passed, 0 failed"
