@@ -22,21 +22,10 @@
 #include "launcher/process.h"
 #include "launcher/worker_spec.h"
 
-extern char** environ;
-
 namespace {
 
 using namespace ddpl::launcher;
 
-Environment currentEnvironment() {
-  Environment env;
-  for (char** e = environ; *e; ++e) {
-    std::string kv(*e);
-    auto eq = kv.find('=');
-    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
-  }
-  return env;
-}
 
 int cpuCount() {
   cpu_set_t set;
@@ -114,7 +103,7 @@ int resolveNproc(const NprocSpec& spec, const Environment& env) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Environment env = currentEnvironment();
+  Environment env = ddpl::processEnvironment();
   ParseResult parsed;
   try {
     parsed = parseCommandLine(std::vector<std::string>(argv + 1, argv + argc), env);

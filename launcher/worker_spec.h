@@ -5,12 +5,13 @@
 #include <string>
 #include <vector>
 
+#include "common/environment.h"
 #include "launcher/options.h"
 #include "launcher/rendezvous_handler.h"
 
 namespace ddpl::launcher {
 
-using Environment = std::map<std::string, std::string>;
+using Environment = ddpl::Environment;
 
 // The command every worker runs before ${local_rank} substitution, e.g.
 // {"/usr/bin/python3", "-u", "train.py", "--lr", "0.1"}. Checks that the program exists and can

@@ -8,13 +8,14 @@
 //   PMIx (prterun, srun --mpi=pmix)  PMIX_RANK (the size comes from MPI_Comm_size)
 //   Slurm's srun        SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID (only inside a job step:
 //                       SLURM_STEP_ID set, so a batch script's own process is not a rank)
+#include "common/environment.h"
 #include <map>
 #include <optional>
 #include <string>
 
 namespace ddpl::worker {
 
-using Environment = std::map<std::string, std::string>;  // as in worker/session.h
+using Environment = ddpl::Environment;
 
 // DDPL_BOOTSTRAP: auto (default: the torchrun variables when present, else MPI when an MPI
 // launcher started us), env (never MPI), mpi (an MPI launch is required).

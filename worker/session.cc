@@ -24,7 +24,6 @@
 #include "worker/mpi_bootstrap.h"
 #endif
 
-extern char** environ;
 
 namespace ddpl::worker {
 namespace {
@@ -117,17 +116,8 @@ std::string toString(BackendKind kind) {
   return "?";
 }
 
-Environment currentEnvironment() {
-  Environment env;
-  for (char** entry = environ; entry && *entry; ++entry) {
-    const std::string text(*entry);
-    const auto eq = text.find('=');
-    if (eq != std::string::npos) env.emplace(text.substr(0, eq), text.substr(eq + 1));
-  }
-  return env;
-}
 
-SessionOptions SessionOptions::fromEnvironment() { return fromEnvironment(currentEnvironment()); }
+SessionOptions SessionOptions::fromEnvironment() { return fromEnvironment(processEnvironment()); }
 
 SessionOptions SessionOptions::fromEnvironment(const Environment& env) {
   SessionOptions o;

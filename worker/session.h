@@ -2,6 +2,7 @@
 // One rank of a job started by `launch`, torchrun or mpirun: reads the launcher's variables
 // (explicitly, through SessionOptions::fromEnvironment), connects to the store, binds the
 // device, creates the process group, and tears all of it down again on every way out.
+#include "common/environment.h"
 #include <c10/core/Device.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -14,7 +15,7 @@
 
 namespace ddpl::worker {
 
-using Environment = std::map<std::string, std::string>;
+using Environment = ddpl::Environment;
 
 enum class BackendKind { kAuto, kGloo, kNccl };
 
@@ -72,7 +73,6 @@ struct SessionOptions {
   static SessionOptions fromEnvironment();
 };
 
-Environment currentEnvironment();
 
 class Session {
  public:

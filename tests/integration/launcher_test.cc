@@ -40,13 +40,6 @@ std::vector<std::string> linesWith(const std::string& text, const std::string& n
   return out;
 }
 
-std::set<pid_t> readPids(const std::string& path) {
-  std::set<pid_t> pids;
-  std::ifstream in(path);
-  pid_t p;
-  while (in >> p) pids.insert(p);
-  return pids;
-}
 
 }  // namespace
 
