@@ -1,6 +1,7 @@
 #include "worker/session.h"
 
 #include <pthread.h>
+#include <malloc.h>
 #include <signal.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -336,6 +337,10 @@ Session::Session(SessionOptions options, std::vector<Hook> setupHooks) : impl_(s
   impl_->options = std::move(options);
   const SessionOptions& o = impl_->options;
   wlog::init(o.rank);
+  if (o.retainFreedMemory) {
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest allowed value on 64-bit
+    mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  }
 
   if (o.handleSignals) {
     // Block the launcher's signals in this thread before any LibTorch thread exists, so they

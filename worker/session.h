@@ -53,6 +53,11 @@ struct SessionOptions {
   bool barrierOnExit = true;
   // Run cleanup hooks on SIGTERM/SIGINT/SIGHUP from the launcher, then die by that signal.
   bool handleSignals = true;
+  // Keep freed tensor memory in the process (glibc mallopt: no mmap for blocks under 32 MiB,
+  // no trimming under 256 MiB). With glibc's defaults a C++ training step returns its
+  // activations to the kernel and page-faults them back every step: measured 20-25% of a CPU
+  // step on the DDP benchmark (docs/benchmarks.md). A Python process happens not to suffer it.
+  bool retainFreedMemory = true;
   // Set when an MPI launcher (mpirun, srun) started this process without the torchrun
   // variables (worker/mpi_env.h): the session initialises MPI, takes rank and sizes from it,
   // and rank 0 hosts the TCPStore, whose address reaches the others through MPI_Bcast.
