@@ -35,12 +35,6 @@ uint32_t getU32(const std::string& in, size_t pos) {
   return v;
 }
 
-std::string joinKeys(const std::vector<std::string>& keys) {
-  std::string out;
-  for (size_t i = 0; i < keys.size() && i < 8; ++i) out += (i ? ", '" : "'") + keys[i] + "'";
-  if (keys.size() > 8) out += fmt::format(" and {} more", keys.size() - 8);
-  return out;
-}
 
 }  // namespace
 
@@ -211,7 +205,7 @@ std::vector<Bytes> FileStore::waitFor(const std::vector<std::string>& keys, Dura
                                        timeout.count(), op, keys[0], path_));
       throw TimeoutError(fmt::format("timed out after {}ms in {} waiting for {}/{} keys: {} ({})",
                                      timeout.count(), op, missing.size(), keys.size(),
-                                     joinKeys(missing), path_));
+                                     quoteKeys(missing), path_));
     }
     pollfd p{ino, POLLIN, 0};
     int r = poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count() + 1, INT32_MAX)));

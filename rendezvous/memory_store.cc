@@ -6,16 +6,6 @@
 #include "rendezvous/kv_space.h"
 
 namespace ddpl::rdzv {
-namespace {
-
-std::string joinKeys(const std::vector<std::string>& keys) {
-  std::string out;
-  for (size_t i = 0; i < keys.size() && i < 8; ++i) out += (i ? ", '" : "'") + keys[i] + "'";
-  if (keys.size() > 8) out += fmt::format(" and {} more", keys.size() - 8);
-  return out;
-}
-
-}  // namespace
 
 void MemoryStore::set(const std::string& key, const Bytes& value) {
   {
@@ -102,7 +92,7 @@ void MemoryStore::wait(const std::vector<std::string>& keys, Duration timeout) {
   if (!missing.empty())
     throw TimeoutError(fmt::format("timed out after {}ms waiting for {}/{} keys: {}",
                                    timeout.count(), missing.size(), keys.size(),
-                                   joinKeys(missing)));
+                                   quoteKeys(missing)));
 }
 
 bool MemoryStore::deleteKey(const std::string& key) {
@@ -121,7 +111,7 @@ std::vector<Bytes> MemoryStore::multiGet(const std::vector<std::string>& keys, D
   if (!missing.empty())
     throw TimeoutError(fmt::format("timed out after {}ms in multiGet waiting for {}/{} keys: {}",
                                    timeout.count(), missing.size(), keys.size(),
-                                   joinKeys(missing)));
+                                   quoteKeys(missing)));
   std::vector<Bytes> out;
   out.reserve(keys.size());
   for (const auto& k : keys) out.push_back(data_.at(k));

@@ -54,12 +54,6 @@ grpc::Status toGrpc(const RdzvStatus& s) {
   return s.ok() ? grpc::Status::OK : grpc::Status(toGrpc(s.code), s.message);
 }
 
-std::string keyList(const std::vector<std::string>& keys) {
-  std::string out;
-  for (size_t i = 0; i < keys.size() && i < 8; ++i) out += (i ? ", '" : "'") + keys[i] + "'";
-  if (keys.size() > 8) out += fmt::format(" and {} more", keys.size() - 8);
-  return out;
-}
 
 Bytes bytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
 
@@ -210,7 +204,7 @@ class ParkedCall : public grpc::ServerUnaryReactor {
             ? fmt::format("{}: timed out after {} waiting for key '{}'", op_, describe(timeout_),
                           keys_[0])
             : fmt::format("{}: timed out after {} waiting for {}/{} keys: {}", op_,
-                          describe(timeout_), missing.size(), keys_.size(), keyList(missing));
+                          describe(timeout_), missing.size(), keys_.size(), quoteKeys(missing));
     Finish(grpc::Status(grpc::DEADLINE_EXCEEDED, msg));
   }
 

@@ -20,6 +20,9 @@ inline constexpr Duration kDefaultStoreTimeout{std::chrono::seconds(300)};
 inline Bytes toBytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
 inline std::string toString(const Bytes& b) { return std::string(b.begin(), b.end()); }
 
+// "'a', 'b' and 3 more": the keys an error message names (at most 8, then a count).
+std::string quoteKeys(const std::vector<std::string>& keys);
+
 class Store {
  public:
   virtual ~Store() = default;
