@@ -158,8 +158,18 @@ class ElasticRendezvous : public RendezvousHandler {
       try {
         // The hosting agent must outlive the other members of its round: they may still be
         // reading the outcome (a failure's root cause) from the service it hosts.
+        // Read the job's outcome before saying goodbye: the last node to leave clears it.
+        cached_failure_ = jobFailure();
         int64_t gone = store_->add(roundKey("gone"), 1);
-        if (gone >= current_->group_world_size) store_->set(roundKey("all_gone"), rdzv::toBytes("1"));
+        if (gone >= current_->group_world_size) {
+          // The job is over on every node of its last round. Its failure count must not
+          // outlive it: a job re-run under the same --rdzv-id (a Kubernetes Job's pods
+          // restarting, say) on a long-lived rdzv-server would otherwise start "already
+          // failed". (A node SIGKILLed never gets here; then the count stays.)
+          store_->deleteKey("failures");
+          store_->deleteKey("last_failure");
+          store_->set(roundKey("all_gone"), rdzv::toBytes("1"));
+        }
         if (server_ && gone < current_->group_world_size) {
           log::info("waiting for {} other node(s) to finish before closing the rendezvous",
                     current_->group_world_size - gone);
@@ -170,7 +180,7 @@ class ElasticRendezvous : public RendezvousHandler {
       }
     }
     if (server_) {
-      cached_failure_ = jobFailure();  // asked for after this returns, when nobody serves it
+      if (cached_failure_.empty()) cached_failure_ = jobFailure();  // nobody serves it after this
       server_->shutdown();
     }
     return job_ok;

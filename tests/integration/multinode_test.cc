@@ -200,6 +200,25 @@ TEST_F(MultiNode, FailureElsewhereIsReportedOnEveryNode) {
   EXPECT_NE(both.find("exit code 7"), std::string::npos) << both;
 }
 
+TEST_F(MultiNode, AFailedJobRerunUnderTheSameIdStartsFresh) {
+  // A long-lived rdzv-server, as in deploy/k8s, where a Job's pods re-run with the same id.
+  auto srv = server();
+  env_.env.insert({{"FAIL_RANK", "1"}, {"FAILS", "9"}, {"FAIL_CODE", "7"}, {"SLEEP", "300"}});
+  {
+    auto a0 = agent("2", kFailRank), a1 = agent("2", kFailRank);
+    auto r0 = a0->wait(120s), r1 = a1->wait(120s);
+    ASSERT_NE(r0.exit_code, 0) << r0.all();
+    ASSERT_NE(r1.exit_code, 0) << r1.all();
+  }
+  env_.env["FAILS"] = "0";
+  env_.env["SLEEP"] = "0.2";
+  auto b0 = agent("2", kFailRank), b1 = agent("2", kFailRank);
+  auto r0 = b0->wait(120s), r1 = b1->wait(120s);
+  EXPECT_EQ(r0.exit_code, 0) << r0.all();
+  EXPECT_EQ(r1.exit_code, 0) << r1.all();
+  EXPECT_NE((r0.out + r1.out).find("rank 1 done in attempt 0"), std::string::npos) << r0.all() << r1.all();
+}
+
 TEST_F(MultiNode, StaticRendezvousAcrossNodes) {
   std::vector<std::unique_ptr<Background>> agents;
   for (int node = 0; node < 2; ++node)
