@@ -86,6 +86,18 @@ struct RendezvousClient::Impl {
   [[noreturn]] void fail(const grpc::Status& s, const std::string& op) const {
     throwStatus(s, options.endpoint, op);
   }
+
+  // One heartbeat for `a`'s round, bounded by call_timeout; the caller decides what a failure
+  // means (an error for heartbeat(), the round's end or a warning for the watch).
+  grpc::Status heartbeat(const RoundAssignment& a, pb::HeartbeatResponse* resp) const {
+    grpc::ClientContext ctx;
+    prepare(ctx, options.token, options.call_timeout);
+    pb::HeartbeatRequest req;
+    req.set_run_id(a.run_id);
+    req.set_node_id(a.node_id);
+    req.set_round(a.round);
+    return stub->Heartbeat(&ctx, req, resp);
+  }
 };
 
 class RoundWatchImpl : public RoundWatch {
@@ -172,14 +184,8 @@ class RoundWatchImpl : public RoundWatch {
       cv_.wait_for(lock, interval, [&] { return stopping_ || fired_.load(); });
       if (stopping_ || fired_.load()) return;
       lock.unlock();
-      grpc::ClientContext ctx;
-      prepare(ctx, impl_->options.token, impl_->options.call_timeout);
-      pb::HeartbeatRequest req;
-      req.set_run_id(a_.run_id);
-      req.set_node_id(a_.node_id);
-      req.set_round(a_.round);
       pb::HeartbeatResponse resp;
-      grpc::Status s = impl_->stub->Heartbeat(&ctx, req, &resp);
+      grpc::Status s = impl_->heartbeat(a_, &resp);
       if (s.error_code() == grpc::FAILED_PRECONDITION || s.error_code() == grpc::NOT_FOUND) {
         // The round ended. The server sends the reason ("node 'b' evicted: ...") down the
         // watch stream at the same moment, and this reply may merely have overtaken it: give
@@ -266,14 +272,8 @@ void RendezvousClient::joinAsync(const JoinOptions& o,
 }
 
 int32_t RendezvousClient::heartbeat(const RoundAssignment& a) {
-  grpc::ClientContext ctx;
-  prepare(ctx, impl_->options.token, impl_->options.call_timeout);
-  pb::HeartbeatRequest req;
-  req.set_run_id(a.run_id);
-  req.set_node_id(a.node_id);
-  req.set_round(a.round);
   pb::HeartbeatResponse resp;
-  grpc::Status s = impl_->stub->Heartbeat(&ctx, req, &resp);
+  grpc::Status s = impl_->heartbeat(a, &resp);
   if (!s.ok()) impl_->fail(s, fmt::format("heartbeat for round {} of run '{}'", a.round, a.run_id));
   return resp.nodes_waiting();
 }
