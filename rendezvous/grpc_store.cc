@@ -2,7 +2,14 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <unordered_map>
+
 #include "common/errors.h"
+#include "common/log.h"
 #include "proto/rendezvous.grpc.pb.h"
 #include "rendezvous/grpc_common.h"
 
@@ -15,13 +22,215 @@ using namespace grpc_detail;
 // Time on top of a blocking call's own timeout before the client stops waiting: the
 // server answers DEADLINE_EXCEEDED with the key and the numbers first.
 constexpr Duration kBlockingGrace{std::chrono::seconds(5)};
+// How long an operation tries to reopen a broken Session stream before it fails: enough for
+// a restarted server to come back, short enough that a dead one fails every caller quickly.
+constexpr Duration kReopenWindow{std::chrono::seconds(5)};
+// How long the destructor waits for gRPC to finish a cancelled stream.
+constexpr Duration kCloseWait{std::chrono::seconds(10)};
+
+// One operation sent on a Session stream, waiting for its response.
+struct PendingOp {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  grpc::Status status;  // not OK: the stream broke before the response came
+  pb::StoreResponse resp;
+
+  void complete(grpc::Status s, pb::StoreResponse* r) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      status = std::move(s);
+      if (r) resp.Swap(r);
+      done = true;
+    }
+    cv.notify_one();
+  }
+};
+
+// One Store.Session stream: many threads send on it, gRPC's callback threads read from it
+// and hand each response to the operation waiting for its id. Only one write may be in flight,
+// so requests queue behind it.
+//
+// Holds: the stream keeps one hold from StartCall until it is broken and no write is in
+// flight, so that gRPC never calls OnDone while a thread is about to StartWrite. It keeps
+// itself alive (self_) until OnDone, whoever else lets go of it first.
+class StoreStream : public grpc::ClientBidiReactor<pb::StoreRequest, pb::StoreResponse> {
+ public:
+  static std::shared_ptr<StoreStream> start(pb::Store::Stub* stub, const std::string& token) {
+    std::shared_ptr<StoreStream> s(new StoreStream());
+    s->self_ = s;
+    if (!token.empty()) s->ctx_.AddMetadata(kTokenHeader, token);
+    // Waits for the channel to connect instead of failing at once; open() bounds the wait.
+    s->ctx_.set_wait_for_ready(true);
+    stub->async()->Session(&s->ctx_, s.get());
+    s->AddHold();
+    s->StartRead(&s->resp_);
+    s->StartCall();
+    return s;
+  }
+
+  // Sends a ping (id 0) and waits for its answer: the token was accepted and the stream
+  // works end to end. On failure the stream is finished and the status says why.
+  grpc::Status handshake(Duration timeout) {
+    auto op = std::make_shared<PendingOp>();
+    pb::StoreRequest ping;
+    ping.set_id(0);
+    ping.mutable_ping();
+    if (!send(std::move(ping), op)) {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return done_; });
+      return brokenStatus(final_);
+    }
+    std::unique_lock<std::mutex> lock(op->mu);
+    if (!op->cv.wait_for(lock, timeout, [&] { return op->done; })) {
+      lock.unlock();
+      close(kCloseWait);
+      return grpc::Status(
+          grpc::DEADLINE_EXCEEDED,
+          fmt::format("the store stream did not open within {}", describe(timeout)));
+    }
+    if (!op->status.ok()) return op->status;
+    if (op->resp.has_error())
+      return grpc::Status(static_cast<grpc::StatusCode>(op->resp.error().code()),
+                          op->resp.error().message());
+    return grpc::Status::OK;
+  }
+
+  // What the operations waiting on a stream that ended are told. The server refusing the
+  // token or not knowing Session says so; anything else is a broken connection.
+  static grpc::Status brokenStatus(const grpc::Status& s) {
+    switch (s.error_code()) {
+      case grpc::UNAUTHENTICATED:
+      case grpc::PERMISSION_DENIED:
+      case grpc::UNIMPLEMENTED:
+        return s;
+      default:
+        return grpc::Status(grpc::UNAVAILABLE,
+                            fmt::format("the store stream broke ({}: {})", codeName(s.error_code()),
+                                        s.error_message()));
+    }
+  }
+
+  // False when the stream is already broken: the request was not sent.
+  bool send(pb::StoreRequest req, const std::shared_ptr<PendingOp>& op) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (broken_) return false;
+    pending_.emplace(req.id(), op);
+    if (writing_) {
+      queue_.push_back(std::move(req));
+      return true;
+    }
+    writing_ = true;
+    current_ = std::move(req);
+    lock.unlock();
+    // Never under mu_: gRPC may run OnWriteDone on this thread before StartWrite returns.
+    StartWrite(&current_);
+    return true;
+  }
+
+  // The operation stopped waiting (its deadline passed): a late response is dropped.
+  void forget(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.erase(id);
+  }
+
+  bool broken() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return broken_;
+  }
+
+  // Ends the stream: the server unparks this stream's operations, pending ones here fail.
+  // Returns once gRPC is done with the stream, or after `limit`.
+  void close(Duration limit) {
+    ctx_.TryCancel();
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, limit, [&] { return done_; });
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      std::unique_lock<std::mutex> lock(mu_);
+      broken_ = true;
+      releaseHold(lock);
+      return;
+    }
+    std::shared_ptr<PendingOp> op;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = pending_.find(resp_.id());
+      if (it != pending_.end()) {
+        op = std::move(it->second);
+        pending_.erase(it);
+      }
+    }
+    if (op) op->complete(grpc::Status::OK, &resp_);
+    resp_.Clear();
+    StartRead(&resp_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (ok && !broken_ && !queue_.empty()) {
+      current_ = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      StartWrite(&current_);
+      return;
+    }
+    writing_ = false;
+    if (!ok) broken_ = true;  // the read fails too, and OnDone tells the waiting operations
+    releaseHold(lock);
+  }
+
+  void OnDone(const grpc::Status& s) override {
+    std::unordered_map<uint64_t, std::shared_ptr<PendingOp>> pending;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+      broken_ = true;
+      final_ = s;
+      pending.swap(pending_);
+      queue_.clear();
+    }
+    cv_.notify_all();
+    grpc::Status why = brokenStatus(s);
+    for (auto& [id, op] : pending) op->complete(why, nullptr);
+    auto keep = std::move(self_);  // may delete this: nothing below touches members
+  }
+
+ private:
+  StoreStream() = default;
+
+  // Caller holds mu_ through `lock`; releases it.
+  void releaseHold(std::unique_lock<std::mutex>& lock) {
+    if (!broken_ || writing_ || hold_released_) return;
+    hold_released_ = true;
+    lock.unlock();
+    RemoveHold();
+  }
+
+  grpc::ClientContext ctx_;
+  pb::StoreResponse resp_;  // the read in flight; used only by the read loop
+  std::mutex mu_;           // guards everything below; never held while calling into gRPC
+  std::condition_variable cv_;
+  bool broken_ = false;
+  bool writing_ = false;
+  bool hold_released_ = false;
+  bool done_ = false;
+  grpc::Status final_;
+  pb::StoreRequest current_;  // the write in flight
+  std::deque<pb::StoreRequest> queue_;
+  std::unordered_map<uint64_t, std::shared_ptr<PendingOp>> pending_;
+  std::shared_ptr<StoreStream> self_;
+};
 
 class GrpcStore : public Store {
  public:
-  explicit GrpcStore(const GrpcStoreOptions& o) : o_(o) {
+  explicit GrpcStore(const GrpcStoreOptions& o) : o_(o), use_session_(o.use_session) {
     channel_ = makeChannel(
         {o.endpoint, o.tls_ca_file, o.tls_cert_file, o.tls_key_file, kDefaultMaxValueBytes});
     stub_ = pb::Store::NewStub(channel_);
+    auto start = Clock::now();
     retryConnect(o.endpoint, o.connect_timeout, [&](Duration attempt_timeout) {
       grpc::ClientContext ctx;
       prepare(ctx, o_.token, attempt_timeout);
@@ -31,87 +240,102 @@ class GrpcStore : public Store {
       if (s.ok()) max_value_bytes_ = resp.max_value_bytes();
       return s;
     });
+    if (use_session_) {
+      auto left = std::chrono::ceil<Duration>(start + o.connect_timeout - Clock::now());
+      open(std::max(left, Duration(std::chrono::seconds(1))));
+    }
+  }
+
+  // Operations still waiting (a get parked on the server, on another thread) fail with a
+  // NetworkError; the destructor returns once they have left.
+  ~GrpcStore() override {
+    std::shared_ptr<StoreStream> s;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      closing_ = true;
+      s = std::move(stream_);
+    }
+    if (s) s->close(kCloseWait);
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!idle_cv_.wait_for(lock, kCloseWait, [&] { return active_ == 0; }))
+      log::warn("store client for {}: {} operations still running at destruction", o_.endpoint,
+                active_);
+    s = std::move(stream_);  // opened by an operation that raced with the destructor
+    lock.unlock();
+    if (s) s->close(kCloseWait);
   }
 
   void set(const std::string& key, const Bytes& value) override {
     checkSize(key, value);
-    pb::SetRequest req;
-    req.set_key(k(key));
-    req.set_value(value.data(), value.size());
-    pb::SetResponse resp;
-    call("set", key, o_.default_timeout, &pb::Store::Stub::Set, req, resp);
+    pb::StoreRequest r;
+    auto* req = r.mutable_set();
+    req->set_key(k(key));
+    req->set_value(value.data(), value.size());
+    exec("set", key, o_.default_timeout, r);
   }
 
   Bytes get(const std::string& key, Duration timeout) override {
-    pb::GetRequest req;
-    req.set_key(k(key));
-    req.set_timeout_ms(timeout.count());
-    pb::GetResponse resp;
-    call("get", key, timeout + kBlockingGrace, &pb::Store::Stub::Get, req, resp);
-    return bytes(resp.value());
+    pb::StoreRequest r;
+    auto* req = r.mutable_get();
+    req->set_key(k(key));
+    req->set_timeout_ms(timeout.count());
+    return bytes(exec("get", key, timeout + kBlockingGrace, r).get().value());
   }
 
   int64_t add(const std::string& key, int64_t delta) override {
-    pb::AddRequest req;
-    req.set_key(k(key));
-    req.set_delta(delta);
-    pb::AddResponse resp;
-    call("add", key, o_.default_timeout, &pb::Store::Stub::Add, req, resp);
-    return resp.value();
+    pb::StoreRequest r;
+    auto* req = r.mutable_add();
+    req->set_key(k(key));
+    req->set_delta(delta);
+    return exec("add", key, o_.default_timeout, r).add().value();
   }
 
   Bytes compareSet(const std::string& key, const Bytes& expected, const Bytes& desired) override {
     checkSize(key, desired);
-    pb::CompareSetRequest req;
-    req.set_key(k(key));
-    req.set_expected(expected.data(), expected.size());
-    req.set_desired(desired.data(), desired.size());
-    pb::CompareSetResponse resp;
-    call("compareSet", key, o_.default_timeout, &pb::Store::Stub::CompareSet, req, resp);
-    return bytes(resp.value());
+    pb::StoreRequest r;
+    auto* req = r.mutable_compare_set();
+    req->set_key(k(key));
+    req->set_expected(expected.data(), expected.size());
+    req->set_desired(desired.data(), desired.size());
+    return bytes(exec("compareSet", key, o_.default_timeout, r).compare_set().value());
   }
 
   bool check(const std::vector<std::string>& keys) override {
-    pb::CheckRequest req;
-    for (const auto& key : keys) req.add_keys(k(key));
-    pb::CheckResponse resp;
-    call("check", first(keys), o_.default_timeout, &pb::Store::Stub::Check, req, resp);
-    return resp.all_present();
+    pb::StoreRequest r;
+    auto* req = r.mutable_check();
+    for (const auto& key : keys) req->add_keys(k(key));
+    return exec("check", keys, o_.default_timeout, r).check().all_present();
   }
 
   void wait(const std::vector<std::string>& keys, Duration timeout) override {
-    pb::WaitRequest req;
-    for (const auto& key : keys) req.add_keys(k(key));
-    req.set_timeout_ms(timeout.count());
-    pb::WaitResponse resp;
-    call("wait", first(keys), timeout + kBlockingGrace, &pb::Store::Stub::Wait, req, resp);
+    pb::StoreRequest r;
+    auto* req = r.mutable_wait();
+    for (const auto& key : keys) req->add_keys(k(key));
+    req->set_timeout_ms(timeout.count());
+    exec("wait", keys, timeout + kBlockingGrace, r);
   }
 
   bool deleteKey(const std::string& key) override {
-    pb::DeleteKeyRequest req;
-    req.set_key(k(key));
-    pb::DeleteKeyResponse resp;
-    call("deleteKey", key, o_.default_timeout, &pb::Store::Stub::DeleteKey, req, resp);
-    return resp.existed();
+    pb::StoreRequest r;
+    r.mutable_delete_key()->set_key(k(key));
+    return exec("deleteKey", key, o_.default_timeout, r).delete_key().existed();
   }
 
   int64_t numKeys() override {
-    pb::NumKeysRequest req;
-    req.set_prefix(o_.prefix);
-    pb::NumKeysResponse resp;
-    call("numKeys", "", o_.default_timeout, &pb::Store::Stub::NumKeys, req, resp);
-    return resp.count();
+    pb::StoreRequest r;
+    r.mutable_num_keys()->set_prefix(o_.prefix);
+    return exec("numKeys", std::string(), o_.default_timeout, r).num_keys().count();
   }
 
   std::vector<Bytes> multiGet(const std::vector<std::string>& keys, Duration timeout) override {
-    pb::MultiGetRequest req;
-    for (const auto& key : keys) req.add_keys(k(key));
-    req.set_timeout_ms(timeout.count());
-    pb::MultiGetResponse resp;
-    call("multiGet", first(keys), timeout + kBlockingGrace, &pb::Store::Stub::MultiGet, req, resp);
+    pb::StoreRequest r;
+    auto* req = r.mutable_multi_get();
+    for (const auto& key : keys) req->add_keys(k(key));
+    req->set_timeout_ms(timeout.count());
+    auto resp = exec("multiGet", keys, timeout + kBlockingGrace, r);
     std::vector<Bytes> out;
-    out.reserve(resp.values_size());
-    for (const auto& v : resp.values()) out.push_back(bytes(v));
+    out.reserve(resp.multi_get().values_size());
+    for (const auto& v : resp.multi_get().values()) out.push_back(bytes(v));
     return out;
   }
 
@@ -119,21 +343,18 @@ class GrpcStore : public Store {
     if (keys.size() != values.size())
       throw InvalidArgument(
           fmt::format("multiSet: {} keys but {} values", keys.size(), values.size()));
-    pb::MultiSetRequest req;
+    pb::StoreRequest r;
+    auto* req = r.mutable_multi_set();
     for (size_t i = 0; i < keys.size(); ++i) {
       checkSize(keys[i], values[i]);
-      req.add_keys(k(keys[i]));
-      req.add_values(values[i].data(), values[i].size());
+      req->add_keys(k(keys[i]));
+      req->add_values(values[i].data(), values[i].size());
     }
-    pb::MultiSetResponse resp;
-    call("multiSet", first(keys), o_.default_timeout, &pb::Store::Stub::MultiSet, req, resp);
+    exec("multiSet", keys, o_.default_timeout, r);
   }
 
  private:
   std::string k(const std::string& key) const { return o_.prefix + key; }
-  static std::string first(const std::vector<std::string>& keys) {
-    return keys.empty() ? std::string() : keys.front();
-  }
   static Bytes bytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
 
   void checkSize(const std::string& key, const Bytes& value) const {
@@ -144,21 +365,177 @@ class GrpcStore : public Store {
           key, value.size(), o_.endpoint, max_value_bytes_));
   }
 
+  // What an error message calls the operation: "get 'nccl_id/0'", "wait 'a', 'b'".
+  static std::string what(const char* op, const std::string& key) {
+    return key.empty() ? std::string(op) : fmt::format("{} '{}'", op, key);
+  }
+  static std::string what(const char* op, const std::vector<std::string>& keys) {
+    return keys.empty() ? std::string(op) : fmt::format("{} {}", op, quoteKeys(keys));
+  }
+
+  // Counts the operations running, so that the destructor can wait for them to leave.
+  class Active {
+   public:
+    explicit Active(GrpcStore* s) : s_(s) {
+      std::lock_guard<std::mutex> lock(s_->mu_);
+      ++s_->active_;
+    }
+    ~Active() {
+      std::lock_guard<std::mutex> lock(s_->mu_);
+      if (--s_->active_ == 0) s_->idle_cv_.notify_all();
+    }
+
+   private:
+    GrpcStore* s_;
+  };
+
+  template <typename Keys>
+  pb::StoreResponse exec(const char* op, const Keys& keys, Duration timeout,
+                         pb::StoreRequest& req) {
+    Active active(this);
+    if (!use_session_) return unary(what(op, keys), timeout, req);
+    return session(what(op, keys), timeout, req);
+  }
+
+  // ---- the Session stream (default) ----
+
+  pb::StoreResponse session(const std::string& op, Duration timeout, pb::StoreRequest& req) {
+    auto deadline = Clock::now() + timeout;
+    std::shared_ptr<PendingOp> pending = std::make_shared<PendingOp>();
+    uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
+    req.set_id(id);
+    std::shared_ptr<StoreStream> stream;
+    for (;;) {
+      stream = liveStream(op, deadline);
+      if (!stream) return unary(op, timeout, req);  // the server lost Session (downgraded)
+      // A stream that broke before the request went out: nothing was sent, so it is safe to
+      // send it again on a new one.
+      if (stream->send(req, pending)) break;
+    }
+    std::unique_lock<std::mutex> lock(pending->mu);
+    if (!pending->cv.wait_until(lock, deadline, [&] { return pending->done; })) {
+      lock.unlock();
+      stream->forget(id);
+      throwStatus(grpc::Status(grpc::DEADLINE_EXCEEDED,
+                               fmt::format("no answer within {}", describe(timeout))),
+                  o_.endpoint, op);
+    }
+    if (!pending->status.ok()) throwStatus(pending->status, o_.endpoint, op);
+    if (pending->resp.has_error()) {
+      const auto& e = pending->resp.error();
+      throwStatus(grpc::Status(static_cast<grpc::StatusCode>(e.code()), e.message()), o_.endpoint,
+                  op);
+    }
+    return std::move(pending->resp);
+  }
+
+  // The open stream, or a new one when the last one broke (a restarted server, a dropped
+  // connection). Throws NetworkError naming the endpoint when none opens in time.
+  std::shared_ptr<StoreStream> liveStream(const std::string& op, Clock::time_point deadline) {
+    auto current = [&]() -> std::shared_ptr<StoreStream> {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closing_)
+        throwStatus(grpc::Status(grpc::UNAVAILABLE, "the store client is being destroyed"),
+                    o_.endpoint, op);
+      return stream_ && !stream_->broken() ? stream_ : nullptr;
+    };
+    if (auto s = current()) return s;
+    std::lock_guard<std::mutex> reopening(open_mu_);  // one thread reopens, the others wait
+    if (auto s = current()) return s;
+    auto left = std::chrono::ceil<Duration>(deadline - Clock::now());
+    if (left.count() <= 0)
+      throwStatus(grpc::Status(grpc::DEADLINE_EXCEEDED, "no time left to reopen the store stream"),
+                  o_.endpoint, op);
+    log::debug("store stream to {} broke; reopening for {}", o_.endpoint, op);
+    return open(std::min({left, o_.connect_timeout, kReopenWindow}));
+  }
+
+  std::shared_ptr<StoreStream> open(Duration timeout) {
+    std::shared_ptr<StoreStream> opened;
+    retryConnect(o_.endpoint, timeout, [&](Duration attempt_timeout) {
+      auto s = StoreStream::start(stub_.get(), o_.token);
+      grpc::Status st = s->handshake(attempt_timeout);
+      if (st.ok()) opened = std::move(s);
+      if (st.error_code() == grpc::UNIMPLEMENTED) return grpc::Status::OK;
+      return st;
+    });
+    if (!opened) {
+      // A server from before Session: one unary call per operation, as before.
+      log::info("rendezvous server {} has no store Session stream; using unary calls", o_.endpoint);
+      use_session_ = false;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    stream_ = opened;
+    return opened;
+  }
+
+  // ---- one unary call per operation (use_session = false) ----
+
+  pb::StoreResponse unary(const std::string& op, Duration timeout, const pb::StoreRequest& r) {
+    pb::StoreResponse out;
+    using S = pb::Store::Stub;
+    switch (r.op_case()) {
+      case pb::StoreRequest::kPing:
+        call(op, timeout, &S::Ping, r.ping(), *out.mutable_ping());
+        break;
+      case pb::StoreRequest::kSet:
+        call(op, timeout, &S::Set, r.set(), *out.mutable_set());
+        break;
+      case pb::StoreRequest::kGet:
+        call(op, timeout, &S::Get, r.get(), *out.mutable_get());
+        break;
+      case pb::StoreRequest::kAdd:
+        call(op, timeout, &S::Add, r.add(), *out.mutable_add());
+        break;
+      case pb::StoreRequest::kCompareSet:
+        call(op, timeout, &S::CompareSet, r.compare_set(), *out.mutable_compare_set());
+        break;
+      case pb::StoreRequest::kCheck:
+        call(op, timeout, &S::Check, r.check(), *out.mutable_check());
+        break;
+      case pb::StoreRequest::kWait:
+        call(op, timeout, &S::Wait, r.wait(), *out.mutable_wait());
+        break;
+      case pb::StoreRequest::kDeleteKey:
+        call(op, timeout, &S::DeleteKey, r.delete_key(), *out.mutable_delete_key());
+        break;
+      case pb::StoreRequest::kNumKeys:
+        call(op, timeout, &S::NumKeys, r.num_keys(), *out.mutable_num_keys());
+        break;
+      case pb::StoreRequest::kMultiGet:
+        call(op, timeout, &S::MultiGet, r.multi_get(), *out.mutable_multi_get());
+        break;
+      case pb::StoreRequest::kMultiSet:
+        call(op, timeout, &S::MultiSet, r.multi_set(), *out.mutable_multi_set());
+        break;
+      case pb::StoreRequest::OP_NOT_SET:
+        throw InvalidArgument(fmt::format("{}: no operation", op));
+    }
+    return out;
+  }
+
   template <typename Req, typename Resp>
-  void call(const char* op, const std::string& key, Duration timeout,
+  void call(const std::string& op, Duration timeout,
             grpc::Status (pb::Store::Stub::*method)(grpc::ClientContext*, const Req&, Resp*),
             const Req& req, Resp& resp) {
     grpc::ClientContext ctx;
     prepare(ctx, o_.token, timeout);
     grpc::Status s = ((*stub_).*method)(&ctx, req, &resp);
-    if (!s.ok())
-      throwStatus(s, o_.endpoint, key.empty() ? std::string(op) : fmt::format("{} '{}'", op, key));
+    if (!s.ok()) throwStatus(s, o_.endpoint, op);
   }
 
   GrpcStoreOptions o_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<pb::Store::Stub> stub_;
   int64_t max_value_bytes_ = kDefaultMaxValueBytes;
+  std::atomic<bool> use_session_{true};
+  std::atomic<uint64_t> next_id_{1};
+  std::mutex open_mu_;  // held while reopening the stream
+  std::mutex mu_;       // guards the four below
+  std::shared_ptr<StoreStream> stream_;
+  bool closing_ = false;
+  int active_ = 0;
+  std::condition_variable idle_cv_;
 };
 
 }  // namespace

@@ -24,10 +24,18 @@ struct GrpcStoreOptions {
   // and multiGet take their own timeouts; their deadline adds a short grace on top, so that
   // the server's message (which key, how long) arrives before the transport gives up.
   Duration default_timeout = kDefaultStoreTimeout;
+  // Every operation on one long-lived Session stream (several times cheaper than a unary call
+  // each). Off: one unary call per operation, which is also what happens with a server that
+  // has no Session.
+  bool use_session = true;
 };
 
 // Connects with bounded retry and jittered backoff: throws ddpl::NetworkError naming the
 // endpoint after connect_timeout, ddpl::AuthError at once for a wrong or missing token.
+// The store is safe to call from several threads at once. When its Session stream breaks
+// (server restart, dropped connection), the operations waiting on it fail with a NetworkError
+// naming the endpoint, and the next operation opens a new stream (a few seconds of bounded
+// retry).
 std::unique_ptr<Store> connectGrpcStore(const GrpcStoreOptions& options);
 
 }  // namespace ddpl::rdzv

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <set>
@@ -54,7 +55,6 @@ grpc::Status toGrpc(const RdzvStatus& s) {
   return s.ok() ? grpc::Status::OK : grpc::Status(toGrpc(s.code), s.message);
 }
 
-
 Bytes bytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
 
 }  // namespace
@@ -88,6 +88,13 @@ class Core {
   grpc::Status guard(grpc::CallbackServerContext* ctx, Body&& body) {
     grpc::Status s = authorize(ctx);
     if (!s.ok()) return s;
+    return run(std::forward<Body>(body));
+  }
+
+  // Runs one operation: what it throws becomes its status. Shared by the unary calls and the
+  // Session stream, whose token was checked once when it opened.
+  template <typename Body>
+  grpc::Status run(Body&& body) {
     try {
       body();
       return grpc::Status::OK;
@@ -145,75 +152,392 @@ class Core {
   std::optional<TimePoint> tick_at;
 };
 
-// ---- parked store calls ------------------------------------------------------------------
+// ---- store operations --------------------------------------------------------------------
 
-// A get, wait or multiGet whose keys are not all there yet. Exactly one of three things
-// finishes it, decided by KvSpace::cancelWait/the ready callback: the keys arrive, its
-// deadline passes (TimerQueue), or the client goes away (OnCancel). It is deleted when both
-// gRPC is done with it and start() has returned.
-class ParkedCall : public grpc::ServerUnaryReactor {
+// The operations that answer at once, shared by the unary handlers and the Session stream.
+// They throw RpcError or a ddpl error; Core::run turns that into the operation's status.
+namespace ops {
+
+void ping(Core& c, pb::PingResponse* resp) {
+  resp->set_server_version(DDPL_VERSION);
+  resp->set_max_value_bytes(c.cfg.max_value_bytes);
+}
+
+void set(Core& c, const pb::SetRequest& req, pb::SetResponse*) {
+  c.checkValue(req.key(), req.value().size());
+  c.kv.set(req.key(), bytes(req.value()));
+}
+
+void add(Core& c, const pb::AddRequest& req, pb::AddResponse* resp) {
+  resp->set_value(c.kv.add(req.key(), req.delta()));
+}
+
+void compareSet(Core& c, const pb::CompareSetRequest& req, pb::CompareSetResponse* resp) {
+  c.checkValue(req.key(), req.desired().size());
+  Bytes v = c.kv.compareSet(req.key(), bytes(req.expected()), bytes(req.desired()));
+  resp->set_value(v.data(), v.size());
+}
+
+void check(Core& c, const pb::CheckRequest& req, pb::CheckResponse* resp) {
+  resp->set_all_present(c.kv.check({req.keys().begin(), req.keys().end()}));
+}
+
+void deleteKey(Core& c, const pb::DeleteKeyRequest& req, pb::DeleteKeyResponse* resp) {
+  resp->set_existed(c.kv.deleteKey(req.key()));
+}
+
+void numKeys(Core& c, const pb::NumKeysRequest& req, pb::NumKeysResponse* resp) {
+  resp->set_count(c.kv.numKeys(req.prefix()));
+}
+
+void multiSet(Core& c, const pb::MultiSetRequest& req, pb::MultiSetResponse*) {
+  if (req.keys_size() != req.values_size())
+    throw RpcError{grpc::INVALID_ARGUMENT, fmt::format("multiSet: {} keys but {} values",
+                                                       req.keys_size(), req.values_size())};
+  std::vector<Bytes> values;
+  values.reserve(req.values_size());
+  for (int i = 0; i < req.keys_size(); ++i) {
+    c.checkValue(req.keys(i), req.values(i).size());
+    values.push_back(bytes(req.values(i)));
+  }
+  c.kv.multiSet({req.keys().begin(), req.keys().end()}, std::move(values));
+}
+
+// The operations that may park: what to wait for, and how the values fill the response.
+struct Park {
+  std::vector<std::string> keys;
+  int64_t timeout_ms = 0;
+  bool want_values = false;
+  const char* op = "";
+};
+
+Park park(const pb::GetRequest& r) { return {{r.key()}, r.timeout_ms(), true, "get"}; }
+Park park(const pb::WaitRequest& r) {
+  return {{r.keys().begin(), r.keys().end()}, r.timeout_ms(), false, "wait"};
+}
+Park park(const pb::MultiGetRequest& r) {
+  return {{r.keys().begin(), r.keys().end()}, r.timeout_ms(), true, "multiGet"};
+}
+
+void fill(pb::GetResponse* resp, std::vector<Bytes>& v) {
+  resp->set_value(v[0].data(), v[0].size());
+}
+void fill(pb::WaitResponse*, std::vector<Bytes>&) {}
+void fill(pb::MultiGetResponse* resp, std::vector<Bytes>& v) {
+  for (auto& b : v) resp->add_values(b.data(), b.size());
+}
+
+}  // namespace ops
+
+// ---- parked store operations -------------------------------------------------------------
+
+// A get, wait or multiGet whose keys are not all there yet, for a unary call or a Session
+// stream alike. Exactly one of three things finishes it, decided by KvSpace::cancelWait/the
+// ready callback: the keys arrive, its deadline passes (TimerQueue), or its caller goes away
+// (cancel()). KvSpace's callback holds it until then; the timer holds only a weak reference,
+// so that an answered operation does not wait in memory for its deadline.
+class ParkedOp : public std::enable_shared_from_this<ParkedOp> {
  public:
-  using Fill = std::function<void(std::vector<Bytes>&)>;
+  // Runs exactly once: OK with the values (in key order, when wanted), DEADLINE_EXCEEDED
+  // naming the missing keys, or CANCELLED.
+  using Done = std::function<void(const grpc::Status&, std::vector<Bytes>& values)>;
 
-  ParkedCall(Core* core, grpc::CallbackServerContext* ctx, std::vector<std::string> keys,
-             Duration timeout, bool want_values, Fill fill, const char* op)
-      : core_(core),
-        ctx_(ctx),
-        keys_(std::move(keys)),
-        timeout_(timeout),
-        want_values_(want_values),
-        fill_(std::move(fill)),
-        op_(op) {}
+  ParkedOp(Core* core, ops::Park park, Duration timeout, Done done)
+      : core_(core), park_(std::move(park)), timeout_(timeout), done_(std::move(done)) {}
 
   void start() {
     auto deadline = Clock::now() + timeout_;
-    auto st = core_->kv.waitFor(keys_, want_values_,
-                                [this](std::vector<Bytes> v) { ready(std::move(v)); });
+    auto self = shared_from_this();
+    ++core_->parked_store;
+    auto st = core_->kv.waitFor(park_.keys, park_.want_values,
+                                [self](std::vector<Bytes> v) { self->ready(std::move(v)); });
     if (st.ready) {
-      fill_(st.values);
-      Finish(grpc::Status::OK);
-    } else {
-      ++core_->parked_store;
-      wait_id_.store(st.id);
-      Core* core = core_;
-      KvSpace::WaitId id = st.id;
-      timer_.store(core_->timers.schedule(deadline, [core, id, this] {
-        if (core->kv.cancelWait(id)) timedOut();
-      }));
-      if (ctx_->IsCancelled()) cancelled();
+      --core_->parked_store;
+      done_(grpc::Status::OK, st.values);
+      return;
     }
-    unref();
+    wait_id_.store(st.id);
+    Core* core = core_;
+    KvSpace::WaitId id = st.id;
+    std::weak_ptr<ParkedOp> weak = self;
+    auto timer = core_->timers.schedule(deadline, [core, id, weak] {
+      if (auto op = weak.lock())
+        if (core->kv.cancelWait(id)) op->timedOut();
+    });
+    TimerQueue::TimerId none = 0;
+    // Already answered (a set on another thread got there first): drop the timer now.
+    if (!timer_.compare_exchange_strong(none, timer)) core_->timers.cancel(timer);
   }
 
-  void OnCancel() override { cancelled(); }
-  void OnDone() override { unref(); }
+  // The caller went away. Safe at any time, also after the operation finished.
+  void cancel() {
+    auto id = wait_id_.load();
+    if (id == 0 || !core_->kv.cancelWait(id)) return;
+    finishing();
+    std::vector<Bytes> none;
+    done_(grpc::Status(grpc::CANCELLED, fmt::format("{} cancelled", park_.op)), none);
+  }
 
  private:
-  void ready(std::vector<Bytes> values) {
+  static constexpr TimerQueue::TimerId kFinished = ~TimerQueue::TimerId{0};
+
+  void finishing() {
     --core_->parked_store;
-    if (auto t = timer_.load()) core_->timers.cancel(t);
-    fill_(values);
-    Finish(grpc::Status::OK);
+    auto t = timer_.exchange(kFinished);
+    if (t != 0 && t != kFinished) core_->timers.cancel(t);
+  }
+
+  void ready(std::vector<Bytes> values) {
+    finishing();
+    done_(grpc::Status::OK, values);
   }
 
   void timedOut() {
-    --core_->parked_store;
-    auto missing = core_->kv.missing(keys_);
+    finishing();
+    const auto& keys = park_.keys;
+    auto missing = core_->kv.missing(keys);
     std::string msg =
-        keys_.size() == 1
-            ? fmt::format("{}: timed out after {} waiting for key '{}'", op_, describe(timeout_),
-                          keys_[0])
-            : fmt::format("{}: timed out after {} waiting for {}/{} keys: {}", op_,
-                          describe(timeout_), missing.size(), keys_.size(), quoteKeys(missing));
-    Finish(grpc::Status(grpc::DEADLINE_EXCEEDED, msg));
+        keys.size() == 1
+            ? fmt::format("{}: timed out after {} waiting for key '{}'", park_.op,
+                          describe(timeout_), keys[0])
+            : fmt::format("{}: timed out after {} waiting for {}/{} keys: {}", park_.op,
+                          describe(timeout_), missing.size(), keys.size(), quoteKeys(missing));
+    std::vector<Bytes> none;
+    done_(grpc::Status(grpc::DEADLINE_EXCEEDED, msg), none);
   }
 
-  void cancelled() {
-    auto id = wait_id_.load();
-    if (id == 0 || !core_->kv.cancelWait(id)) return;
-    --core_->parked_store;
-    if (auto t = timer_.load()) core_->timers.cancel(t);
-    Finish(grpc::Status(grpc::CANCELLED, fmt::format("{} cancelled", op_)));
+  Core* core_;
+  ops::Park park_;
+  Duration timeout_;
+  Done done_;
+  std::atomic<KvSpace::WaitId> wait_id_{0};
+  std::atomic<TimerQueue::TimerId> timer_{0};
+};
+
+// A unary get, wait or multiGet that parked. Deleted when both gRPC is done with it and
+// start() has returned.
+class ParkedCall : public grpc::ServerUnaryReactor {
+ public:
+  template <typename Resp>
+  ParkedCall(Core* core, grpc::CallbackServerContext* ctx, ops::Park park, Duration timeout,
+             Resp* resp)
+      : ctx_(ctx),
+        op_(std::make_shared<ParkedOp>(
+            core, std::move(park), timeout,
+            [this, resp](const grpc::Status& s, std::vector<Bytes>& values) {
+              if (s.ok()) ops::fill(resp, values);
+              Finish(s);
+            })) {}
+
+  void start() {
+    op_->start();
+    if (ctx_->IsCancelled()) op_->cancel();
+    unref();
+  }
+
+  void OnCancel() override { op_->cancel(); }
+  void OnDone() override { unref(); }
+
+ private:
+  void unref() {
+    if (--refs_ == 0) delete this;
+  }
+
+  grpc::CallbackServerContext* ctx_;
+  std::shared_ptr<ParkedOp> op_;
+  std::atomic<int> refs_{2};  // gRPC (until OnDone) and start()
+};
+
+// ---- the Session stream ------------------------------------------------------------------
+
+// One client's stream of store operations. The token is checked once, here; each operation
+// then runs through the same ops:: functions and ParkedOp as its unary call, and its answer
+// (or its error status) is queued as one response, tagged with the request's id. Parked
+// operations answer out of order. gRPC allows one write in flight, so responses wait in
+// `queue_` behind it.
+//
+// Reference-counted: gRPC holds one reference until OnDone, each parked operation one until
+// it has answered.
+class StoreSession : public grpc::ServerBidiReactor<pb::StoreRequest, pb::StoreResponse> {
+ public:
+  StoreSession(Core* core, grpc::CallbackServerContext* ctx) : core_(core) {
+    grpc::Status s = core_->authorize(ctx);
+    if (!s.ok()) {
+      finished_ = true;
+      Finish(s);
+      return;
+    }
+    StartRead(&req_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      // The client closed its side (or the stream broke: OnCancel follows). Finish once the
+      // parked operations have answered and their answers are written.
+      std::unique_lock<std::mutex> lock(mu_);
+      reads_done_ = true;
+      finishIfIdle(lock);
+      return;
+    }
+    handle(req_);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (finished_) return;
+    }
+    StartRead(&req_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!ok || finished_) {
+      writing_ = false;
+      return;  // the stream broke: OnCancel finishes it
+    }
+    if (!queue_.empty()) {
+      current_ = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      StartWrite(&current_);
+      return;
+    }
+    writing_ = false;
+    finishIfIdle(lock);
+  }
+
+  void OnCancel() override {
+    std::vector<std::shared_ptr<ParkedOp>> parked;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (finished_) return;
+      finished_ = true;
+      queue_.clear();
+      for (auto& [id, op] : parked_) parked.push_back(op);
+    }
+    for (auto& op : parked) op->cancel();  // their answers go nowhere: finished_
+    Finish(grpc::Status(grpc::CANCELLED, "store session cancelled"));
+  }
+
+  void OnDone() override { unref(); }
+
+ private:
+  void handle(const pb::StoreRequest& req) {
+    pb::StoreResponse resp;
+    resp.set_id(req.id());
+    grpc::Status s;
+    Core& c = *core_;
+    switch (req.op_case()) {
+      case pb::StoreRequest::kPing:
+        s = c.run([&] { ops::ping(c, resp.mutable_ping()); });
+        break;
+      case pb::StoreRequest::kSet:
+        s = c.run([&] { ops::set(c, req.set(), resp.mutable_set()); });
+        break;
+      case pb::StoreRequest::kAdd:
+        s = c.run([&] { ops::add(c, req.add(), resp.mutable_add()); });
+        break;
+      case pb::StoreRequest::kCompareSet:
+        s = c.run([&] { ops::compareSet(c, req.compare_set(), resp.mutable_compare_set()); });
+        break;
+      case pb::StoreRequest::kCheck:
+        s = c.run([&] { ops::check(c, req.check(), resp.mutable_check()); });
+        break;
+      case pb::StoreRequest::kDeleteKey:
+        s = c.run([&] { ops::deleteKey(c, req.delete_key(), resp.mutable_delete_key()); });
+        break;
+      case pb::StoreRequest::kNumKeys:
+        s = c.run([&] { ops::numKeys(c, req.num_keys(), resp.mutable_num_keys()); });
+        break;
+      case pb::StoreRequest::kMultiSet:
+        s = c.run([&] { ops::multiSet(c, req.multi_set(), resp.mutable_multi_set()); });
+        break;
+      case pb::StoreRequest::kGet:
+        park(req.id(), ops::park(req.get()), &pb::StoreResponse::mutable_get);
+        return;
+      case pb::StoreRequest::kWait:
+        park(req.id(), ops::park(req.wait()), &pb::StoreResponse::mutable_wait);
+        return;
+      case pb::StoreRequest::kMultiGet:
+        park(req.id(), ops::park(req.multi_get()), &pb::StoreResponse::mutable_multi_get);
+        return;
+      case pb::StoreRequest::OP_NOT_SET:
+        s = grpc::Status(grpc::INVALID_ARGUMENT,
+                         fmt::format("request {} names no operation", req.id()));
+        break;
+    }
+    if (!s.ok()) setError(resp, s);
+    respond(std::move(resp));
+  }
+
+  template <typename Resp>
+  void park(uint64_t id, ops::Park p, Resp* (pb::StoreResponse::*field)()) {
+    Duration timeout{};
+    grpc::Status s = core_->run([&] { timeout = core_->waitTimeout(p.timeout_ms); });
+    if (!s.ok()) {
+      pb::StoreResponse resp;
+      resp.set_id(id);
+      setError(resp, s);
+      respond(std::move(resp));
+      return;
+    }
+    uint64_t slot;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      slot = next_slot_++;
+    }
+    ++refs_;
+    auto op = std::make_shared<ParkedOp>(
+        core_, std::move(p), timeout,
+        [this, id, slot, field](const grpc::Status& st, std::vector<Bytes>& values) {
+          pb::StoreResponse resp;
+          resp.set_id(id);
+          if (st.ok())
+            ops::fill((resp.*field)(), values);
+          else
+            setError(resp, st);
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            parked_.erase(slot);
+          }
+          respond(std::move(resp));
+          unref();
+        });
+    bool cancelled;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      parked_.emplace(slot, op);
+      cancelled = finished_;
+    }
+    op->start();
+    // OnCancel ran while this one was being parked and could not see it.
+    if (cancelled) op->cancel();
+  }
+
+  static void setError(pb::StoreResponse& resp, const grpc::Status& s) {
+    auto* e = resp.mutable_error();
+    e->set_code(static_cast<int32_t>(s.error_code()));
+    e->set_message(s.error_message());
+  }
+
+  void respond(pb::StoreResponse resp) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (finished_) return;
+    if (writing_) {
+      queue_.push_back(std::move(resp));
+      return;
+    }
+    writing_ = true;
+    current_ = std::move(resp);
+    lock.unlock();
+    // Never under mu_: gRPC may run OnWriteDone on this thread before StartWrite returns.
+    StartWrite(&current_);
+  }
+
+  // Caller holds mu_ through `lock`; releases it.
+  void finishIfIdle(std::unique_lock<std::mutex>& lock) {
+    if (finished_ || !reads_done_ || writing_ || !parked_.empty()) return;
+    finished_ = true;
+    lock.unlock();
+    Finish(grpc::Status::OK);
   }
 
   void unref() {
@@ -221,15 +545,16 @@ class ParkedCall : public grpc::ServerUnaryReactor {
   }
 
   Core* core_;
-  grpc::CallbackServerContext* ctx_;
-  std::vector<std::string> keys_;
-  Duration timeout_;
-  bool want_values_;
-  Fill fill_;
-  const char* op_;
-  std::atomic<KvSpace::WaitId> wait_id_{0};
-  std::atomic<TimerQueue::TimerId> timer_{0};
-  std::atomic<int> refs_{2};  // gRPC (until OnDone) and start()
+  pb::StoreRequest req_;  // the read in flight; used only by the read loop
+  std::mutex mu_;         // guards everything below; never held while calling into gRPC
+  bool finished_ = false;
+  bool reads_done_ = false;
+  bool writing_ = false;
+  pb::StoreResponse current_;  // the write in flight
+  std::deque<pb::StoreResponse> queue_;
+  uint64_t next_slot_ = 1;
+  std::unordered_map<uint64_t, std::shared_ptr<ParkedOp>> parked_;
+  std::atomic<int> refs_{1};
 };
 
 class StoreService final : public pb::Store::CallbackService {
@@ -238,108 +563,79 @@ class StoreService final : public pb::Store::CallbackService {
 
   grpc::ServerUnaryReactor* Ping(grpc::CallbackServerContext* ctx, const pb::PingRequest*,
                                  pb::PingResponse* resp) override {
-    return core_->unary(ctx, [&] {
-      resp->set_server_version(DDPL_VERSION);
-      resp->set_max_value_bytes(core_->cfg.max_value_bytes);
-    });
+    return core_->unary(ctx, [&] { ops::ping(*core_, resp); });
   }
 
   grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* ctx, const pb::SetRequest* req,
-                                pb::SetResponse*) override {
-    return core_->unary(ctx, [&] {
-      core_->checkValue(req->key(), req->value().size());
-      core_->kv.set(req->key(), bytes(req->value()));
-    });
+                                pb::SetResponse* resp) override {
+    return core_->unary(ctx, [&] { ops::set(*core_, *req, resp); });
   }
 
   grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext* ctx, const pb::GetRequest* req,
                                 pb::GetResponse* resp) override {
-    return park(
-        ctx, {req->key()}, req->timeout_ms(), true,
-        [resp](std::vector<Bytes>& v) { resp->set_value(v[0].data(), v[0].size()); }, "get");
+    return park(ctx, ops::park(*req), resp);
   }
 
   grpc::ServerUnaryReactor* Add(grpc::CallbackServerContext* ctx, const pb::AddRequest* req,
                                 pb::AddResponse* resp) override {
-    return core_->unary(ctx, [&] { resp->set_value(core_->kv.add(req->key(), req->delta())); });
+    return core_->unary(ctx, [&] { ops::add(*core_, *req, resp); });
   }
 
   grpc::ServerUnaryReactor* CompareSet(grpc::CallbackServerContext* ctx,
                                        const pb::CompareSetRequest* req,
                                        pb::CompareSetResponse* resp) override {
-    return core_->unary(ctx, [&] {
-      core_->checkValue(req->key(), req->desired().size());
-      Bytes v = core_->kv.compareSet(req->key(), bytes(req->expected()), bytes(req->desired()));
-      resp->set_value(v.data(), v.size());
-    });
+    return core_->unary(ctx, [&] { ops::compareSet(*core_, *req, resp); });
   }
 
   grpc::ServerUnaryReactor* Check(grpc::CallbackServerContext* ctx, const pb::CheckRequest* req,
                                   pb::CheckResponse* resp) override {
-    return core_->unary(ctx, [&] {
-      resp->set_all_present(core_->kv.check({req->keys().begin(), req->keys().end()}));
-    });
+    return core_->unary(ctx, [&] { ops::check(*core_, *req, resp); });
   }
 
   grpc::ServerUnaryReactor* Wait(grpc::CallbackServerContext* ctx, const pb::WaitRequest* req,
-                                 pb::WaitResponse*) override {
-    return park(
-        ctx, {req->keys().begin(), req->keys().end()}, req->timeout_ms(), false,
-        [](std::vector<Bytes>&) {}, "wait");
+                                 pb::WaitResponse* resp) override {
+    return park(ctx, ops::park(*req), resp);
   }
 
   grpc::ServerUnaryReactor* DeleteKey(grpc::CallbackServerContext* ctx,
                                       const pb::DeleteKeyRequest* req,
                                       pb::DeleteKeyResponse* resp) override {
-    return core_->unary(ctx, [&] { resp->set_existed(core_->kv.deleteKey(req->key())); });
+    return core_->unary(ctx, [&] { ops::deleteKey(*core_, *req, resp); });
   }
 
   grpc::ServerUnaryReactor* NumKeys(grpc::CallbackServerContext* ctx, const pb::NumKeysRequest* req,
                                     pb::NumKeysResponse* resp) override {
-    return core_->unary(ctx, [&] { resp->set_count(core_->kv.numKeys(req->prefix())); });
+    return core_->unary(ctx, [&] { ops::numKeys(*core_, *req, resp); });
   }
 
   grpc::ServerUnaryReactor* MultiGet(grpc::CallbackServerContext* ctx,
                                      const pb::MultiGetRequest* req,
                                      pb::MultiGetResponse* resp) override {
-    return park(
-        ctx, {req->keys().begin(), req->keys().end()}, req->timeout_ms(), true,
-        [resp](std::vector<Bytes>& v) {
-          for (auto& b : v) resp->add_values(b.data(), b.size());
-        },
-        "multiGet");
+    return park(ctx, ops::park(*req), resp);
   }
 
   grpc::ServerUnaryReactor* MultiSet(grpc::CallbackServerContext* ctx,
                                      const pb::MultiSetRequest* req,
-                                     pb::MultiSetResponse*) override {
-    return core_->unary(ctx, [&] {
-      if (req->keys_size() != req->values_size())
-        throw RpcError{grpc::INVALID_ARGUMENT, fmt::format("multiSet: {} keys but {} values",
-                                                           req->keys_size(), req->values_size())};
-      std::vector<Bytes> values;
-      values.reserve(req->values_size());
-      for (int i = 0; i < req->keys_size(); ++i) {
-        core_->checkValue(req->keys(i), req->values(i).size());
-        values.push_back(bytes(req->values(i)));
-      }
-      core_->kv.multiSet({req->keys().begin(), req->keys().end()}, std::move(values));
-    });
+                                     pb::MultiSetResponse* resp) override {
+    return core_->unary(ctx, [&] { ops::multiSet(*core_, *req, resp); });
+  }
+
+  grpc::ServerBidiReactor<pb::StoreRequest, pb::StoreResponse>* Session(
+      grpc::CallbackServerContext* ctx) override {
+    return new StoreSession(core_, ctx);
   }
 
  private:
-  grpc::ServerUnaryReactor* park(grpc::CallbackServerContext* ctx, std::vector<std::string> keys,
-                                 int64_t timeout_ms, bool want_values, ParkedCall::Fill fill,
-                                 const char* op) {
+  template <typename Resp>
+  grpc::ServerUnaryReactor* park(grpc::CallbackServerContext* ctx, ops::Park p, Resp* resp) {
     Duration timeout{};
-    grpc::Status s = core_->guard(ctx, [&] { timeout = core_->waitTimeout(timeout_ms); });
+    grpc::Status s = core_->guard(ctx, [&] { timeout = core_->waitTimeout(p.timeout_ms); });
     if (!s.ok()) {
       auto* r = ctx->DefaultReactor();
       r->Finish(s);
       return r;
     }
-    auto* call =
-        new ParkedCall(core_, ctx, std::move(keys), timeout, want_values, std::move(fill), op);
+    auto* call = new ParkedCall(core_, ctx, std::move(p), timeout, resp);
     call->start();
     return call;
   }

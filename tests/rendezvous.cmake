@@ -25,3 +25,8 @@ if(TARGET ddpl_rdzv_server)
                 LIBS ddpl_rdzv_client ddpl_rdzv_server LABELS fault)
   add_dependencies(rdzv_fault_test rdzv-server)
 endif()
+if(TARGET ddpl_rdzv_server)
+  ddpl_add_test(NAME rdzv_store_session_test
+                SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/integration/rdzv_store_session_test.cc
+                LIBS ddpl_rdzv_client ddpl_rdzv_server ddpl_proto LABELS integration)
+endif()

@@ -1,6 +1,6 @@
 // One suite, every Store: the in-memory store, the file store, the prefix decorator, and the
-// gRPC client against a real in-process server on port 0. A behaviour that differs between
-// them is a bug in one of them.
+// gRPC client (on its Session stream, and with one unary call per operation) against a real
+// in-process server on port 0. A behaviour that differs between them is a bug in one of them.
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -71,6 +71,20 @@ std::vector<Backend> backends() {
          o.endpoint = server->endpoint();
          o.token = so.token;
          o.connect_timeout = seconds(10);
+         return StoreUnderTest{server, connectGrpcStore(o)};
+       }},
+      {"GrpcUnary",
+       [] {
+         // One unary call per operation: what clients of servers without Session use.
+         ServerOptions so;
+         so.token = "conformance-token";
+         so.log_name = "conformance";
+         auto server = std::make_shared<RendezvousServer>(so);
+         GrpcStoreOptions o;
+         o.endpoint = server->endpoint();
+         o.token = so.token;
+         o.connect_timeout = seconds(10);
+         o.use_session = false;
          return StoreUnderTest{server, connectGrpcStore(o)};
        }},
       {"GrpcWithPrefix",

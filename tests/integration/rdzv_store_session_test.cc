@@ -1,0 +1,424 @@
+// The store's Session stream: one long-lived stream per client carrying every operation.
+// Raw streams check what the server promises (token once, limits, out-of-order answers);
+// GrpcStore is checked for what its callers count on (many threads on one store, deadlines,
+// a broken stream failing its operations and the next one reconnecting, prompt destruction).
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <future>
+#include <thread>
+
+#include "common/errors.h"
+#include "proto/rendezvous.grpc.pb.h"
+#include "rendezvous/grpc_store.h"
+#include "rendezvous/server.h"
+
+namespace ddpl::rdzv {
+namespace {
+
+namespace pb = ::ddpl::rendezvous::v1;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using ::testing::HasSubstr;
+
+std::unique_ptr<Store> connect(const std::string& endpoint, const std::string& token = "") {
+  GrpcStoreOptions o;
+  o.endpoint = endpoint;
+  o.token = token;
+  o.connect_timeout = seconds(10);
+  return connectGrpcStore(o);
+}
+
+template <typename Pred>
+bool eventually(Pred pred, Duration limit = seconds(20)) {
+  auto end = Clock::now() + limit;
+  while (Clock::now() < end) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  return pred();
+}
+
+// A raw Session stream driven by hand, for what GrpcStore never sends.
+struct RawSession {
+  explicit RawSession(const std::string& endpoint, const std::string& token = "") {
+    channel = grpc::CreateChannel(endpoint, grpc::InsecureChannelCredentials());
+    stub = pb::Store::NewStub(channel);
+    ctx.set_deadline(std::chrono::system_clock::now() + seconds(30));
+    if (!token.empty()) ctx.AddMetadata("x-ddpl-token", token);
+    stream = stub->Session(&ctx);
+  }
+  bool send(uint64_t id, const std::function<void(pb::StoreRequest&)>& fill) {
+    pb::StoreRequest r;
+    r.set_id(id);
+    fill(r);
+    return stream->Write(r);
+  }
+  pb::StoreResponse read() {
+    pb::StoreResponse r;
+    EXPECT_TRUE(stream->Read(&r));
+    return r;
+  }
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<pb::Store::Stub> stub;
+  grpc::ClientContext ctx;
+  std::unique_ptr<grpc::ClientReaderWriter<pb::StoreRequest, pb::StoreResponse>> stream;
+};
+
+TEST(StoreSessionTest, ParkedGetAnswersOutOfOrderWhileLaterOpsGoAhead) {
+  RendezvousServer server(ServerOptions{});
+  RawSession s(server.endpoint());
+  ASSERT_TRUE(s.send(1, [](auto& r) {
+    r.mutable_get()->set_key("late");
+    r.mutable_get()->set_timeout_ms(20000);
+  }));
+  ASSERT_TRUE(s.send(2, [](auto& r) {
+    r.mutable_add()->set_key("n");
+    r.mutable_add()->set_delta(4);
+  }));
+  auto first = s.read();
+  EXPECT_EQ(first.id(), 2u) << "the add must not queue behind the parked get";
+  EXPECT_EQ(first.add().value(), 4);
+  EXPECT_EQ(server.stats().parked_store_calls, 1);
+  // Another client's set releases the get parked on this stream.
+  connect(server.endpoint())->set("late", toBytes("here"));
+  auto second = s.read();
+  EXPECT_EQ(second.id(), 1u);
+  ASSERT_EQ(second.result_case(), pb::StoreResponse::kGet);
+  EXPECT_EQ(second.get().value(), "here");
+  // Errors travel per operation, with the unary call's code and text; the stream lives on.
+  ASSERT_TRUE(s.send(3, [](auto& r) {
+    r.mutable_wait()->add_keys("never");
+    r.mutable_wait()->set_timeout_ms(100);
+  }));
+  auto timeout = s.read();
+  EXPECT_EQ(timeout.id(), 3u);
+  ASSERT_TRUE(timeout.has_error());
+  EXPECT_EQ(timeout.error().code(), grpc::DEADLINE_EXCEEDED);
+  EXPECT_THAT(timeout.error().message(),
+              HasSubstr("timed out after 100ms waiting for key 'never'"));
+  ASSERT_TRUE(s.send(4, [](auto& r) {
+    r.mutable_set()->set_key("n");
+    r.mutable_set()->set_value("x");
+  }));
+  EXPECT_FALSE(s.read().has_error());
+  ASSERT_TRUE(s.send(5, [](auto& r) {
+    r.mutable_add()->set_key("n");
+    r.mutable_add()->set_delta(1);
+  }));
+  auto bad_add = s.read();
+  EXPECT_EQ(bad_add.error().code(), grpc::FAILED_PRECONDITION);
+  EXPECT_THAT(bad_add.error().message(), HasSubstr("not an integer"));
+  ASSERT_TRUE(s.send(6, [](auto&) {}));
+  EXPECT_EQ(s.read().error().code(), grpc::INVALID_ARGUMENT);
+  s.stream->WritesDone();
+  EXPECT_TRUE(s.stream->Finish().ok());
+  EXPECT_EQ(server.stats().parked_store_calls, 0);
+}
+
+TEST(StoreSessionTest, ClosingTheStreamUnparksItsOperations) {
+  RendezvousServer server(ServerOptions{});
+  {
+    RawSession s(server.endpoint());
+    ASSERT_TRUE(s.send(1, [](auto& r) {
+      r.mutable_get()->set_key("never");
+      r.mutable_get()->set_timeout_ms(600000);
+    }));
+    ASSERT_TRUE(eventually([&] { return server.stats().parked_store_calls == 1; }));
+    s.ctx.TryCancel();
+  }
+  EXPECT_TRUE(eventually([&] { return server.stats().parked_store_calls == 0; }));
+}
+
+TEST(StoreSessionTest, WrongOrMissingTokenEndsTheStreamWithoutChangingState) {
+  ServerOptions so;
+  so.token = "s3cret-token";
+  RendezvousServer server(so);
+  for (const char* token : {"", "wrong", "s3cret-token-and-more"}) {
+    RawSession s(server.endpoint(), token);
+    s.send(1, [](auto& r) {
+      r.mutable_set()->set_key("victim");
+      r.mutable_set()->set_value("evil");
+    });
+    s.send(2, [](auto& r) {
+      r.mutable_get()->set_key("victim");
+      r.mutable_get()->set_timeout_ms(100000);
+    });
+    pb::StoreResponse resp;
+    EXPECT_FALSE(s.stream->Read(&resp)) << token;
+    auto status = s.stream->Finish();
+    EXPECT_EQ(status.error_code(), grpc::UNAUTHENTICATED) << token;
+    EXPECT_EQ(server.stats().parked_store_calls, 0) << "an unauthenticated get must not park";
+  }
+  auto good = connect(server.endpoint(), so.token);
+  EXPECT_FALSE(good->check({"victim"}));
+  EXPECT_EQ(good->numKeys(), 0);
+  EXPECT_GE(server.stats().unauthenticated_calls, 3);
+
+  // GrpcStore with a wrong token: refused at connect, as with unary calls.
+  try {
+    connect(server.endpoint(), "s3cret-tokeN");
+    FAIL();
+  } catch (const AuthError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("UNAUTHENTICATED"));
+  }
+}
+
+TEST(StoreSessionTest, OversizedValuesAreRefusedNamingTheLimit) {
+  ServerOptions so;
+  so.max_value_bytes = 1024;
+  RendezvousServer server(so);
+  RawSession s(server.endpoint());
+  ASSERT_TRUE(s.send(1, [](auto& r) {
+    r.mutable_set()->set_key("big");
+    r.mutable_set()->set_value(std::string(2048, 'x'));
+  }));
+  auto resp = s.read();
+  ASSERT_TRUE(resp.has_error());
+  EXPECT_EQ(resp.error().code(), grpc::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(resp.error().message(), HasSubstr("2048 bytes"));
+  EXPECT_THAT(resp.error().message(), HasSubstr("limit is 1024 bytes"));
+  ASSERT_TRUE(s.send(2, [](auto& r) {
+    auto* m = r.mutable_multi_set();
+    m->add_keys("ok");
+    m->add_values("small");
+    m->add_keys("big");
+    m->add_values(std::string(4096, 'x'));
+  }));
+  EXPECT_EQ(s.read().error().code(), grpc::RESOURCE_EXHAUSTED);
+  ASSERT_TRUE(s.send(3, [](auto& r) { r.mutable_check()->add_keys("ok"); }));
+  EXPECT_FALSE(s.read().check().all_present()) << "multiSet is all or nothing";
+  s.ctx.TryCancel();
+}
+
+TEST(StoreSessionTest, ManyThreadsShareOneStore) {
+  RendezvousServer server(ServerOptions{});
+  auto store = connect(server.endpoint());
+  auto other = connect(server.endpoint());
+  constexpr int kThreads = 16, kRounds = 50;
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      for (int r = 0; r < kRounds; ++r) {
+        std::string mine = fmt::format("t{}/r{}", t, r);
+        store->set(mine, toBytes(mine));
+        store->add("count", 1);
+        // Each answer must reach the thread that asked: values name their key.
+        if (toString(store->get(mine, seconds(10))) != mine) ++wrong;
+        // Parked on the shared stream while the other threads keep going.
+        if (t % 4 == 0 && toString(store->get(mine + "/echo", seconds(30))) != "echo") ++wrong;
+      }
+    });
+  std::thread echo([&] {
+    for (int r = 0; r < kRounds; ++r)
+      for (int t = 0; t < kThreads; t += 4) {
+        std::string k = fmt::format("t{}/r{}", t, r);
+        other->wait({k}, seconds(30));
+        other->set(k + "/echo", toBytes("echo"));
+      }
+  });
+  for (auto& t : threads) t.join();
+  echo.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(store->add("count", 0), kThreads * kRounds);
+}
+
+TEST(StoreSessionTest, OperationDeadlinesAreHonouredAndNamed) {
+  RendezvousServer server(ServerOptions{});
+  auto store = connect(server.endpoint());
+  auto start = Clock::now();
+  try {
+    store->multiGet({"nccl_id/0", "nccl_id/1"}, milliseconds(200));
+    FAIL();
+  } catch (const TimeoutError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("2/2 keys: 'nccl_id/0', 'nccl_id/1'"));
+    EXPECT_THAT(e.what(), HasSubstr(server.endpoint()));
+  }
+  auto took = Clock::now() - start;
+  EXPECT_GE(took, milliseconds(200));
+  EXPECT_LT(took, seconds(4)) << "the server answers at its timeout, not the client's grace";
+  EXPECT_EQ(server.stats().parked_store_calls, 0);
+}
+
+// A Session server that answers the handshake ping and nothing else: the client's own
+// deadline is all that ends an operation.
+class SilentStore final : public pb::Store::CallbackService {
+ public:
+  grpc::ServerUnaryReactor* Ping(grpc::CallbackServerContext* ctx, const pb::PingRequest*,
+                                 pb::PingResponse* resp) override {
+    resp->set_max_value_bytes(1 << 20);
+    auto* r = ctx->DefaultReactor();
+    r->Finish(grpc::Status::OK);
+    return r;
+  }
+  grpc::ServerBidiReactor<pb::StoreRequest, pb::StoreResponse>* Session(
+      grpc::CallbackServerContext*) override {
+    class Reactor : public grpc::ServerBidiReactor<pb::StoreRequest, pb::StoreResponse> {
+     public:
+      explicit Reactor(std::atomic<int>* seen) : seen_(seen) { StartRead(&req_); }
+      void OnReadDone(bool ok) override {
+        if (!ok) return;  // OnCancel finishes
+        ++*seen_;
+        if (req_.has_ping()) {
+          resp_.set_id(req_.id());
+          resp_.mutable_ping();
+          StartWrite(&resp_);
+        }
+        StartRead(&req_);
+      }
+      void OnCancel() override { Finish(grpc::Status::CANCELLED); }
+      void OnDone() override { delete this; }
+
+     private:
+      std::atomic<int>* seen_;
+      pb::StoreRequest req_;
+      pb::StoreResponse resp_;
+    };
+    return new Reactor(&seen);
+  }
+  std::atomic<int> seen{0};
+};
+
+struct FakeServer {
+  explicit FakeServer(grpc::Service* service) {
+    grpc::ServerBuilder b;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    b.RegisterService(service);
+    server = b.BuildAndStart();
+  }
+  ~FakeServer() { server->Shutdown(std::chrono::system_clock::now()); }
+  std::string endpoint() const { return "127.0.0.1:" + std::to_string(port); }
+  int port = 0;
+  std::unique_ptr<grpc::Server> server;
+};
+
+TEST(StoreSessionTest, ClientDeadlineEndsAnOperationTheServerNeverAnswers) {
+  SilentStore service;
+  FakeServer fake(&service);
+  GrpcStoreOptions o;
+  o.endpoint = fake.endpoint();
+  o.connect_timeout = seconds(10);
+  o.default_timeout = milliseconds(300);
+  auto store = connectGrpcStore(o);
+  auto start = Clock::now();
+  try {
+    store->add("counter", 1);
+    FAIL();
+  } catch (const TimeoutError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("add 'counter'"));
+    EXPECT_THAT(e.what(), HasSubstr("DEADLINE_EXCEEDED"));
+    EXPECT_THAT(e.what(), HasSubstr(fake.endpoint()));
+  }
+  auto took = Clock::now() - start;
+  EXPECT_GE(took, milliseconds(300));
+  EXPECT_LT(took, seconds(5));
+  try {
+    store->check({"a", "b"});
+    FAIL();
+  } catch (const TimeoutError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("check 'a', 'b'"));
+  }
+  EXPECT_EQ(service.seen.load(), 3) << "handshake, add, check: all on the one stream";
+}
+
+// A server from before Session: only unary calls.
+class UnaryOnlyStore final : public pb::Store::CallbackService {
+ public:
+  grpc::ServerUnaryReactor* Ping(grpc::CallbackServerContext* ctx, const pb::PingRequest*,
+                                 pb::PingResponse* resp) override {
+    resp->set_max_value_bytes(1 << 20);
+    auto* r = ctx->DefaultReactor();
+    r->Finish(grpc::Status::OK);
+    return r;
+  }
+  grpc::ServerUnaryReactor* Add(grpc::CallbackServerContext* ctx, const pb::AddRequest* req,
+                                pb::AddResponse* resp) override {
+    resp->set_value(total += req->delta());
+    auto* r = ctx->DefaultReactor();
+    r->Finish(grpc::Status::OK);
+    return r;
+  }
+  std::atomic<int64_t> total{0};
+};
+
+TEST(StoreSessionTest, ServersWithoutSessionGetUnaryCalls) {
+  UnaryOnlyStore service;
+  FakeServer fake(&service);
+  auto store = connect(fake.endpoint());
+  EXPECT_EQ(store->add("n", 2), 2);
+  EXPECT_EQ(store->add("n", 3), 5);
+}
+
+TEST(StoreSessionTest, BrokenStreamFailsWaitingOpsAndTheNextOpReconnects) {
+  auto server = std::make_unique<RendezvousServer>(ServerOptions{});
+  int port = server->port();
+  std::string endpoint = server->endpoint();
+  GrpcStoreOptions o;
+  o.endpoint = endpoint;
+  o.connect_timeout = seconds(10);
+  auto store = connectGrpcStore(o);
+  store->set("before", toBytes("1"));
+  auto parked = std::async(std::launch::async, [&]() -> std::string {
+    try {
+      store->get("never", seconds(600));
+      return "returned";
+    } catch (const NetworkError& e) {
+      return e.what();
+    } catch (const std::exception& e) {
+      return std::string("wrong exception type: ") + e.what();
+    }
+  });
+  ASSERT_TRUE(eventually([&] { return server->stats().parked_store_calls == 1; }));
+  server.reset();  // the stream breaks under the parked get
+  ASSERT_EQ(parked.wait_for(seconds(20)), std::future_status::ready) << "the get hung";
+  std::string err = parked.get();
+  EXPECT_THAT(err, HasSubstr("get 'never'"));
+  EXPECT_THAT(err, HasSubstr(endpoint));
+  EXPECT_THAT(err, HasSubstr("stream broke"));
+
+  // Nothing listens: the next operation tries to reopen for a bounded time, then says so.
+  auto start = Clock::now();
+  try {
+    store->set("x", toBytes("1"));
+    FAIL();
+  } catch (const NetworkError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(endpoint));
+  }
+  EXPECT_LT(Clock::now() - start, seconds(15));
+
+  // The server comes back on the same port: the next operation reconnects by itself.
+  ServerOptions so;
+  so.port = port;
+  RendezvousServer again(so);
+  store->set("after", toBytes("2"));
+  EXPECT_EQ(toString(store->get("after", seconds(5))), "2");
+  EXPECT_FALSE(store->check({"before"})) << "a new server starts empty";
+}
+
+TEST(StoreSessionTest, DestroyingTheStoreEndsItsParkedOperationsPromptly) {
+  RendezvousServer server(ServerOptions{});
+  auto store = connect(server.endpoint());
+  auto parked = std::async(std::launch::async, [&]() -> std::string {
+    try {
+      store->wait({"never"}, seconds(600));
+      return "returned";
+    } catch (const Error& e) {
+      return e.what();
+    }
+  });
+  ASSERT_TRUE(eventually([&] { return server.stats().parked_store_calls == 1; }));
+  auto start = Clock::now();
+  store.reset();
+  EXPECT_LT(Clock::now() - start, seconds(5));
+  ASSERT_EQ(parked.wait_for(seconds(5)), std::future_status::ready);
+  EXPECT_THAT(parked.get(), HasSubstr(server.endpoint()));
+  EXPECT_TRUE(eventually([&] { return server.stats().parked_store_calls == 0; }))
+      << "the server must unpark the operations of a stream that ended";
+}
+
+}  // namespace
+}  // namespace ddpl::rdzv
