@@ -4,6 +4,7 @@
 // rdzv_tcpstore_bench.py runs against torch.distributed.TCPStore.
 //
 //   rdzv_store_bench --clients 64 --rounds 200 [--value-bytes 128] [--endpoint host:port]
+//                    [--unary]   (one unary call per operation instead of the Session stream)
 // Without --endpoint it embeds a server in this process, as TCPStore's master does in the
 // Python driver.
 #include <fmt/format.h>
@@ -23,8 +24,19 @@ using namespace ddpl::rdzv;
 int main(int argc, char** argv) {
   int clients = 16, rounds = 200, value_bytes = 128;
   std::string endpoint;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string a = argv[i], v = argv[i + 1];
+  bool unary = false;
+  for (int i = 1; i < argc; i += 2) {
+    std::string a = argv[i];
+    if (a == "--unary") {
+      unary = true;
+      --i;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "rdzv_store_bench: %s needs a value\n", a.c_str());
+      return 2;
+    }
+    std::string v = argv[i + 1];
     if (a == "--clients")
       clients = std::atoi(v.c_str());
     else if (a == "--rounds")
@@ -49,6 +61,7 @@ int main(int argc, char** argv) {
     GrpcStoreOptions o;
     o.endpoint = endpoint;
     o.prefix = "bench/";
+    o.use_session = !unary;
     stores.push_back(connectGrpcStore(o));
   }
   Bytes value(static_cast<size_t>(value_bytes), 0xab);
@@ -91,7 +104,7 @@ int main(int argc, char** argv) {
     return all[std::min(all.size() - 1, static_cast<size_t>(p * all.size()))];
   };
   std::printf(
-      "impl=grpc clients=%d rounds=%d ops=%zu secs=%.3f ops_per_s=%.0f p50_us=%.0f p99_us=%.0f\n",
-      clients, rounds, all.size(), secs, all.size() / secs, pct(0.50), pct(0.99));
+      "impl=%s clients=%d rounds=%d ops=%zu secs=%.3f ops_per_s=%.0f p50_us=%.0f p99_us=%.0f\n",
+      unary ? "grpc-unary" : "grpc", clients, rounds, all.size(), secs, all.size() / secs, pct(0.50), pct(0.99));
   return 0;
 }
