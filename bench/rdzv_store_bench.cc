@@ -105,6 +105,7 @@ int main(int argc, char** argv) {
   };
   std::printf(
       "impl=%s clients=%d rounds=%d ops=%zu secs=%.3f ops_per_s=%.0f p50_us=%.0f p99_us=%.0f\n",
-      unary ? "grpc-unary" : "grpc", clients, rounds, all.size(), secs, all.size() / secs, pct(0.50), pct(0.99));
+      unary ? "grpc-unary" : "grpc", clients, rounds, all.size(), secs, all.size() / secs,
+      pct(0.50), pct(0.99));
   return 0;
 }
