@@ -69,6 +69,15 @@ struct DdpReducer::Impl {
   std::vector<std::string> names;
   std::vector<size_t> bucketOf;
   std::vector<at::Tensor> buffers;
+  // Every buffer's bytes, packed (8-byte aligned) into one flat tensor per device, so that all
+  // of them travel in one broadcast whatever their dtypes.
+  struct BufferPack {
+    at::Tensor flat;                   // uint8
+    std::vector<size_t> members;       // indices into buffers
+    std::vector<int64_t> offsets;      // byte offsets in flat
+    c10::intrusive_ptr<c10d::Work> work;  // the broadcast in flight, if any
+  };
+  std::vector<BufferPack> bufferPacks;
   std::vector<Bucket> buckets;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
   std::vector<uintptr_t> hookKeys;
@@ -88,6 +97,10 @@ struct DdpReducer::Impl {
 
   void checkShapes();
   void buildBuckets();
+  void buildBufferPacks();
+  void startBufferBroadcast();
+  void finishBufferBroadcast();
+  bool syncsBuffers() const;
   void onGradReady(size_t index);
   void launch(Bucket& bucket);
   void finalize();
@@ -193,6 +206,57 @@ void DdpReducer::Impl::buildBuckets() {
     bucket.bytes += bytes;
   }
   close();
+}
+
+void DdpReducer::Impl::buildBufferPacks() {
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    const auto device = buffers[i].device();
+    auto pack = std::find_if(bufferPacks.begin(), bufferPacks.end(),
+                             [&](const BufferPack& p) { return p.flat.device() == device; });
+    if (pack == bufferPacks.end()) {
+      bufferPacks.push_back(BufferPack{at::empty({0}, at::TensorOptions().dtype(at::kByte).device(device)), {}, {}, {}});
+      pack = std::prev(bufferPacks.end());
+    }
+    pack->members.push_back(i);
+    pack->offsets.push_back(pack->flat.numel());  // reused below as the running size
+    const int64_t end = pack->flat.numel() + static_cast<int64_t>(buffers[i].numel() * buffers[i].element_size());
+    // Aligned so that each slice can be viewed back as its own dtype.
+    pack->flat = at::empty({(end + 7) / 8 * 8}, pack->flat.options());
+  }
+}
+
+void DdpReducer::Impl::startBufferBroadcast() {
+  torch::NoGradGuard noGrad;
+  for (auto& pack : bufferPacks) {
+    if (rank == 0) {
+      for (size_t j = 0; j < pack.members.size(); ++j) {
+        const auto& b = buffers[pack.members[j]];
+        const int64_t bytes = b.numel() * b.element_size();
+        pack.flat.narrow(0, pack.offsets[j], bytes).copy_(b.detach().contiguous().view({-1}).view(at::kByte));
+      }
+    }
+    std::vector<at::Tensor> tensors{pack.flat};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = 0;
+    opts.timeout = options.timeout;
+    pack.work = backend->broadcast(tensors, opts);
+  }
+}
+
+void DdpReducer::Impl::finishBufferBroadcast() {
+  torch::NoGradGuard noGrad;
+  for (auto& pack : bufferPacks) {
+    if (!pack.work) continue;
+    auto work = std::move(pack.work);
+    pack.work.reset();
+    work->wait(options.timeout);
+    if (rank == 0) continue;  // the source already holds what it sent
+    for (size_t j = 0; j < pack.members.size(); ++j) {
+      auto& b = buffers[pack.members[j]];
+      const int64_t bytes = b.numel() * b.element_size();
+      b.copy_(pack.flat.narrow(0, pack.offsets[j], bytes).view(b.scalar_type()).view(b.sizes()));
+    }
+  }
 }
 
 void DdpReducer::Impl::onGradReady(size_t index) {
@@ -326,6 +390,7 @@ DdpReducer::DdpReducer(std::shared_ptr<torch::nn::Module> module, c10::intrusive
     broadcastCoalesced(*impl_->backend, state, impl_->options.timeout);
   }
   impl_->buildBuckets();
+  impl_->buildBufferPacks();
 
   Impl* impl = impl_.get();
   for (size_t i = 0; i < impl_->params.size(); ++i) {
@@ -343,6 +408,14 @@ DdpReducer::DdpReducer(std::shared_ptr<torch::nn::Module> module, c10::intrusive
 }
 
 DdpReducer::~DdpReducer() {
+  // A broadcast still in flight reads and writes our pack: let it land (every rank has the
+  // same one outstanding, so this does not wait on anything that will not come).
+  try {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->finishBufferBroadcast();
+  } catch (const std::exception& e) {
+    wlog::warn(std::string("DistributedDataParallel: buffer broadcast failed at teardown: ") + e.what());
+  }
   *impl_->alive = false;
   impl_->alive.reset();
   for (size_t i = 0; i < impl_->accumulators.size(); ++i) {
@@ -350,11 +423,24 @@ DdpReducer::~DdpReducer() {
   }
 }
 
+bool DdpReducer::Impl::syncsBuffers() const {
+  return options.broadcastBuffers && options.communicate && worldSize > 1 && !bufferPacks.empty();
+}
+
 void DdpReducer::beforeForward() {
-  if (impl_->options.broadcastBuffers && impl_->options.communicate && impl_->worldSize > 1 &&
-      !impl_->buffers.empty()) {
-    broadcastCoalesced(*impl_->backend, impl_->buffers, impl_->options.timeout);
-  }
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (!impl_->syncsBuffers()) return;
+  // Not at the end of backward: the graph just run saved the running statistics, and writing
+  // them in place would break a second backward through it (retain_graph).
+  if (!impl_->options.overlapBufferBroadcast) impl_->startBufferBroadcast();
+  impl_->finishBufferBroadcast();
+}
+
+void DdpReducer::afterForward() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (!impl_->syncsBuffers() || !impl_->options.overlapBufferBroadcast) return;
+  impl_->finishBufferBroadcast();  // a forward without beforeForward: one broadcast in flight at most
+  impl_->startBufferBroadcast();
 }
 
 void DdpReducer::setRequireGradSync(bool sync) {

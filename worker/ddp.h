@@ -27,8 +27,14 @@ enum class CommHook {
 struct DdpOptions {
   size_t firstBucketBytes = kDefaultFirstBucketBytes;
   size_t bucketBytes = kDefaultBucketBytes;
-  // Broadcast rank 0's buffers (BatchNorm statistics) before every forward, as PyTorch does.
+  // Every rank starts each forward with rank 0's buffers (BatchNorm statistics), as in PyTorch.
   bool broadcastBuffers = true;
+  // true: rank 0's buffers leave as soon as a forward has finished (one collective for all of
+  // them, overlapped with backward, as PyTorch's POST_FORWARD buffer hook) and are applied at
+  // the next forward, so a step has one point where ranks wait for each other instead of two.
+  // Buffers that rank 0 changes by hand between forwards then reach the others one forward
+  // later. false: broadcast and wait before each forward (PyTorch's default).
+  bool overlapBufferBroadcast = true;
   // false: a parameter without a gradient in a synchronised backward is an error naming it.
   // true: its slot is reduced as zeros, so the ranks stay in step.
   bool findUnusedParameters = false;
@@ -61,8 +67,10 @@ class DdpReducer {
   DdpReducer(const DdpReducer&) = delete;
   DdpReducer& operator=(const DdpReducer&) = delete;
 
-  // Called before each forward: buffer broadcast.
+  // Around each forward (DistributedDataParallel::forward calls them): after beforeForward
+  // every rank holds rank 0's buffers; afterForward sends rank 0's updated ones on their way.
   void beforeForward();
+  void afterForward();
 
   void setRequireGradSync(bool sync);
   bool requireGradSync() const;
@@ -103,7 +111,9 @@ class DistributedDataParallel {
   template <typename... Args>
   decltype(auto) forward(Args&&... args) {
     reducer_.beforeForward();
-    return module_->forward(std::forward<Args>(args)...);
+    decltype(auto) out = module_->forward(std::forward<Args>(args)...);
+    reducer_.afterForward();
+    return out;
   }
   template <typename... Args>
   decltype(auto) operator()(Args&&... args) {

@@ -35,6 +35,14 @@ TEST(WorkerDdp, FirstBucketAllReduceStartsBeforeBackwardEnds) {
   expectAllSucceed(wt::runRanks(2, {"overlap"}, wt::tempDir()));
 }
 
+TEST(WorkerDdp, EveryForwardStartsFromRankZerosBuffersWhenOverlapped) {
+  expectAllSucceed(wt::runRanks(2, {"buffers", "overlap"}, wt::tempDir()));
+}
+
+TEST(WorkerDdp, EveryForwardStartsFromRankZerosBuffersWhenSynchronous) {
+  expectAllSucceed(wt::runRanks(3, {"buffers", "sync"}, wt::tempDir()));
+}
+
 TEST(WorkerDdp, ShapeMismatchNamesTheFirstDifferentParameter) {
   const auto results = wt::runRanks(2, {"shape_mismatch"}, wt::tempDir());
   for (const auto& r : results) EXPECT_TRUE(wt::exitedWith(r.status, 1)) << r.log;

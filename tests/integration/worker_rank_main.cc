@@ -138,6 +138,61 @@ int equivalence(dw::Session& session, bool noSync, bool batchNorm) {
   return 0;
 }
 
+// BatchNorm whose forward remembers the buffers it started from.
+struct SnoopingBnImpl : torch::nn::Module {
+  SnoopingBnImpl() {
+    fc = register_module("fc", torch::nn::Linear(8, 16));
+    bn = register_module("bn", torch::nn::BatchNorm1d(16));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    seen = stateOfBuffers();
+    return bn(fc(x));
+  }
+  std::vector<torch::Tensor> stateOfBuffers() {
+    std::vector<torch::Tensor> out;
+    for (auto& b : buffers()) out.push_back(b.detach().clone());
+    return out;
+  }
+  torch::nn::Linear fc{nullptr};
+  torch::nn::BatchNorm1d bn{nullptr};
+  std::vector<torch::Tensor> seen;
+};
+
+// Every forward through DDP starts from rank 0's buffers (float statistics and the int64
+// batch counter alike), whether they travel overlapped with backward or before the forward.
+int buffers(dw::Session& session, const std::string& mode) {
+  const int rank = session.rank();
+  dw::DdpOptions options;
+  options.overlapBufferBroadcast = mode == "overlap";
+  torch::manual_seed(5);
+  auto model = std::make_shared<SnoopingBnImpl>();
+  dw::DistributedDataParallel<SnoopingBnImpl> ddp(model, session.backend(), options);
+  auto rank0s = [&](std::vector<torch::Tensor> mine) {
+    for (auto& t : mine) {
+      std::vector<torch::Tensor> one{t};
+      c10d::BroadcastOptions o;
+      o.rootRank = 0;
+      session.backend()->broadcast(one, o)->wait();
+    }
+    return mine;
+  };
+  for (int step = 0; step < 4; ++step) {
+    // Each rank its own data, so that local statistics differ.
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(100 * rank + step);
+    auto x = torch::randn({8, 8}, gen) * (1 + rank);
+    ddp.forward(x).pow(2).sum().backward();
+    const double atForward = maxDiff(model->seen, rank0s(model->seen));
+    const int64_t counter = model->seen.back().item<int64_t>();  // num_batches_tracked
+    const double afterForward = maxDiff(model->stateOfBuffers(), rank0s(model->stateOfBuffers()));
+    std::cout << mode << " step " << step << ": buffers at forward differ from rank 0's by " << atForward
+              << ", after it by " << afterForward << ", batch counter " << counter << std::endl;
+    if (atForward != 0) fail("forward " + std::to_string(step) + " did not start from rank 0's buffers");
+    if (counter != step) fail("num_batches_tracked at forward " + std::to_string(step) + " is " + std::to_string(counter));
+    if (rank != 0 && afterForward == 0) fail("local statistics never differed: the test proves nothing");
+  }
+  return 0;
+}
+
 // The first bucket's all-reduce is issued while other gradients are still being computed.
 int overlap(dw::Session& session) {
   torch::manual_seed(7);
@@ -240,6 +295,7 @@ int main(int argc, char** argv) {
     if (scenario == "equivalence_nosync") return equivalence(session, true, false);
     if (scenario == "equivalence_batchnorm") return equivalence(session, false, true);
     if (scenario == "overlap") return overlap(session);
+    if (scenario == "buffers") return buffers(session, arg);
     if (scenario == "shape_mismatch") return shapeMismatch(session);
     if (scenario == "throw") return throwAfterSetup(session, arg);
     if (scenario == "signal") return waitForSignal(session, arg);
