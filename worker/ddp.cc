@@ -16,6 +16,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Below this, one collective's latency outweighs any overlap a second bucket could bring.
+constexpr size_t kMinBytesToSplit = size_t{64} << 10;
+
 std::string shapeText(c10::IntArrayRef sizes) {
   std::ostringstream out;
   out << sizes;
@@ -192,10 +195,17 @@ void DdpReducer::Impl::buildBuckets() {
     buckets.push_back(std::move(bucket));
     bucket = Bucket{};
   };
+  size_t total = 0;
+  for (const auto& p : params) total += p.numel() * p.element_size();
+  // A model smaller than two first buckets would sit in one bucket that can only be launched
+  // when backward ends, overlapping nothing (the small ResNet of bench/ddp_bench: 8.7% overhead
+  // as one bucket, 3.8% as two). Its later half goes first instead.
+  size_t firstCap = options.firstBucketBytes;
+  if (total < 2 * firstCap && total >= kMinBytesToSplit) firstCap = total / 2;
   for (size_t k = params.size(); k-- > 0;) {
     const auto& p = params[k];
     const size_t bytes = p.numel() * p.element_size();
-    const size_t cap = buckets.empty() ? options.firstBucketBytes : options.bucketBytes;
+    const size_t cap = buckets.empty() ? firstCap : options.bucketBytes;
     if (!bucket.params.empty()) {
       const auto& head = params[bucket.params.front()];
       if (bucket.bytes + bytes > cap || head.scalar_type() != p.scalar_type() || head.device() != p.device()) {

@@ -25,6 +25,9 @@ enum class CommHook {
 };
 
 struct DdpOptions {
+  // The first bucket (the last layers' gradients, ready first) is at most this, and at most half
+  // of all gradients when they total under twice this (from 64 KiB up), so that a small model is
+  // reduced in two parts and the first one overlaps the rest of backward.
   size_t firstBucketBytes = kDefaultFirstBucketBytes;
   size_t bucketBytes = kDefaultBucketBytes;
   // Every rank starts each forward with rank 0's buffers (BatchNorm statistics), as in PyTorch.

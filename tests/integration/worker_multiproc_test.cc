@@ -35,6 +35,10 @@ TEST(WorkerDdp, FirstBucketAllReduceStartsBeforeBackwardEnds) {
   expectAllSucceed(wt::runRanks(2, {"overlap"}, wt::tempDir()));
 }
 
+TEST(WorkerDdp, SmallModelIsReducedInTwoOverlappedBuckets) {
+  expectAllSucceed(wt::runRanks(2, {"small_model_split"}, wt::tempDir()));
+}
+
 TEST(WorkerDdp, EveryForwardStartsFromRankZerosBuffersWhenOverlapped) {
   expectAllSucceed(wt::runRanks(2, {"buffers", "overlap"}, wt::tempDir()));
 }

@@ -224,6 +224,30 @@ int overlap(dw::Session& session) {
   return 0;
 }
 
+// With default options a model under 2 MiB of gradients still gets two buckets, the first
+// launched while backward runs; a tiny one stays in one.
+int smallModelSplit(dw::Session& session) {
+  torch::manual_seed(7);
+  auto seq = torch::nn::Sequential();
+  for (int i = 0; i < 8; ++i) {
+    seq->push_back(torch::nn::Linear(64, 64));  // 16.6 KB of gradients each: 133 KB in all
+    seq->push_back(torch::nn::Tanh());
+  }
+  dw::DistributedDataParallel<torch::nn::SequentialImpl> ddp(seq.ptr(), session.backend());
+  const auto layout = ddp.reducer().bucketLayout();
+  if (layout.size() != 2) fail("expected 2 buckets for 133 KB of gradients, got " + std::to_string(layout.size()));
+  if (layout[0].size() != 8) fail("bucket 0 should hold the last 4 layers' 8 tensors, holds " + std::to_string(layout[0].size()));
+  for (int it = 0; it < 3; ++it) {
+    ddp.forward(torch::randn({32, 64})).pow(2).sum().backward();
+    const auto trace = ddp.reducer().lastIteration();
+    if (trace.buckets.at(0).gradsReadyAtLaunch >= trace.numGrads) fail("bucket 0 launched only after every gradient was ready");
+  }
+  auto tiny = torch::nn::Sequential(torch::nn::Linear(8, 4));
+  dw::DistributedDataParallel<torch::nn::SequentialImpl> tinyDdp(tiny.ptr(), session.backend());
+  if (tinyDdp.reducer().bucketLayout().size() != 1) fail("a 144-byte model should stay in one bucket");
+  return 0;
+}
+
 int shapeMismatch(dw::Session& session) {
   auto model = torch::nn::Sequential(torch::nn::Linear(8, session.rank() == 1 ? 5 : 4));
   dw::DistributedDataParallel<torch::nn::SequentialImpl> ddp(model.ptr(), session.backend());
@@ -296,6 +320,7 @@ int main(int argc, char** argv) {
     if (scenario == "equivalence_batchnorm") return equivalence(session, false, true);
     if (scenario == "overlap") return overlap(session);
     if (scenario == "buffers") return buffers(session, arg);
+    if (scenario == "small_model_split") return smallModelSplit(session);
     if (scenario == "shape_mismatch") return shapeMismatch(session);
     if (scenario == "throw") return throwAfterSetup(session, arg);
     if (scenario == "signal") return waitForSignal(session, arg);
