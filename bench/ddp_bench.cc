@@ -74,6 +74,7 @@ int main(int argc, char** argv) {
     auto ms = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
     Clock::time_point start;
     double fwd = 0, bwd = 0, stp = 0, tail = 0, bc = 0;
+    std::vector<double> tails;
     for (int step = 0; step < warmup + steps; ++step) {
       if (step == warmup) {
         session.barrier();
@@ -97,7 +98,10 @@ int main(int argc, char** argv) {
       bwd += ms(t1, t2);
       stp += ms(t2, t3);
       const auto trace = ddp.reducer().lastIteration();
-      if (trace.finishedUs >= 0) tail += (trace.finishedUs - trace.lastGradReadyUs) / 1000;
+      if (trace.finishedUs >= 0) {
+        tail += (trace.finishedUs - trace.lastGradReadyUs) / 1000;
+        if (step >= warmup) tails.push_back((trace.finishedUs - trace.lastGradReadyUs) / 1000);
+      }
     }
     session.barrier();
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -109,6 +113,9 @@ int main(int argc, char** argv) {
     if (phases) {
       std::printf("rank %d per step ms: broadcast %.2f forward %.2f backward %.2f step %.2f (after last grad %.2f)\n", session.rank(), bc / steps,
                   fwd / steps, bwd / steps, stp / steps, tail / steps);
+      std::string list;
+      for (double t : tails) list += " " + std::to_string(t).substr(0, 5);
+      std::printf("rank %d tails ms:%s\n", session.rank(), list.c_str());
       std::fflush(stdout);
     }
     return 0;
