@@ -6,7 +6,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${1:-$ROOT/build}
-ROUNDS=${2:-5}
+ROUNDS=${2:-7}
 NPROC=${NPROC:-2}
 STEPS=${STEPS:-60}
 PY=${DDPL_PYTHON:-$ROOT/.venv/bin/python}
