@@ -28,6 +28,17 @@ constexpr Duration kReopenWindow{std::chrono::seconds(5)};
 // How long the destructor waits for gRPC to finish a cancelled stream.
 constexpr Duration kCloseWait{std::chrono::seconds(10)};
 
+// How many StoreStreams of one GrpcStore still exist. The store may drop its channel only when
+// none does: each holds the channel through its ClientContext, and the last reference must not
+// go on a gRPC callback thread. (~Channel then releases gRPC's callback queue, whose release
+// joins the callback threads, including the one it runs on, and frees the queue under the
+// other: "assertion failed: prior > 0", then SIGSEGV at exit.)
+struct StreamCount {
+  std::mutex mu;
+  std::condition_variable cv;
+  int live = 0;
+};
+
 // One operation sent on a Session stream, waiting for its response.
 struct PendingOp {
   std::mutex mu;
@@ -56,13 +67,14 @@ struct PendingOp {
 // itself alive (self_) until OnDone, whoever else lets go of it first.
 class StoreStream : public grpc::ClientBidiReactor<pb::StoreRequest, pb::StoreResponse> {
  public:
-  static std::shared_ptr<StoreStream> start(pb::Store::Stub* stub, const std::string& token) {
-    std::shared_ptr<StoreStream> s(new StoreStream());
+  static std::shared_ptr<StoreStream> start(pb::Store::Stub* stub, const std::string& token,
+                                            std::shared_ptr<StreamCount> count) {
+    std::shared_ptr<StoreStream> s(new StoreStream(std::move(count)));
     s->self_ = s;
-    if (!token.empty()) s->ctx_.AddMetadata(kTokenHeader, token);
+    if (!token.empty()) s->ctx_->AddMetadata(kTokenHeader, token);
     // Waits for the channel to connect instead of failing at once; open() bounds the wait.
-    s->ctx_.set_wait_for_ready(true);
-    stub->async()->Session(&s->ctx_, s.get());
+    s->ctx_->set_wait_for_ready(true);
+    stub->async()->Session(s->ctx_.get(), s.get());
     s->AddHold();
     s->StartRead(&s->resp_);
     s->StartCall();
@@ -142,7 +154,7 @@ class StoreStream : public grpc::ClientBidiReactor<pb::StoreRequest, pb::StoreRe
   // Ends the stream: the server unparks this stream's operations, pending ones here fail.
   // Returns once gRPC is done with the stream, or after `limit`.
   void close(Duration limit) {
-    ctx_.TryCancel();
+    ctx_->TryCancel();
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait_for(lock, limit, [&] { return done_; });
   }
@@ -199,8 +211,19 @@ class StoreStream : public grpc::ClientBidiReactor<pb::StoreRequest, pb::StoreRe
   }
 
  private:
-  StoreStream() = default;
+  explicit StoreStream(std::shared_ptr<StreamCount> count) : count_(std::move(count)) {
+    std::lock_guard<std::mutex> lock(count_->mu);
+    ++count_->live;
+  }
 
+ public:
+  ~StoreStream() override {
+    ctx_.reset();  // and with it this stream's reference to the channel, before we count out
+    std::lock_guard<std::mutex> lock(count_->mu);
+    if (--count_->live == 0) count_->cv.notify_all();
+  }
+
+ private:
   // Caller holds mu_ through `lock`; releases it.
   void releaseHold(std::unique_lock<std::mutex>& lock) {
     if (!broken_ || writing_ || hold_released_) return;
@@ -209,7 +232,8 @@ class StoreStream : public grpc::ClientBidiReactor<pb::StoreRequest, pb::StoreRe
     RemoveHold();
   }
 
-  grpc::ClientContext ctx_;
+  std::shared_ptr<StreamCount> count_;
+  std::unique_ptr<grpc::ClientContext> ctx_ = std::make_unique<grpc::ClientContext>();
   pb::StoreResponse resp_;  // the read in flight; used only by the read loop
   std::mutex mu_;           // guards everything below; never held while calling into gRPC
   std::condition_variable cv_;
@@ -263,6 +287,14 @@ class GrpcStore : public Store {
     s = std::move(stream_);  // opened by an operation that raced with the destructor
     lock.unlock();
     if (s) s->close(kCloseWait);
+    s.reset();
+    std::unique_lock<std::mutex> counted(streams_->mu);
+    if (!streams_->cv.wait_for(counted, kCloseWait, [&] { return streams_->live == 0; })) {
+      log::warn("store client for {}: {} streams not finished at destruction", o_.endpoint,
+                streams_->live);
+      // Their callback threads would drop the channel's last reference: keep it for good.
+      new std::shared_ptr<grpc::Channel>(channel_);  // NOLINT: deliberately never freed
+    }
   }
 
   void set(const std::string& key, const Bytes& value) override {
@@ -453,7 +485,7 @@ class GrpcStore : public Store {
   std::shared_ptr<StoreStream> open(Duration timeout) {
     std::shared_ptr<StoreStream> opened;
     retryConnect(o_.endpoint, timeout, [&](Duration attempt_timeout) {
-      auto s = StoreStream::start(stub_.get(), o_.token);
+      auto s = StoreStream::start(stub_.get(), o_.token, streams_);
       grpc::Status st = s->handshake(attempt_timeout);
       if (st.ok()) opened = std::move(s);
       if (st.error_code() == grpc::UNIMPLEMENTED) return grpc::Status::OK;
@@ -533,6 +565,7 @@ class GrpcStore : public Store {
   std::mutex open_mu_;  // held while reopening the stream
   std::mutex mu_;       // guards the four below
   std::shared_ptr<StoreStream> stream_;
+  std::shared_ptr<StreamCount> streams_ = std::make_shared<StreamCount>();
   bool closing_ = false;
   int active_ = 0;
   std::condition_variable idle_cv_;

@@ -51,7 +51,7 @@ bool processAlive(pid_t pid);
 
 // Waits up to `timeout` for `pred` to hold, checking every 20 ms (tests only).
 template <typename Pred>
-bool eventually(Pred pred, std::chrono::milliseconds timeout);
+bool eventually(Pred pred, std::chrono::milliseconds timeout = std::chrono::seconds(20));
 
 std::string readFile(const std::string& path);
 

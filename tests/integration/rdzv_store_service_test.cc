@@ -15,6 +15,7 @@
 #include "proto/rendezvous.grpc.pb.h"
 #include "rendezvous/grpc_store.h"
 #include "rendezvous/server.h"
+#include "tests/common/subprocess.h"
 
 namespace ddpl::rdzv {
 namespace {
@@ -23,6 +24,7 @@ namespace pb = ::ddpl::rendezvous::v1;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 using ::testing::HasSubstr;
+using ::ddpl::testing::eventually;
 
 std::unique_ptr<Store> connect(const RendezvousServer& s, const std::string& token = "",
                                const std::string& prefix = "") {
@@ -32,17 +34,6 @@ std::unique_ptr<Store> connect(const RendezvousServer& s, const std::string& tok
   o.prefix = prefix;
   o.connect_timeout = seconds(10);
   return connectGrpcStore(o);
-}
-
-// Waits (bounded) for a server-side condition that a client call cannot observe directly.
-template <typename Pred>
-bool eventually(Pred pred, Duration limit = seconds(20)) {
-  auto end = Clock::now() + limit;
-  while (Clock::now() < end) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(milliseconds(5));
-  }
-  return pred();
 }
 
 TEST(StoreServiceTest, ConcurrentClientsLoseNoIncrement) {
