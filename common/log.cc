@@ -11,7 +11,9 @@ namespace ddpl::log {
 namespace {
 
 std::mutex g_mu;
-std::shared_ptr<spdlog::logger> g_logger;
+// Never freed, nor are the loggers init() replaces: threads we do not own (gRPC's, torch's) may
+// log while static destructors run at exit, or hold a reference across a re-init.
+std::shared_ptr<spdlog::logger>* g_logger = nullptr;
 
 std::shared_ptr<spdlog::logger> makeLogger(const Identity& id, spdlog::level::level_enum level) {
   auto sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>(spdlog::color_mode::automatic);
@@ -38,7 +40,7 @@ std::string hostname() {
 
 void init(const Identity& identity, spdlog::level::level_enum level) {
   std::lock_guard<std::mutex> lock(g_mu);
-  g_logger = makeLogger(identity, level);
+  g_logger = new std::shared_ptr<spdlog::logger>(makeLogger(identity, level));
 }
 
 spdlog::level::level_enum parseLevel(const std::string& name) {
@@ -55,8 +57,8 @@ void setLevel(spdlog::level::level_enum level) { logger().set_level(level); }
 
 spdlog::logger& logger() {
   std::lock_guard<std::mutex> lock(g_mu);
-  if (!g_logger) g_logger = makeLogger(Identity{}, spdlog::level::info);
-  return *g_logger;
+  if (!g_logger) g_logger = new std::shared_ptr<spdlog::logger>(makeLogger(Identity{}, spdlog::level::info));
+  return **g_logger;
 }
 
 }  // namespace ddpl::log
