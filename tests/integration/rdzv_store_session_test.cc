@@ -236,9 +236,8 @@ TEST(StoreSessionTest, OperationDeadlinesAreHonouredAndNamed) {
   EXPECT_EQ(server.stats().parked_store_calls, 0);
 }
 
-// A Session server that answers the handshake ping and nothing else: the client's own
-// deadline is all that ends an operation.
-class SilentStore final : public pb::Store::CallbackService {
+// A fake server's connect check: accepts any client.
+class PingingStore : public pb::Store::CallbackService {
  public:
   grpc::ServerUnaryReactor* Ping(grpc::CallbackServerContext* ctx, const pb::PingRequest*,
                                  pb::PingResponse* resp) override {
@@ -247,6 +246,12 @@ class SilentStore final : public pb::Store::CallbackService {
     r->Finish(grpc::Status::OK);
     return r;
   }
+};
+
+// A Session server that answers the handshake ping and nothing else: the client's own
+// deadline is all that ends an operation.
+class SilentStore final : public PingingStore {
+ public:
   grpc::ServerBidiReactor<pb::StoreRequest, pb::StoreResponse>* Session(
       grpc::CallbackServerContext*) override {
     class Reactor : public grpc::ServerBidiReactor<pb::StoreRequest, pb::StoreResponse> {
@@ -318,15 +323,8 @@ TEST(StoreSessionTest, ClientDeadlineEndsAnOperationTheServerNeverAnswers) {
 }
 
 // A server from before Session: only unary calls.
-class UnaryOnlyStore final : public pb::Store::CallbackService {
+class UnaryOnlyStore final : public PingingStore {
  public:
-  grpc::ServerUnaryReactor* Ping(grpc::CallbackServerContext* ctx, const pb::PingRequest*,
-                                 pb::PingResponse* resp) override {
-    resp->set_max_value_bytes(1 << 20);
-    auto* r = ctx->DefaultReactor();
-    r->Finish(grpc::Status::OK);
-    return r;
-  }
   grpc::ServerUnaryReactor* Add(grpc::CallbackServerContext* ctx, const pb::AddRequest* req,
                                 pb::AddResponse* resp) override {
     resp->set_value(total += req->delta());

@@ -43,6 +43,19 @@ std::string tempPath(const std::string& tag) {
   return (dir / fmt::format("ddpl_store_{}_{}_{}", tag, getpid(), n++)).string();
 }
 
+StoreUnderTest grpcWithToken(bool session) {
+  ServerOptions so;
+  so.token = "conformance-token";
+  so.log_name = "conformance";
+  auto server = std::make_shared<RendezvousServer>(so);
+  GrpcStoreOptions o;
+  o.endpoint = server->endpoint();
+  o.token = so.token;
+  o.connect_timeout = seconds(10);
+  o.use_session = session;
+  return StoreUnderTest{server, connectGrpcStore(o)};
+}
+
 std::vector<Backend> backends() {
   return {
       {"Memory",
@@ -61,32 +74,9 @@ std::vector<Backend> backends() {
          return StoreUnderTest{
              nullptr, std::make_unique<PrefixStore>("run/0/", std::make_shared<MemoryStore>())};
        }},
-      {"Grpc",
-       [] {
-         ServerOptions so;
-         so.token = "conformance-token";
-         so.log_name = "conformance";
-         auto server = std::make_shared<RendezvousServer>(so);
-         GrpcStoreOptions o;
-         o.endpoint = server->endpoint();
-         o.token = so.token;
-         o.connect_timeout = seconds(10);
-         return StoreUnderTest{server, connectGrpcStore(o)};
-       }},
-      {"GrpcUnary",
-       [] {
-         // One unary call per operation: what clients of servers without Session use.
-         ServerOptions so;
-         so.token = "conformance-token";
-         so.log_name = "conformance";
-         auto server = std::make_shared<RendezvousServer>(so);
-         GrpcStoreOptions o;
-         o.endpoint = server->endpoint();
-         o.token = so.token;
-         o.connect_timeout = seconds(10);
-         o.use_session = false;
-         return StoreUnderTest{server, connectGrpcStore(o)};
-       }},
+      {"Grpc", [] { return grpcWithToken(/*session=*/true); }},
+      // One unary call per operation: what clients of servers without Session use.
+      {"GrpcUnary", [] { return grpcWithToken(/*session=*/false); }},
       {"GrpcWithPrefix",
        [] {
          auto server = std::make_shared<RendezvousServer>(ServerOptions{});
