@@ -25,27 +25,70 @@ std::string shapeText(c10::IntArrayRef sizes) {
   return out.str();
 }
 
-// One flat buffer per dtype, broadcast from rank 0, copied back into the tensors.
-void broadcastCoalesced(c10d::Backend& backend, const std::vector<at::Tensor>& tensors,
-                        std::chrono::milliseconds timeout) {
-  std::map<c10::ScalarType, std::vector<at::Tensor>> byType;
-  for (const auto& t : tensors) byType[t.scalar_type()].push_back(t);
-  for (auto& [type, group] : byType) {
-    std::vector<at::Tensor> flat_parts;
-    flat_parts.reserve(group.size());
-    for (const auto& t : group) flat_parts.push_back(t.detach().reshape({-1}));
-    std::vector<at::Tensor> flat{torch::cat(flat_parts)};
-    c10d::BroadcastOptions options;
-    options.rootRank = 0;
-    options.timeout = timeout;
-    backend.broadcast(flat, options)->wait(timeout);
-    torch::NoGradGuard noGrad;
-    int64_t offset = 0;
-    for (auto& t : group) {
-      t.copy_(flat[0].narrow(0, offset, t.numel()).view_as(t));
-      offset += t.numel();
+// Tensors packed byte-wise (each slice 8-byte aligned, so it can be viewed back as its own
+// dtype) into one flat uint8 tensor per device: one broadcast carries them all, whatever
+// their dtypes.
+struct TensorPack {
+  at::Tensor flat;
+  std::vector<size_t> members;   // indices into the tensor list the pack was built from
+  std::vector<int64_t> offsets;  // byte offsets in flat
+  c10::intrusive_ptr<c10d::Work> work;  // a broadcast in flight, if any
+};
+
+std::vector<TensorPack> packByDevice(const std::vector<at::Tensor>& tensors) {
+  std::vector<TensorPack> packs;
+  std::vector<int64_t> sizes;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto device = tensors[i].device();
+    size_t k = 0;
+    while (k < packs.size() && packs[k].flat.device() != device) ++k;
+    if (k == packs.size()) {
+      packs.push_back(TensorPack{at::empty({0}, at::TensorOptions().dtype(at::kByte).device(device)), {}, {}, {}});
+      sizes.push_back(0);
     }
+    packs[k].members.push_back(i);
+    packs[k].offsets.push_back(sizes[k]);
+    sizes[k] += (static_cast<int64_t>(tensors[i].numel() * tensors[i].element_size()) + 7) / 8 * 8;
   }
+  for (size_t k = 0; k < packs.size(); ++k) packs[k].flat = at::empty({sizes[k]}, packs[k].flat.options());
+  return packs;
+}
+
+void packIn(TensorPack& pack, const std::vector<at::Tensor>& tensors) {
+  torch::NoGradGuard noGrad;
+  for (size_t j = 0; j < pack.members.size(); ++j) {
+    const auto& t = tensors[pack.members[j]];
+    pack.flat.narrow(0, pack.offsets[j], t.numel() * t.element_size())
+        .copy_(t.detach().contiguous().view({-1}).view(at::kByte));
+  }
+}
+
+void unpackInto(const TensorPack& pack, const std::vector<at::Tensor>& tensors) {
+  torch::NoGradGuard noGrad;
+  for (size_t j = 0; j < pack.members.size(); ++j) {
+    auto t = tensors[pack.members[j]];
+    t.copy_(pack.flat.narrow(0, pack.offsets[j], t.numel() * t.element_size()).view(t.scalar_type()).view(t.sizes()));
+  }
+}
+
+void startBroadcast(c10d::Backend& backend, TensorPack& pack, const std::vector<at::Tensor>& tensors,
+                    std::chrono::milliseconds timeout) {
+  if (backend.getRank() == 0) packIn(pack, tensors);
+  std::vector<at::Tensor> flat{pack.flat};
+  c10d::BroadcastOptions options;
+  options.rootRank = 0;
+  options.timeout = timeout;
+  pack.work = backend.broadcast(flat, options);
+}
+
+// Waits for the broadcast in flight, if any; every rank but the source takes what arrived.
+void finishBroadcast(c10d::Backend& backend, TensorPack& pack, const std::vector<at::Tensor>& tensors,
+                     std::chrono::milliseconds timeout) {
+  if (!pack.work) return;
+  auto work = std::move(pack.work);
+  pack.work.reset();
+  work->wait(timeout);
+  if (backend.getRank() != 0) unpackInto(pack, tensors);
 }
 
 }  // namespace
@@ -72,15 +115,7 @@ struct DdpReducer::Impl {
   std::vector<std::string> names;
   std::vector<size_t> bucketOf;
   std::vector<at::Tensor> buffers;
-  // Every buffer's bytes, packed (8-byte aligned) into one flat tensor per device, so that all
-  // of them travel in one broadcast whatever their dtypes.
-  struct BufferPack {
-    at::Tensor flat;                   // uint8
-    std::vector<size_t> members;       // indices into buffers
-    std::vector<int64_t> offsets;      // byte offsets in flat
-    c10::intrusive_ptr<c10d::Work> work;  // the broadcast in flight, if any
-  };
-  std::vector<BufferPack> bufferPacks;
+  std::vector<TensorPack> bufferPacks;  // kept: the buffers travel before every forward
   std::vector<Bucket> buckets;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
   std::vector<uintptr_t> hookKeys;
@@ -100,7 +135,6 @@ struct DdpReducer::Impl {
 
   void checkShapes();
   void buildBuckets();
-  void buildBufferPacks();
   void startBufferBroadcast();
   void finishBufferBroadcast();
   bool syncsBuffers() const;
@@ -218,55 +252,12 @@ void DdpReducer::Impl::buildBuckets() {
   close();
 }
 
-void DdpReducer::Impl::buildBufferPacks() {
-  for (size_t i = 0; i < buffers.size(); ++i) {
-    const auto device = buffers[i].device();
-    auto pack = std::find_if(bufferPacks.begin(), bufferPacks.end(),
-                             [&](const BufferPack& p) { return p.flat.device() == device; });
-    if (pack == bufferPacks.end()) {
-      bufferPacks.push_back(BufferPack{at::empty({0}, at::TensorOptions().dtype(at::kByte).device(device)), {}, {}, {}});
-      pack = std::prev(bufferPacks.end());
-    }
-    pack->members.push_back(i);
-    pack->offsets.push_back(pack->flat.numel());  // reused below as the running size
-    const int64_t end = pack->flat.numel() + static_cast<int64_t>(buffers[i].numel() * buffers[i].element_size());
-    // Aligned so that each slice can be viewed back as its own dtype.
-    pack->flat = at::empty({(end + 7) / 8 * 8}, pack->flat.options());
-  }
-}
-
 void DdpReducer::Impl::startBufferBroadcast() {
-  torch::NoGradGuard noGrad;
-  for (auto& pack : bufferPacks) {
-    if (rank == 0) {
-      for (size_t j = 0; j < pack.members.size(); ++j) {
-        const auto& b = buffers[pack.members[j]];
-        const int64_t bytes = b.numel() * b.element_size();
-        pack.flat.narrow(0, pack.offsets[j], bytes).copy_(b.detach().contiguous().view({-1}).view(at::kByte));
-      }
-    }
-    std::vector<at::Tensor> tensors{pack.flat};
-    c10d::BroadcastOptions opts;
-    opts.rootRank = 0;
-    opts.timeout = options.timeout;
-    pack.work = backend->broadcast(tensors, opts);
-  }
+  for (auto& pack : bufferPacks) startBroadcast(*backend, pack, buffers, options.timeout);
 }
 
 void DdpReducer::Impl::finishBufferBroadcast() {
-  torch::NoGradGuard noGrad;
-  for (auto& pack : bufferPacks) {
-    if (!pack.work) continue;
-    auto work = std::move(pack.work);
-    pack.work.reset();
-    work->wait(options.timeout);
-    if (rank == 0) continue;  // the source already holds what it sent
-    for (size_t j = 0; j < pack.members.size(); ++j) {
-      auto& b = buffers[pack.members[j]];
-      const int64_t bytes = b.numel() * b.element_size();
-      b.copy_(pack.flat.narrow(0, pack.offsets[j], bytes).view(b.scalar_type()).view(b.sizes()));
-    }
-  }
+  for (auto& pack : bufferPacks) finishBroadcast(*backend, pack, buffers, options.timeout);
 }
 
 void DdpReducer::Impl::onGradReady(size_t index) {
@@ -397,10 +388,13 @@ DdpReducer::DdpReducer(std::shared_ptr<torch::nn::Module> module, c10::intrusive
     impl_->checkShapes();
     std::vector<at::Tensor> state = impl_->params;
     state.insert(state.end(), impl_->buffers.begin(), impl_->buffers.end());
-    broadcastCoalesced(*impl_->backend, state, impl_->options.timeout);
+    for (auto& pack : packByDevice(state)) {
+      startBroadcast(*impl_->backend, pack, state, impl_->options.timeout);
+      finishBroadcast(*impl_->backend, pack, state, impl_->options.timeout);
+    }
   }
   impl_->buildBuckets();
-  impl_->buildBufferPacks();
+  impl_->bufferPacks = packByDevice(impl_->buffers);
 
   Impl* impl = impl_.get();
   for (size_t i = 0; i < impl_->params.size(); ++i) {
