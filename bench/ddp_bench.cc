@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <numeric>
 #include <string>
 
 #include "bench/ddp_resnet_model.h"
@@ -73,13 +74,13 @@ int main(int argc, char** argv) {
     using Clock = std::chrono::steady_clock;
     auto ms = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
     Clock::time_point start;
-    double fwd = 0, bwd = 0, stp = 0, tail = 0, bc = 0;
-    std::vector<double> tails;
+    double fwd = 0, bwd = 0, stp = 0, bc = 0;
+    std::vector<double> tails;  // per timed step: wait after the last gradient
     for (int step = 0; step < warmup + steps; ++step) {
       if (step == warmup) {
         session.barrier();
         start = Clock::now();
-        fwd = bwd = stp = tail = bc = 0;
+        fwd = bwd = stp = bc = 0;
       }
       const auto t0 = Clock::now();
       opt.zero_grad();
@@ -97,10 +98,9 @@ int main(int argc, char** argv) {
       fwd += ms(t0, t1);
       bwd += ms(t1, t2);
       stp += ms(t2, t3);
-      const auto trace = ddp.reducer().lastIteration();
-      if (trace.finishedUs >= 0) {
-        tail += (trace.finishedUs - trace.lastGradReadyUs) / 1000;
-        if (step >= warmup) tails.push_back((trace.finishedUs - trace.lastGradReadyUs) / 1000);
+      if (phases && step >= warmup) {  // the trace is a locked copy: only when asked for
+        const auto trace = ddp.reducer().lastIteration();
+        if (trace.finishedUs >= 0) tails.push_back((trace.finishedUs - trace.lastGradReadyUs) / 1000);
       }
     }
     session.barrier();
@@ -111,6 +111,7 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
     if (phases) {
+      const double tail = std::accumulate(tails.begin(), tails.end(), 0.0);
       std::printf("rank %d per step ms: broadcast %.2f forward %.2f backward %.2f step %.2f (after last grad %.2f)\n", session.rank(), bc / steps,
                   fwd / steps, bwd / steps, stp / steps, tail / steps);
       std::string list;
