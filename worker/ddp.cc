@@ -85,8 +85,7 @@ void startBroadcast(c10d::Backend& backend, TensorPack& pack, const std::vector<
 void finishBroadcast(c10d::Backend& backend, TensorPack& pack, const std::vector<at::Tensor>& tensors,
                      std::chrono::milliseconds timeout) {
   if (!pack.work) return;
-  auto work = std::move(pack.work);
-  pack.work.reset();
+  auto work = std::move(pack.work);  // leaves pack.work empty: nothing in flight after this
   work->wait(timeout);
   if (backend.getRank() != 0) unpackInto(pack, tensors);
 }
