@@ -17,12 +17,14 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <set>
 #include <variant>
 #include <thread>
 
 #include "common/errors.h"
 #include "common/log.h"
 #include "launcher/cli.h"
+#include "launcher/containment.h"
 #include "launcher/error_report.h"
 #include "launcher/output.h"
 #include "launcher/process.h"
@@ -33,6 +35,10 @@ namespace fs = std::filesystem;
 
 namespace ddpl::launcher {
 namespace {
+
+// Without a cgroup, how often orphaned descendants are looked for (for the watchdog only: the
+// end of a run finds them all regardless).
+constexpr int kStrayScanSeconds = 1;
 
 double unixNow() {
   timeval tv{};
@@ -76,8 +82,13 @@ struct Agent::Impl {
   RendezvousHandler& rdzv;
   Supervisor sup;
   OutputRouter router;
+  std::unique_ptr<RunCgroup> cgroup;  // null where the machine gives no writable cgroup v2
   Watchdog watchdog;
   int epfd = -1, sigfd = -1, timerfd = -1, wakefd = -1;
+  // Without a cgroup: a periodic look for orphaned descendants (our subreaper children), so
+  // that the watchdog knows them should launch be SIGKILLed.
+  int strayfd = -1;
+  std::set<pid_t> known_strays;
   // Rendezvous answers and round ends arrive on other threads; the loop takes them from here.
   struct RdzvDone {
     std::optional<WorldAssignment> world;
@@ -105,8 +116,9 @@ struct Agent::Impl {
       : cfg(std::move(c)),
         rdzv(r),
         sup(Supervisor::Config{cfg.nproc, cfg.options.max_restarts, stopSignals(cfg.options)}),
-        router(cfg.options.role, STDOUT_FILENO, STDERR_FILENO),
-        watchdog(cfg.run_id + "-" + std::to_string(getpid())) {
+        router(consoleOptions(cfg.options)),
+        cgroup(makeCgroup(cfg)),
+        watchdog(cfg.run_id + "-" + std::to_string(getpid()), cgroup ? cgroup->path() : "") {
     if (cfg.options.log_dir.empty()) {
       std::string tmpl = (fs::temp_directory_path() / "ddpl-launch-XXXXXX").string();
       if (!mkdtemp(tmpl.data()))
@@ -132,6 +144,15 @@ struct Agent::Impl {
     addFd(sigfd);
     addFd(timerfd);
     addFd(wakefd);
+    if (!cgroup) {
+      strayfd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+      if (strayfd >= 0) {
+        itimerspec every{};
+        every.it_interval.tv_sec = every.it_value.tv_sec = kStrayScanSeconds;
+        timerfd_settime(strayfd, 0, &every, nullptr);
+        addFd(strayfd);
+      }
+    }
     rdzv.setRoundEndedCallback([this](int64_t round, std::string reason) {
       post(RoundEnd{round, std::move(reason)});
     });
@@ -177,12 +198,68 @@ struct Agent::Impl {
   }
 
   ~Impl() {
-    for (int fd : {epfd, sigfd, timerfd, wakefd})
+    for (int fd : {epfd, sigfd, timerfd, wakefd, strayfd})
       if (fd >= 0) close(fd);
     if (temp_base) {
       std::error_code ec;
       fs::remove_all(log_base, ec);
     }
+  }
+
+  static std::unique_ptr<RunCgroup> makeCgroup(const AgentConfig& c) {
+    if (!c.options.use_cgroup) return nullptr;
+    std::string name = "ddpl-" + c.run_id + "-" + std::to_string(getpid());
+    for (char& ch : name)
+      if (!isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_' && ch != '.') ch = '_';
+    std::string why;
+    auto cg = RunCgroup::create(name, &why);
+    if (cg)
+      log::debug("workers run in cgroup {}: nothing they start can outlive the run", cg->path());
+    else
+      log::debug("no cgroup for this run ({}): processes that leave their group and their "
+                 "environment are found as launch's orphaned children instead",
+                 why);
+    return cg;
+  }
+
+  // Our children that are not workers or the watchdog: descendants orphaned to us.
+  std::vector<pid_t> strayChildren() const {
+    std::vector<pid_t> out;
+    for (pid_t p : childrenOf(getpid())) {
+      if (p == watchdog.pid()) continue;
+      bool worker = std::any_of(workers.begin(), workers.end(),
+                                [&](const Worker& w) { return w.pid == p && w.alive; });
+      if (!worker) out.push_back(p);
+    }
+    return out;
+  }
+
+  void onStrayScan() {
+    uint64_t expirations;
+    ssize_t ignored = read(strayfd, &expirations, sizeof(expirations));
+    (void)ignored;
+    for (pid_t p : strayChildren()) {
+      if (!known_strays.insert(p).second) continue;
+      if (auto start = processStartTime(p)) watchdog.watchStray(p, start);
+    }
+  }
+
+  // Everything but the workers themselves that the run started: SIGKILLed wherever it went.
+  void killLeftovers() {
+    if (cgroup) cgroup->killAll();
+    killMarkedProcesses(watchdog.marker());
+    for (pid_t p : strayChildren()) kill(p, SIGKILL);
+  }
+
+  static ConsoleOptions consoleOptions(const LaunchOptions& o) {
+    ConsoleOptions c;
+    c.out = STDOUT_FILENO;
+    c.err = STDERR_FILENO;
+    c.role = o.role;
+    c.prefix_template = o.log_line_prefix_template;
+    c.prefix = o.prefix_output;
+    c.live = isatty(STDOUT_FILENO) && isatty(STDERR_FILENO);
+    return c;
   }
 
   static std::vector<int> stopSignals(const LaunchOptions& o) {
@@ -223,7 +300,8 @@ struct Agent::Impl {
       kill(-g, SIGKILL);
       watchdog.unwatchGroup(g);
     }
-    killMarkedProcesses(watchdog.marker());
+    killLeftovers();
+    known_strays.clear();
     pgids.clear();
     for (int fd : std::vector<int>(stream_fds)) {
       router.drain(fd);
@@ -253,7 +331,14 @@ struct Agent::Impl {
       for (const auto& [k, v] : world.worker_env) extra[k] = v;
       extra[kMarkerEnv] = watchdog.marker();
       auto env = buildWorkerEnv(cfg.base_env, world, ctx, extra);
-      SpawnedProcess p = spawnProcess(substituteLocalRank(cfg.command, lr), toEnvp(env));
+      SpawnPlacement placement;
+      placement.cgroup_procs_fd = cgroup ? cgroup->procsFd() : -1;
+      if (lr < static_cast<int>(cfg.numa.size())) {
+        placement.cpus = cfg.numa[lr].cpus;
+        placement.mem_nodes = cfg.numa[lr].mem_nodes;
+      }
+      SpawnedProcess p =
+          spawnProcess(substituteLocalRank(cfg.command, lr), toEnvp(env), placement);
       w.pid = p.pid;
       w.alive = true;
       pgids.push_back(p.pid);
@@ -429,6 +514,8 @@ struct Agent::Impl {
           onSignalFd();
         } else if (fd == wakefd) {
           onWake();
+        } else if (fd == strayfd) {
+          onStrayScan();
         } else if (fd == timerfd) {
           uint64_t expirations;
           ssize_t ignored = read(timerfd, &expirations, sizeof(expirations));
@@ -453,20 +540,17 @@ struct Agent::Impl {
     itimerspec off{};
     timerfd_settime(timerfd, 0, &off, nullptr);
     watchdog.release();
-    // Reap everything we were given as subreaper. Bounded: all of it was just SIGKILLed.
+    // Reap everything we were given as subreaper. While anything is left, it is killed: a
+    // process that escaped the worker groups (setsid) and its environment (no marker) is in
+    // the run's cgroup, or became our child when its parent died. Bounded: all of it is
+    // SIGKILLed, again on every round as double forks hand us new orphans.
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    bool scanned = false;
     while (true) {
       int wstatus;
       pid_t pid = waitpid(-1, &wstatus, WNOHANG);
       if (pid > 0) continue;
       if (pid < 0) break;  // ECHILD: nothing left
-      // Children remain: as subreaper every surviving descendant is our child, so this is the
-      // only case where something escaped the process groups (setsid) and must be hunted down.
-      if (!scanned) {
-        killMarkedProcesses(watchdog.marker());
-        scanned = true;
-      }
+      killLeftovers();
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) {
@@ -474,11 +558,13 @@ struct Agent::Impl {
         break;
       }
       epoll_event ev;
-      epoll_wait(epfd, &ev, 1, static_cast<int>(left.count()));  // woken by SIGCHLD on sigfd
+      // Woken by SIGCHLD on sigfd; the short cap covers orphans handed to us without one.
+      epoll_wait(epfd, &ev, 1, static_cast<int>(std::min<int64_t>(left.count(), 50)));
       signalfd_siginfo si;
       while (read(sigfd, &si, sizeof(si)) == sizeof(si)) {
       }
     }
+    cgroup.reset();
     bool job_ok = rdzv.finish(exit_code == 0);
     if (sup.stopReason() == StopReason::kSignal) {
       log::warn("stopped by {}: exit code {}", signalName(sup.stopSignal()), exit_code);

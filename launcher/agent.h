@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "launcher/numa.h"
 #include "launcher/options.h"
 #include "launcher/rendezvous_handler.h"
 #include "launcher/worker_spec.h"
@@ -20,6 +21,7 @@ struct AgentConfig {
   Environment extra_env;             // added for every worker (store endpoint, ...)
   std::string run_id;
   std::string host;
+  std::vector<NumaPlacement> numa;  // per local rank (--numa-binding); empty: no binding
 };
 
 class Agent {

@@ -1,11 +1,15 @@
 #include "launcher/cli.h"
 
+#include "common/parse.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <csignal>
 #include <cstring>
 #include <functional>
+#include <optional>
+#include <set>
 #include <sstream>
 
 namespace ddpl::launcher {
@@ -17,64 +21,39 @@ std::string trim(const std::string& s) {
   return b == std::string::npos ? "" : s.substr(b, e - b + 1);
 }
 
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::string cur;
-  std::istringstream in(s);
-  while (std::getline(in, cur, sep)) out.push_back(trim(cur));
-  return out;
-}
+std::vector<std::string> split(const std::string& s, char sep) { return splitList(s, sep); }
 
-int parseInt(const std::string& flag, const std::string& v, int min_value) {
-  try {
-    size_t used = 0;
-    long long n = std::stoll(v, &used);
-    if (used == v.size() && n >= min_value && n <= 1'000'000'000) return static_cast<int>(n);
-  } catch (const std::exception&) {
-  }
-  throw UsageError(fmt::format("{}: '{}' is not a whole number >= {}", flag, v, min_value));
+int parseInt(const std::string& flag, const std::string& v, int min_value,
+             int max_value = 1'000'000'000) {
+  return static_cast<int>(parseInteger(flag, v, min_value, max_value));
 }
 
 double parseSeconds(const std::string& flag, const std::string& v) {
-  try {
-    size_t used = 0;
-    double d = std::stod(v, &used);
-    if (used == v.size() && d >= 0 && d < 1e9) return d;
-  } catch (const std::exception&) {
-  }
-  throw UsageError(fmt::format("{}: '{}' is not a number of seconds >= 0", flag, v));
+  return parseNumber(flag, v, 0, 1e9);
 }
 
-bool parseBool(const std::string& flag, const std::string& v) {
-  std::string l = v;
-  std::transform(l.begin(), l.end(), l.begin(), ::tolower);
-  if (l == "1" || l == "true" || l == "yes" || l == "on") return true;
-  if (l == "0" || l == "false" || l == "no" || l == "off" || l.empty()) return false;
-  throw UsageError(fmt::format("{}: '{}' is not a boolean (use 1 or 0)", flag, v));
-}
-
-NprocSpec parseNproc(const std::string& v) {
+NprocSpec parseNproc(const std::string& flag, const std::string& v) {
   if (v == "gpu") return {NprocKind::kGpu, 0};
   if (v == "cpu") return {NprocKind::kCpu, 0};
   if (v == "auto") return {NprocKind::kAuto, 0};
   try {
-    return {NprocKind::kNumber, parseInt("--nproc-per-node", v, 1)};
-  } catch (const UsageError&) {
-    throw UsageError(fmt::format(
-        "--nproc-per-node: '{}' is not a positive number, 'gpu', 'cpu' or 'auto'", v));
+    return {NprocKind::kNumber, parseInt(flag, v, 1, kMaxNprocPerNode)};
+  } catch (const InvalidArgument& e) {
+    throw UsageError(fmt::format("{}: '{}' is not a number from 1 to {}, 'gpu', 'cpu' or 'auto'",
+                                 flag, v, kMaxNprocPerNode));
   }
 }
 
-void parseNnodes(const std::string& v, LaunchOptions& o) {
+void parseNnodes(const std::string& flag, const std::string& v, LaunchOptions& o) {
   auto colon = v.find(':');
   if (colon == std::string::npos) {
-    o.nnodes_min = o.nnodes_max = parseInt("--nnodes", v, 1);
+    o.nnodes_min = o.nnodes_max = parseInt(flag, v, 1, kMaxNodes);
   } else {
-    o.nnodes_min = parseInt("--nnodes", v.substr(0, colon), 1);
-    o.nnodes_max = parseInt("--nnodes", v.substr(colon + 1), 1);
+    o.nnodes_min = parseInt(flag, v.substr(0, colon), 1, kMaxNodes);
+    o.nnodes_max = parseInt(flag, v.substr(colon + 1), 1, kMaxNodes);
   }
   if (o.nnodes_min > o.nnodes_max)
-    throw UsageError(fmt::format("--nnodes: minimum {} is greater than maximum {} in '{}'",
+    throw UsageError(fmt::format("{}: minimum {} is greater than maximum {} in '{}'", flag,
                                  o.nnodes_min, o.nnodes_max, v));
 }
 
@@ -99,11 +78,11 @@ struct Flag {
 const std::vector<Flag>& flags() {
   static const std::vector<Flag> kFlags = {
       {{"--nnodes"}, true, "N|MIN:MAX", "number of nodes, or elastic MIN:MAX (default 1:1)",
-       [](auto&, auto& v, auto& o) { parseNnodes(v, o); }},
+       [](auto& f, auto& v, auto& o) { parseNnodes(f, v, o); }},
       {{"--nproc-per-node"}, true, "N|gpu|cpu|auto",
        "workers per node: a number, the GPU count, the CPU count, or GPUs if any else CPUs "
        "(default 1)",
-       [](auto&, auto& v, auto& o) { o.nproc_per_node = parseNproc(v); }},
+       [](auto& f, auto& v, auto& o) { o.nproc_per_node = parseNproc(f, v); }},
       {{"--standalone"}, false, "", "single node with a local rendezvous on a free port",
        [](auto& f, auto& v, auto& o) { o.standalone = parseBool(f, v); }},
       {{"--node-rank"}, true, "N", "rank of this node for static rendezvous (default 0)",
@@ -116,14 +95,18 @@ const std::vector<Flag>& flags() {
                v));
          o.rdzv_backend = v;
        }},
-      {{"--rdzv-endpoint"}, true, "HOST[:PORT]", "rendezvous service address",
-       [](auto&, auto& v, auto& o) { o.rdzv_endpoint = v; }},
+      {{"--rdzv-endpoint"}, true, "HOST[:PORT]",
+       "rendezvous service address (default port 29400; [IPv6]:PORT)",
+       [](auto& f, auto& v, auto& o) {
+         if (!trim(v).empty()) parseHostPort(f, v, kDefaultRdzvPort);  // checked here, once
+         o.rdzv_endpoint = trim(v);
+       }},
       {{"--rdzv-id"}, true, "ID", "job id shared by every node (default: random)",
        [](auto&, auto& v, auto& o) { o.rdzv_id = v; }},
       {{"--rdzv-conf"}, true, "K=V,...",
        "join_timeout, last_call_timeout, read_timeout, is_host, heartbeat_timeout, "
        "exit_barrier_timeout (seconds), token_file, tls_ca_file",
-       [](auto&, auto& v, auto& o) { o.rdzv_conf = parseRdzvConf(v); }},
+       [](auto&, auto& v, auto& o) { o.rdzv_conf = parseRdzvConf(v, &o.warnings); }},
       {{"--master-addr"}, true, "ADDR", "address of rank 0's store (default 127.0.0.1)",
        [](auto& f, auto& v, auto& o) {
          if (v.empty()) throw UsageError(fmt::format("{}: empty address", f));
@@ -131,14 +114,13 @@ const std::vector<Flag>& flags() {
        }},
       {{"--master-port"}, true, "PORT", "port of rank 0's store (default: a free port)",
        [](auto& f, auto& v, auto& o) {
-         int p = parseInt(f, v, 0);
-         if (p > 65535) throw UsageError(fmt::format("{}: {} is not a TCP port", f, p));
+         int p = parsePort(f, v, /*allow_zero=*/true);
          if (p == 0) o.master_port.reset(); else o.master_port = p;
        }},
       {{"--local-addr"}, true, "ADDR", "address this node advertises",
        [](auto&, auto& v, auto& o) { o.local_addr = v; }},
       {{"--max-restarts"}, true, "N", "group restarts allowed after a worker fails (default 0)",
-       [](auto& f, auto& v, auto& o) { o.max_restarts = parseInt(f, v, 0); }},
+       [](auto& f, auto& v, auto& o) { o.max_restarts = parseInt(f, v, 0, 1'000'000); }},
       {{"--monitor-interval"}, true, "SECONDS",
        "accepted for torchrun compatibility; exits are noticed at once, without polling",
        [](auto& f, auto& v, auto& o) { o.monitor_interval_sec = parseSeconds(f, v); }},
@@ -149,10 +131,10 @@ const std::vector<Flag>& flags() {
        "signals forwarded to workers (default SIGTERM,SIGINT,SIGHUP,SIGQUIT); TERM, INT, HUP "
        "and QUIT also stop the job, others (e.g. SIGUSR1 for Slurm preemption) are only "
        "forwarded",
-       [](auto&, auto& v, auto& o) {
+       [](auto& f, auto& v, auto& o) {
          o.signals_to_handle.clear();
          for (const auto& s : split(v, ','))
-           if (!s.empty()) o.signals_to_handle.push_back(parseSignalName(s));
+           if (!s.empty()) o.signals_to_handle.push_back(parseSignalName(s, f));
        }},
       {{"--role"}, true, "NAME", "role name, used in log prefixes (default 'default')",
        [](auto& f, auto& v, auto& o) {
@@ -171,8 +153,16 @@ const std::vector<Flag>& flags() {
        [](auto& f, auto& v, auto& o) {
          o.local_ranks_filter.clear();
          for (const auto& s : split(v, ','))
-           if (!s.empty()) o.local_ranks_filter.push_back(parseInt(f, s, 0));
+           if (!s.empty()) o.local_ranks_filter.push_back(parseInt(f, s, 0, kMaxNprocPerNode - 1));
        }},
+      {{"--log-line-prefix-template"}, true, "TEMPLATE",
+       "console prefix of worker lines, as torchrun's TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE: "
+       "${role_name}, ${local_rank}, ${rank} (default '[${role_name}${local_rank}]:')",
+       [](auto&, auto& v, auto& o) {
+         if (!v.empty()) o.log_line_prefix_template = v;
+       }},
+      {{"--no-prefix"}, false, "", "show worker lines on the console without a prefix",
+       [](auto& f, auto& v, auto& o) { o.prefix_output = !parseBool(f, v); }},
       {{"--module", "-m"}, false, "", "run PROGRAM as a Python module (python -m)",
        [](auto& f, auto& v, auto& o) {
          if (parseBool(f, v)) o.target_kind = TargetKind::kModule;
@@ -180,6 +170,56 @@ const std::vector<Flag>& flags() {
       {{"--no-python"}, false, "", "exec PROGRAM as given, never under python",
        [](auto& f, auto& v, auto& o) {
          if (parseBool(f, v)) o.target_kind = TargetKind::kNoPython;
+       }},
+      {{"--start-method"}, true, "spawn|fork|forkserver",
+       "accepted for torchrun compatibility: launch always fork+execs each worker as a fresh "
+       "process, which is what spawn gives a script",
+       [](auto& f, auto& v, auto& o) {
+         if (v != "spawn" && v != "fork" && v != "forkserver")
+           throw UsageError(fmt::format("{}: '{}' is not spawn, fork or forkserver", f, v));
+         o.start_method = v;
+       }},
+      {{"--event-log-handler"}, true, "null|console",
+       "torchrun's event log: null (default) or console (launch's own log already records "
+       "every start, failure and restart)",
+       [](auto& f, auto& v, auto&) {
+         if (v != "null" && v != "console")
+           throw UsageError(fmt::format(
+               "{}: '{}' is not a handler launch has: use null or console (Python entry points "
+               "are not loaded)",
+               f, v));
+       }},
+      {{"--logs-specs"}, true, "NAME",
+       "torchrun's LogsSpecs entry point: launch always writes torchrun's default layout "
+       "(see --log-dir) and warns that NAME is not loaded",
+       [](auto&, auto& v, auto& o) {
+         if (!v.empty() && v != "default")
+           o.warnings.push_back(fmt::format(
+               "--logs-specs={}: custom LogsSpecs entry points are Python classes that launch "
+               "does not load; logs use torchrun's default layout under --log-dir",
+               v));
+       }},
+      {{"--numa-binding"}, true, "node|socket|exclusive|core-complex",
+       "bind each local rank's CPUs and memory to the NUMA node of its GPU (local rank i uses "
+       "GPU i); without GPUs, ranks are spread over the NUMA nodes. socket: the whole socket; "
+       "exclusive: a disjoint share of the node's CPUs; core-complex: one L3 cache's CPUs",
+       [](auto& f, auto& v, auto& o) {
+         if (v == "node") o.numa_binding = NumaBinding::kNode;
+         else if (v == "socket") o.numa_binding = NumaBinding::kSocket;
+         else if (v == "exclusive") o.numa_binding = NumaBinding::kExclusive;
+         else if (v == "core-complex") o.numa_binding = NumaBinding::kCoreComplex;
+         else
+           throw UsageError(fmt::format(
+               "{}: '{}' is not node, socket, exclusive or core-complex", f, v));
+       }},
+      {{"--cgroup"}, true, "auto|off",
+       "auto (default): run the workers in a cgroup v2 of their own where the machine allows, "
+       "so that nothing they start outlives the run; off: never (orphans are still found as "
+       "launch's subreaper children)",
+       [](auto& f, auto& v, auto& o) {
+         if (v != "auto" && v != "off")
+           throw UsageError(fmt::format("{}: '{}' is not auto or off", f, v));
+         o.use_cgroup = v == "auto";
        }},
       {{"--run-path"}, false, "", "not supported: launch always runs workers as processes",
        [](auto& f, auto&, auto&) {
@@ -229,12 +269,45 @@ std::string canonical(const std::string& name) {
   return c;
 }
 
+// Exact names first; then, as argparse's allow_abbrev, a prefix that names exactly one flag
+// ("--stand" for --standalone). An unknown name gets the nearest flag suggested once.
 const Flag* findFlag(const std::string& name) {
   std::string c = canonical(name);
   for (const auto& f : flags())
     for (const auto& n : f.names)
       if (n == c) return &f;
+  if (c.rfind("--", 0) != 0 || c.size() < 3) return nullptr;
+  std::vector<const Flag*> matches;
+  for (const auto& f : flags())
+    if (f.names[0].rfind(c, 0) == 0) matches.push_back(&f);
+  if (matches.size() == 1) return matches[0];
+  if (matches.size() > 1) {
+    std::string names;
+    for (const Flag* f : matches) names += (names.empty() ? "" : ", ") + f->names[0];
+    throw UsageError(fmt::format("ambiguous option '{}' could match {}", name, names));
+  }
   return nullptr;
+}
+
+UsageError unknownOption(const std::string& name) {
+  std::vector<std::string> all;
+  for (const auto& f : flags()) all.push_back(f.names[0]);
+  all.push_back("--help");
+  all.push_back("--version");
+  std::string near = closestMatch(canonical(name), all);
+  return UsageError(fmt::format("unknown option '{}'{} (see launch --help); options go before "
+                                "PROGRAM, the program's own options after it",
+                                name, near.empty() ? "" : "; did you mean " + near + "?"));
+}
+
+// Every value goes through one call, so that a checked-parser error becomes a usage error.
+void applyFlag(const Flag& f, const std::string& name, const std::string& value,
+               LaunchOptions& o) {
+  try {
+    f.apply(name, value, o);
+  } catch (const InvalidArgument& e) {
+    throw UsageError(e.what());
+  }
 }
 
 std::string petName(const Flag& f) {
@@ -247,8 +320,12 @@ std::string petName(const Flag& f) {
 
 }  // namespace
 
-RdzvConf parseRdzvConf(const std::string& v) {
+RdzvConf parseRdzvConf(const std::string& v, std::vector<std::string>* warnings) {
   RdzvConf c;
+  auto warn = [&](std::string line) {
+    if (warnings) warnings->push_back(std::move(line));
+  };
+  std::optional<double> keep_alive_interval, keep_alive_attempts;
   if (trim(v).empty()) return c;
   for (const auto& kv : split(v, ',')) {
     auto eq = kv.find('=');
@@ -265,12 +342,30 @@ RdzvConf parseRdzvConf(const std::string& v) {
     else if (key == "is_host") c.is_host = parseBool(flag, value);
     else if (key == "token_file") c.token_file = value;
     else if (key == "tls_ca_file") c.tls_ca_file = value;
+    // torchrun declares a node dead after keep_alive_interval x keep_alive_max_attempt seconds:
+    // our hosting agent's heartbeat window means the same.
+    else if (key == "keep_alive_interval") keep_alive_interval = parseNumber(flag, value, 0.001, 1e6);
+    else if (key == "keep_alive_max_attempt") keep_alive_attempts = parseNumber(flag, value, 1, 1e6);
+    else if (key == "store_type" || key == "use_libuv")
+      warn(fmt::format("--rdzv-conf {}={}: has no effect here (launch's store is its own gRPC "
+                       "service, not a TCPStore)",
+                       key, value));
+    else if (key == "protocol" || key == "cert" || key == "key" || key == "cacert" ||
+             key == "ssl_cert" || key == "ssl_cert_key" || key == "ca_cert" ||
+             key == "etcd_prefix")
+      warn(fmt::format("--rdzv-conf {}: an etcd key, ignored (launch's backends are static and "
+                       "c10d/ddpl; for TLS use tls_ca_file)",
+                       key));
     else
-      throw UsageError(fmt::format(
-          "--rdzv-conf: unknown key '{}' (known: join_timeout, last_call_timeout, read_timeout, "
-          "heartbeat_timeout, exit_barrier_timeout, is_host, token_file, tls_ca_file)",
+      warn(fmt::format(
+          "--rdzv-conf: unknown key '{}' ignored (known: join_timeout or timeout, "
+          "last_call_timeout, read_timeout, close_timeout or exit_barrier_timeout, "
+          "heartbeat_timeout, keep_alive_interval, keep_alive_max_attempt, is_host, token_file, "
+          "tls_ca_file)",
           key));
   }
+  if (keep_alive_interval || keep_alive_attempts)
+    c.heartbeat_timeout_sec = keep_alive_interval.value_or(5) * keep_alive_attempts.value_or(3);
   if (c.join_timeout_sec <= 0 || c.read_timeout_sec <= 0 || c.heartbeat_timeout_sec <= 0)
     throw UsageError("--rdzv-conf: join_timeout, read_timeout and heartbeat_timeout must be > 0");
   return c;
@@ -339,12 +434,24 @@ std::string applySlurmDefaults(LaunchOptions& o, const std::vector<std::string>&
                      job, n, o.rdzv_endpoint);
 }
 
-int parseSignalName(const std::string& raw) {
-  std::string s = raw;
+int parseSignalName(const std::string& raw, const std::string& source) {
+  std::string s = trim(raw);
   std::transform(s.begin(), s.end(), s.begin(), ::toupper);
+  auto refuse = [&](const std::string& why) {
+    return UsageError(fmt::format(
+        "{}: '{}' {} (use names such as SIGTERM, SIGUSR1, or numbers 1..{}; SIGKILL and SIGSTOP "
+        "cannot be caught)",
+        source, raw, why, NSIG - 1));
+  };
   if (!s.empty() && std::all_of(s.begin(), s.end(), ::isdigit)) {
-    int n = std::stoi(s);
-    if (n > 0 && n < NSIG && n != SIGKILL && n != SIGSTOP) return n;
+    int64_t n;
+    try {
+      n = parseInteger(source, s, 1, NSIG - 1);
+    } catch (const InvalidArgument&) {
+      throw refuse("is not a signal number");
+    }
+    if (n == SIGKILL || n == SIGSTOP) throw refuse("cannot be forwarded");
+    return static_cast<int>(n);
   }
   if (s.rfind("SIG", 0) != 0) s = "SIG" + s;
   static const std::pair<const char*, int> kSignals[] = {
@@ -353,10 +460,7 @@ int parseSignalName(const std::string& raw) {
       {"SIGXCPU", SIGXCPU}, {"SIGWINCH", SIGWINCH}};
   for (const auto& [name, num] : kSignals)
     if (s == name) return num;
-  throw UsageError(fmt::format(
-      "--signals-to-handle: '{}' is not a signal that can be forwarded (use names such as "
-      "SIGTERM, SIGUSR1; SIGKILL and SIGSTOP cannot be caught)",
-      raw));
+  throw refuse("is not a signal that can be forwarded");
 }
 
 std::string signalName(int signo) {
@@ -407,15 +511,42 @@ ParseResult parseCommandLine(const std::vector<std::string>& args,
                              const std::map<std::string, std::string>& env) {
   ParseResult result;
   LaunchOptions& o = result.options;
+  std::set<std::string> target_flags;  // --module / --no-python given on the command line
 
-  // Environment first, so that the command line overrides it.
+  // Environment first, so that the command line overrides it. A wrong value names the
+  // variable: the user never typed the flag.
   for (const auto& f : flags()) {
-    auto it = env.find(petName(f));
+    const std::string var = petName(f);
+    auto it = env.find(var);
     if (it == env.end()) continue;
-    if (f.names[0] == "--run-path" && !parseBool(petName(f), it->second)) continue;
-    f.apply(petName(f), it->second, o);
+    if (f.names[0] == "--run-path" && !parseBool(var, it->second)) continue;
+    try {
+      applyFlag(f, f.names[0], it->second, o);
+    } catch (const UsageError& e) {
+      throw UsageError(fmt::format("environment variable {}='{}' (read as {}): {}", var,
+                                   it->second, f.names[0], e.what()));
+    }
     result.given_flags.push_back(f.names[0]);
   }
+  // torchrun's logging level comes from LOGLEVEL (Python names); --log-level wins.
+  if (auto it = env.find("LOGLEVEL"); it != env.end() && !it->second.empty()) {
+    std::string l = it->second;
+    std::transform(l.begin(), l.end(), l.begin(), ::tolower);
+    if (l == "warning") l = "warn";
+    if (l == "fatal") l = "critical";
+    if (l == "notset") l = "trace";
+    const Flag* level = findFlag("--log-level");
+    try {
+      applyFlag(*level, "--log-level", l, o);
+    } catch (const UsageError&) {
+      throw UsageError(fmt::format(
+          "environment variable LOGLEVEL='{}' is not DEBUG, INFO, WARNING, ERROR or CRITICAL",
+          it->second));
+    }
+  }
+  if (auto it = env.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
+      it != env.end() && !it->second.empty())
+    o.log_line_prefix_template = it->second;
 
   size_t i = 0;
   for (; i < args.size(); ++i) {
@@ -446,22 +577,23 @@ ParseResult parseCommandLine(const std::vector<std::string>& args,
       has_inline = true;
     }
     const Flag* f = findFlag(name);
-    if (!f)
-      throw UsageError(fmt::format("unknown option '{}' (see launch --help); options go before "
-                                   "PROGRAM, the program's own options after it",
-                                   name));
+    if (!f) throw unknownOption(name);
     if (f->takes_value) {
       if (!has_inline) {
         if (i + 1 >= args.size())
           throw UsageError(fmt::format("{} needs a value ({})", name, f->metavar));
         value = args[++i];
       }
-      f->apply(name, value, o);
+      applyFlag(*f, name, value, o);
     } else {
-      f->apply(name, has_inline ? value : "1", o);
+      applyFlag(*f, name, has_inline ? value : "1", o);
     }
+    if (f->names[0] == "--module" || f->names[0] == "--no-python") target_flags.insert(f->names[0]);
     result.given_flags.push_back(f->names[0]);
   }
+  if (target_flags.size() > 1)
+    throw UsageError("-m/--module and --no-python contradict each other: -m runs PROGRAM as a "
+                     "Python module, --no-python execs it without Python; keep one");
   if (i >= args.size())
     throw UsageError("missing PROGRAM: usage is launch [options] PROGRAM [ARGS...]");
   o.program = args[i];

@@ -33,10 +33,13 @@ ParseResult parseCommandLine(const std::vector<std::string>& args,
 std::string helpText();
 
 // Exposed for tests and for error messages elsewhere.
-int parseSignalName(const std::string& name);  // "SIGUSR1", "USR1" or "10"; throws UsageError
+// "SIGUSR1", "USR1" or "10"; throws UsageError naming `source` (the flag or variable).
+int parseSignalName(const std::string& name, const std::string& source = "--signals-to-handle");
 std::string signalName(int signo);              // "SIGUSR1"; "signal 77" when unknown
 StreamSpec parseStreamSpec(const std::string& flag, const std::string& value);
-RdzvConf parseRdzvConf(const std::string& value);
+// torchrun's keys are mapped where they mean something here; keys without effect here and
+// unknown keys are accepted with a line added to `warnings` (when given).
+RdzvConf parseRdzvConf(const std::string& value, std::vector<std::string>* warnings = nullptr);
 
 // Throws UsageError for inconsistent --nnodes/--node-rank/--rdzv-* combinations.
 void validateTopology(const LaunchOptions& options);

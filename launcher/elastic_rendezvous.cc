@@ -12,6 +12,7 @@
 
 #include "common/errors.h"
 #include "common/log.h"
+#include "common/parse.h"
 #include "launcher/ports.h"
 #include "rendezvous/grpc_store.h"
 #include "rendezvous/rendezvous_client.h"
@@ -23,12 +24,8 @@ namespace {
 using std::chrono::milliseconds;
 
 std::pair<std::string, int> splitEndpoint(const std::string& endpoint) {
-  auto colon = endpoint.rfind(':');
-  if (colon == std::string::npos || endpoint.find(']') > colon && endpoint.front() == '[')
-    return {endpoint, 29400};
-  std::string host = endpoint.substr(0, colon);
-  if (!host.empty() && host.front() == '[') host = host.substr(1, host.size() - 2);
-  return {host, std::stoi(endpoint.substr(colon + 1))};
+  HostPort hp = parseHostPort("rendezvous endpoint", endpoint, 29400);
+  return {hp.host, hp.port};
 }
 
 // How long a hosting agent keeps serving for nodes that have not finished yet (a node that was

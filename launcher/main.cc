@@ -4,6 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <cstdio>
 #include <memory>
 #include <random>
@@ -11,6 +14,7 @@
 #include "ddpl/config.h"
 #include "common/errors.h"
 #include "common/log.h"
+#include "common/parse.h"
 #include "launcher/agent.h"
 #include "launcher/cli.h"
 #include "launcher/embedded_store.h"
@@ -45,9 +49,7 @@ ElasticConfig elasticConfig(const LaunchOptions& o, const std::string& run_id, i
                             const std::string& host) {
   ElasticConfig c;
   c.run_id = run_id;
-  c.endpoint = o.rdzv_endpoint.find(':') == std::string::npos
-                   ? o.rdzv_endpoint + ":" + std::to_string(kDefaultRdzvPort)
-                   : o.rdzv_endpoint;
+  c.endpoint = o.rdzv_endpoint;  // checked by the parser; ElasticRendezvous adds the default port
   c.token = o.rdzv_token;
   c.tls_ca_file = o.rdzv_conf.tls_ca_file;
   c.node_id = host + "-" + std::to_string(getpid());
@@ -100,10 +102,39 @@ int resolveNproc(const NprocSpec& spec, const Environment& env) {
   return 1;
 }
 
+// Each rank under --launcher=mpi: torchrun's per-rank variables from OpenMPI's, then exec.
+int runMpiRankShim(int argc, char** argv, const Environment& env) {
+  int first = 2;
+  if (first < argc && std::string(argv[first]) == "--") ++first;
+  if (first >= argc) return usage(std::string(kMpiRankShimFlag) + " needs -- PROGRAM [ARGS...]");
+  Environment out;
+  try {
+    auto run_id = env.find("TORCHELASTIC_RUN_ID");
+    std::string tmp = env.count("TMPDIR") ? env.at("TMPDIR") : "/tmp";
+    std::string dir = tmp + "/ddpl-mpi-" + (run_id == env.end() ? "run" : run_id->second);
+    out = torchrunEnvFromMpi(env, dir);
+    std::error_code ec;
+    std::filesystem::create_directories(
+        std::filesystem::path(out.at("TORCHELASTIC_ERROR_FILE")).parent_path(), ec);
+  } catch (const std::exception& e) {
+    return usage(e.what());
+  }
+  std::vector<std::string> envp = toEnvp(out);
+  std::vector<char*> cenv, cargv;
+  for (auto& e : envp) cenv.push_back(e.data());
+  cenv.push_back(nullptr);
+  for (int i = first; i < argc; ++i) cargv.push_back(argv[i]);
+  cargv.push_back(nullptr);
+  execve(cargv[0], cargv.data(), cenv.data());
+  fprintf(stderr, "launch: error: cannot execute '%s': %s\n", cargv[0], strerror(errno));
+  return 127;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   Environment env = ddpl::processEnvironment();
+  if (argc >= 2 && std::string(argv[1]) == kMpiRankShimFlag) return runMpiRankShim(argc, argv, env);
   ParseResult parsed;
   try {
     parsed = parseCommandLine(std::vector<std::string>(argv + 1, argv + argc), env);
@@ -150,6 +181,7 @@ int main(int argc, char** argv) {
   blockSignals(o.signals_to_handle);
   ddpl::log::init({"launch", -1, ""}, ddpl::log::parseLevel(o.log_level));
   if (!slurm_note.empty()) ddpl::log::info("{}", slurm_note);
+  for (const auto& w : o.warnings) ddpl::log::warn("{}", w);
 
   try {
     AgentConfig cfg;
@@ -168,6 +200,25 @@ int main(int argc, char** argv) {
           "OMP_NUM_THREADS is not set: setting it to 1 for each of the {} workers so they do "
           "not oversubscribe the CPUs; set it yourself to tune",
           cfg.nproc);
+    if (o.numa_binding != NumaBinding::kNone) {
+      std::vector<int> gpu_indices;
+      if (auto cvd = env.find("CUDA_VISIBLE_DEVICES"); cvd != env.end()) {
+        for (const auto& item : ddpl::splitList(cvd->second, ',')) {
+          try {
+            gpu_indices.push_back(static_cast<int>(ddpl::parseInteger("CUDA_VISIBLE_DEVICES", item, 0, 4095)));
+          } catch (const ddpl::InvalidArgument&) {
+            break;  // UUIDs or MIG names: rank i is taken to use physical GPU i
+          }
+        }
+      }
+      std::string why;
+      cfg.numa = planNumaBinding(o.numa_binding, cfg.nproc, "/sys", gpu_indices, &why);
+      if (cfg.numa.empty())
+        ddpl::log::warn("--numa-binding: not binding ({})", why);
+      for (size_t lr = 0; lr < cfg.numa.size(); ++lr)
+        ddpl::log::info("--numa-binding: local rank {} on CPUs {}, memory of NUMA node(s) {}", lr,
+                        formatCpuList(cfg.numa[lr].cpus), formatCpuList(cfg.numa[lr].mem_nodes));
+    }
     cfg.base_env = std::move(env);
     cfg.options = o;
     becomeSubreaper();

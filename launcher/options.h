@@ -13,6 +13,9 @@ inline constexpr int kDefaultMasterPort = 29500;
 inline constexpr int kDefaultRdzvPort = 29400;
 inline constexpr double kDefaultShutdownTimeoutSec = 30.0;
 inline constexpr double kDefaultMonitorIntervalSec = 0.1;
+// Sanity bounds: far above any real machine or job, far below what would exhaust memory.
+inline constexpr int kMaxNprocPerNode = 1024;
+inline constexpr int kMaxNodes = 65536;
 
 // Which of a worker's streams go to files (redirect: files only; tee: files and console).
 struct StreamSelection {
@@ -55,6 +58,9 @@ struct RdzvConf {
   std::string tls_ca_file;
 };
 
+// --numa-binding (torchrun 2.9's modes): which CPUs and memory each local rank is bound to.
+enum class NumaBinding { kNone, kNode, kSocket, kExclusive, kCoreComplex };
+
 struct LaunchOptions {
   // Topology.
   int nnodes_min = 1;
@@ -86,6 +92,14 @@ struct LaunchOptions {
   StreamSpec tee;
   std::vector<int> local_ranks_filter;  // empty: show every local rank on the console
   std::string log_level = "info";
+  // torchrun's TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE: ${role_name}, ${local_rank}, ${rank}.
+  std::string log_line_prefix_template = "[${role_name}${local_rank}]:";
+  bool prefix_output = true;  // --no-prefix: worker lines reach the console as written
+
+  // Placement.
+  NumaBinding numa_binding = NumaBinding::kNone;
+  std::string start_method = "spawn";  // accepted; every worker is a fork+exec'd process
+  bool use_cgroup = true;  // --cgroup=off: never put the run in a cgroup of its own
 
   bool elastic() const { return rdzv_backend != "static"; }
 
@@ -94,6 +108,10 @@ struct LaunchOptions {
   std::string hostfile;             // empty: this host only
   std::string mpi_args;             // passed through to mpirun, split like a shell
   bool dry_run = false;             // print the mpirun command and exit 0
+
+  // What the parser accepted but the user should hear about (keys without effect here, unknown
+  // --rdzv-conf keys): main logs them once logging is up.
+  std::vector<std::string> warnings;
 
   // What to run.
   TargetKind target_kind = TargetKind::kAuto;

@@ -1,6 +1,8 @@
 #pragma once
-// Routes worker stdout/stderr to the console (prefixed "[role rank]:", whole lines only, so
-// lines of different workers never interleave mid-line) and to per-rank log files.
+// Routes worker stdout/stderr to the console (prefixed as torchrun does, "[role local_rank]:",
+// whole lines only, so lines of different workers never interleave mid-line) and to per-rank
+// log files. Carriage-return updates (progress bars) are shown live on a terminal console,
+// on one status line that other workers' lines scroll past; files get each line's final state.
 #include <deque>
 #include <map>
 #include <string>
@@ -17,10 +19,25 @@ struct StreamRoute {
   int file_fd = -1;  // owned by the router once added; -1: no file
 };
 
+struct ConsoleOptions {
+  int out = 1;  // where console lines go
+  int err = 2;
+  std::string role = "default";
+  // ${role_name}, ${local_rank}, ${rank} (also $name), as torchrun's
+  // TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE; empty or prefix=false: no prefix.
+  std::string prefix_template = "[${role_name}${local_rank}]:";
+  bool prefix = true;
+  // Both consoles are one terminal: show '\r' updates as they come (else final states only).
+  bool live = false;
+};
+
+// torchrun's Template.safe_substitute over the three names; unknown $names stay as written.
+std::string expandPrefix(const std::string& tmpl, const std::string& role, int local_rank,
+                         int global_rank);
+
 class OutputRouter {
  public:
-  // console_out/err: where console lines go (normally 1 and 2).
-  OutputRouter(std::string role, int console_out, int console_err);
+  explicit OutputRouter(ConsoleOptions console);
   ~OutputRouter();
   OutputRouter(const OutputRouter&) = delete;
   OutputRouter& operator=(const OutputRouter&) = delete;
@@ -44,14 +61,23 @@ class OutputRouter {
  private:
   struct Stream {
     StreamRoute route;
-    std::string pending;
+    std::string prefix;
+    std::string pending;  // text since the last '\n'
   };
   void emitLine(Stream& s, const char* data, size_t len, bool newline_present);
+  void showLive(int fd, Stream& s);
+  void consoleWrite(int console_fd, const std::string& text);
+  int consoleFor(const Stream& s) const {
+    return s.route.kind == StreamKind::kStdout ? console_.out : console_.err;
+  }
 
-  std::string role_;
-  int console_out_, console_err_;
+  ConsoleOptions console_;
   std::map<int, Stream> streams_;
   std::map<int, std::deque<std::string>> stderr_tail_;
+  // The one status line on a live console: which stream owns it and what it shows.
+  int live_owner_ = -1;
+  int live_console_ = -1;
+  std::string live_text_;
 };
 
 // write(2) until done; gives up silently on a closed console (EPIPE) so that a vanished

@@ -4,6 +4,8 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sched.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -12,11 +14,15 @@
 #include "common/errors.h"
 
 namespace ddpl::launcher {
+namespace {
+constexpr int kMpolBind = 2;  // <numaif.h>'s MPOL_BIND, without libnuma
+}  // namespace
 
 void becomeSubreaper() { prctl(PR_SET_CHILD_SUBREAPER, 1); }
 
 SpawnedProcess spawnProcess(const std::vector<std::string>& argv,
-                            const std::vector<std::string>& envp) {
+                            const std::vector<std::string>& envp,
+                            const SpawnPlacement& placement) {
   int out[2], err[2], status[2];
   if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0 || pipe2(status, O_CLOEXEC) != 0)
     throw Error(std::string("cannot create pipes for a worker: ") + std::strerror(errno));
@@ -29,6 +35,15 @@ SpawnedProcess spawnProcess(const std::vector<std::string>& argv,
   for (const auto& e : envp) cenvp.push_back(const_cast<char*>(e.c_str()));
   cenvp.push_back(nullptr);
   pid_t parent = getpid();
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  for (int c : placement.cpus)
+    if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &cpus);
+  unsigned long nodemask[16] = {0};  // 1024 NUMA nodes
+  const unsigned long kMaxNode = sizeof(nodemask) * 8;
+  for (int n : placement.mem_nodes)
+    if (n >= 0 && static_cast<unsigned long>(n) < kMaxNode)
+      nodemask[n / (8 * sizeof(unsigned long))] |= 1UL << (n % (8 * sizeof(unsigned long)));
 
   pid_t pid = fork();
   if (pid < 0) {
@@ -41,6 +56,14 @@ SpawnedProcess spawnProcess(const std::vector<std::string>& argv,
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     // The launcher may have died between fork and prctl: then we were already reparented.
     if (getppid() != parent) _exit(127);
+    // Into the run's cgroup before anything else can fork: every descendant stays there.
+    if (placement.cgroup_procs_fd >= 0) {
+      ssize_t ignored = write(placement.cgroup_procs_fd, "0", 1);
+      (void)ignored;
+    }
+    if (!placement.cpus.empty()) sched_setaffinity(0, sizeof(cpus), &cpus);
+    if (!placement.mem_nodes.empty())
+      syscall(SYS_set_mempolicy, kMpolBind, nodemask, kMaxNode + 1);
     sigset_t none;
     sigemptyset(&none);
     for (int s = 1; s < NSIG; ++s) signal(s, SIG_DFL);

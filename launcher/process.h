@@ -15,10 +15,18 @@ struct SpawnedProcess {
   int exec_status_fd = -1;  // closes on successful exec; carries errno when exec failed
 };
 
+// What the child does between fork and exec besides the defaults.
+struct SpawnPlacement {
+  int cgroup_procs_fd = -1;    // join that cgroup (RunCgroup::procsFd); -1: stay
+  std::vector<int> cpus;       // bind to these CPUs; empty: inherit
+  std::vector<int> mem_nodes;  // allocate memory on these NUMA nodes only; empty: default
+};
+
 // argv[0] must be a path (resolveCommand gives one). Never throws after fork; a failed exec is
 // reported by awaitExec. Pipes are non-blocking and close-on-exec on the launcher's side.
 SpawnedProcess spawnProcess(const std::vector<std::string>& argv,
-                            const std::vector<std::string>& envp);
+                            const std::vector<std::string>& envp,
+                            const SpawnPlacement& placement = {});
 
 // Waits for the child's exec to succeed or fail (bounded: exec either happens or fails within
 // the child's first instructions). Returns 0 on success or the errno of the failed exec.

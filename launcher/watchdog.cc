@@ -8,10 +8,16 @@
 
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <set>
+
+#include "launcher/containment.h"
 
 namespace ddpl::launcher {
 namespace {
+
+// A run that orphans more processes than this is beyond what the watchdog tracks one by one.
+constexpr size_t kMaxStrays = 4096;
 
 bool environHas(pid_t pid, const std::string& needle) {
   char path[64];
@@ -34,8 +40,10 @@ bool environHas(pid_t pid, const std::string& needle) {
   return false;
 }
 
-[[noreturn]] void watchdogMain(int read_fd, const std::string& marker) {
+[[noreturn]] void watchdogMain(int read_fd, const std::string& marker,
+                               const std::string& cgroup_path) {
   std::set<pid_t> groups;
+  std::map<pid_t, unsigned long long> strays;
   std::string line;
   char buf[256];
   bool clean = false;
@@ -51,12 +59,26 @@ bool environHas(pid_t pid, const std::string& needle) {
       if (line == "bye") clean = true;
       else if (line.size() > 1 && line[0] == '+') groups.insert(std::atoi(line.c_str() + 1));
       else if (line.size() > 1 && line[0] == '-') groups.erase(std::atoi(line.c_str() + 1));
+      else if (line.size() > 1 && line[0] == 's') {
+        char* end = nullptr;
+        pid_t pid = static_cast<pid_t>(std::strtol(line.c_str() + 1, &end, 10));
+        if (end && *end == ':' && pid > 0 && strays.size() < kMaxStrays)
+          strays[pid] = std::strtoull(end + 1, nullptr, 10);
+      }
       line.clear();
     }
   }
   if (!clean) {
+    if (!cgroup_path.empty()) killCgroup(cgroup_path);
     for (pid_t g : groups) kill(-g, SIGKILL);
     killMarkedProcesses(marker);
+    for (const auto& [pid, start] : strays)
+      if (processStartTime(pid) == start) kill(pid, SIGKILL);
+    if (!cgroup_path.empty()) {
+      // The cgroup can go once its members are gone (bounded: they were all SIGKILLed).
+      for (int i = 0; i < 400 && rmdir(cgroup_path.c_str()) != 0 && errno == EBUSY; ++i)
+        usleep(5000);
+    }
   }
   _exit(0);
 }
@@ -79,7 +101,8 @@ int killMarkedProcesses(const std::string& marker) {
   return killed;
 }
 
-Watchdog::Watchdog(std::string marker_value) : marker_(std::move(marker_value)) {
+Watchdog::Watchdog(std::string marker_value, std::string cgroup_path)
+    : marker_(std::move(marker_value)), cgroup_path_(std::move(cgroup_path)) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return;  // without it we still have PDEATHSIG for workers
   pid_t pid = fork();
@@ -94,7 +117,7 @@ Watchdog::Watchdog(std::string marker_value) : marker_(std::move(marker_value)) 
     // Keep nothing else of the launcher's open (its pipes would otherwise never reach EOF).
     if (fds[0] > 3) close_range(3, static_cast<unsigned>(fds[0]) - 1, 0);
     close_range(static_cast<unsigned>(fds[0]) + 1, ~0U, 0);
-    watchdogMain(fds[0], marker_);
+    watchdogMain(fds[0], marker_, cgroup_path_);
   }
   close(fds[0]);
   if (pid < 0) {
@@ -107,7 +130,7 @@ Watchdog::Watchdog(std::string marker_value) : marker_(std::move(marker_value)) 
 
 void Watchdog::release() {
   if (pipe_fd_ >= 0) {
-    send('b', 0);
+    send("bye\n", 4);
     close(pipe_fd_);
     pipe_fd_ = -1;
   }
@@ -119,16 +142,25 @@ void Watchdog::release() {
   }
 }
 
-void Watchdog::send(char op, pid_t pgid) {
-  if (pipe_fd_ < 0) return;
-  char buf[32];
-  int n = op == 'b' ? snprintf(buf, sizeof(buf), "bye\n")
-                    : snprintf(buf, sizeof(buf), "%c%d\n", op, static_cast<int>(pgid));
-  ssize_t ignored = write(pipe_fd_, buf, static_cast<size_t>(n));
+void Watchdog::send(const char* line, int len) {
+  if (pipe_fd_ < 0 || len <= 0) return;
+  ssize_t ignored = write(pipe_fd_, line, static_cast<size_t>(len));
   (void)ignored;
 }
 
-void Watchdog::watchGroup(pid_t pgid) { send('+', pgid); }
-void Watchdog::unwatchGroup(pid_t pgid) { send('-', pgid); }
+void Watchdog::watchGroup(pid_t pgid) {
+  char buf[32];
+  send(buf, snprintf(buf, sizeof(buf), "+%d\n", static_cast<int>(pgid)));
+}
+
+void Watchdog::unwatchGroup(pid_t pgid) {
+  char buf[32];
+  send(buf, snprintf(buf, sizeof(buf), "-%d\n", static_cast<int>(pgid)));
+}
+
+void Watchdog::watchStray(pid_t pid, unsigned long long start_time) {
+  char buf[64];
+  send(buf, snprintf(buf, sizeof(buf), "s%d:%llu\n", static_cast<int>(pid), start_time));
+}
 
 }  // namespace ddpl::launcher

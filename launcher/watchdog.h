@@ -2,8 +2,11 @@
 // Covers the one case the launcher cannot handle itself: its own SIGKILL. PDEATHSIG kills the
 // workers, but not their children. The watchdog is a tiny forked process in its own session
 // that holds the read end of a pipe; when the launcher dies the pipe closes and the watchdog
-// SIGKILLs every worker process group and every process carrying this launch's marker in its
-// environment (which catches grandchildren that left the group with setsid).
+// SIGKILLs the run's cgroup when there is one (which holds every descendant, however it left),
+// every worker process group, every process carrying this launch's marker in its environment
+// (grandchildren that left the group with setsid), and the stray children the launcher told it
+// of (descendants that also emptied their environment, found as the launcher's subreaper
+// children).
 #include <sys/types.h>
 
 #include <string>
@@ -14,18 +17,24 @@ inline constexpr const char* kMarkerEnv = "DDPL_LAUNCH_ID";
 
 class Watchdog {
  public:
-  explicit Watchdog(std::string marker_value);
+  // `cgroup_path`: the run's cgroup (RunCgroup), empty when there is none.
+  Watchdog(std::string marker_value, std::string cgroup_path);
   ~Watchdog() { release(); }
   // Tells the watchdog the launcher finished cleanly and reaps it. Idempotent.
   void release();
 
   void watchGroup(pid_t pgid);
   void unwatchGroup(pid_t pgid);
+  // A process that is not a worker but became the launcher's child (an orphaned descendant);
+  // `start_time` (processStartTime) keeps a reused pid from being killed.
+  void watchStray(pid_t pid, unsigned long long start_time);
   const std::string& marker() const { return marker_; }
+  pid_t pid() const { return pid_; }
 
  private:
-  void send(char op, pid_t pgid);
+  void send(const char* line, int len);
   std::string marker_;
+  std::string cgroup_path_;
   int pipe_fd_ = -1;
   pid_t pid_ = -1;
 };

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <thread>
 
 #include "tests/common/subprocess.h"
 
@@ -16,6 +17,7 @@ namespace {
 const std::string kLaunch = std::string(DDPL_BIN_DIR) + "/launch";
 const std::string kGrandchildren =
     std::string(DDPL_SOURCE_DIR) + "/tests/integration/programs/grandchildren.sh";
+const std::string kEscape = std::string(DDPL_SOURCE_DIR) + "/tests/integration/programs/escape.sh";
 
 std::set<pid_t> readPids(const std::string& path) {
   std::set<pid_t> pids;
@@ -73,3 +75,81 @@ TEST(LaunchFault, SigintStopsEverythingIncludingGrandchildren) {
   EXPECT_EQ(r.exit_code, 128 + SIGINT) << r.all();
   EXPECT_TRUE(eventually([&] { return noneAlive(pids); }, 5s));
 }
+
+// A descendant that calls setsid, double-forks and execs with an empty environment (no run
+// marker) must not outlive launch: neither its SIGKILL, nor its SIGTERM, nor a clean finish.
+// Each case runs with the run's cgroup (where this machine allows one) and without it
+// (--cgroup=off: launch finds the escapee as its orphaned subreaper child).
+class LaunchEscape : public ::testing::TestWithParam<std::string> {
+ protected:
+  struct Job {
+    std::string dir;
+    std::unique_ptr<Background> bg;
+    std::set<pid_t> escapees;
+  };
+  Job start(int nproc, bool exit_now) {
+    Job j;
+    j.dir = makeTempDir("escape");
+    RunOptions o;
+    o.env = {{"OUT_DIR", j.dir}, {"EXIT_NOW", exit_now ? "1" : "0"}};
+    j.bg = std::make_unique<Background>(
+        std::vector<std::string>{kLaunch, "--cgroup=" + GetParam(),
+                                 "--nproc-per-node=" + std::to_string(nproc), kEscape},
+        o);
+    return j;
+  }
+  void awaitEscapees(Job& j, int nproc) {
+    ASSERT_TRUE(eventually([&] {
+      for (int r = 0; r < nproc; ++r)
+        if (!fs::exists(j.dir + "/ready." + std::to_string(r))) return false;
+      return true;
+    }, 20s)) << j.bg->outputSoFar();
+    for (int r = 0; r < nproc; ++r) {
+      auto p = readPids(j.dir + "/escapee." + std::to_string(r));
+      ASSERT_EQ(p.size(), 1u);
+      j.escapees.insert(*p.begin());
+    }
+    for (pid_t p : j.escapees) {
+      ASSERT_TRUE(processAlive(p)) << p;
+      // It really escaped: another session, and no run marker in its environment.
+      EXPECT_NE(getsid(p), getsid(j.bg->pid())) << p;
+      EXPECT_EQ(readFile("/proc/" + std::to_string(p) + "/environ").find("DDPL_LAUNCH_ID"),
+                std::string::npos)
+          << p;
+    }
+  }
+};
+
+TEST_P(LaunchEscape, SigkillOfTheLauncher) {
+  Job j = start(2, false);
+  awaitEscapees(j, 2);
+  // Without a cgroup the watchdog learns of orphans from a scan each second: give it two.
+  if (GetParam() == "off") std::this_thread::sleep_for(2500ms);
+  kill(j.bg->pid(), SIGKILL);
+  j.bg->wait(10s);
+  EXPECT_TRUE(eventually([&] { return noneAlive(j.escapees); }, 10s))
+      << "an escaped process survived launch's SIGKILL";
+}
+
+TEST_P(LaunchEscape, Sigterm) {
+  Job j = start(2, false);
+  awaitEscapees(j, 2);
+  kill(j.bg->pid(), SIGTERM);
+  auto r = j.bg->wait(30s);
+  EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.all();
+  EXPECT_TRUE(noneAlive(j.escapees)) << "launch exited and left an escaped process";
+  EXPECT_EQ(r.all().find("did not exit"), std::string::npos) << r.all();
+}
+
+TEST_P(LaunchEscape, CleanFinish) {
+  Job j = start(2, true);
+  auto r = j.bg->wait(30s);
+  EXPECT_EQ(r.exit_code, 0) << r.all();
+  for (int rank = 0; rank < 2; ++rank)
+    for (pid_t p : readPids(j.dir + "/escapee." + std::to_string(rank))) j.escapees.insert(p);
+  ASSERT_EQ(j.escapees.size(), 2u);
+  EXPECT_TRUE(noneAlive(j.escapees)) << "launch exited and left an escaped process";
+  EXPECT_EQ(r.all().find("did not exit"), std::string::npos) << r.all();
+}
+
+INSTANTIATE_TEST_SUITE_P(CgroupOrNot, LaunchEscape, ::testing::Values("auto", "off"));

@@ -150,8 +150,10 @@ TEST(Cli, RdzvConf) {
   ASSERT_TRUE(o.rdzv_conf.is_host.has_value());
   EXPECT_TRUE(*o.rdzv_conf.is_host);
   EXPECT_DOUBLE_EQ(o.rdzv_conf.heartbeat_timeout_sec, 30);
-  EXPECT_NE(usageError({"--rdzv-conf=colour=blue", "p"}).find("unknown key 'colour'"),
-            std::string::npos);
+  // Unknown keys are warned about, never silently taken, and do not stop the job.
+  auto unknown = parse({"--rdzv-conf=colour=blue", "p"}).options;
+  ASSERT_EQ(unknown.warnings.size(), 1u);
+  EXPECT_NE(unknown.warnings[0].find("unknown key 'colour'"), std::string::npos);
   EXPECT_NE(usageError({"--rdzv-conf=join_timeout=soon", "p"}).find("join_timeout"),
             std::string::npos);
   EXPECT_NE(usageError({"--rdzv-conf=novalue", "p"}).find("key=value"), std::string::npos);
@@ -201,4 +203,127 @@ TEST(Cli, HelpAndVersion) {
   for (const char* flag : {"--nproc-per-node", "--max-restarts", "--tee", "--signals-to-handle",
                            "--local-ranks-filter", "--log-dir", "--no-python", "-m"})
     EXPECT_NE(help.find(flag), std::string::npos) << flag;
+}
+
+// torchrun's own --rdzv-conf keys: mapped where they mean something, warned about where not.
+TEST(Cli, RdzvConfTorchrunKeys) {
+  auto o = parse({"--rdzv-conf=timeout=90,close_timeout=12,read_timeout=7,"
+                  "keep_alive_interval=2,keep_alive_max_attempt=4,store_type=tcp,use_libuv=1",
+                  "p"})
+               .options;
+  EXPECT_DOUBLE_EQ(o.rdzv_conf.join_timeout_sec, 90);
+  EXPECT_DOUBLE_EQ(o.rdzv_conf.exit_barrier_timeout_sec, 12);
+  EXPECT_DOUBLE_EQ(o.rdzv_conf.read_timeout_sec, 7);
+  EXPECT_DOUBLE_EQ(o.rdzv_conf.heartbeat_timeout_sec, 8);  // 2 s x 4 attempts
+  ASSERT_EQ(o.warnings.size(), 2u);
+  EXPECT_NE(o.warnings[0].find("store_type=tcp: has no effect"), std::string::npos);
+  EXPECT_NE(o.warnings[1].find("use_libuv"), std::string::npos);
+  EXPECT_TRUE(parse({"--rdzv-conf=join_timeout=5", "p"}).options.warnings.empty());
+}
+
+// Every input that used to crash (uncaught exception, bad_alloc) or misreport is a usage
+// error naming the flag and the value.
+TEST(Cli, InputsThatUsedToCrashAreUsageErrors) {
+  auto names = [](const std::string& err, const std::string& a, const std::string& b) {
+    return err.find(a) != std::string::npos && err.find(b) != std::string::npos;
+  };
+  EXPECT_PRED3(names, usageError({"--signals-to-handle=99999999999", "p"}),
+               "--signals-to-handle", "99999999999");
+  EXPECT_PRED3(names, usageError({"--signals-to-handle=SIGTERM,0", "p"}), "--signals-to-handle",
+               "'0'");
+  EXPECT_PRED3(names, usageError({"--signals-to-handle=9", "p"}), "--signals-to-handle", "'9'");
+  for (const char* bad : {"h:abc", "h:99999999999", "h:", "h:-1", "h:65536", "h:0", "[::1",
+                          ":29400"}) {
+    std::string err = usageError({"--rdzv-backend=c10d", std::string("--rdzv-endpoint=") + bad,
+                                  "p"});
+    EXPECT_NE(err.find("--rdzv-endpoint"), std::string::npos) << bad << ": " << err;
+    EXPECT_EQ(err.find("stoi"), std::string::npos) << err;
+  }
+  EXPECT_EQ(parse({"--rdzv-backend=c10d", "--rdzv-endpoint=[::1]:5", "p"}).options.rdzv_endpoint,
+            "[::1]:5");
+  EXPECT_EQ(parse({"--rdzv-backend=c10d", "--rdzv-endpoint=head", "p"}).options.rdzv_endpoint,
+            "head");
+  std::string big = usageError({"--nproc-per-node=1000000000", "p"});
+  EXPECT_PRED3(names, big, "--nproc-per-node", "1000000000");
+  EXPECT_NE(big.find(std::to_string(kMaxNprocPerNode)), std::string::npos) << big;
+  EXPECT_EQ(parse({"--nproc-per-node=1024", "p"}).options.nproc_per_node.number, 1024);
+  EXPECT_PRED3(names, usageError({"--nnodes=99999999999", "p"}), "--nnodes", "99999999999");
+  EXPECT_PRED3(names, usageError({"--max-restarts=-1", "p"}), "--max-restarts", "-1");
+  EXPECT_PRED3(names, usageError({"--master-port=70000", "p"}), "--master-port", "70000");
+  EXPECT_PRED3(names, usageError({"--shutdown-timeout=1e999", "p"}), "--shutdown-timeout",
+               "1e999");
+  EXPECT_PRED3(names, usageError({"--monitor-interval=nan", "p"}), "--monitor-interval", "nan");
+}
+
+TEST(Cli, PetVariableErrorsNameTheVariable) {
+  for (const auto& [var, value] : std::vector<std::pair<std::string, std::string>>{
+           {"PET_SIGNALS_TO_HANDLE", "99999999999"},
+           {"PET_NPROC_PER_NODE", "lots"},
+           {"PET_NNODES", "3:1"},
+           {"PET_RDZV_CONF", "novalue"},
+           {"PET_MAX_RESTARTS", "x"}}) {
+    std::string err = usageError({"p"}, {{var, value}});
+    EXPECT_NE(err.find(var), std::string::npos) << err;
+    EXPECT_NE(err.find(value), std::string::npos) << err;
+  }
+}
+
+TEST(Cli, ModuleWithNoPythonIsAConflict) {
+  std::string err = usageError({"-m", "--no-python", "pkg"});
+  EXPECT_NE(err.find("-m/--module and --no-python"), std::string::npos) << err;
+  EXPECT_NE(usageError({"--no-python", "--module", "pkg"}).find("contradict"), std::string::npos);
+}
+
+TEST(Cli, MistypedFlagSuggestsTheNearestOnce) {
+  std::string err = usageError({"--nproc-per-mode=2", "p"});
+  EXPECT_NE(err.find("did you mean --nproc-per-node?"), std::string::npos) << err;
+  EXPECT_EQ(err.find("did you mean", err.find("did you mean") + 1), std::string::npos) << err;
+  EXPECT_NE(usageError({"--max_restrats=2", "p"}).find("did you mean --max-restarts?"),
+            std::string::npos);
+  // Nothing close: no suggestion.
+  EXPECT_EQ(usageError({"--zzzzzzzzzz", "p"}).find("did you mean"), std::string::npos);
+}
+
+TEST(Cli, UniquePrefixesAbbreviateAsArgparse) {
+  auto o = parse({"--stand", "--max-rest=2", "--nproc_per=3", "p"}).options;
+  EXPECT_TRUE(o.standalone);
+  EXPECT_EQ(o.max_restarts, 2);
+  EXPECT_EQ(o.nproc_per_node.number, 3);
+  std::string err = usageError({"--log=x", "p"});
+  EXPECT_NE(err.find("ambiguous option '--log'"), std::string::npos) << err;
+  EXPECT_NE(err.find("--log-dir"), std::string::npos) << err;
+  EXPECT_NE(err.find("--log-level"), std::string::npos) << err;
+}
+
+TEST(Cli, FormerlyRefusedTorchrunFlags) {
+  auto o = parse({"--start-method=fork", "--event-log-handler=console", "--logs-specs=mine",
+                  "--numa-binding=socket", "p"})
+               .options;
+  EXPECT_EQ(o.start_method, "fork");
+  EXPECT_EQ(o.numa_binding, NumaBinding::kSocket);
+  ASSERT_EQ(o.warnings.size(), 1u);
+  EXPECT_NE(o.warnings[0].find("--logs-specs=mine"), std::string::npos);
+  EXPECT_EQ(parse({"--numa_binding", "core-complex", "p"}).options.numa_binding,
+            NumaBinding::kCoreComplex);
+  EXPECT_NE(usageError({"--start-method=thread", "p"}).find("spawn, fork or forkserver"),
+            std::string::npos);
+  EXPECT_NE(usageError({"--numa-binding=everywhere", "p"}).find("node, socket"),
+            std::string::npos);
+  EXPECT_NE(usageError({"--event-log-handler=dynamic_rendezvous", "p"}).find("null or console"),
+            std::string::npos);
+}
+
+TEST(Cli, LoglevelAndPrefixTemplateFromTheEnvironment) {
+  EXPECT_EQ(parse({"p"}, {{"LOGLEVEL", "DEBUG"}}).options.log_level, "debug");
+  EXPECT_EQ(parse({"p"}, {{"LOGLEVEL", "WARNING"}}).options.log_level, "warn");
+  EXPECT_EQ(parse({"--log-level=error", "p"}, {{"LOGLEVEL", "DEBUG"}}).options.log_level,
+            "error");
+  EXPECT_NE(usageError({"p"}, {{"LOGLEVEL", "LOUD"}}).find("LOGLEVEL='LOUD'"), std::string::npos);
+  EXPECT_EQ(parse({"p"}).options.log_line_prefix_template, "[${role_name}${local_rank}]:");
+  EXPECT_EQ(parse({"p"}, {{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[${rank}]:"}})
+                .options.log_line_prefix_template,
+            "[${rank}]:");
+  EXPECT_FALSE(parse({"--no-prefix", "p"}).options.prefix_output);
+  EXPECT_FALSE(parse({"--cgroup=off", "p"}).options.use_cgroup);
+  EXPECT_TRUE(parse({"p"}).options.use_cgroup);
 }

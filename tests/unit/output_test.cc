@@ -26,31 +26,99 @@ std::string drainFd(int fd) {
   while ((n = read(fd, buf, sizeof(buf))) > 0) s.append(buf, static_cast<size_t>(n));
   return s;
 }
+ConsoleOptions console(const Pipe& out, const Pipe& err, const std::string& role,
+                       bool live = false) {
+  ConsoleOptions c;
+  c.out = out.w;
+  c.err = err.w;
+  c.role = role;
+  c.live = live;
+  return c;
+}
 void put(int fd, const std::string& s) { ASSERT_EQ(write(fd, s.data(), s.size()), (ssize_t)s.size()); }
 }  // namespace
 
 TEST(OutputRouter, PrefixesWholeLinesAndHoldsPartials) {
   Pipe console_out, console_err, worker;
-  OutputRouter router("trainer", console_out.w, console_err.w);
-  router.add(worker.r, {0, 5, StreamKind::kStdout, true, -1});
+  OutputRouter router(console(console_out, console_err, "trainer"));
+  // torchrun's rule: the prefix shows the local rank (2), not the global one (5).
+  router.add(worker.r, {2, 5, StreamKind::kStdout, true, -1});
   put(worker.w, "hello\nwor");
   EXPECT_TRUE(router.onReadable(worker.r));
-  EXPECT_EQ(drainFd(console_out.r), "[trainer5]:hello\n");
+  EXPECT_EQ(drainFd(console_out.r), "[trainer2]:hello\n");
   put(worker.w, "ld\n");
   router.onReadable(worker.r);
-  EXPECT_EQ(drainFd(console_out.r), "[trainer5]:world\n");
+  EXPECT_EQ(drainFd(console_out.r), "[trainer2]:world\n");
   put(worker.w, "tail without newline");
   close(worker.w);
   EXPECT_FALSE(router.onReadable(worker.r));
-  EXPECT_EQ(drainFd(console_out.r), "[trainer5]:tail without newline\n");
+  EXPECT_EQ(drainFd(console_out.r), "[trainer2]:tail without newline\n");
   EXPECT_EQ(drainFd(console_err.r), "");
   router.remove(worker.r);
+}
+
+TEST(OutputRouter, PrefixTemplateAsTorchrunAndPrefixOff) {
+  EXPECT_EQ(expandPrefix("[${rank}]:", "trainer", 1, 9), "[9]:");
+  EXPECT_EQ(expandPrefix("$role_name/$local_rank/${rank} $rankX $$ $other", "w", 3, 7),
+            "w/3/7 $rankX $ $other");
+  Pipe console_out, console_err, worker;
+  ConsoleOptions c = console(console_out, console_err, "default");
+  c.prefix = false;
+  OutputRouter router(c);
+  router.add(worker.r, {1, 1, StreamKind::kStdout, true, -1});
+  put(worker.w, "plain\n");
+  router.onReadable(worker.r);
+  EXPECT_EQ(drainFd(console_out.r), "plain\n");
+  router.remove(worker.r);
+}
+
+TEST(OutputRouter, CarriageReturnUpdatesShowLiveOnATerminal) {
+  std::string dir = ddpl::testing::makeTempDir("router-cr");
+  Pipe console_out, console_err, bar, other;
+  OutputRouter router(console(console_out, console_err, "default", /*live=*/true));
+  int file = open((dir + "/stderr.log").c_str(), O_WRONLY | O_CREAT, 0644);
+  router.add(bar.r, {0, 0, StreamKind::kStderr, true, file});
+  router.add(other.r, {1, 1, StreamKind::kStderr, true, -1});
+  put(bar.w, "\r 10%|#");
+  router.onReadable(bar.r);
+  // Shown at once, without waiting for a newline.
+  EXPECT_EQ(drainFd(console_err.r), "\r\x1b[K[default0]: 10%|#");
+  put(bar.w, "\r 50%|#####");
+  router.onReadable(bar.r);
+  EXPECT_EQ(drainFd(console_err.r), "\r\x1b[K[default0]: 50%|#####");
+  // Another rank's line scrolls above the status line, which is drawn again below it.
+  put(other.w, "rank 1 says hi\n");
+  router.onReadable(other.r);
+  EXPECT_EQ(drainFd(console_err.r), "\r\x1b[K[default1]:rank 1 says hi\n[default0]: 50%|#####");
+  put(bar.w, "\r100%|##########\n");
+  router.onReadable(bar.r);
+  EXPECT_EQ(drainFd(console_err.r), "\r\x1b[K[default0]:100%|##########\n");
+  put(other.w, "after\n");
+  router.onReadable(other.r);
+  EXPECT_EQ(drainFd(console_err.r), "[default1]:after\n");
+  router.remove(bar.r);
+  router.remove(other.r);
+  // The file holds the line's final state only.
+  EXPECT_EQ(ddpl::testing::readFile(dir + "/stderr.log"), "100%|##########\n");
+}
+
+TEST(OutputRouter, CarriageReturnsOffATerminalGiveFinalStatesOnly) {
+  Pipe console_out, console_err, bar;
+  OutputRouter router(console(console_out, console_err, "default"));
+  router.add(bar.r, {0, 0, StreamKind::kStdout, true, -1});
+  put(bar.w, "\r1/3\r2/3");
+  router.onReadable(bar.r);
+  EXPECT_EQ(drainFd(console_out.r), "");
+  put(bar.w, "\r3/3\ndos line\r\n");
+  router.onReadable(bar.r);
+  EXPECT_EQ(drainFd(console_out.r), "[default0]:3/3\n[default0]:dos line\n");
+  router.remove(bar.r);
 }
 
 TEST(OutputRouter, FilesGetRawTextAndConsoleCanBeOff) {
   std::string dir = ddpl::testing::makeTempDir("router");
   Pipe console_out, console_err, worker;
-  OutputRouter router("default", console_out.w, console_err.w);
+  OutputRouter router(console(console_out, console_err, "default"));
   int file = open((dir + "/stderr.log").c_str(), O_WRONLY | O_CREAT, 0644);
   router.add(worker.r, {1, 1, StreamKind::kStderr, false, file});
   put(worker.w, "a\nb\n");
@@ -65,7 +133,7 @@ TEST(OutputRouter, FilesGetRawTextAndConsoleCanBeOff) {
 
 TEST(OutputRouter, OverlongLinesAreSplitNotBuffered) {
   Pipe console_out, console_err, worker;
-  OutputRouter router("r", console_out.w, console_err.w);
+  OutputRouter router(console(console_out, console_err, "r"));
   router.add(worker.r, {0, 0, StreamKind::kStdout, false, -1});
   std::string big(OutputRouter::kMaxLine + 10, 'x');
   // The pipe holds 64 KiB: write in two goes, reading in between.
@@ -80,7 +148,7 @@ TEST(OutputRouter, OverlongLinesAreSplitNotBuffered) {
 
 TEST(OutputRouter, StderrTailIsBounded) {
   Pipe console_out, console_err, worker;
-  OutputRouter router("r", console_out.w, console_err.w);
+  OutputRouter router(console(console_out, console_err, "r"));
   router.add(worker.r, {0, 0, StreamKind::kStderr, false, -1});
   std::string lines;
   for (int i = 0; i < 100; ++i) lines += "line " + std::to_string(i) + "\n";

@@ -1,0 +1,156 @@
+#include "launcher/containment.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+namespace ddpl::launcher {
+namespace {
+
+// The cgroup2 mount point, from /proc/self/mountinfo ("... MOUNTPOINT ... - cgroup2 ...").
+std::string cgroup2Mount() {
+  std::ifstream in("/proc/self/mountinfo");
+  for (std::string line; std::getline(in, line);) {
+    auto dash = line.find(" - ");
+    if (dash == std::string::npos || line.compare(dash + 3, 8, "cgroup2 ") != 0) continue;
+    std::istringstream fields(line.substr(0, dash));
+    std::string id, parent, devno, root, mount;
+    fields >> id >> parent >> devno >> root >> mount;
+    if (root == "/") return mount;
+  }
+  return "";
+}
+
+// This process's cgroup v2 path ("0::/some/path" in /proc/self/cgroup).
+std::string ownCgroup() {
+  std::ifstream in("/proc/self/cgroup");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("0::", 0) == 0) return line.substr(3);
+  return "";
+}
+
+bool writeFile(const std::string& path, const char* text) {
+  int fd = open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  ssize_t n = write(fd, text, strlen(text));
+  close(fd);
+  return n == static_cast<ssize_t>(strlen(text));
+}
+
+// Fields after the command name, which may itself hold spaces and parentheses.
+bool statFields(pid_t pid, std::vector<std::string>& out) {
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[1024];
+  ssize_t n = read(fd, buf, sizeof(buf) - 1);
+  close(fd);
+  if (n <= 0) return false;
+  std::string s(buf, static_cast<size_t>(n));
+  auto close_paren = s.rfind(')');
+  if (close_paren == std::string::npos) return false;
+  std::istringstream rest(s.substr(close_paren + 1));
+  out.clear();
+  for (std::string f; rest >> f;) out.push_back(f);
+  return true;
+}
+
+}  // namespace
+
+std::unique_ptr<RunCgroup> RunCgroup::create(const std::string& name, std::string* why_not) {
+  auto fail = [&](std::string why) -> std::unique_ptr<RunCgroup> {
+    if (why_not) *why_not = std::move(why);
+    return nullptr;
+  };
+  std::string mount = cgroup2Mount();
+  if (mount.empty()) return fail("no cgroup v2 hierarchy is mounted");
+  std::string own = ownCgroup();
+  if (own.empty()) return fail("this process is in no cgroup v2");
+  std::string dir = mount + (own == "/" ? "" : own) + "/" + name;
+  if (mkdir(dir.c_str(), 0755) != 0)
+    return fail("cannot create " + dir + ": " + strerror(errno));
+  int fd = open((dir + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) {
+    std::string why = "cannot open " + dir + "/cgroup.procs: " + strerror(errno);
+    rmdir(dir.c_str());
+    return fail(why);
+  }
+  return std::unique_ptr<RunCgroup>(new RunCgroup(dir, fd));
+}
+
+RunCgroup::~RunCgroup() {
+  if (procs_fd_ >= 0) close(procs_fd_);
+  // Members are SIGKILLed and reaped by the agent before this; allow the kernel a moment to
+  // finish tearing them down (rmdir fails with EBUSY while any is left).
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (rmdir(path_.c_str()) != 0 && errno == EBUSY &&
+         std::chrono::steady_clock::now() < deadline) {
+    killAll();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+std::vector<pid_t> RunCgroup::members() const {
+  std::vector<pid_t> out;
+  std::ifstream in(path_ + "/cgroup.procs");
+  for (pid_t p; in >> p;) out.push_back(p);
+  return out;
+}
+
+int RunCgroup::killAll() {
+  int n = static_cast<int>(members().size());
+  if (n > 0) killCgroup(path_);
+  return n;
+}
+
+int killCgroup(const std::string& path) {
+  if (writeFile(path + "/cgroup.kill", "1")) return 0;
+  // Kernels before 5.14: one by one; members forking meanwhile are caught by the next round.
+  int killed = 0;
+  for (int round = 0; round < 3; ++round) {
+    std::ifstream in(path + "/cgroup.procs");
+    bool any = false;
+    for (pid_t p; in >> p;) {
+      any = true;
+      if (kill(p, SIGKILL) == 0) ++killed;
+    }
+    if (!any) break;
+  }
+  return killed;
+}
+
+std::vector<pid_t> childrenOf(pid_t parent) {
+  std::vector<pid_t> out;
+  DIR* d = opendir("/proc");
+  if (!d) return out;
+  std::vector<std::string> f;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+    pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
+    // Fields after the name: state, ppid, ...
+    if (!statFields(pid, f) || f.size() < 2) continue;
+    if (f[0] == "Z" || f[0] == "X") continue;
+    if (std::atoi(f[1].c_str()) == parent) out.push_back(pid);
+  }
+  closedir(d);
+  return out;
+}
+
+unsigned long long processStartTime(pid_t pid) {
+  std::vector<std::string> f;
+  // starttime is field 22 of stat; the first field after the name is field 3.
+  if (!statFields(pid, f) || f.size() < 20) return 0;
+  return std::strtoull(f[19].c_str(), nullptr, 10);
+}
+
+}  // namespace ddpl::launcher

@@ -1,0 +1,52 @@
+#pragma once
+// Keeping every process a run starts within reach, whatever it does (setsid, double forks, an
+// emptied environment). Two mechanisms:
+// - RunCgroup: a cgroup v2 of the run's own, joined by each worker between fork and exec; all
+//   descendants stay in it, and cgroup.kill ends them at once. Used where the machine has a
+//   writable cgroup v2 (a VM, a systemd user session with delegation, a privileged container).
+// - Without it: launch is the children's subreaper, so every orphaned descendant becomes its
+//   child; childrenOf() finds them for the final sweep and for the watchdog.
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ddpl::launcher {
+
+class RunCgroup {
+ public:
+  // Creates <cgroup2 mount>/<this process's cgroup>/<name>. Returns null and sets `why_not`
+  // when there is no writable cgroup v2 here.
+  static std::unique_ptr<RunCgroup> create(const std::string& name, std::string* why_not);
+  ~RunCgroup();  // kills what is left and removes the directory (bounded)
+  RunCgroup(const RunCgroup&) = delete;
+  RunCgroup& operator=(const RunCgroup&) = delete;
+
+  const std::string& path() const { return path_; }
+  // Open for writing, close-on-exec. A forked child joins with write(fd, "0", 1), which is
+  // async-signal-safe.
+  int procsFd() const { return procs_fd_; }
+  // SIGKILLs every member (cgroup.kill, or one by one on kernels before 5.14). Returns how
+  // many members there were.
+  int killAll();
+  std::vector<pid_t> members() const;
+
+ private:
+  explicit RunCgroup(std::string path, int procs_fd) : path_(std::move(path)), procs_fd_(procs_fd) {}
+  std::string path_;
+  int procs_fd_ = -1;
+};
+
+// Kills every member of the cgroup at `path` (cgroup.kill where the kernel has it). Usable in
+// the watchdog after fork: no allocation beyond the path string built before.
+int killCgroup(const std::string& path);
+
+// Live processes whose parent is `parent` (from /proc/<pid>/stat), zombies excluded.
+std::vector<pid_t> childrenOf(pid_t parent);
+
+// A process's start time in clock ticks since boot (/proc/<pid>/stat field 22), or 0 when it
+// is gone: pid plus start time names a process even after its pid is reused.
+unsigned long long processStartTime(pid_t pid);
+
+}  // namespace ddpl::launcher
