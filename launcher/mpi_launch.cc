@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "common/log.h"
+#include "common/parse.h"
 #include "launcher/cli.h"
 #include "launcher/ports.h"
 
@@ -20,8 +21,11 @@ namespace ddpl::launcher {
 namespace {
 
 std::optional<int> parseCount(const std::string& text) {
-  if (text.empty() || text.size() > 9 || !std::all_of(text.begin(), text.end(), ::isdigit)) return std::nullopt;
-  return std::stoi(text);
+  try {
+    return static_cast<int>(parseInteger("slots", text, 0, 1 << 24));
+  } catch (const InvalidArgument&) {
+    return std::nullopt;
+  }
 }
 
 bool isLocalName(const std::string& host) {
@@ -44,6 +48,15 @@ bool setsMapping(const std::vector<std::string>& args) {
     }
   }
   return false;
+}
+
+constexpr const char* kRanksPerHostEnv = "DDPL_MPI_RANKS_PER_HOST";
+
+// mpirun starts this same binary on every host as the per-rank shim.
+std::string launchBinaryPath() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
 }
 
 std::string randomRunId() {
@@ -200,11 +213,61 @@ std::vector<std::string> buildMpirunCommand(const MpiJob& job) {
   };
   // Every host runs the same number of ranks only under our own mapping.
   if (ourMapping) exported["LOCAL_WORLD_SIZE"] = std::to_string(*job.nproc_per_node);
+  // Ranks fill the hosts in order under our mapping and mpirun's default: the shim finds its
+  // node's index (GROUP_RANK) from these counts. A mapping of the user's own is not known.
+  if (!setsMapping(job.mpi_args)) {
+    std::string counts;
+    for (int r : ranks) counts += (counts.empty() ? "" : ",") + std::to_string(r);
+    exported[kRanksPerHostEnv] = counts;
+  }
   for (const auto& [k, v] : job.extra_env) exported[k] = v;
   for (const auto& [k, v] : exported) argv.insert(argv.end(), {"-x", k + "=" + v});
   argv.insert(argv.end(), job.mpi_args.begin(), job.mpi_args.end());
+  if (!job.shim.empty()) argv.insert(argv.end(), {job.shim, kMpiRankShimFlag, "--"});
   argv.insert(argv.end(), job.command.begin(), job.command.end());
   return argv;
+}
+
+Environment torchrunEnvFromMpi(const Environment& env, const std::string& error_dir) {
+  auto need = [&](const char* name, int64_t min) {
+    auto it = env.find(name);
+    if (it == env.end())
+      throw UsageError(fmt::format("{} is not set: {} runs only as a rank started by OpenMPI's "
+                                   "mpirun (launch --launcher=mpi)",
+                                   name, kMpiRankShimFlag));
+    return parseInteger(name, it->second, min, 1 << 24);
+  };
+  const int64_t rank = need("OMPI_COMM_WORLD_RANK", 0);
+  const int64_t local_rank = need("OMPI_COMM_WORLD_LOCAL_RANK", 0);
+  const int64_t local_size = need("OMPI_COMM_WORLD_LOCAL_SIZE", 1);
+  Environment out = env;
+  auto setDefault = [&](const char* k, const std::string& v) { out.emplace(k, v); };
+  setDefault("RANK", std::to_string(rank));
+  setDefault("LOCAL_RANK", std::to_string(local_rank));
+  setDefault("ROLE_RANK", std::to_string(rank));
+  setDefault("LOCAL_WORLD_SIZE", std::to_string(local_size));
+  setDefault("ROLE_NAME", "default");
+  // The worker library would take RANK and WORLD_SIZE for a torchrun launch and bootstrap
+  // through MASTER_ADDR's TCPStore; under mpirun it bootstraps through MPI, as before the shim.
+  setDefault("DDPL_BOOTSTRAP", "mpi");
+  if (auto it = env.find(kRanksPerHostEnv); it != env.end() && !env.count("GROUP_RANK")) {
+    int64_t begin = 0, group = 0;
+    for (const auto& count : splitList(it->second, ',')) {
+      int64_t n = parseInteger(kRanksPerHostEnv, count, 0, 1 << 24);
+      if (rank < begin + n) {
+        out["GROUP_RANK"] = std::to_string(group);
+        break;
+      }
+      begin += n;
+      ++group;
+    }
+    if (!out.count("GROUP_RANK"))
+      throw UsageError(fmt::format("{}={} has no place for rank {}", kRanksPerHostEnv,
+                                   it->second, rank));
+  }
+  if (!env.count("TORCHELASTIC_ERROR_FILE"))
+    out["TORCHELASTIC_ERROR_FILE"] = fmt::format("{}/{}/error.json", error_dir, rank);
+  return out;
 }
 
 MpiJob planMpiJob(const LaunchOptions& o, const Environment& env, std::optional<int> nproc,
@@ -237,6 +300,7 @@ MpiJob planMpiJob(const LaunchOptions& o, const Environment& env, std::optional<
   job.as_root = ::geteuid() == 0;
   job.mpi_args = splitShellWords(o.mpi_args);
   job.command = resolveCommand(o, env);
+  job.shim = launchBinaryPath();
   for (const auto& arg : job.command) {
     if (arg.find("${local_rank}") != std::string::npos)
       throw UsageError("${local_rank} cannot be substituted under --launcher=mpi (mpirun starts every "

@@ -44,7 +44,12 @@ struct MpiJob {
   std::vector<std::string> mpi_args;  // passed through after ours
   Environment extra_env;              // exported as well (OMP_NUM_THREADS when we set it)
   std::vector<std::string> command;   // the program and its arguments
+  // This launch binary: each rank runs `SHIM --mpi-rank-shim -- PROGRAM ARGS`, which sets
+  // torchrun's per-rank variables from OpenMPI's and execs the program. Empty: no shim.
+  std::string shim;
 };
+
+inline constexpr const char* kMpiRankShimFlag = "--mpi-rank-shim";
 
 // The ranks each host gets, in hostfile order.
 std::vector<int> ranksPerHost(const MpiJob& job);
@@ -55,6 +60,13 @@ std::vector<int> ranksPerHost(const MpiJob& job);
 // mapping of their own. The per-job torchrun variables are exported to every rank with -x;
 // per-rank ones (RANK, LOCAL_RANK) are OpenMPI's OMPI_COMM_WORLD_RANK/_LOCAL_RANK.
 std::vector<std::string> buildMpirunCommand(const MpiJob& job);
+
+// Inside a rank (the shim): torchrun's per-rank variables from OpenMPI's OMPI_COMM_WORLD_*:
+// RANK, LOCAL_RANK, ROLE_RANK, LOCAL_WORLD_SIZE, GROUP_RANK (from the ranks per host that
+// launch exported, when the placement is known), ROLE_NAME and TORCHELASTIC_ERROR_FILE (under
+// `error_dir`/<rank>/ when not set). Variables already set are kept. Throws UsageError naming
+// a missing or malformed variable.
+Environment torchrunEnvFromMpi(const Environment& env, const std::string& error_dir);
 
 // Checks the options that apply to --launcher=mpi, reads the hostfile, resolves the program and
 // the rendezvous address. `nproc` is --nproc-per-node resolved, or unset when not given.

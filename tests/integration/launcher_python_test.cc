@@ -22,7 +22,7 @@ TEST(LaunchPython, FourRankGlooDdpScriptRunsUnchanged) {
   std::string checksum;
   for (int rank = 0; rank < 4; ++rank) {
     std::string tag = "[default" + std::to_string(rank) + "]:DDP OK rank=" + std::to_string(rank) +
-                      " world=4 checksum=";
+                      " world=4 local_rank=" + std::to_string(rank) + " group_rank=0 checksum=";
     auto pos = r.out.find(tag);
     ASSERT_NE(pos, std::string::npos) << r.out;
     std::string sum = r.out.substr(pos + tag.size(), r.out.find('\n', pos) - pos - tag.size());

@@ -121,6 +121,24 @@ TEST(MpiLaunch, PythonScriptRunsWithTheExportedEnvironment) {
   EXPECT_NE(r.out.find("python rank 1 local 1 of 2: sum 3"), std::string::npos) << r.all();
 }
 
+// A plain torchrun-style script (env:// init, reads RANK/LOCAL_RANK/GROUP_RANK, DDP over Gloo)
+// runs unchanged: launch's per-rank shim maps OpenMPI's variables to torchrun's.
+TEST(MpiLaunch, TorchrunStyleGlooDdpScriptRunsUnchanged) {
+  REQUIRE_MPIRUN();
+  auto o = options();
+  o.env["PYTHON_EXEC"] = DDPL_PYTHON;
+  o.unset_env.insert(o.unset_env.end(), {"GROUP_RANK", "ROLE_RANK", "ROLE_NAME",
+                                         "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_RUN_ID"});
+  const auto r = dt::run({kLaunch, "--launcher=mpi", "--nproc-per-node=2",
+                          std::string(DDPL_SOURCE_DIR) + "/tests/python/ddp_gloo.py"},
+                         o);
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_NE(r.out.find("DDP OK rank=0 world=2 local_rank=0 group_rank=0"), std::string::npos)
+      << r.all();
+  EXPECT_NE(r.out.find("DDP OK rank=1 world=2 local_rank=1 group_rank=0"), std::string::npos)
+      << r.all();
+}
+
 TEST(MpiFailure, RankExitingNonZeroEndsTheJobAndLeavesNoProcess) {
   REQUIRE_MPIRUN();
   const std::string dir = dt::makeTempDir("ddpl-mpi-fail");
@@ -178,10 +196,11 @@ TEST(MpiLaunch, DryRunPrintsTheMpirunCommand) {
   EXPECT_EQ(r.out,
             "mpirun " + root +
                 "--oversubscribe -np 8 --host node-a:4,node-b:2 --map-by ppr:4:node "
-                "-x GROUP_WORLD_SIZE=2 -x LOCAL_WORLD_SIZE=4 -x MASTER_ADDR=node-a -x MASTER_PORT=29611 "
+                "-x DDPL_MPI_RANKS_PER_HOST=4,4 -x GROUP_WORLD_SIZE=2 -x LOCAL_WORLD_SIZE=4 -x MASTER_ADDR=node-a -x MASTER_PORT=29611 "
                 "-x OMP_NUM_THREADS=1 -x ROLE_WORLD_SIZE=8 -x TORCHELASTIC_MAX_RESTARTS=0 "
                 "-x TORCHELASTIC_RESTART_COUNT=0 -x TORCHELASTIC_RUN_ID=job7 -x TORCHELASTIC_USE_AGENT_STORE=False "
-                "-x WORLD_SIZE=8 --bind-to core -x NCCL_DEBUG=INFO /bin/echo 'a b'\n");
+                "-x WORLD_SIZE=8 --bind-to core -x NCCL_DEBUG=INFO " + kLaunch +
+                " --mpi-rank-shim -- /bin/echo 'a b'\n");
 }
 
 TEST(MpiLaunch, HostfileErrorNamesTheLine) {

@@ -13,7 +13,15 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
+# Every variable torchrun gives a worker; a launcher that runs this script unchanged gives them all.
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                      "ROLE_RANK", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
+                      "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_RUN_ID")
+
+
 def main():
+    missing = [name for name in TORCHRUN_VARIABLES if name not in os.environ]
+    assert not missing, f"not set, though torchrun sets them: {missing}"
     dist.init_process_group("gloo")  # env:// from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
     rank, world = dist.get_rank(), dist.get_world_size()
     assert world == int(os.environ["WORLD_SIZE"]), "WORLD_SIZE mismatch"
@@ -40,7 +48,8 @@ def main():
     dist.all_gather(gathered, flat)
     for r, other in enumerate(gathered):
         assert torch.equal(other, flat), f"rank {r} parameters differ from rank {rank}'s"
-    print(f"DDP OK rank={rank} world={world} checksum={flat.sum().item():.6f}", flush=True)
+    print(f"DDP OK rank={rank} world={world} local_rank={os.environ['LOCAL_RANK']} "
+          f"group_rank={os.environ['GROUP_RANK']} checksum={flat.sum().item():.6f}", flush=True)
     dist.destroy_process_group()
 
 

@@ -78,10 +78,17 @@ TEST(MpiCommand, OneHostGetsItsRanksAsSlotsAndEveryPerJobVariable) {
   auto j = job();
   j.nproc_per_node = 3;
   EXPECT_EQ(joined(dl::buildMpirunCommand(j)),
-            "mpirun -np 3 --host localhost:3 --map-by ppr:3:node -x GROUP_WORLD_SIZE=1 -x LOCAL_WORLD_SIZE=3 "
+            "mpirun -np 3 --host localhost:3 --map-by ppr:3:node -x DDPL_MPI_RANKS_PER_HOST=3 "
+            "-x GROUP_WORLD_SIZE=1 -x LOCAL_WORLD_SIZE=3 "
             "-x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29555 -x ROLE_WORLD_SIZE=3 -x TORCHELASTIC_MAX_RESTARTS=0 "
             "-x TORCHELASTIC_RESTART_COUNT=0 -x TORCHELASTIC_RUN_ID=r1 -x TORCHELASTIC_USE_AGENT_STORE=False "
             "-x WORLD_SIZE=3 /bin/prog --lr 0.1");
+  // With the shim, each rank starts as `launch --mpi-rank-shim -- PROGRAM` (torchrun's
+  // per-rank variables), the program's own arguments untouched.
+  j.shim = "/opt/bin/launch";
+  EXPECT_NE(joined(dl::buildMpirunCommand(j))
+                .find("-x WORLD_SIZE=3 /opt/bin/launch --mpi-rank-shim -- /bin/prog --lr 0.1"),
+            std::string::npos);
 }
 
 TEST(MpiCommand, RootAndTooFewSlotsAddTheirFlags) {
@@ -100,7 +107,10 @@ TEST(MpiCommand, WithoutNprocEachHostRunsItsSlots) {
   auto j = job();
   j.hosts = {{"a", 4, std::nullopt, 1}, {"b", std::nullopt, std::nullopt, 2}};
   const std::string cmd = joined(dl::buildMpirunCommand(j));
-  EXPECT_NE(cmd.find("mpirun -np 5 --host a:4,b:1 -x GROUP_WORLD_SIZE=2 "), std::string::npos) << cmd;
+  EXPECT_NE(cmd.find("mpirun -np 5 --host a:4,b:1 -x DDPL_MPI_RANKS_PER_HOST=4,1 "
+                     "-x GROUP_WORLD_SIZE=2 "),
+            std::string::npos)
+      << cmd;
   EXPECT_EQ(cmd.find("--map-by"), std::string::npos) << cmd;
   EXPECT_EQ(cmd.find("LOCAL_WORLD_SIZE"), std::string::npos) << cmd;  // hosts differ
   EXPECT_NE(cmd.find("-x WORLD_SIZE=5 "), std::string::npos) << cmd;
@@ -114,6 +124,7 @@ TEST(MpiCommand, PassThroughArgsComeLastAndTheirMappingWins) {
   const std::string cmd = joined(dl::buildMpirunCommand(j));
   EXPECT_EQ(cmd.find("ppr:"), std::string::npos) << cmd;
   EXPECT_EQ(cmd.find("LOCAL_WORLD_SIZE"), std::string::npos) << cmd;
+  EXPECT_EQ(cmd.find("DDPL_MPI_RANKS_PER_HOST"), std::string::npos) << cmd;  // their placement
   EXPECT_NE(cmd.find("-x OMP_NUM_THREADS=1 "), std::string::npos) << cmd;
   EXPECT_NE(cmd.find("-x WORLD_SIZE=2 --map-by numa --bind-to core -x NCCL_DEBUG /bin/prog --lr 0.1"),
             std::string::npos)
@@ -159,3 +170,37 @@ TEST(MpiCli, LauncherFlagsParseAndNeedTheMpiLauncher) {
 }
 
 }  // namespace
+
+TEST(MpiRankShim, TorchrunVariablesFromOpenMpis) {
+  dl::Environment env = {{"OMPI_COMM_WORLD_RANK", "5"},
+                         {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                         {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                         {"DDPL_MPI_RANKS_PER_HOST", "4,2,2"},
+                         {"PATH", "/bin"}};
+  auto out = dl::torchrunEnvFromMpi(env, "/tmp/errs");
+  EXPECT_EQ(out["RANK"], "5");
+  EXPECT_EQ(out["LOCAL_RANK"], "1");
+  EXPECT_EQ(out["ROLE_RANK"], "5");
+  EXPECT_EQ(out["LOCAL_WORLD_SIZE"], "2");
+  EXPECT_EQ(out["GROUP_RANK"], "1");  // ranks 0-3 on host 0, 4-5 on host 1
+  EXPECT_EQ(out["ROLE_NAME"], "default");
+  EXPECT_EQ(out["TORCHELASTIC_ERROR_FILE"], "/tmp/errs/5/error.json");
+  EXPECT_EQ(out["PATH"], "/bin");
+  EXPECT_EQ(out["DDPL_BOOTSTRAP"], "mpi");
+  // What the user set is kept; without the counts there is no GROUP_RANK to guess.
+  env["LOCAL_WORLD_SIZE"] = "3";
+  env.erase("DDPL_MPI_RANKS_PER_HOST");
+  out = dl::torchrunEnvFromMpi(env, "/tmp/errs");
+  EXPECT_EQ(out["LOCAL_WORLD_SIZE"], "3");
+  EXPECT_EQ(out.count("GROUP_RANK"), 0u);
+  env.erase("OMPI_COMM_WORLD_RANK");
+  try {
+    dl::torchrunEnvFromMpi(env, "/tmp/errs");
+    ADD_FAILURE() << "no error without OMPI_COMM_WORLD_RANK";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("OMPI_COMM_WORLD_RANK is not set"), std::string::npos);
+  }
+  env["OMPI_COMM_WORLD_RANK"] = "9";
+  env["DDPL_MPI_RANKS_PER_HOST"] = "4,2";
+  EXPECT_THROW(dl::torchrunEnvFromMpi(env, "/tmp/errs"), std::exception);
+}
