@@ -415,6 +415,14 @@ struct Agent::Impl {
           startGroup();
           break;
         case Action::Kind::kRecordFailure: {
+          if (!rdzv.roundStillCurrent()) {
+            log::warn("the worker group failed after this node's round {} had ended (evicted "
+                      "while stopped or unreachable?): re-joining as a newcomer; this uses no "
+                      "restart",
+                      world.round);
+            execute(sup.onFailureOutlivedRound());
+            break;
+          }
           int count;
           try {
             count = rdzv.recordFailure(failureSummary());

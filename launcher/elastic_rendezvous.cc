@@ -114,6 +114,27 @@ class ElasticRendezvous : public RendezvousHandler {
     });
   }
 
+  bool roundStillCurrent() override {
+    std::optional<rdzv::RoundAssignment> current;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      current = current_;
+    }
+    if (!current) return true;
+    if (watch_ && watch_->changed()) return false;
+    try {
+      client_->heartbeat(*current);  // the server's word: throws when the round has ended
+      return true;
+    } catch (const StoreError& e) {
+      log::warn("round {} is over for this node: {}", current->round, e.what());
+      return false;
+    } catch (const std::exception& e) {
+      log::debug("cannot tell whether round {} is current ({}): counting the failure",
+                 current->round, e.what());
+      return true;
+    }
+  }
+
   int recordFailure(const std::string& summary) override {
     int n = static_cast<int>(store_->add("failures", 1));
     store_->set("last_failure", rdzv::toBytes(summary));

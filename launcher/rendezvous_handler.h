@@ -39,6 +39,12 @@ class RendezvousHandler {
   // valid: a node died, left or wants in. Set once, before the first startRendezvous.
   virtual void setRoundEndedCallback(RoundEnded ended) = 0;
 
+  // Whether this node is still a member of the round of the last assigned world. Asked before a
+  // worker failure is counted: a node that was evicted meanwhile (stopped past the heartbeat
+  // window, then continued) sees its workers die of the re-formed group, which is a membership
+  // change, not a failure of the job. Bounded; true when it cannot be told.
+  virtual bool roundStillCurrent() = 0;
+
   // Publishes that this node's worker group failed (`summary`: the root cause, for the other
   // nodes' reports) and returns the job-wide failure count including this one. Bounded.
   virtual int recordFailure(const std::string& summary) = 0;

@@ -68,6 +68,15 @@ std::vector<Action> Supervisor::onMembershipChange() {
   return {{Action::Kind::kTerminateAll, SIGTERM}, {Action::Kind::kArmShutdownTimer, 0}};
 }
 
+std::vector<Action> Supervisor::onFailureOutlivedRound() {
+  if (phase_ != Phase::kRecording) return {};
+  phase_ = Phase::kRendezvous;
+  reason_ = StopReason::kMembershipChange;
+  // The exits were the round's end, not failures: none may become a root cause later.
+  for (auto& f : failures_.back()) f.stopped_by_us = true;
+  return {{Action::Kind::kStartRendezvous, 0}};
+}
+
 std::vector<Action> Supervisor::onFailureRecorded(int job_restarts) {
   if (phase_ != Phase::kRecording) return {};
   if (job_restarts > config_.max_restarts) {

@@ -67,6 +67,9 @@ class Supervisor {
   // The round this node runs in ended (a node died, left, or waits to join): stop and re-join
   // without consuming a restart.
   std::vector<Action> onMembershipChange();
+  // Instead of publishing the failure: this node's round had already ended (it was evicted),
+  // so the workers died of the membership change. Re-join without using a restart.
+  std::vector<Action> onFailureOutlivedRound();
   // The job-wide failure count after this node's failure was published.
   std::vector<Action> onFailureRecorded(int job_restarts);
   std::vector<Action> onWorkerExit(int local_rank, int pid, ExitStatus status, double unix_time);

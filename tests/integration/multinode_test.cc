@@ -2,6 +2,8 @@
 // real Gloo job (PyTorch, one worker per agent to keep two cores busy but not drowned).
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+
+#include <thread>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -82,6 +84,40 @@ TEST_F(MultiNode, ThreeNodesFormOneWorldAndFinish) {
     EXPECT_NE(all.find("done rank=" + std::to_string(rank) + " world=3 step=40"), std::string::npos)
         << all;
   EXPECT_EQ(count(all, "hosted by this agent"), 1) << all;
+}
+
+// A node stopped (SIGSTOP) past the heartbeat window is evicted; its worker dies when the
+// others re-form. Continued, it must re-join as a newcomer: no node uses a restart (there are
+// none to use here) and the job finishes on all three.
+TEST_F(MultiNode, StoppedNodeEvictedThenContinuedRejoinsWithoutARestart) {
+  env_.env["TOTAL_STEPS"] = "150";
+  const std::vector<std::string> extra = {"--rdzv-conf=heartbeat_timeout=3", "--max-restarts=0"};
+  auto a0 = agent("2:3", kElastic, extra);
+  ASSERT_TRUE(eventually([&] {
+    return a0->outputSoFar().find("hosted by this agent") != std::string::npos;
+  }, 30s)) << a0->outputSoFar();
+  auto a1 = agent("2:3", kElastic, extra);
+  auto a2 = agent("2:3", kElastic, extra);
+  ASSERT_TRUE(eventually([&] { return stepOf(ckpt_) >= 5; }, 120s)) << a0->outputSoFar();
+  kill(a2->pid(), SIGSTOP);
+  // Stopped until the other two train again without it: by then its worker has died of the
+  // re-formed group, and the agent finds that exit before anything else when it continues.
+  bool reformed = eventually([&] {
+    std::string out = a0->outputSoFar();
+    return out.find("evicted") != std::string::npos && out.find("start rank=0 world=2") != std::string::npos;
+  }, 60s);
+  std::this_thread::sleep_for(1s);
+  kill(a2->pid(), SIGCONT);
+  ASSERT_TRUE(reformed) << a0->outputSoFar();
+  auto r0 = a0->wait(180s), r1 = a1->wait(180s), r2 = a2->wait(180s);
+  EXPECT_EQ(r0.exit_code, 0) << r0.all();
+  EXPECT_EQ(r1.exit_code, 0) << r1.all();
+  EXPECT_EQ(r2.exit_code, 0) << r2.all();
+  std::string all = r0.all() + r1.all() + r2.all();
+  EXPECT_EQ(all.find("restarting the worker group"), std::string::npos) << all;
+  EXPECT_EQ(all.find("elastic_gloo.py FAILED"), std::string::npos) << all;
+  EXPECT_EQ(count(all, "done rank="), 3) << all;
+  EXPECT_EQ(count(all, "world=3 step=150"), 3) << all;
 }
 
 TEST_F(MultiNode, SigkillOfOneAgentTheOthersReformAndFinish) {

@@ -95,6 +95,23 @@ TEST(Supervisor, MembershipChangeRejoinsWithoutUsingARestart) {
   EXPECT_EQ(s.restartCount(), 0);
 }
 
+// A node evicted while stopped (SIGSTOP past the heartbeat window) finds its workers dead of
+// the re-formed group when it continues: re-join, no restart used, and no root cause left.
+TEST(Supervisor, FailureAfterTheRoundEndedRejoinsWithoutUsingARestart) {
+  auto s = make(2, 0);
+  startRunning(s);
+  EXPECT_EQ(s.onWorkerExit(0, 100, {false, 1}, 1),
+            (Actions{{K::kTerminateAll, SIGTERM}, {K::kArmShutdownTimer, 0}}));
+  EXPECT_EQ(s.onWorkerExit(1, 101, {true, SIGTERM}, 1), (Actions{{K::kRecordFailure, 0}}));
+  EXPECT_EQ(s.onFailureOutlivedRound(), (Actions{{K::kStartRendezvous, 0}}));
+  EXPECT_EQ(s.rootCause(), nullptr);
+  EXPECT_EQ(s.onRendezvousComplete(0), (Actions{{K::kStartGroup, 0}}));
+  EXPECT_EQ(s.restartCount(), 0);
+  // Only from the recording phase.
+  EXPECT_TRUE(s.onFailureOutlivedRound().empty());
+  EXPECT_EQ(s.phase(), Phase::kRunning);
+}
+
 TEST(Supervisor, MembershipChangeIgnoredOutsideRunning) {
   auto s = make(1, 0);
   s.start();
