@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/signalfd.h>
 #include <sys/time.h>
 #include <sys/timerfd.h>
@@ -82,6 +83,7 @@ struct Agent::Impl {
   RendezvousHandler& rdzv;
   Supervisor sup;
   OutputRouter router;
+  std::optional<winsize> console_size;  // set when the console is a terminal (live mode)
   std::unique_ptr<RunCgroup> cgroup;  // null where the machine gives no writable cgroup v2
   Watchdog watchdog;
   int epfd = -1, sigfd = -1, timerfd = -1, wakefd = -1;
@@ -117,6 +119,7 @@ struct Agent::Impl {
         rdzv(r),
         sup(Supervisor::Config{cfg.nproc, cfg.options.max_restarts, stopSignals(cfg.options)}),
         router(consoleOptions(cfg.options)),
+        console_size(terminalSize()),
         cgroup(makeCgroup(cfg)),
         watchdog(cfg.run_id + "-" + std::to_string(getpid()), cgroup ? cgroup->path() : "") {
     if (cfg.options.log_dir.empty()) {
@@ -251,6 +254,13 @@ struct Agent::Impl {
     for (pid_t p : strayChildren()) kill(p, SIGKILL);
   }
 
+  static std::optional<winsize> terminalSize() {
+    winsize ws{};
+    if (!isatty(STDOUT_FILENO) || !isatty(STDERR_FILENO)) return std::nullopt;
+    if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) != 0 || ws.ws_col == 0) ws = {24, 80, 0, 0};
+    return ws;
+  }
+
   static ConsoleOptions consoleOptions(const LaunchOptions& o) {
     ConsoleOptions c;
     c.out = STDOUT_FILENO;
@@ -331,27 +341,40 @@ struct Agent::Impl {
       for (const auto& [k, v] : world.worker_env) extra[k] = v;
       extra[kMarkerEnv] = watchdog.marker();
       auto env = buildWorkerEnv(cfg.base_env, world, ctx, extra);
-      SpawnPlacement placement;
-      placement.cgroup_procs_fd = cgroup ? cgroup->procsFd() : -1;
+      StreamSelection redirect = cfg.options.redirects.forRank(lr);
+      StreamSelection tee = cfg.options.tee.forRank(lr);
+      const auto& filter = cfg.options.local_ranks_filter;
+      bool shown = filter.empty() || std::find(filter.begin(), filter.end(), lr) != filter.end();
+      bool out_console = shown && !(redirect.stdout_ && !tee.stdout_);
+      bool err_console = shown && !(redirect.stderr_ && !tee.stderr_);
+
+      SpawnOptions so;
+      so.cgroup_procs_fd = cgroup ? cgroup->procsFd() : -1;
       if (lr < static_cast<int>(cfg.numa.size())) {
-        placement.cpus = cfg.numa[lr].cpus;
-        placement.mem_nodes = cfg.numa[lr].mem_nodes;
+        so.cpus = cfg.numa[lr].cpus;
+        so.mem_nodes = cfg.numa[lr].mem_nodes;
       }
-      SpawnedProcess p =
-          spawnProcess(substituteLocalRank(cfg.command, lr), toEnvp(env), placement);
+      // On a terminal console, the streams that reach it are terminals too (progress bars,
+      // colours and line buffering behave as under torchrun); narrower by the prefix.
+      if (console_size) {
+        so.stdout_terminal = out_console;
+        so.stderr_terminal = err_console;
+        std::string prefix = cfg.options.prefix_output
+                                 ? expandPrefix(cfg.options.log_line_prefix_template,
+                                                cfg.options.role, lr, w.global_rank)
+                                 : "";
+        so.columns = static_cast<unsigned short>(
+            std::max<int>(20, console_size->ws_col - static_cast<int>(prefix.size())));
+        so.rows = console_size->ws_row;
+      }
+      SpawnedProcess p = spawnProcess(substituteLocalRank(cfg.command, lr), toEnvp(env), so);
       w.pid = p.pid;
       w.alive = true;
       pgids.push_back(p.pid);
       watchdog.watchGroup(p.pid);
 
-      StreamSelection redirect = cfg.options.redirects.forRank(lr);
-      StreamSelection tee = cfg.options.tee.forRank(lr);
-      const auto& filter = cfg.options.local_ranks_filter;
-      bool shown = filter.empty() || std::find(filter.begin(), filter.end(), lr) != filter.end();
-      StreamRoute out{lr, w.global_rank, StreamKind::kStdout,
-                      shown && !(redirect.stdout_ && !tee.stdout_), -1};
-      StreamRoute err{lr, w.global_rank, StreamKind::kStderr,
-                      shown && !(redirect.stderr_ && !tee.stderr_), -1};
+      StreamRoute out{lr, w.global_rank, StreamKind::kStdout, out_console, -1};
+      StreamRoute err{lr, w.global_rank, StreamKind::kStderr, err_console, -1};
       if (redirect.stdout_ || tee.stdout_) out.file_fd = openLog(dir + "/stdout.log");
       if (redirect.stderr_ || tee.stderr_) err.file_fd = openLog(dir + "/stderr.log");
       router.add(p.stdout_fd, out);

@@ -5,10 +5,13 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sched.h>
+#include <sys/ioctl.h>
 #include <sys/syscall.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "common/errors.h"
@@ -16,15 +19,48 @@
 namespace ddpl::launcher {
 namespace {
 constexpr int kMpolBind = 2;  // <numaif.h>'s MPOL_BIND, without libnuma
+
+// fds[0]: what launch reads; fds[1]: what the worker writes to. Both close-on-exec here (dup2
+// gives the worker its own copy). A terminal passes output through untranslated (no OPOST:
+// '\n' stays '\n').
+bool openStream(bool terminal, int fds[2], const winsize& size) {
+  if (!terminal) return pipe2(fds, O_CLOEXEC) == 0;
+  int master = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+  if (master < 0) return false;
+  char name[128];
+  if (grantpt(master) != 0 || unlockpt(master) != 0 || ptsname_r(master, name, sizeof(name)) != 0) {
+    close(master);
+    return false;
+  }
+  int slave = open(name, O_RDWR | O_NOCTTY | O_CLOEXEC);
+  if (slave < 0) {
+    close(master);
+    return false;
+  }
+  termios t{};
+  if (tcgetattr(slave, &t) == 0) {
+    t.c_oflag &= ~static_cast<tcflag_t>(OPOST);
+    t.c_lflag &= ~static_cast<tcflag_t>(ECHO);
+    tcsetattr(slave, TCSANOW, &t);
+  }
+  ioctl(slave, TIOCSWINSZ, &size);
+  fds[0] = master;
+  fds[1] = slave;
+  return true;
+}
 }  // namespace
 
 void becomeSubreaper() { prctl(PR_SET_CHILD_SUBREAPER, 1); }
 
 SpawnedProcess spawnProcess(const std::vector<std::string>& argv,
                             const std::vector<std::string>& envp,
-                            const SpawnPlacement& placement) {
+                            const SpawnOptions& options) {
   int out[2], err[2], status[2];
-  if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0 || pipe2(status, O_CLOEXEC) != 0)
+  winsize size{};
+  size.ws_col = options.columns;
+  size.ws_row = options.rows;
+  if (!openStream(options.stdout_terminal, out, size) ||
+      !openStream(options.stderr_terminal, err, size) || pipe2(status, O_CLOEXEC) != 0)
     throw Error(std::string("cannot create pipes for a worker: ") + std::strerror(errno));
 
   // Everything the child touches is prepared before fork: after fork only async-signal-safe
@@ -37,11 +73,11 @@ SpawnedProcess spawnProcess(const std::vector<std::string>& argv,
   pid_t parent = getpid();
   cpu_set_t cpus;
   CPU_ZERO(&cpus);
-  for (int c : placement.cpus)
+  for (int c : options.cpus)
     if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &cpus);
   unsigned long nodemask[16] = {0};  // 1024 NUMA nodes
   const unsigned long kMaxNode = sizeof(nodemask) * 8;
-  for (int n : placement.mem_nodes)
+  for (int n : options.mem_nodes)
     if (n >= 0 && static_cast<unsigned long>(n) < kMaxNode)
       nodemask[n / (8 * sizeof(unsigned long))] |= 1UL << (n % (8 * sizeof(unsigned long)));
 
@@ -57,12 +93,12 @@ SpawnedProcess spawnProcess(const std::vector<std::string>& argv,
     // The launcher may have died between fork and prctl: then we were already reparented.
     if (getppid() != parent) _exit(127);
     // Into the run's cgroup before anything else can fork: every descendant stays there.
-    if (placement.cgroup_procs_fd >= 0) {
-      ssize_t ignored = write(placement.cgroup_procs_fd, "0", 1);
+    if (options.cgroup_procs_fd >= 0) {
+      ssize_t ignored = write(options.cgroup_procs_fd, "0", 1);
       (void)ignored;
     }
-    if (!placement.cpus.empty()) sched_setaffinity(0, sizeof(cpus), &cpus);
-    if (!placement.mem_nodes.empty())
+    if (!options.cpus.empty()) sched_setaffinity(0, sizeof(cpus), &cpus);
+    if (!options.mem_nodes.empty())
       syscall(SYS_set_mempolicy, kMpolBind, nodemask, kMaxNode + 1);
     sigset_t none;
     sigemptyset(&none);

@@ -10,23 +10,28 @@ namespace ddpl::launcher {
 
 struct SpawnedProcess {
   pid_t pid = -1;  // also the process group id
-  int stdout_fd = -1;
+  int stdout_fd = -1;  // read ends: a pipe, or a terminal's master side (EIO at its end)
   int stderr_fd = -1;
   int exec_status_fd = -1;  // closes on successful exec; carries errno when exec failed
 };
 
-// What the child does between fork and exec besides the defaults.
-struct SpawnPlacement {
+// What the child gets besides the defaults.
+struct SpawnOptions {
   int cgroup_procs_fd = -1;    // join that cgroup (RunCgroup::procsFd); -1: stay
   std::vector<int> cpus;       // bind to these CPUs; empty: inherit
   std::vector<int> mem_nodes;  // allocate memory on these NUMA nodes only; empty: default
+  // A pseudo-terminal instead of a pipe for the stream, of this many columns and rows (as
+  // torchrun's workers, which write to the console itself when it is a terminal, see one).
+  bool stdout_terminal = false;
+  bool stderr_terminal = false;
+  unsigned short columns = 80, rows = 24;
 };
 
 // argv[0] must be a path (resolveCommand gives one). Never throws after fork; a failed exec is
 // reported by awaitExec. Pipes are non-blocking and close-on-exec on the launcher's side.
 SpawnedProcess spawnProcess(const std::vector<std::string>& argv,
                             const std::vector<std::string>& envp,
-                            const SpawnPlacement& placement = {});
+                            const SpawnOptions& options = {});
 
 // Waits for the child's exec to succeed or fail (bounded: exec either happens or fails within
 // the child's first instructions). Returns 0 on success or the errno of the failed exec.

@@ -1,5 +1,8 @@
 // `launch` end to end: real launcher binary, real worker processes, on this machine.
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <termios.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -305,4 +308,77 @@ TEST(Launch, StandaloneHostsOurStoreForTheWorkers) {
   // Without --standalone, no store is started and none is advertised.
   r = launch({"--no-python", "sh", "-c", "echo store=${DDPL_STORE_ADDR:-none}"});
   EXPECT_NE(r.out.find("store=none"), std::string::npos) << r.out;
+}
+
+// On a terminal, a worker's carriage-return updates (a progress bar) appear as they happen,
+// not when the line ends; another rank's line scrolls above them whole; the worker sees a
+// terminal as under torchrun; the log file keeps the line's final state.
+TEST(LaunchTerminal, ProgressBarUpdatesShowLiveInAPty) {
+  std::string dir = makeTempDir("pty");
+  int master = posix_openpt(O_RDWR | O_NOCTTY);
+  ASSERT_GE(master, 0);
+  ASSERT_EQ(grantpt(master), 0);
+  ASSERT_EQ(unlockpt(master), 0);
+  std::string slave_name = ptsname(master);
+  std::string logs = dir + "/logs";
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    setsid();
+    int slave = open(slave_name.c_str(), O_RDWR);
+    termios t{};
+    tcgetattr(slave, &t);
+    t.c_oflag &= ~static_cast<tcflag_t>(OPOST);  // the bytes launch writes, untranslated
+    tcsetattr(slave, TCSANOW, &t);
+    dup2(slave, 0);
+    dup2(slave, 1);
+    dup2(slave, 2);
+    setenv("OUT_DIR", dir.c_str(), 1);
+    execl(kLaunch.c_str(), kLaunch.c_str(), "--nproc-per-node=2", "--tee=3", "--log-dir",
+          logs.c_str(), "--rdzv-id=bar", prog("progress_bar.sh").c_str(), nullptr);
+    _exit(127);
+  }
+  fcntl(master, F_SETFL, O_NONBLOCK);
+  std::string screen;
+  auto pump = [&] {
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(master, buf, sizeof(buf))) > 0) screen.append(buf, static_cast<size_t>(n));
+    return screen;
+  };
+  auto shows = [&](const std::string& text) {
+    return eventually([&] { return pump().find(text) != std::string::npos; }, 20s);
+  };
+  EXPECT_TRUE(shows("[default0]:progress 1/3")) << screen;  // before any newline
+  std::ofstream(dir + "/go.1") << "";
+  EXPECT_TRUE(shows("[default1]:rank 1 says hello\n")) << screen;
+  EXPECT_TRUE(eventually([&] { return fs::exists(dir + "/said.1"); }, 20s));
+  EXPECT_TRUE(shows("[default0]:progress 2/3")) << screen;
+  std::ofstream(dir + "/go.2") << "";
+  EXPECT_TRUE(shows("[default0]:progress 3/3\n")) << screen;
+  int status = 0;
+  for (int i = 0; i < 1000 && waitpid(pid, &status, WNOHANG) == 0; ++i) {
+    pump();
+    usleep(20000);
+  }
+  pump();
+  close(master);
+  ASSERT_TRUE(WIFEXITED(status)) << screen;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << screen;
+  EXPECT_NE(screen.find("[default0]:stdout is a terminal"), std::string::npos) << screen;
+  // The other rank's line was never cut by the bar: it starts on a cleared line and ends whole.
+  EXPECT_NE(screen.find("\r\x1b[K[default1]:rank 1 says hello\n"), std::string::npos) << screen;
+  EXPECT_EQ(readFile(logs + "/bar/attempt_0/0/stdout.log"), "stdout is a terminal\nprogress 3/3\n");
+}
+
+TEST(LaunchTerminal, OffATerminalWorkersGetPipesAndFinalLines) {
+  std::string dir = makeTempDir("nopty");
+  for (const char* go : {"/go.1", "/go.2"}) std::ofstream(dir + go) << "";
+  RunOptions o;
+  o.env = {{"OUT_DIR", dir}};
+  auto r = launch({"--nproc-per-node=2", prog("progress_bar.sh")}, o);
+  EXPECT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_NE(r.out.find("[default0]:stdout is a pipe\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[default0]:progress 3/3\n"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("progress 1/3"), std::string::npos) << r.out;
 }
