@@ -17,6 +17,7 @@
 #include <string>
 
 #include "bench/ddp_resnet_model.h"
+#include "common/parse.h"
 #include "worker/ddp.h"
 #include "worker/error_report.h"
 #include "worker/session.h"
@@ -28,19 +29,40 @@ int main(int argc, char** argv) {
   bool comm = true, bcast = true, phases = false, probe = false;
   size_t firstBucketKb = 0, bucketKb = 0;
   bool overlapBuffers = true;
+  auto value = [](const std::string& a, int64_t lo, int64_t hi) {
+    auto eq = a.find('=');
+    return ddpl::parseInteger(a.substr(0, eq), a.substr(eq + 1), lo, hi);
+  };
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--no-comm") comm = false;
-    else if (a == "--no-broadcast") bcast = false;
-    else if (a == "--phases") phases = true;
-    else if (a == "--probe") probe = true;
-    else if (a == "--sync-buffers-before-forward") overlapBuffers = false;
-    else if (a.rfind("--first-bucket-kb=", 0) == 0) firstBucketKb = std::stoul(a.substr(18));
-    else if (a.rfind("--bucket-kb=", 0) == 0) bucketKb = std::stoul(a.substr(12));
-    else if (a.rfind("--steps=", 0) == 0) steps = std::stoi(a.substr(8));
-    else if (a.rfind("--batch=", 0) == 0) batch = std::stoi(a.substr(8));
-    else {
-      std::fprintf(stderr, "ddp_bench: unknown flag '%s' (see the comment at the top of bench/ddp_bench.cc)\n", a.c_str());
+    try {
+      if (a == "--no-comm")
+        comm = false;
+      else if (a == "--no-broadcast")
+        bcast = false;
+      else if (a == "--phases")
+        phases = true;
+      else if (a == "--probe")
+        probe = true;
+      else if (a == "--sync-buffers-before-forward")
+        overlapBuffers = false;
+      else if (a.rfind("--first-bucket-kb=", 0) == 0)
+        firstBucketKb = value(a, 1, 1 << 20);
+      else if (a.rfind("--bucket-kb=", 0) == 0)
+        bucketKb = value(a, 1, 1 << 20);
+      else if (a.rfind("--steps=", 0) == 0)
+        steps = static_cast<int>(value(a, 1, 1'000'000));
+      else if (a.rfind("--batch=", 0) == 0)
+        batch = static_cast<int>(value(a, 1, 1'000'000));
+      else {
+        std::fprintf(
+            stderr,
+            "ddp_bench: unknown flag '%s' (see the comment at the top of bench/ddp_bench.cc)\n",
+            a.c_str());
+        return 2;
+      }
+    } catch (const ddpl::InvalidArgument& e) {
+      std::fprintf(stderr, "ddp_bench: %s\n", e.what());
       return 2;
     }
   }

@@ -7,12 +7,20 @@
 #include <cstdlib>
 #include <vector>
 
+#include "common/parse.h"
+
 int main(int argc, char** argv) {
   if (argc < 3) {
     fprintf(stderr, "usage: spawn_floor N PROGRAM [ARGS...]\n");
     return 2;
   }
-  int n = atoi(argv[1]);
+  int n;
+  try {
+    n = static_cast<int>(ddpl::parseInteger("N", argv[1], 1, 100000));
+  } catch (const ddpl::InvalidArgument& e) {
+    fprintf(stderr, "spawn_floor: %s\n", e.what());
+    return 2;
+  }
   std::vector<pid_t> pids;
   for (int i = 0; i < n; ++i) {
     pid_t pid = fork();

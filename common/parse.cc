@@ -27,9 +27,8 @@ int64_t parseInteger(std::string_view source, std::string_view text, int64_t min
   bool whole = !t.empty() && ec == std::errc() && end == t.data() + t.size();
   if (whole && n >= min && n <= max) return n;
   if (ec == std::errc::result_out_of_range || (whole && (n < min || n > max)))
-    throw InvalidArgument(
-        fmt::format("{}: {} is out of range: use a whole number from {} to {}", source, text, min,
-                    max));
+    throw InvalidArgument(fmt::format("{}: {} is out of range: use a whole number from {} to {}",
+                                      source, text, min, max));
   throw InvalidArgument(
       fmt::format("{}: '{}' is not a whole number (expected {} to {})", source, text, min, max));
 }
@@ -40,7 +39,9 @@ double parseNumber(std::string_view source, std::string_view text, double min, d
   errno = 0;
   double d = s.empty() ? 0 : std::strtod(s.c_str(), &end);
   bool whole = !s.empty() && end == s.c_str() + s.size() && !std::isspace((unsigned char)s[0]);
-  if (whole && errno == 0 && std::isfinite(d) && d >= min && d <= max) return d;
+  bool overflow = whole && errno == ERANGE && !std::isfinite(d);
+  if (whole && !overflow && !std::isfinite(d)) whole = false;  // nan, inf: not numbers here
+  if (whole && !overflow && d >= min && d <= max) return d;
   if (whole)
     throw InvalidArgument(
         fmt::format("{}: {} is out of range: use a number from {} to {}", source, text, min, max));
@@ -53,9 +54,8 @@ bool parseBool(std::string_view source, std::string_view text) {
   std::transform(l.begin(), l.end(), l.begin(), [](unsigned char c) { return std::tolower(c); });
   if (l == "1" || l == "true" || l == "yes" || l == "on") return true;
   if (l == "0" || l == "false" || l == "no" || l == "off" || l.empty()) return false;
-  throw InvalidArgument(
-      fmt::format("{}: '{}' is not a boolean (use 1/0, true/false, yes/no or on/off)", source,
-                  text));
+  throw InvalidArgument(fmt::format(
+      "{}: '{}' is not a boolean (use 1/0, true/false, yes/no or on/off)", source, text));
 }
 
 int parsePort(std::string_view source, std::string_view text, bool allow_zero) {
@@ -71,8 +71,8 @@ HostPort parseHostPort(std::string_view source, std::string_view text, int defau
   if (!t.empty() && t.front() == '[') {
     auto close = t.find(']');
     if (close == std::string_view::npos)
-      throw InvalidArgument(fmt::format("{}: '{}' has '[' without ']' (use [IPv6]:PORT)", source,
-                                        text));
+      throw InvalidArgument(
+          fmt::format("{}: '{}' has '[' without ']' (use [IPv6]:PORT)", source, text));
     hp.host = std::string(t.substr(1, close - 1));
     std::string_view rest = t.substr(close + 1);
     if (!rest.empty()) {
@@ -110,7 +110,8 @@ std::vector<std::string> splitList(std::string_view text, char sep) {
   size_t start = 0;
   while (true) {
     size_t end = text.find(sep, start);
-    out.emplace_back(trimmed(text.substr(start, end == std::string_view::npos ? end : end - start)));
+    out.emplace_back(
+        trimmed(text.substr(start, end == std::string_view::npos ? end : end - start)));
     if (end == std::string_view::npos) break;
     start = end + 1;
   }

@@ -19,8 +19,8 @@
 #include <map>
 #include <mutex>
 #include <set>
-#include <variant>
 #include <thread>
+#include <variant>
 
 #include "common/errors.h"
 #include "common/log.h"
@@ -84,7 +84,7 @@ struct Agent::Impl {
   Supervisor sup;
   OutputRouter router;
   std::optional<winsize> console_size;  // set when the console is a terminal (live mode)
-  std::unique_ptr<RunCgroup> cgroup;  // null where the machine gives no writable cgroup v2
+  std::unique_ptr<RunCgroup> cgroup;    // null where the machine gives no writable cgroup v2
   Watchdog watchdog;
   int epfd = -1, sigfd = -1, timerfd = -1, wakefd = -1;
   // Without a cgroup: a periodic look for orphaned descendants (our subreaper children), so
@@ -219,9 +219,10 @@ struct Agent::Impl {
     if (cg)
       log::debug("workers run in cgroup {}: nothing they start can outlive the run", cg->path());
     else
-      log::debug("no cgroup for this run ({}): processes that leave their group and their "
-                 "environment are found as launch's orphaned children instead",
-                 why);
+      log::debug(
+          "no cgroup for this run ({}): processes that leave their group and their "
+          "environment are found as launch's orphaned children instead",
+          why);
     return cg;
   }
 
@@ -439,10 +440,11 @@ struct Agent::Impl {
           break;
         case Action::Kind::kRecordFailure: {
           if (!rdzv.roundStillCurrent()) {
-            log::warn("the worker group failed after this node's round {} had ended (evicted "
-                      "while stopped or unreachable?): re-joining as a newcomer; this uses no "
-                      "restart",
-                      world.round);
+            log::warn(
+                "the worker group failed after this node's round {} had ended (evicted "
+                "while stopped or unreachable?): re-joining as a newcomer; this uses no "
+                "restart",
+                world.round);
             execute(sup.onFailureOutlivedRound());
             break;
           }

@@ -1,7 +1,5 @@
 #include "launcher/cli.h"
 
-#include "common/parse.h"
-
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -11,6 +9,8 @@
 #include <optional>
 #include <set>
 #include <sstream>
+
+#include "common/parse.h"
 
 namespace ddpl::launcher {
 namespace {
@@ -57,7 +57,6 @@ void parseNnodes(const std::string& flag, const std::string& v, LaunchOptions& o
                                  o.nnodes_min, o.nnodes_max, v));
 }
 
-
 StreamSelection selectionFromCode(const std::string& flag, const std::string& code) {
   int c = -1;
   if (code.size() == 1 && code[0] >= '0' && code[0] <= '3') c = code[0] - '0';
@@ -77,17 +76,31 @@ struct Flag {
 
 const std::vector<Flag>& flags() {
   static const std::vector<Flag> kFlags = {
-      {{"--nnodes"}, true, "N|MIN:MAX", "number of nodes, or elastic MIN:MAX (default 1:1)",
+      {{"--nnodes"},
+       true,
+       "N|MIN:MAX",
+       "number of nodes, or elastic MIN:MAX (default 1:1)",
        [](auto& f, auto& v, auto& o) { parseNnodes(f, v, o); }},
-      {{"--nproc-per-node"}, true, "N|gpu|cpu|auto",
+      {{"--nproc-per-node"},
+       true,
+       "N|gpu|cpu|auto",
        "workers per node: a number, the GPU count, the CPU count, or GPUs if any else CPUs "
        "(default 1)",
        [](auto& f, auto& v, auto& o) { o.nproc_per_node = parseNproc(f, v); }},
-      {{"--standalone"}, false, "", "single node with a local rendezvous on a free port",
+      {{"--standalone"},
+       false,
+       "",
+       "single node with a local rendezvous on a free port",
        [](auto& f, auto& v, auto& o) { o.standalone = parseBool(f, v); }},
-      {{"--node-rank"}, true, "N", "rank of this node for static rendezvous (default 0)",
+      {{"--node-rank"},
+       true,
+       "N",
+       "rank of this node for static rendezvous (default 0)",
        [](auto& f, auto& v, auto& o) { o.node_rank = parseInt(f, v, 0); }},
-      {{"--rdzv-backend"}, true, "NAME", "static, c10d or ddpl (default static)",
+      {{"--rdzv-backend"},
+       true,
+       "NAME",
+       "static, c10d or ddpl (default static)",
        [](auto& f, auto& v, auto& o) {
          if (v != "static" && v != "c10d" && v != "ddpl")
            throw UsageError(fmt::format(
@@ -95,39 +108,67 @@ const std::vector<Flag>& flags() {
                v));
          o.rdzv_backend = v;
        }},
-      {{"--rdzv-endpoint"}, true, "HOST[:PORT]",
+      {{"--rdzv-endpoint"},
+       true,
+       "HOST[:PORT]",
        "rendezvous service address (default port 29400; [IPv6]:PORT)",
        [](auto& f, auto& v, auto& o) {
          if (!trim(v).empty()) parseHostPort(f, v, kDefaultRdzvPort);  // checked here, once
          o.rdzv_endpoint = trim(v);
        }},
-      {{"--rdzv-id"}, true, "ID", "job id shared by every node (default: random)",
+      {{"--rdzv-id"},
+       true,
+       "ID",
+       "job id shared by every node (default: random)",
        [](auto&, auto& v, auto& o) { o.rdzv_id = v; }},
-      {{"--rdzv-conf"}, true, "K=V,...",
+      {{"--rdzv-conf"},
+       true,
+       "K=V,...",
        "join_timeout, last_call_timeout, read_timeout, is_host, heartbeat_timeout, "
        "exit_barrier_timeout (seconds), token_file, tls_ca_file",
        [](auto&, auto& v, auto& o) { o.rdzv_conf = parseRdzvConf(v, &o.warnings); }},
-      {{"--master-addr"}, true, "ADDR", "address of rank 0's store (default 127.0.0.1)",
+      {{"--master-addr"},
+       true,
+       "ADDR",
+       "address of rank 0's store (default 127.0.0.1)",
        [](auto& f, auto& v, auto& o) {
          if (v.empty()) throw UsageError(fmt::format("{}: empty address", f));
          o.master_addr = v;
        }},
-      {{"--master-port"}, true, "PORT", "port of rank 0's store (default: a free port)",
+      {{"--master-port"},
+       true,
+       "PORT",
+       "port of rank 0's store (default: a free port)",
        [](auto& f, auto& v, auto& o) {
          int p = parsePort(f, v, /*allow_zero=*/true);
-         if (p == 0) o.master_port.reset(); else o.master_port = p;
+         if (p == 0)
+           o.master_port.reset();
+         else
+           o.master_port = p;
        }},
-      {{"--local-addr"}, true, "ADDR", "address this node advertises",
+      {{"--local-addr"},
+       true,
+       "ADDR",
+       "address this node advertises",
        [](auto&, auto& v, auto& o) { o.local_addr = v; }},
-      {{"--max-restarts"}, true, "N", "group restarts allowed after a worker fails (default 0)",
+      {{"--max-restarts"},
+       true,
+       "N",
+       "group restarts allowed after a worker fails (default 0)",
        [](auto& f, auto& v, auto& o) { o.max_restarts = parseInt(f, v, 0, 1'000'000); }},
-      {{"--monitor-interval"}, true, "SECONDS",
+      {{"--monitor-interval"},
+       true,
+       "SECONDS",
        "accepted for torchrun compatibility; exits are noticed at once, without polling",
        [](auto& f, auto& v, auto& o) { o.monitor_interval_sec = parseSeconds(f, v); }},
-      {{"--shutdown-timeout"}, true, "SECONDS",
+      {{"--shutdown-timeout"},
+       true,
+       "SECONDS",
        "grace between SIGTERM and SIGKILL when stopping workers (default 30)",
        [](auto& f, auto& v, auto& o) { o.shutdown_timeout_sec = parseSeconds(f, v); }},
-      {{"--signals-to-handle"}, true, "SIG,...",
+      {{"--signals-to-handle"},
+       true,
+       "SIG,...",
        "signals forwarded to workers (default SIGTERM,SIGINT,SIGHUP,SIGQUIT); TERM, INT, HUP "
        "and QUIT also stop the job, others (e.g. SIGUSR1 for Slurm preemption) are only "
        "forwarded",
@@ -136,42 +177,68 @@ const std::vector<Flag>& flags() {
          for (const auto& s : split(v, ','))
            if (!s.empty()) o.signals_to_handle.push_back(parseSignalName(s, f));
        }},
-      {{"--role"}, true, "NAME", "role name, used in log prefixes (default 'default')",
+      {{"--role"},
+       true,
+       "NAME",
+       "role name, used in log prefixes (default 'default')",
        [](auto& f, auto& v, auto& o) {
          if (v.empty()) throw UsageError(fmt::format("{}: empty role name", f));
          o.role = v;
        }},
-      {{"--log-dir"}, true, "DIR",
+      {{"--log-dir"},
+       true,
+       "DIR",
        "keep logs and error files in DIR/<run_id>/attempt_<n>/<local_rank>/",
        [](auto&, auto& v, auto& o) { o.log_dir = v; }},
-      {{"--redirects", "-r"}, true, "0-3|R:C,...",
+      {{"--redirects", "-r"},
+       true,
+       "0-3|R:C,...",
        "send worker streams to log files only: 0 none, 1 stdout, 2 stderr, 3 both",
        [](auto& f, auto& v, auto& o) { o.redirects = parseStreamSpec(f, v); }},
-      {{"--tee", "-t"}, true, "0-3|R:C,...", "copy worker streams to log files and the console",
+      {{"--tee", "-t"},
+       true,
+       "0-3|R:C,...",
+       "copy worker streams to log files and the console",
        [](auto& f, auto& v, auto& o) { o.tee = parseStreamSpec(f, v); }},
-      {{"--local-ranks-filter"}, true, "R,...", "show only these local ranks on the console",
+      {{"--local-ranks-filter"},
+       true,
+       "R,...",
+       "show only these local ranks on the console",
        [](auto& f, auto& v, auto& o) {
          o.local_ranks_filter.clear();
          for (const auto& s : split(v, ','))
            if (!s.empty()) o.local_ranks_filter.push_back(parseInt(f, s, 0, kMaxNprocPerNode - 1));
        }},
-      {{"--log-line-prefix-template"}, true, "TEMPLATE",
+      {{"--log-line-prefix-template"},
+       true,
+       "TEMPLATE",
        "console prefix of worker lines, as torchrun's TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE: "
        "${role_name}, ${local_rank}, ${rank} (default '[${role_name}${local_rank}]:')",
        [](auto&, auto& v, auto& o) {
          if (!v.empty()) o.log_line_prefix_template = v;
        }},
-      {{"--no-prefix"}, false, "", "show worker lines on the console without a prefix",
+      {{"--no-prefix"},
+       false,
+       "",
+       "show worker lines on the console without a prefix",
        [](auto& f, auto& v, auto& o) { o.prefix_output = !parseBool(f, v); }},
-      {{"--module", "-m"}, false, "", "run PROGRAM as a Python module (python -m)",
+      {{"--module", "-m"},
+       false,
+       "",
+       "run PROGRAM as a Python module (python -m)",
        [](auto& f, auto& v, auto& o) {
          if (parseBool(f, v)) o.target_kind = TargetKind::kModule;
        }},
-      {{"--no-python"}, false, "", "exec PROGRAM as given, never under python",
+      {{"--no-python"},
+       false,
+       "",
+       "exec PROGRAM as given, never under python",
        [](auto& f, auto& v, auto& o) {
          if (parseBool(f, v)) o.target_kind = TargetKind::kNoPython;
        }},
-      {{"--start-method"}, true, "spawn|fork|forkserver",
+      {{"--start-method"},
+       true,
+       "spawn|fork|forkserver",
        "accepted for torchrun compatibility: launch always fork+execs each worker as a fresh "
        "process, which is what spawn gives a script",
        [](auto& f, auto& v, auto& o) {
@@ -179,7 +246,9 @@ const std::vector<Flag>& flags() {
            throw UsageError(fmt::format("{}: '{}' is not spawn, fork or forkserver", f, v));
          o.start_method = v;
        }},
-      {{"--event-log-handler"}, true, "null|console",
+      {{"--event-log-handler"},
+       true,
+       "null|console",
        "torchrun's event log: null (default) or console (launch's own log already records "
        "every start, failure and restart)",
        [](auto& f, auto& v, auto&) {
@@ -189,7 +258,9 @@ const std::vector<Flag>& flags() {
                "are not loaded)",
                f, v));
        }},
-      {{"--logs-specs"}, true, "NAME",
+      {{"--logs-specs"},
+       true,
+       "NAME",
        "torchrun's LogsSpecs entry point: launch always writes torchrun's default layout "
        "(see --log-dir) and warns that NAME is not loaded",
        [](auto&, auto& v, auto& o) {
@@ -199,20 +270,28 @@ const std::vector<Flag>& flags() {
                "does not load; logs use torchrun's default layout under --log-dir",
                v));
        }},
-      {{"--numa-binding"}, true, "node|socket|exclusive|core-complex",
+      {{"--numa-binding"},
+       true,
+       "node|socket|exclusive|core-complex",
        "bind each local rank's CPUs and memory to the NUMA node of its GPU (local rank i uses "
        "GPU i); without GPUs, ranks are spread over the NUMA nodes. socket: the whole socket; "
        "exclusive: a disjoint share of the node's CPUs; core-complex: one L3 cache's CPUs",
        [](auto& f, auto& v, auto& o) {
-         if (v == "node") o.numa_binding = NumaBinding::kNode;
-         else if (v == "socket") o.numa_binding = NumaBinding::kSocket;
-         else if (v == "exclusive") o.numa_binding = NumaBinding::kExclusive;
-         else if (v == "core-complex") o.numa_binding = NumaBinding::kCoreComplex;
+         if (v == "node")
+           o.numa_binding = NumaBinding::kNode;
+         else if (v == "socket")
+           o.numa_binding = NumaBinding::kSocket;
+         else if (v == "exclusive")
+           o.numa_binding = NumaBinding::kExclusive;
+         else if (v == "core-complex")
+           o.numa_binding = NumaBinding::kCoreComplex;
          else
-           throw UsageError(fmt::format(
-               "{}: '{}' is not node, socket, exclusive or core-complex", f, v));
+           throw UsageError(
+               fmt::format("{}: '{}' is not node, socket, exclusive or core-complex", f, v));
        }},
-      {{"--cgroup"}, true, "auto|off",
+      {{"--cgroup"},
+       true,
+       "auto|off",
        "auto (default): run the workers in a cgroup v2 of their own where the machine allows, "
        "so that nothing they start outlives the run; off: never (orphans are still found as "
        "launch's subreaper children)",
@@ -221,14 +300,19 @@ const std::vector<Flag>& flags() {
            throw UsageError(fmt::format("{}: '{}' is not auto or off", f, v));
          o.use_cgroup = v == "auto";
        }},
-      {{"--run-path"}, false, "", "not supported: launch always runs workers as processes",
+      {{"--run-path"},
+       false,
+       "",
+       "not supported: launch always runs workers as processes",
        [](auto& f, auto&, auto&) {
          throw UsageError(fmt::format(
              "{} is not supported: launch runs every worker as its own process; drop the flag "
              "(a .py PROGRAM already runs under python)",
              f));
        }},
-      {{"--launcher"}, true, "native|mpi",
+      {{"--launcher"},
+       true,
+       "native|mpi",
        "native: launch supervises the workers (default); mpi: run the job with OpenMPI's mpirun "
        "(docs/mpi.md)",
        [](auto& f, auto& v, auto& o) {
@@ -236,17 +320,28 @@ const std::vector<Flag>& flags() {
            throw UsageError(fmt::format("{}: '{}' is not native or mpi", f, v));
          o.launcher = v;
        }},
-      {{"--hostfile"}, true, "FILE", "with --launcher=mpi: hosts and slots, as OpenMPI's hostfile",
+      {{"--hostfile"},
+       true,
+       "FILE",
+       "with --launcher=mpi: hosts and slots, as OpenMPI's hostfile",
        [](auto& f, auto& v, auto& o) {
          if (v.empty()) throw UsageError(fmt::format("{}: empty file name", f));
          o.hostfile = v;
        }},
-      {{"--mpi-args"}, true, "\"ARGS\"",
+      {{"--mpi-args"},
+       true,
+       "\"ARGS\"",
        "with --launcher=mpi: extra mpirun arguments (binding, mapping, -x VAR), split like a shell",
        [](auto&, auto& v, auto& o) { o.mpi_args = v; }},
-      {{"--dry-run"}, false, "", "with --launcher=mpi: print the mpirun command and exit",
+      {{"--dry-run"},
+       false,
+       "",
+       "with --launcher=mpi: print the mpirun command and exit",
        [](auto& f, auto& v, auto& o) { o.dry_run = parseBool(f, v); }},
-      {{"--log-level"}, true, "LEVEL", "launcher log level: debug, info, warn, error (default info)",
+      {{"--log-level"},
+       true,
+       "LEVEL",
+       "launcher log level: debug, info, warn, error (default info)",
        [](auto& f, auto& v, auto& o) {
          static const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "critical",
                                          "off"};
@@ -295,14 +390,14 @@ UsageError unknownOption(const std::string& name) {
   all.push_back("--help");
   all.push_back("--version");
   std::string near = closestMatch(canonical(name), all);
-  return UsageError(fmt::format("unknown option '{}'{} (see launch --help); options go before "
-                                "PROGRAM, the program's own options after it",
-                                name, near.empty() ? "" : "; did you mean " + near + "?"));
+  return UsageError(
+      fmt::format("unknown option '{}'{} (see launch --help); options go before "
+                  "PROGRAM, the program's own options after it",
+                  name, near.empty() ? "" : "; did you mean " + near + "?"));
 }
 
 // Every value goes through one call, so that a checked-parser error becomes a usage error.
-void applyFlag(const Flag& f, const std::string& name, const std::string& value,
-               LaunchOptions& o) {
+void applyFlag(const Flag& f, const std::string& name, const std::string& value, LaunchOptions& o) {
   try {
     f.apply(name, value, o);
   } catch (const InvalidArgument& e) {
@@ -344,18 +439,21 @@ RdzvConf parseRdzvConf(const std::string& v, std::vector<std::string>* warnings)
     else if (key == "tls_ca_file") c.tls_ca_file = value;
     // torchrun declares a node dead after keep_alive_interval x keep_alive_max_attempt seconds:
     // our hosting agent's heartbeat window means the same.
-    else if (key == "keep_alive_interval") keep_alive_interval = parseNumber(flag, value, 0.001, 1e6);
-    else if (key == "keep_alive_max_attempt") keep_alive_attempts = parseNumber(flag, value, 1, 1e6);
+    else if (key == "keep_alive_interval")
+      keep_alive_interval = parseNumber(flag, value, 0.001, 1e6);
+    else if (key == "keep_alive_max_attempt")
+      keep_alive_attempts = parseNumber(flag, value, 1, 1e6);
     else if (key == "store_type" || key == "use_libuv")
-      warn(fmt::format("--rdzv-conf {}={}: has no effect here (launch's store is its own gRPC "
-                       "service, not a TCPStore)",
-                       key, value));
+      warn(
+          fmt::format("--rdzv-conf {}={}: has no effect here (launch's store is its own gRPC "
+                      "service, not a TCPStore)",
+                      key, value));
     else if (key == "protocol" || key == "cert" || key == "key" || key == "cacert" ||
-             key == "ssl_cert" || key == "ssl_cert_key" || key == "ca_cert" ||
-             key == "etcd_prefix")
-      warn(fmt::format("--rdzv-conf {}: an etcd key, ignored (launch's backends are static and "
-                       "c10d/ddpl; for TLS use tls_ca_file)",
-                       key));
+             key == "ssl_cert" || key == "ssl_cert_key" || key == "ca_cert" || key == "etcd_prefix")
+      warn(
+          fmt::format("--rdzv-conf {}: an etcd key, ignored (launch's backends are static and "
+                      "c10d/ddpl; for TLS use tls_ca_file)",
+                      key));
     else
       warn(fmt::format(
           "--rdzv-conf: unknown key '{}' ignored (known: join_timeout or timeout, "
@@ -523,8 +621,8 @@ ParseResult parseCommandLine(const std::vector<std::string>& args,
     try {
       applyFlag(f, f.names[0], it->second, o);
     } catch (const UsageError& e) {
-      throw UsageError(fmt::format("environment variable {}='{}' (read as {}): {}", var,
-                                   it->second, f.names[0], e.what()));
+      throw UsageError(fmt::format("environment variable {}='{}' (read as {}): {}", var, it->second,
+                                   f.names[0], e.what()));
     }
     result.given_flags.push_back(f.names[0]);
   }
@@ -592,8 +690,9 @@ ParseResult parseCommandLine(const std::vector<std::string>& args,
     result.given_flags.push_back(f->names[0]);
   }
   if (target_flags.size() > 1)
-    throw UsageError("-m/--module and --no-python contradict each other: -m runs PROGRAM as a "
-                     "Python module, --no-python execs it without Python; keep one");
+    throw UsageError(
+        "-m/--module and --no-python contradict each other: -m runs PROGRAM as a "
+        "Python module, --no-python execs it without Python; keep one");
   if (i >= args.size())
     throw UsageError("missing PROGRAM: usage is launch [options] PROGRAM [ARGS...]");
   o.program = args[i];

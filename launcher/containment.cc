@@ -77,8 +77,7 @@ std::unique_ptr<RunCgroup> RunCgroup::create(const std::string& name, std::strin
   std::string own = ownCgroup();
   if (own.empty()) return fail("this process is in no cgroup v2");
   std::string dir = mount + (own == "/" ? "" : own) + "/" + name;
-  if (mkdir(dir.c_str(), 0755) != 0)
-    return fail("cannot create " + dir + ": " + strerror(errno));
+  if (mkdir(dir.c_str(), 0755) != 0) return fail("cannot create " + dir + ": " + strerror(errno));
   int fd = open((dir + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC);
   if (fd < 0) {
     std::string why = "cannot open " + dir + "/cgroup.procs: " + strerror(errno);

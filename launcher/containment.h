@@ -33,7 +33,8 @@ class RunCgroup {
   std::vector<pid_t> members() const;
 
  private:
-  explicit RunCgroup(std::string path, int procs_fd) : path_(std::move(path)), procs_fd_(procs_fd) {}
+  explicit RunCgroup(std::string path, int procs_fd)
+      : path_(std::move(path)), procs_fd_(procs_fd) {}
   std::string path_;
   int procs_fd_ = -1;
 };

@@ -5,26 +5,26 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <cstdio>
 #include <memory>
 #include <random>
 
-#include "ddpl/config.h"
 #include "common/errors.h"
 #include "common/log.h"
 #include "common/parse.h"
+#include "ddpl/config.h"
 #include "launcher/agent.h"
 #include "launcher/cli.h"
 #include "launcher/embedded_store.h"
-#include "launcher/grpc_plugin.h"
-#include "rendezvous/token.h"
 #include "launcher/gpu.h"
+#include "launcher/grpc_plugin.h"
 #include "launcher/local_rendezvous.h"
 #include "launcher/mpi_launch.h"
 #include "launcher/process.h"
 #include "launcher/worker_spec.h"
+#include "rendezvous/token.h"
 
 namespace {
 
@@ -205,7 +205,8 @@ int main(int argc, char** argv) {
       if (auto cvd = env.find("CUDA_VISIBLE_DEVICES"); cvd != env.end()) {
         for (const auto& item : ddpl::splitList(cvd->second, ',')) {
           try {
-            gpu_indices.push_back(static_cast<int>(ddpl::parseInteger("CUDA_VISIBLE_DEVICES", item, 0, 4095)));
+            gpu_indices.push_back(
+                static_cast<int>(ddpl::parseInteger("CUDA_VISIBLE_DEVICES", item, 0, 4095)));
           } catch (const ddpl::InvalidArgument&) {
             break;  // UUIDs or MIG names: rank i is taken to use physical GPU i
           }
@@ -213,8 +214,7 @@ int main(int argc, char** argv) {
       }
       std::string why;
       cfg.numa = planNumaBinding(o.numa_binding, cfg.nproc, "/sys", gpu_indices, &why);
-      if (cfg.numa.empty())
-        ddpl::log::warn("--numa-binding: not binding ({})", why);
+      if (cfg.numa.empty()) ddpl::log::warn("--numa-binding: not binding ({})", why);
       for (size_t lr = 0; lr < cfg.numa.size(); ++lr)
         ddpl::log::info("--numa-binding: local rank {} on CPUs {}, memory of NUMA node(s) {}", lr,
                         formatCpuList(cfg.numa[lr].cpus), formatCpuList(cfg.numa[lr].mem_nodes));

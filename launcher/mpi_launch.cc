@@ -232,9 +232,10 @@ Environment torchrunEnvFromMpi(const Environment& env, const std::string& error_
   auto need = [&](const char* name, int64_t min) {
     auto it = env.find(name);
     if (it == env.end())
-      throw UsageError(fmt::format("{} is not set: {} runs only as a rank started by OpenMPI's "
-                                   "mpirun (launch --launcher=mpi)",
-                                   name, kMpiRankShimFlag));
+      throw UsageError(
+          fmt::format("{} is not set: {} runs only as a rank started by OpenMPI's "
+                      "mpirun (launch --launcher=mpi)",
+                      name, kMpiRankShimFlag));
     return parseInteger(name, it->second, min, 1 << 24);
   };
   const int64_t rank = need("OMPI_COMM_WORLD_RANK", 0);
@@ -262,8 +263,8 @@ Environment torchrunEnvFromMpi(const Environment& env, const std::string& error_
       ++group;
     }
     if (!out.count("GROUP_RANK"))
-      throw UsageError(fmt::format("{}={} has no place for rank {}", kRanksPerHostEnv,
-                                   it->second, rank));
+      throw UsageError(
+          fmt::format("{}={} has no place for rank {}", kRanksPerHostEnv, it->second, rank));
   }
   if (!env.count("TORCHELASTIC_ERROR_FILE"))
     out["TORCHELASTIC_ERROR_FILE"] = fmt::format("{}/{}/error.json", error_dir, rank);

@@ -25,7 +25,7 @@ std::string readFirstLine(const fs::path& p) {
 struct Topology {
   std::map<int, std::vector<int>> node_cpus;  // node -> CPUs
   std::map<int, int> cpu_socket;
-  std::map<int, std::vector<int>> cpu_l3;     // cpu -> CPUs sharing its L3
+  std::map<int, std::vector<int>> cpu_l3;  // cpu -> CPUs sharing its L3
 };
 
 Topology readTopology(const fs::path& sys) {
@@ -111,7 +111,8 @@ std::vector<NumaPlacement> planNumaBinding(NumaBinding mode, int nproc,
   fs::path sys(sysfs_root);
   Topology topo = readTopology(sys);
   if (topo.node_cpus.empty()) {
-    if (why_not) *why_not = "no NUMA nodes with CPUs under " + (sys / "devices/system/node").string();
+    if (why_not)
+      *why_not = "no NUMA nodes with CPUs under " + (sys / "devices/system/node").string();
     return out;
   }
   std::vector<int> nodes;

@@ -99,7 +99,7 @@ struct LaunchOptions {
   // Placement.
   NumaBinding numa_binding = NumaBinding::kNone;
   std::string start_method = "spawn";  // accepted; every worker is a fork+exec'd process
-  bool use_cgroup = true;  // --cgroup=off: never put the run in a cgroup of its own
+  bool use_cgroup = true;              // --cgroup=off: never put the run in a cgroup of its own
 
   bool elastic() const { return rdzv_backend != "static"; }
 

@@ -57,7 +57,8 @@ std::string expandPrefix(const std::string& tmpl, const std::string& role, int l
         // $name only when not followed by more identifier characters ($rankX is not $rank).
         size_t end = i + 1 + name.size();
         if (tmpl.compare(i + 1, name.size(), name) == 0 &&
-            (end >= tmpl.size() || !(isalnum(static_cast<unsigned char>(tmpl[end])) || tmpl[end] == '_'))) {
+            (end >= tmpl.size() ||
+             !(isalnum(static_cast<unsigned char>(tmpl[end])) || tmpl[end] == '_'))) {
           out += value;
           i = end;
           done = true;
@@ -81,10 +82,9 @@ OutputRouter::~OutputRouter() {
 }
 
 void OutputRouter::add(int fd, const StreamRoute& route) {
-  std::string prefix =
-      console_.prefix ? expandPrefix(console_.prefix_template, console_.role, route.local_rank,
-                                     route.global_rank)
-                      : "";
+  std::string prefix = console_.prefix ? expandPrefix(console_.prefix_template, console_.role,
+                                                      route.local_rank, route.global_rank)
+                                       : "";
   streams_[fd] = Stream{route, std::move(prefix), {}};
 }
 

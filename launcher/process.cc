@@ -2,10 +2,10 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <signal.h>
-#include <sys/prctl.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/ioctl.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <termios.h>
 #include <unistd.h>
@@ -53,8 +53,7 @@ bool openStream(bool terminal, int fds[2], const winsize& size) {
 void becomeSubreaper() { prctl(PR_SET_CHILD_SUBREAPER, 1); }
 
 SpawnedProcess spawnProcess(const std::vector<std::string>& argv,
-                            const std::vector<std::string>& envp,
-                            const SpawnOptions& options) {
+                            const std::vector<std::string>& envp, const SpawnOptions& options) {
   int out[2], err[2], status[2];
   winsize size{};
   size.ws_col = options.columns;
@@ -98,8 +97,7 @@ SpawnedProcess spawnProcess(const std::vector<std::string>& argv,
       (void)ignored;
     }
     if (!options.cpus.empty()) sched_setaffinity(0, sizeof(cpus), &cpus);
-    if (!options.mem_nodes.empty())
-      syscall(SYS_set_mempolicy, kMpolBind, nodemask, kMaxNode + 1);
+    if (!options.mem_nodes.empty()) syscall(SYS_set_mempolicy, kMpolBind, nodemask, kMaxNode + 1);
     sigset_t none;
     sigemptyset(&none);
     for (int s = 1; s < NSIG; ++s) signal(s, SIG_DFL);

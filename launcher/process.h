@@ -30,8 +30,7 @@ struct SpawnOptions {
 // argv[0] must be a path (resolveCommand gives one). Never throws after fork; a failed exec is
 // reported by awaitExec. Pipes are non-blocking and close-on-exec on the launcher's side.
 SpawnedProcess spawnProcess(const std::vector<std::string>& argv,
-                            const std::vector<std::string>& envp,
-                            const SpawnOptions& options = {});
+                            const std::vector<std::string>& envp, const SpawnOptions& options = {});
 
 // Waits for the child's exec to succeed or fail (bounded: exec either happens or fails within
 // the child's first instructions). Returns 0 on success or the errno of the failed exec.

@@ -5,40 +5,34 @@
 #include <functional>
 #include <sstream>
 
+#include "common/parse.h"
+
 namespace ddpl::example {
 namespace {
 
+// The checked parsers every ddplaunch program shares (common/parse.h), reporting as this
+// program's usage errors.
+template <typename F>
+auto checked(F parse) {
+  try {
+    return parse();
+  } catch (const ddpl::InvalidArgument& e) {
+    throw UsageError(e.what());
+  }
+}
+
 int64_t parseInteger(const std::string& flag, const std::string& value, int64_t minValue,
                      int64_t maxValue) {
-  try {
-    size_t used = 0;
-    const long long n = std::stoll(value, &used);
-    if (used == value.size() && n >= minValue && n <= maxValue) return n;
-  } catch (const std::exception&) {
-  }
-  throw UsageError(flag + ": '" + value + "' is not a whole number in [" +
-                   std::to_string(minValue) + ", " + std::to_string(maxValue) + "]");
+  return checked([&] { return ddpl::parseInteger(flag, value, minValue, maxValue); });
 }
 
 double parseNumber(const std::string& flag, const std::string& value, double minValue,
                    double maxValue) {
-  try {
-    size_t used = 0;
-    const double d = std::stod(value, &used);
-    if (used == value.size() && std::isfinite(d) && d >= minValue && d <= maxValue) return d;
-  } catch (const std::exception&) {
-  }
-  std::ostringstream range;
-  range << "[" << minValue << ", " << maxValue << "]";
-  throw UsageError(flag + ": '" + value + "' is not a number in " + range.str());
+  return checked([&] { return ddpl::parseNumber(flag, value, minValue, maxValue); });
 }
 
 bool parseBool(const std::string& flag, const std::string& value) {
-  std::string l = value;
-  std::transform(l.begin(), l.end(), l.begin(), ::tolower);
-  if (l == "1" || l == "true" || l == "yes" || l == "on") return true;
-  if (l == "0" || l == "false" || l == "no" || l == "off") return false;
-  throw UsageError(flag + ": '" + value + "' is not a boolean (1/0, true/false)");
+  return checked([&] { return ddpl::parseBool(flag, value); });
 }
 
 template <typename T>

@@ -99,11 +99,14 @@ class LaunchEscape : public ::testing::TestWithParam<std::string> {
     return j;
   }
   void awaitEscapees(Job& j, int nproc) {
-    ASSERT_TRUE(eventually([&] {
-      for (int r = 0; r < nproc; ++r)
-        if (!fs::exists(j.dir + "/ready." + std::to_string(r))) return false;
-      return true;
-    }, 20s)) << j.bg->outputSoFar();
+    ASSERT_TRUE(eventually(
+        [&] {
+          for (int r = 0; r < nproc; ++r)
+            if (!fs::exists(j.dir + "/ready." + std::to_string(r))) return false;
+          return true;
+        },
+        20s))
+        << j.bg->outputSoFar();
     for (int r = 0; r < nproc; ++r) {
       auto p = readPids(j.dir + "/escapee." + std::to_string(r));
       ASSERT_EQ(p.size(), 1u);

@@ -55,8 +55,9 @@ TEST(ExampleOptions, DefaultsAreTheDemo) {
 
 TEST(ExampleOptions, ErrorsNameTheFlag) {
   EXPECT_EQ(errorOf({"--epochs", "abc"}),
-            "--epochs: 'abc' is not a whole number in [1, 1000000000]");
-  EXPECT_EQ(errorOf({"--epochs", "0"}), "--epochs: '0' is not a whole number in [1, 1000000000]");
+            "--epochs: 'abc' is not a whole number (expected 1 to 1000000000)");
+  EXPECT_EQ(errorOf({"--epochs", "0"}),
+            "--epochs: 0 is out of range: use a whole number from 1 to 1000000000");
   EXPECT_EQ(errorOf({"--model", "resnet19"}),
             "--model: 'resnet19' is not one of resnet18, resnet34, resnet50");
   EXPECT_EQ(errorOf({"--bogus"}), "unknown option '--bogus' (see --help)");
@@ -64,7 +65,7 @@ TEST(ExampleOptions, ErrorsNameTheFlag) {
   EXPECT_EQ(errorOf({"--lr", "nan"}).rfind("--lr: 'nan' is not a number", 0), 0u);
   EXPECT_EQ(errorOf({"--amp", "int8"}), "--amp: 'int8' is not one of off, bf16, fp16");
   EXPECT_EQ(errorOf({"--channels-last=maybe"}),
-            "--channels-last: 'maybe' is not a boolean (1/0, true/false)");
+            "--channels-last: 'maybe' is not a boolean (use 1/0, true/false, yes/no or on/off)");
   EXPECT_EQ(errorOf({"train.py"}), "unexpected argument 'train.py' (options start with --)");
   EXPECT_EQ(errorOf({"--data", "/d", "--classes", "5"}),
             "--classes: CIFAR-10 has 10 classes; --classes applies to the synthetic set only");
@@ -245,7 +246,7 @@ class ExampleBinary : public ::testing::Test {
 TEST_F(ExampleBinary, BadFlagsNameTheFlagAndExit2) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--epochs", "abc"},
-       "ddp_resnet: --epochs: 'abc' is not a whole number in [1, 1000000000]\n"},
+       "ddp_resnet: --epochs: 'abc' is not a whole number (expected 1 to 1000000000)\n"},
       {{"--model", "resnet19"},
        "ddp_resnet: --model: 'resnet19' is not one of resnet18, resnet34, resnet50\n"},
       {{"--frobnicate"}, "ddp_resnet: unknown option '--frobnicate' (see --help)\n"},

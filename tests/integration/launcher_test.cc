@@ -1,12 +1,12 @@
 // `launch` end to end: real launcher binary, real worker processes, on this machine.
 #include <arpa/inet.h>
 #include <fcntl.h>
-#include <sys/wait.h>
-#include <termios.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <filesystem>

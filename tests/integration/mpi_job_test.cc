@@ -193,14 +193,15 @@ TEST(MpiLaunch, DryRunPrintsTheMpirunCommand) {
                          o);
   ASSERT_EQ(r.exit_code, 0) << r.all();
   const std::string root = ::geteuid() == 0 ? "--allow-run-as-root " : "";
-  EXPECT_EQ(r.out,
-            "mpirun " + root +
-                "--oversubscribe -np 8 --host node-a:4,node-b:2 --map-by ppr:4:node "
-                "-x DDPL_MPI_RANKS_PER_HOST=4,4 -x GROUP_WORLD_SIZE=2 -x LOCAL_WORLD_SIZE=4 -x MASTER_ADDR=node-a -x MASTER_PORT=29611 "
-                "-x OMP_NUM_THREADS=1 -x ROLE_WORLD_SIZE=8 -x TORCHELASTIC_MAX_RESTARTS=0 "
-                "-x TORCHELASTIC_RESTART_COUNT=0 -x TORCHELASTIC_RUN_ID=job7 -x TORCHELASTIC_USE_AGENT_STORE=False "
-                "-x WORLD_SIZE=8 --bind-to core -x NCCL_DEBUG=INFO " + kLaunch +
-                " --mpi-rank-shim -- /bin/echo 'a b'\n");
+  EXPECT_EQ(r.out, "mpirun " + root +
+                       "--oversubscribe -np 8 --host node-a:4,node-b:2 --map-by ppr:4:node "
+                       "-x DDPL_MPI_RANKS_PER_HOST=4,4 -x GROUP_WORLD_SIZE=2 -x LOCAL_WORLD_SIZE=4 "
+                       "-x MASTER_ADDR=node-a -x MASTER_PORT=29611 "
+                       "-x OMP_NUM_THREADS=1 -x ROLE_WORLD_SIZE=8 -x TORCHELASTIC_MAX_RESTARTS=0 "
+                       "-x TORCHELASTIC_RESTART_COUNT=0 -x TORCHELASTIC_RUN_ID=job7 -x "
+                       "TORCHELASTIC_USE_AGENT_STORE=False "
+                       "-x WORLD_SIZE=8 --bind-to core -x NCCL_DEBUG=INFO " +
+                       kLaunch + " --mpi-rank-shim -- /bin/echo 'a b'\n");
 }
 
 TEST(MpiLaunch, HostfileErrorNamesTheLine) {

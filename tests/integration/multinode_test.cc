@@ -2,8 +2,6 @@
 // real Gloo job (PyTorch, one worker per agent to keep two cores busy but not drowned).
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
-
-#include <thread>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -13,6 +11,7 @@
 #include <memory>
 #include <regex>
 #include <sstream>
+#include <thread>
 
 #include "tests/common/subprocess.h"
 
@@ -93,19 +92,22 @@ TEST_F(MultiNode, StoppedNodeEvictedThenContinuedRejoinsWithoutARestart) {
   env_.env["TOTAL_STEPS"] = "150";
   const std::vector<std::string> extra = {"--rdzv-conf=heartbeat_timeout=3", "--max-restarts=0"};
   auto a0 = agent("2:3", kElastic, extra);
-  ASSERT_TRUE(eventually([&] {
-    return a0->outputSoFar().find("hosted by this agent") != std::string::npos;
-  }, 30s)) << a0->outputSoFar();
+  ASSERT_TRUE(eventually(
+      [&] { return a0->outputSoFar().find("hosted by this agent") != std::string::npos; }, 30s))
+      << a0->outputSoFar();
   auto a1 = agent("2:3", kElastic, extra);
   auto a2 = agent("2:3", kElastic, extra);
   ASSERT_TRUE(eventually([&] { return stepOf(ckpt_) >= 5; }, 120s)) << a0->outputSoFar();
   kill(a2->pid(), SIGSTOP);
   // Stopped until the other two train again without it: by then its worker has died of the
   // re-formed group, and the agent finds that exit before anything else when it continues.
-  bool reformed = eventually([&] {
-    std::string out = a0->outputSoFar();
-    return out.find("evicted") != std::string::npos && out.find("start rank=0 world=2") != std::string::npos;
-  }, 60s);
+  bool reformed = eventually(
+      [&] {
+        std::string out = a0->outputSoFar();
+        return out.find("evicted") != std::string::npos &&
+               out.find("start rank=0 world=2") != std::string::npos;
+      },
+      60s);
   std::this_thread::sleep_for(1s);
   kill(a2->pid(), SIGCONT);
   ASSERT_TRUE(reformed) << a0->outputSoFar();
@@ -125,9 +127,9 @@ TEST_F(MultiNode, SigkillOfOneAgentTheOthersReformAndFinish) {
   // a0 hosts the rendezvous (the first agent to bind its port does): killing a2 must not take
   // the service down, so a2 starts only once a0 serves.
   auto a0 = agent("2:3", kElastic);
-  ASSERT_TRUE(eventually([&] {
-    return a0->outputSoFar().find("hosted by this agent") != std::string::npos;
-  }, 30s)) << a0->outputSoFar();
+  ASSERT_TRUE(eventually(
+      [&] { return a0->outputSoFar().find("hosted by this agent") != std::string::npos; }, 30s))
+      << a0->outputSoFar();
   auto a1 = agent("2:3", kElastic);
   auto a2 = agent("2:3", kElastic);
   ASSERT_TRUE(eventually([&] { return stepOf(ckpt_) >= 5; }, 120s)) << a0->outputSoFar();

@@ -227,15 +227,15 @@ TEST(Cli, InputsThatUsedToCrashAreUsageErrors) {
   auto names = [](const std::string& err, const std::string& a, const std::string& b) {
     return err.find(a) != std::string::npos && err.find(b) != std::string::npos;
   };
-  EXPECT_PRED3(names, usageError({"--signals-to-handle=99999999999", "p"}),
-               "--signals-to-handle", "99999999999");
+  EXPECT_PRED3(names, usageError({"--signals-to-handle=99999999999", "p"}), "--signals-to-handle",
+               "99999999999");
   EXPECT_PRED3(names, usageError({"--signals-to-handle=SIGTERM,0", "p"}), "--signals-to-handle",
                "'0'");
   EXPECT_PRED3(names, usageError({"--signals-to-handle=9", "p"}), "--signals-to-handle", "'9'");
-  for (const char* bad : {"h:abc", "h:99999999999", "h:", "h:-1", "h:65536", "h:0", "[::1",
-                          ":29400"}) {
-    std::string err = usageError({"--rdzv-backend=c10d", std::string("--rdzv-endpoint=") + bad,
-                                  "p"});
+  for (const char* bad :
+       {"h:abc", "h:99999999999", "h:", "h:-1", "h:65536", "h:0", "[::1", ":29400"}) {
+    std::string err =
+        usageError({"--rdzv-backend=c10d", std::string("--rdzv-endpoint=") + bad, "p"});
     EXPECT_NE(err.find("--rdzv-endpoint"), std::string::npos) << bad << ": " << err;
     EXPECT_EQ(err.find("stoi"), std::string::npos) << err;
   }
@@ -250,18 +250,17 @@ TEST(Cli, InputsThatUsedToCrashAreUsageErrors) {
   EXPECT_PRED3(names, usageError({"--nnodes=99999999999", "p"}), "--nnodes", "99999999999");
   EXPECT_PRED3(names, usageError({"--max-restarts=-1", "p"}), "--max-restarts", "-1");
   EXPECT_PRED3(names, usageError({"--master-port=70000", "p"}), "--master-port", "70000");
-  EXPECT_PRED3(names, usageError({"--shutdown-timeout=1e999", "p"}), "--shutdown-timeout",
-               "1e999");
+  EXPECT_PRED3(names, usageError({"--shutdown-timeout=1e999", "p"}), "--shutdown-timeout", "1e999");
   EXPECT_PRED3(names, usageError({"--monitor-interval=nan", "p"}), "--monitor-interval", "nan");
 }
 
 TEST(Cli, PetVariableErrorsNameTheVariable) {
-  for (const auto& [var, value] : std::vector<std::pair<std::string, std::string>>{
-           {"PET_SIGNALS_TO_HANDLE", "99999999999"},
-           {"PET_NPROC_PER_NODE", "lots"},
-           {"PET_NNODES", "3:1"},
-           {"PET_RDZV_CONF", "novalue"},
-           {"PET_MAX_RESTARTS", "x"}}) {
+  for (const auto& [var, value] :
+       std::vector<std::pair<std::string, std::string>>{{"PET_SIGNALS_TO_HANDLE", "99999999999"},
+                                                        {"PET_NPROC_PER_NODE", "lots"},
+                                                        {"PET_NNODES", "3:1"},
+                                                        {"PET_RDZV_CONF", "novalue"},
+                                                        {"PET_MAX_RESTARTS", "x"}}) {
     std::string err = usageError({"p"}, {{var, value}});
     EXPECT_NE(err.find(var), std::string::npos) << err;
     EXPECT_NE(err.find(value), std::string::npos) << err;
@@ -307,8 +306,7 @@ TEST(Cli, FormerlyRefusedTorchrunFlags) {
             NumaBinding::kCoreComplex);
   EXPECT_NE(usageError({"--start-method=thread", "p"}).find("spawn, fork or forkserver"),
             std::string::npos);
-  EXPECT_NE(usageError({"--numa-binding=everywhere", "p"}).find("node, socket"),
-            std::string::npos);
+  EXPECT_NE(usageError({"--numa-binding=everywhere", "p"}).find("node, socket"), std::string::npos);
   EXPECT_NE(usageError({"--event-log-handler=dynamic_rendezvous", "p"}).find("null or console"),
             std::string::npos);
 }
@@ -316,8 +314,7 @@ TEST(Cli, FormerlyRefusedTorchrunFlags) {
 TEST(Cli, LoglevelAndPrefixTemplateFromTheEnvironment) {
   EXPECT_EQ(parse({"p"}, {{"LOGLEVEL", "DEBUG"}}).options.log_level, "debug");
   EXPECT_EQ(parse({"p"}, {{"LOGLEVEL", "WARNING"}}).options.log_level, "warn");
-  EXPECT_EQ(parse({"--log-level=error", "p"}, {{"LOGLEVEL", "DEBUG"}}).options.log_level,
-            "error");
+  EXPECT_EQ(parse({"--log-level=error", "p"}, {{"LOGLEVEL", "DEBUG"}}).options.log_level, "error");
   EXPECT_NE(usageError({"p"}, {{"LOGLEVEL", "LOUD"}}).find("LOGLEVEL='LOUD'"), std::string::npos);
   EXPECT_EQ(parse({"p"}).options.log_line_prefix_template, "[${role_name}${local_rank}]:");
   EXPECT_EQ(parse({"p"}, {{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[${rank}]:"}})

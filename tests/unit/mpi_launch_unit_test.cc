@@ -80,8 +80,10 @@ TEST(MpiCommand, OneHostGetsItsRanksAsSlotsAndEveryPerJobVariable) {
   EXPECT_EQ(joined(dl::buildMpirunCommand(j)),
             "mpirun -np 3 --host localhost:3 --map-by ppr:3:node -x DDPL_MPI_RANKS_PER_HOST=3 "
             "-x GROUP_WORLD_SIZE=1 -x LOCAL_WORLD_SIZE=3 "
-            "-x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29555 -x ROLE_WORLD_SIZE=3 -x TORCHELASTIC_MAX_RESTARTS=0 "
-            "-x TORCHELASTIC_RESTART_COUNT=0 -x TORCHELASTIC_RUN_ID=r1 -x TORCHELASTIC_USE_AGENT_STORE=False "
+            "-x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29555 -x ROLE_WORLD_SIZE=3 -x "
+            "TORCHELASTIC_MAX_RESTARTS=0 "
+            "-x TORCHELASTIC_RESTART_COUNT=0 -x TORCHELASTIC_RUN_ID=r1 -x "
+            "TORCHELASTIC_USE_AGENT_STORE=False "
             "-x WORLD_SIZE=3 /bin/prog --lr 0.1");
   // With the shim, each rank starts as `launch --mpi-rank-shim -- PROGRAM` (torchrun's
   // per-rank variables), the program's own arguments untouched.

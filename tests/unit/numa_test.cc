@@ -103,8 +103,8 @@ TEST(Numa, WithoutGpusRanksSpreadOverNodes) {
 
 TEST(Numa, NoTopologyMeansNoBindingAndSaysWhy) {
   std::string why;
-  auto p = planNumaBinding(NumaBinding::kNode, 2, ddpl::testing::makeTempDir("empty-sysfs"), {},
-                           &why);
+  auto p =
+      planNumaBinding(NumaBinding::kNode, 2, ddpl::testing::makeTempDir("empty-sysfs"), {}, &why);
   EXPECT_TRUE(p.empty());
   EXPECT_NE(why.find("no NUMA nodes"), std::string::npos);
 }
