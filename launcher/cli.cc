@@ -577,7 +577,7 @@ StreamSpec parseStreamSpec(const std::string& flag, const std::string& value) {
     auto colon = part.find(':');
     if (colon == std::string::npos)
       throw UsageError(fmt::format("{}: '{}' is not LOCAL_RANK:CODE", flag, part));
-    int rank = parseInt(flag, part.substr(0, colon), 0);
+    int rank = parseInt(flag, part.substr(0, colon), 0, kMaxNprocPerNode - 1);
     spec.per_rank[rank] = selectionFromCode(flag, part.substr(colon + 1));
   }
   return spec;

@@ -286,7 +286,8 @@ class ElasticRendezvous : public RendezvousHandler {
       store_->set(port_key, rdzv::toBytes(std::to_string(port)));
       w.master_port = port;
     } else {
-      w.master_port = std::stoi(rdzv::toString(store_->get(port_key, c_.read_timeout)));
+      w.master_port = parsePort("MASTER_PORT published by node 0 under '" + port_key + "'",
+                                rdzv::toString(store_->get(port_key, c_.read_timeout)));
     }
     w.worker_env = {{"DDPL_STORE_ADDR", endpoint_},
                     {"DDPL_STORE_TOKEN", c_.token},

@@ -1,5 +1,7 @@
 #include "launcher/gpu.h"
 
+#include "common/parse.h"
+
 #include <dlfcn.h>
 
 #include <dirent.h>
@@ -22,8 +24,12 @@ int countVisible(int physical, const std::string& value) {
       ++n;  // UUIDs: cannot be checked against an index, count them
       continue;
     }
-    if (!std::isdigit(static_cast<unsigned char>(item[0]))) break;
-    int idx = std::stoi(item);
+    int64_t idx;
+    try {
+      idx = parseInteger("CUDA_VISIBLE_DEVICES", item, 0, 1 << 20);
+    } catch (const InvalidArgument&) {
+      break;  // as CUDA: the first invalid entry ends the list
+    }
     if (idx >= physical) break;
     ++n;
   }

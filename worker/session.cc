@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "common/errors.h"
+#include "common/parse.h"
 #include "ddpl/config.h"
 #include "worker/log_bridge.h"
 #include "worker/backends.h"
@@ -270,7 +271,7 @@ c10::intrusive_ptr<c10d::Store> connectStoreThroughMpi(SessionOptions& o) {
   }
   const auto colon = endpoint.rfind(':');
   o.masterAddr = endpoint.substr(0, colon);
-  o.masterPort = std::stoi(endpoint.substr(colon + 1));
+  o.masterPort = parsePort("TCPStore endpoint from rank 0", endpoint.substr(colon + 1));
   wlog::info("store: TCPStore " + endpoint + (o.rank == 0 ? " (hosted by this rank)" : " (client)") +
              ", address shared through MPI; " + o.mpiVariables);
   if (store) return store;

@@ -133,6 +133,7 @@ TEST(Gpu, CudaVisibleDevices) {
   EXPECT_EQ(countVisible(4, "0,1"), 2);
   EXPECT_EQ(countVisible(4, ""), 0);
   EXPECT_EQ(countVisible(4, "0,1,-1,2"), 2);
+  EXPECT_EQ(countVisible(4, "1,99999999999,2"), 1);  // out of range: invalid, ends the list
   EXPECT_EQ(countVisible(2, "0,1,2,3"), 2);
   EXPECT_EQ(countVisible(8, "GPU-abc,GPU-def"), 2);
   EXPECT_EQ(countVisible(0, "0"), 0);
