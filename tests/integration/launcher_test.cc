@@ -11,7 +11,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
+#include <tuple>
 #include <set>
 #include <sstream>
 
@@ -235,6 +237,36 @@ TEST(Launch, LocalRanksFilter) {
   EXPECT_NE(r.out.find("[default1]:"), std::string::npos);
   EXPECT_EQ(r.out.find("[default0]:"), std::string::npos);
   EXPECT_EQ(r.out.find("[default2]:"), std::string::npos);
+}
+
+// Inputs that used to abort (uncaught std::out_of_range, exit 134), print "[error] stoi"
+// (exit 1) or run out of memory: each is a usage error naming the flag (or variable) and value.
+TEST(Launch, InputsThatUsedToCrashExitTwoNamingFlagAndValue) {
+  const std::vector<std::tuple<std::vector<std::string>, std::map<std::string, std::string>,
+                               std::string, std::string>>
+      cases = {
+          {{"--signals-to-handle=99999999999"}, {}, "--signals-to-handle", "99999999999"},
+          {{}, {{"PET_SIGNALS_TO_HANDLE", "99999999999"}}, "PET_SIGNALS_TO_HANDLE", "99999999999"},
+          {{"--rdzv-backend=c10d", "--rdzv-endpoint=h:abc"}, {}, "--rdzv-endpoint", "abc"},
+          {{"--rdzv-backend=c10d", "--rdzv-endpoint=h:99999999999"}, {}, "--rdzv-endpoint",
+           "99999999999"},
+          {{"--rdzv-backend=c10d", "--rdzv-endpoint=h:"}, {}, "--rdzv-endpoint", "h:"},
+          {{"--rdzv-backend=c10d", "--rdzv-endpoint=h:-1"}, {}, "--rdzv-endpoint", "-1"},
+          {{"--rdzv-backend=c10d", "--rdzv-endpoint=h:65536"}, {}, "--rdzv-endpoint", "65536"},
+          {{"--nproc-per-node=1000000000"}, {}, "--nproc-per-node", "1000000000"},
+          {{"-m", "--no-python"}, {}, "-m/--module and --no-python", "contradict"},
+      };
+  for (const auto& [args, env, flag, value] : cases) {
+    std::vector<std::string> argv = args;
+    argv.push_back("/bin/true");
+    RunOptions o;
+    o.env = env;
+    auto r = launch(argv, o);
+    EXPECT_EQ(r.exit_code, 2) << r.all();
+    EXPECT_NE(r.err.find(flag), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(value), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("stoi"), std::string::npos) << r.err;
+  }
 }
 
 TEST(Launch, BadInputExitsTwoAndNamesIt) {
