@@ -563,6 +563,13 @@ struct Agent::Impl {
     return exit_code;
   }
 
+  static bool lacksTorch(const FailureDetail& d) {
+    const std::string needle = "No module named 'torch'";
+    if (d.error && d.error->message.find(needle) != std::string::npos) return true;
+    return std::any_of(d.stderr_tail.begin(), d.stderr_tail.end(),
+                       [&](const std::string& l) { return l.find(needle) != std::string::npos; });
+  }
+
   void finish() {
     for (pid_t g : pgids) kill(-g, SIGKILL);
     pgids.clear();
@@ -615,6 +622,10 @@ struct Agent::Impl {
     if (!root_detail) return;
     std::string report = formatFailureReport(cfg.options.program, failures, *root_detail);
     writeAll(STDERR_FILENO, report.data(), report.size());
+    if (!cfg.python_origin.empty() && lacksTorch(*root_detail))
+      log::error("the workers ran under {}, which cannot import torch: set PYTHON_EXEC to the "
+                 "interpreter that has it, or run the launch installed in that environment",
+                 cfg.python_origin);
     if (!temp_base) log::info("logs and error files are in {}", run_dir);
   }
 };

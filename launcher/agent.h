@@ -22,6 +22,7 @@ struct AgentConfig {
   std::string run_id;
   std::string host;
   std::vector<NumaPlacement> numa;  // per local rank (--numa-binding); empty: no binding
+  std::string python_origin;  // "/path/python3 (why)" when PROGRAM runs under Python
 };
 
 class Agent {

@@ -102,6 +102,22 @@ int resolveNproc(const NprocSpec& spec, const Environment& env) {
   return 1;
 }
 
+// The interpreter of the environment launch belongs to, as torchrun runs scripts under its own:
+// the wheel's entry point names it (DDPL_LAUNCH_PYTHON); a launch installed into a virtual
+// environment's bin/ finds it beside itself. Empty: none (python3 from PATH).
+std::string environmentPython(const Environment& env) {
+  if (auto it = env.find("DDPL_LAUNCH_PYTHON"); it != env.end() && !it->second.empty())
+    return it->second;
+  char exe[4096];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n <= 0) return "";
+  std::string dir(exe, static_cast<size_t>(n));
+  dir = dir.substr(0, dir.rfind('/'));
+  for (const char* name : {"/python3", "/python"})
+    if (access((dir + name).c_str(), X_OK) == 0) return dir + name;
+  return "";
+}
+
 // Each rank under --launcher=mpi: torchrun's per-rank variables from OpenMPI's, then exec.
 int runMpiRankShim(int argc, char** argv, const Environment& env) {
   int first = 2;
@@ -150,6 +166,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   LaunchOptions& o = parsed.options;
+  o.python = environmentPython(env);
   if (o.launcher == "mpi") {
     // launcher/mpi_launch.h: exec mpirun (or print its command); nothing below applies.
     try {
@@ -187,6 +204,13 @@ int main(int argc, char** argv) {
     AgentConfig cfg;
     cfg.nproc = resolveNproc(o.nproc_per_node, env);
     cfg.command = resolveCommand(o, env);
+    if (cfg.command.size() > 1 && cfg.command[1] == "-u") {  // runs under Python
+      std::string origin;
+      if (pythonFor(o, env, &origin) == cfg.command[0]) {
+        cfg.python_origin = origin;
+        ddpl::log::debug("Python: {}", origin);
+      }
+    }
     if (o.rdzv_id.empty() && o.nnodes_max > 1) {
       // Every node must name the same run; torchrun's default is the literal "none".
       o.rdzv_id = "none";

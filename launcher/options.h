@@ -114,6 +114,10 @@ struct LaunchOptions {
   std::vector<std::string> warnings;
 
   // What to run.
+  // The interpreter for a .py PROGRAM and -m when PYTHON_EXEC is unset: main sets it to the
+  // one of the environment launch was installed in (as torchrun runs scripts under its own
+  // interpreter); empty: python3 from PATH.
+  std::string python;
   TargetKind target_kind = TargetKind::kAuto;
   std::string program;
   std::vector<std::string> program_args;

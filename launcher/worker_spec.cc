@@ -30,17 +30,26 @@ std::string findInPath(const std::string& name, const Environment& env) {
   return "";
 }
 
-std::string pythonFor(const Environment& env) {
+}  // namespace
+
+std::string pythonFor(const LaunchOptions& o, const Environment& env, std::string* origin) {
   auto it = env.find("PYTHON_EXEC");
-  std::string py = it != env.end() && !it->second.empty() ? it->second : "python3";
+  bool from_env = it != env.end() && !it->second.empty();
+  std::string py = from_env ? it->second : !o.python.empty() ? o.python : "python3";
+  std::string why = from_env            ? "from PYTHON_EXEC"
+                    : !o.python.empty() ? "the interpreter of the environment launch is installed in"
+                                        : "python3 from PATH";
   std::string found = findInPath(py, env);
   if (found.empty())
     throw UsageError(fmt::format(
         "cannot find the Python interpreter '{}' ({}): install python3, put it on PATH, or set "
         "PYTHON_EXEC; use --no-python to run PROGRAM as an executable",
-        py, it != env.end() ? "from PYTHON_EXEC" : "searched PATH"));
+        py, why));
+  if (origin) *origin = found + " (" + why + ")";
   return found;
 }
+
+namespace {
 
 bool endsWith(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -53,7 +62,7 @@ std::vector<std::string> resolveCommand(const LaunchOptions& o, const Environmen
   const std::string& prog = o.program;
   switch (o.target_kind) {
     case TargetKind::kModule:
-      cmd = {pythonFor(env), "-u", "-m", prog};
+      cmd = {pythonFor(o, env), "-u", "-m", prog};
       break;
     case TargetKind::kNoPython: {
       std::string found = findInPath(prog, env);
@@ -74,12 +83,12 @@ std::vector<std::string> resolveCommand(const LaunchOptions& o, const Environmen
         if (!exists)
           throw UsageError(fmt::format("PROGRAM '{}': no such file (relative to {})", prog,
                                        get_current_dir_name()));
-        cmd = {pythonFor(env), "-u", prog};
+        cmd = {pythonFor(o, env), "-u", prog};
       } else if (exists && isExecutableFile(prog)) {
         cmd = {prog.find('/') == std::string::npos ? "./" + prog : prog};
       } else if (exists) {
         // A readable file that is not executable: torchrun's default is to run it under python.
-        cmd = {pythonFor(env), "-u", prog};
+        cmd = {pythonFor(o, env), "-u", prog};
       } else {
         std::string found = findInPath(prog, env);
         if (found.empty())

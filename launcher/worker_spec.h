@@ -18,6 +18,11 @@ using Environment = ddpl::Environment;
 // run, and throws UsageError with what to do otherwise.
 std::vector<std::string> resolveCommand(const LaunchOptions& options, const Environment& env);
 
+// The interpreter for a .py PROGRAM or -m: PYTHON_EXEC, else options.python, else python3 from
+// PATH; `origin` (when given) says which and where. Throws UsageError when it is not found.
+std::string pythonFor(const LaunchOptions& options, const Environment& env,
+                      std::string* origin = nullptr);
+
 // Replaces every "${local_rank}" in the arguments.
 std::vector<std::string> substituteLocalRank(const std::vector<std::string>& command,
                                              int local_rank);

@@ -414,3 +414,40 @@ TEST(LaunchTerminal, OffATerminalWorkersGetPipesAndFinalLines) {
   EXPECT_NE(r.out.find("[default0]:progress 3/3\n"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("progress 1/3"), std::string::npos) << r.out;
 }
+
+// A launch installed in a virtual environment (a wheel's, or cmake --install into its prefix)
+// runs a .py PROGRAM under that environment's interpreter, not python3 from PATH; PYTHON_EXEC
+// still wins; a worker that cannot import torch gets the interpreter named in the report.
+TEST(LaunchPythonChoice, TheEnvironmentsInterpreterRunsScripts) {
+  std::string venv = makeTempDir("venv");
+  fs::create_directories(venv + "/bin");
+  fs::copy_file(kLaunch, venv + "/bin/launch");
+  std::ofstream(venv + "/bin/python3") << "#!/bin/sh\n"
+                                          "echo \"venv python: $*\"\n"
+                                          "echo \"ModuleNotFoundError: No module named 'torch'\" >&2\n"
+                                          "exit 1\n";
+  fs::permissions(venv + "/bin/python3", fs::perms::owner_all);
+  std::string script = prog("hello.py");
+  RunOptions o;
+  o.unset_env = {"PYTHON_EXEC", "DDPL_LAUNCH_PYTHON"};
+  auto r = run({venv + "/bin/launch", "--log-level=debug", script}, o);
+  EXPECT_EQ(r.exit_code, 1) << r.all();
+  EXPECT_NE(r.out.find("[default0]:venv python: -u " + script), std::string::npos) << r.all();
+  EXPECT_NE(r.err.find("Python: " + venv + "/bin/python3 (the interpreter of the environment"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("ran under " + venv + "/bin/python3 (the interpreter of the environment "
+                       "launch is installed in), which cannot import torch"),
+            std::string::npos)
+      << r.err;
+  // PYTHON_EXEC wins over the environment's interpreter.
+  o.env = {{"PYTHON_EXEC", "/bin/echo"}};
+  r = run({venv + "/bin/launch", script}, o);
+  EXPECT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_NE(r.out.find("[default0]:-u " + script), std::string::npos) << r.all();
+  // A build tree's launch has no interpreter beside it: python3 from PATH, as before.
+  o.env = {{"PATH", venv + "/bin:/usr/bin:/bin"}};
+  r = run({kLaunch, "--log-level=debug", script}, o);
+  EXPECT_NE(r.err.find("Python: " + venv + "/bin/python3 (python3 from PATH)"), std::string::npos)
+      << r.err;
+}
