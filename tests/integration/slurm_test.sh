@@ -16,10 +16,17 @@ done
 
 DIR="$(mktemp -d /tmp/ddpl-slurm-XXXXXX)"
 PIDS=()
+# Job steps run in slurmstepd processes that slurmd daemonizes (parent 1): they are not in
+# PIDS. Those that were here before the test are not ours.
+stepds() { pgrep -x slurmstepd | sort; }
+STEPDS_BEFORE="$(stepds)"
+our_stepds() { comm -13 <(echo "$STEPDS_BEFORE") <(stepds) | grep . || true; }
 cleanup() {
+  scancel --full "$(squeue -h -o %i 2>/dev/null | tr '\n' ' ')" 2>/dev/null
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
   sleep 0.5
   for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
+  for p in $(our_stepds); do kill -9 "$p" 2>/dev/null; done
   rm -rf "$DIR"
 }
 trap cleanup EXIT
@@ -76,11 +83,16 @@ echo "$out" | grep -q '^\[default1\]:RANK=1$' || fail "no rank 1 in: $out"
 echo "$out" | grep -q '^\[default0\]:WORLD_SIZE=2$' || fail "wrong world size in: $out"
 echo "ok: srun launch"
 
-# 2. The ready sbatch script, as users submit it.
+# 2. The ready sbatch script, as users submit it: no LAUNCH, launch on PATH (sbatch runs a
+# spooled copy of the script, so nothing may be found relative to it).
 jobout="$DIR/job.out"
-LAUNCH="$BIN/launch" NPROC_PER_NODE=2 timeout 120 sbatch --wait --nodes=1 -o "$jobout" \
+PATH="$BIN:$PATH" NPROC_PER_NODE=2 timeout 120 sbatch --wait --nodes=1 -o "$jobout" \
   "$SRC/deploy/slurm/train.sbatch" "$PROGS/env_dump.sh" >/dev/null || fail "sbatch job failed: $(cat "$jobout")"
 grep -q '^\[default1\]:RANK=1$' "$jobout" || fail "sbatch output lacks rank 1: $(cat "$jobout")"
+# Without launch anywhere: a clear error, not a path into Slurm's spool directory.
+(cd "$DIR" && env -u LAUNCH PATH=/usr/bin:/bin timeout 60 sbatch --wait --nodes=1 -o "$DIR/nolaunch.out" \
+  "$SRC/deploy/slurm/train.sbatch" "$PROGS/env_dump.sh" >/dev/null) && fail "sbatch without launch succeeded"
+grep -q "cannot find launch" "$DIR/nolaunch.out" || fail "no clear error without launch: $(cat "$DIR/nolaunch.out")"
 echo "ok: deploy/slurm/train.sbatch"
 
 # 3. Preemption warning: SIGUSR1 from Slurm reaches the workers through launch.
@@ -98,4 +110,10 @@ got_both || fail "SIGUSR1 did not reach both workers: $(cat "$DIR/sig.out")"
 launch_saw || fail "launch did not forward SIGUSR1: $(cat "$DIR/sig.out")"
 scancel "$jobid"
 echo "ok: SIGUSR1 forwarded to the workers"
-echo "slurm_test: 3 passed, 0 failed"
+
+# 4. Nothing of the test's cluster outlives it: every job ends, then every step daemon.
+for i in $(seq 100); do [ -z "$(squeue -h 2>/dev/null)" ] && [ -z "$(our_stepds)" ] && break; sleep 0.2; done
+[ -z "$(squeue -h 2>/dev/null)" ] || fail "jobs still queued or running: $(squeue 2>&1)"
+[ -z "$(our_stepds)" ] || fail "slurmstepd still running after every job ended: $(our_stepds | tr '\n' ' ')"
+echo "ok: no job or step left"
+echo "slurm_test: 4 passed, 0 failed"
