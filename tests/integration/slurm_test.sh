@@ -18,7 +18,7 @@ DIR="$(mktemp -d /tmp/ddpl-slurm-XXXXXX)"
 PIDS=()
 # Job steps run in slurmstepd processes that slurmd daemonizes (parent 1): they are not in
 # PIDS. Those that were here before the test are not ours.
-stepds() { pgrep -x slurmstepd | sort; }
+stepds() { ps -o pid=,stat= -C slurmstepd | awk '$2 !~ /^Z/ {print $1}' | sort; }  # zombies are gone
 STEPDS_BEFORE="$(stepds)"
 our_stepds() { comm -13 <(echo "$STEPDS_BEFORE") <(stepds) | grep . || true; }
 cleanup() {
