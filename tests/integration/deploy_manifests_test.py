@@ -104,6 +104,42 @@ class K8sManifests(unittest.TestCase):
         self.assertEqual(rule["onExitCodes"]["values"], [r.returncode])
 
 
+    def test_rdzv_server_runs_hardened(self):
+        dep = find("Deployment", "ddpl-rdzv")
+        c = dep["spec"]["template"]["spec"]["containers"][0]
+        sc = c["securityContext"]
+        self.assertTrue(sc["runAsNonRoot"])
+        self.assertNotEqual(sc["runAsUser"], 0)
+        self.assertTrue(sc["readOnlyRootFilesystem"])
+        self.assertFalse(sc["allowPrivilegeEscalation"])
+        self.assertEqual(sc["capabilities"]["drop"], ["ALL"])
+        for kind in ("requests", "limits"):
+            self.assertIn("cpu", c["resources"][kind])
+            self.assertIn("memory", c["resources"][kind])
+        port = int(flag_value(c["args"], "--port"))
+        for probe in ("readinessProbe", "livenessProbe"):
+            self.assertEqual(c[probe]["tcpSocket"]["port"], port)
+
+    def test_the_secret_as_shipped_gives_no_usable_token(self):
+        secret = find("Secret", "ddpl-rdzv-token")
+        self.assertEqual(secret["stringData"]["token"], "")
+        # ... which both programs refuse, rather than run with it.
+        import tempfile
+        with tempfile.NamedTemporaryFile("w", suffix=".token") as f:
+            f.write(secret["stringData"]["token"])
+            f.flush()
+            r = subprocess.run([os.path.join(BIN, "rdzv-server"), "--port", "0", "--token-file",
+                                f.name], capture_output=True, text=True, timeout=30)
+            self.assertNotEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertIn(f.name, r.stdout + r.stderr)
+        r = subprocess.run([os.path.join(BIN, "launch"), "--nnodes=2", "--rdzv-backend=c10d",
+                            "--rdzv-endpoint=127.0.0.1:1", "/bin/true"],
+                           capture_output=True, text=True, timeout=30,
+                           env=dict(os.environ, DDPL_RDZV_TOKEN=""))
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("DDPL_RDZV_TOKEN is set but empty", r.stderr)
+
+
 class Systemd(unittest.TestCase):
     def test_unit_starts_rdzv_server_with_real_flags(self):
         with open(os.path.join(ROOT, "deploy", "systemd", "rdzv-server.service")) as f:
