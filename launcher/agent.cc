@@ -350,6 +350,7 @@ struct Agent::Impl {
       bool err_console = shown && !(redirect.stderr_ && !tee.stderr_);
 
       SpawnOptions so;
+      so.cgroup_dir_fd = cgroup ? cgroup->dirFd() : -1;
       so.cgroup_procs_fd = cgroup ? cgroup->procsFd() : -1;
       if (lr < static_cast<int>(cfg.numa.size())) {
         so.cpus = cfg.numa[lr].cpus;

@@ -79,16 +79,20 @@ std::unique_ptr<RunCgroup> RunCgroup::create(const std::string& name, std::strin
   std::string dir = mount + (own == "/" ? "" : own) + "/" + name;
   if (mkdir(dir.c_str(), 0755) != 0) return fail("cannot create " + dir + ": " + strerror(errno));
   int fd = open((dir + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC);
-  if (fd < 0) {
-    std::string why = "cannot open " + dir + "/cgroup.procs: " + strerror(errno);
+  int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0 || dir_fd < 0) {
+    std::string why = "cannot open " + dir + ": " + strerror(errno);
+    if (fd >= 0) close(fd);
+    if (dir_fd >= 0) close(dir_fd);
     rmdir(dir.c_str());
     return fail(why);
   }
-  return std::unique_ptr<RunCgroup>(new RunCgroup(dir, fd));
+  return std::unique_ptr<RunCgroup>(new RunCgroup(dir, dir_fd, fd));
 }
 
 RunCgroup::~RunCgroup() {
   if (procs_fd_ >= 0) close(procs_fd_);
+  if (dir_fd_ >= 0) close(dir_fd_);
   // Members are SIGKILLed and reaped by the agent before this; allow the kernel a moment to
   // finish tearing them down (rmdir fails with EBUSY while any is left).
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);

@@ -24,6 +24,8 @@ class RunCgroup {
   RunCgroup& operator=(const RunCgroup&) = delete;
 
   const std::string& path() const { return path_; }
+  // The directory, open (O_DIRECTORY, close-on-exec): where clone3 starts a child.
+  int dirFd() const { return dir_fd_; }
   // Open for writing, close-on-exec. A forked child joins with write(fd, "0", 1), which is
   // async-signal-safe.
   int procsFd() const { return procs_fd_; }
@@ -33,9 +35,10 @@ class RunCgroup {
   std::vector<pid_t> members() const;
 
  private:
-  explicit RunCgroup(std::string path, int procs_fd)
-      : path_(std::move(path)), procs_fd_(procs_fd) {}
+  RunCgroup(std::string path, int dir_fd, int procs_fd)
+      : path_(std::move(path)), dir_fd_(dir_fd), procs_fd_(procs_fd) {}
   std::string path_;
+  int dir_fd_ = -1;
   int procs_fd_ = -1;
 };
 

@@ -17,7 +17,10 @@ struct SpawnedProcess {
 
 // What the child gets besides the defaults.
 struct SpawnOptions {
-  int cgroup_procs_fd = -1;    // join that cgroup (RunCgroup::procsFd); -1: stay
+  // Start in that cgroup (RunCgroup::dirFd, clone3's CLONE_INTO_CGROUP), else join it between
+  // fork and exec through its procs file (RunCgroup::procsFd); -1: stay.
+  int cgroup_dir_fd = -1;
+  int cgroup_procs_fd = -1;
   std::vector<int> cpus;       // bind to these CPUs; empty: inherit
   std::vector<int> mem_nodes;  // allocate memory on these NUMA nodes only; empty: default
   // A pseudo-terminal instead of a pipe for the stream, of this many columns and rows (as
