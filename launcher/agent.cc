@@ -578,8 +578,15 @@ struct Agent::Impl {
       router.drain(fd);
       removeStream(fd);
     }
+    // Disarm (and drain) the timers: a readable one would keep the reaping wait below spinning.
     itimerspec off{};
-    timerfd_settime(timerfd, 0, &off, nullptr);
+    for (int fd : {timerfd, strayfd}) {
+      if (fd < 0) continue;
+      timerfd_settime(fd, 0, &off, nullptr);
+      uint64_t expirations;
+      ssize_t ignored = read(fd, &expirations, sizeof(expirations));
+      (void)ignored;
+    }
     watchdog.release();
     // Reap everything we were given as subreaper. While anything is left, it is killed: a
     // process that escaped the worker groups (setsid) and its environment (no marker) is in
