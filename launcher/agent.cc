@@ -5,6 +5,8 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/time.h>
 #include <sys/timerfd.h>
@@ -25,7 +27,9 @@
 #include "common/errors.h"
 #include "common/log.h"
 #include "launcher/cli.h"
+#include "common/heartbeat.h"
 #include "launcher/containment.h"
+#include "launcher/progress.h"
 #include "launcher/error_report.h"
 #include "launcher/output.h"
 #include "launcher/process.h"
@@ -77,6 +81,8 @@ struct Agent::Impl {
     pid_t pid = -1;
     bool alive = false;
     std::string error_file;
+    int heartbeat_fd = -1;  // memfd the worker writes its step to (common/heartbeat.h)
+    const volatile uint64_t* heartbeat = nullptr;  // launch's read-only mapping of it
   };
 
   AgentConfig cfg;
@@ -91,6 +97,9 @@ struct Agent::Impl {
   // that the watchdog knows them should launch be SIGKILLed.
   int strayfd = -1;
   std::set<pid_t> known_strays;
+  // Reads the workers' heartbeats every --monitor-interval, for the end-of-run summary.
+  int monitorfd = -1;
+  ProgressTracker progress;
   // Rendezvous answers and round ends arrive on other threads; the loop takes them from here.
   struct RdzvDone {
     std::optional<WorldAssignment> world;
@@ -147,6 +156,17 @@ struct Agent::Impl {
     addFd(sigfd);
     addFd(timerfd);
     addFd(wakefd);
+    monitorfd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+    if (monitorfd >= 0) {
+      itimerspec every{};
+      double t = std::max(cfg.options.monitor_interval_sec, 0.01);
+      every.it_interval.tv_sec = static_cast<time_t>(t);
+      every.it_interval.tv_nsec =
+          static_cast<long>((t - static_cast<double>(every.it_interval.tv_sec)) * 1e9);
+      every.it_value = every.it_interval;
+      timerfd_settime(monitorfd, 0, &every, nullptr);
+      addFd(monitorfd);
+    }
     if (!cgroup) {
       strayfd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
       if (strayfd >= 0) {
@@ -201,7 +221,8 @@ struct Agent::Impl {
   }
 
   ~Impl() {
-    for (int fd : {epfd, sigfd, timerfd, wakefd, strayfd})
+    closeHeartbeats();
+    for (int fd : {epfd, sigfd, timerfd, wakefd, strayfd, monitorfd})
       if (fd >= 0) close(fd);
     if (temp_base) {
       std::error_code ec;
@@ -246,6 +267,53 @@ struct Agent::Impl {
       if (!known_strays.insert(p).second) continue;
       if (auto start = processStartTime(p)) watchdog.watchStray(p, start);
     }
+  }
+
+  // A memfd per worker for its step count, mapped read-only here. Without one (memfd refused)
+  // the worker simply gets no DDPL_HEARTBEAT_FD.
+  void openHeartbeat(Worker& w) {
+    int fd = memfd_create("ddpl-heartbeat", MFD_CLOEXEC);
+    if (fd < 0) return;
+    void* map = MAP_FAILED;
+    if (ftruncate(fd, kHeartbeatBytes) == 0)
+      map = mmap(nullptr, kHeartbeatBytes, PROT_READ, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED) {
+      close(fd);
+      return;
+    }
+    w.heartbeat_fd = fd;
+    w.heartbeat = static_cast<const volatile uint64_t*>(map);
+  }
+
+  void closeHeartbeats() {
+    for (auto& w : workers) {
+      if (w.heartbeat) munmap(const_cast<uint64_t*>(w.heartbeat), kHeartbeatBytes);
+      if (w.heartbeat_fd >= 0) close(w.heartbeat_fd);
+      w.heartbeat = nullptr;
+      w.heartbeat_fd = -1;
+    }
+  }
+
+  // Little-endian on disk and in memory alike on the machines we run on (x86-64, AArch64).
+  static uint64_t stepOf(const Worker& w) { return w.heartbeat ? *w.heartbeat : 0; }
+
+  void onMonitorTick() {
+    uint64_t expirations;
+    ssize_t ignored = read(monitorfd, &expirations, sizeof(expirations));
+    (void)ignored;
+    double now = unixNow();
+    for (const auto& w : workers)
+      if (w.alive) progress.onStep(w.local_rank, stepOf(w), now);
+  }
+
+  void printSummary() {
+    if (progress.ranks().empty() || !log::logger().should_log(spdlog::level::info)) return;
+    int threads = 0;
+    auto omp = cfg.base_env.find("OMP_NUM_THREADS");
+    if (omp != cfg.base_env.end()) threads = std::atoi(omp->second.c_str());
+    else if (cfg.nproc > 1) threads = 1;  // what launch sets
+    log::info("per-rank summary of attempt {}:\n{}", attempt,
+              progress.summary(unixNow(), usableCpus(), threads));
   }
 
   // Everything but the workers themselves that the run started: SIGKILLed wherever it went.
@@ -321,6 +389,7 @@ struct Agent::Impl {
   }
 
   void startGroup() {
+    closeHeartbeats();
     attempt = groups_started++;
     failures.clear();
     router.clearTails();
@@ -328,6 +397,7 @@ struct Agent::Impl {
               attempt, cfg.nproc, world.rank_offset, world.rank_offset + cfg.nproc - 1,
               world.world_size, world.master_addr, world.master_port);
     workers.assign(static_cast<size_t>(cfg.nproc), Worker{});
+    progress.start(cfg.nproc, world.rank_offset, unixNow());
     std::vector<SpawnedProcess> spawned;
     for (int lr = 0; lr < cfg.nproc; ++lr) {
       std::string dir = rankDir(lr);
@@ -341,6 +411,8 @@ struct Agent::Impl {
       Environment extra = cfg.extra_env;
       for (const auto& [k, v] : world.worker_env) extra[k] = v;
       extra[kMarkerEnv] = watchdog.marker();
+      openHeartbeat(w);
+      if (w.heartbeat_fd >= 0) extra[kHeartbeatFdEnv] = std::to_string(w.heartbeat_fd);
       auto env = buildWorkerEnv(cfg.base_env, world, ctx, extra);
       StreamSelection redirect = cfg.options.redirects.forRank(lr);
       StreamSelection tee = cfg.options.tee.forRank(lr);
@@ -352,6 +424,7 @@ struct Agent::Impl {
       SpawnOptions so;
       so.cgroup_dir_fd = cgroup ? cgroup->dirFd() : -1;
       so.cgroup_procs_fd = cgroup ? cgroup->procsFd() : -1;
+      so.inherit_fd = w.heartbeat_fd;
       if (lr < static_cast<int>(cfg.numa.size())) {
         so.cpus = cfg.numa[lr].cpus;
         so.mem_nodes = cfg.numa[lr].mem_nodes;
@@ -489,12 +562,17 @@ struct Agent::Impl {
     }
   }
 
-  void onChildExit(pid_t pid, int wstatus) {
+  void onChildExit(pid_t pid, int wstatus, const rusage& usage) {
     auto it = std::find_if(workers.begin(), workers.end(),
                            [&](const Worker& w) { return w.pid == pid && w.alive; });
     if (it == workers.end()) return;  // a reparented grandchild or the watchdog: just reaped
     Worker& w = *it;
     w.alive = false;
+    double exit_time = unixNow();
+    progress.onStep(w.local_rank, stepOf(w), exit_time);
+    auto seconds = [](const timeval& tv) { return tv.tv_sec + tv.tv_usec / 1e6; };
+    progress.onExit(w.local_rank, exit_time, seconds(usage.ru_utime) + seconds(usage.ru_stime),
+                    usage.ru_maxrss);
     // Output written before exit is shown before the exit is acted on.
     for (int fd : std::vector<int>(stream_fds)) router.drain(fd);
     ExitStatus st = ExitStatus::fromWaitStatus(wstatus);
@@ -525,7 +603,8 @@ struct Agent::Impl {
       if (signo == SIGCHLD) {
         int wstatus;
         pid_t pid;
-        while ((pid = waitpid(-1, &wstatus, WNOHANG)) > 0) onChildExit(pid, wstatus);
+        rusage usage{};
+        while ((pid = wait4(-1, &wstatus, WNOHANG, &usage)) > 0) onChildExit(pid, wstatus, usage);
       } else {
         log::warn("received {}", signalName(signo));
         execute(sup.onSignal(signo));
@@ -550,6 +629,8 @@ struct Agent::Impl {
           onWake();
         } else if (fd == strayfd) {
           onStrayScan();
+        } else if (fd == monitorfd) {
+          onMonitorTick();
         } else if (fd == timerfd) {
           uint64_t expirations;
           ssize_t ignored = read(timerfd, &expirations, sizeof(expirations));
@@ -580,7 +661,7 @@ struct Agent::Impl {
     }
     // Disarm (and drain) the timers: a readable one would keep the reaping wait below spinning.
     itimerspec off{};
-    for (int fd : {timerfd, strayfd}) {
+    for (int fd : {timerfd, strayfd, monitorfd}) {
       if (fd < 0) continue;
       timerfd_settime(fd, 0, &off, nullptr);
       uint64_t expirations;
@@ -613,6 +694,7 @@ struct Agent::Impl {
       }
     }
     cgroup.reset();
+    printSummary();
     bool job_ok = rdzv.finish(exit_code == 0);
     if (sup.stopReason() == StopReason::kSignal) {
       log::warn("stopped by {}: exit code {}", signalName(sup.stopSignal()), exit_code);

@@ -31,13 +31,6 @@ namespace {
 using namespace ddpl::launcher;
 
 
-int cpuCount() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
-  long n = sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? static_cast<int>(n) : 1;
-}
-
 std::string randomRunId() {
   std::random_device rd;
   char buf[17];
@@ -87,9 +80,9 @@ int resolveNproc(const NprocSpec& spec, const Environment& env) {
                          "): use a number or 'cpu'");
       return gpus.visible;
     case NprocKind::kCpu:
-      return cpuCount();
+      return usableCpus();
     case NprocKind::kAuto:
-      return gpus.visible > 0 ? gpus.visible : cpuCount();
+      return gpus.visible > 0 ? gpus.visible : usableCpus();
     case NprocKind::kNumber:
       if (gpus.visible > 0 && spec.number > gpus.visible)
         ddpl::log::warn(

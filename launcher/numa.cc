@@ -1,6 +1,8 @@
 #include "launcher/numa.h"
 
 #include <fmt/format.h>
+#include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -73,6 +75,13 @@ std::vector<int> gpuNodes(const fs::path& sys) {
 }
 
 }  // namespace
+
+int usableCpus() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 1;
+}
 
 std::vector<int> parseCpuList(const std::string& text) {
   std::set<int> cpus;

@@ -25,6 +25,9 @@ std::vector<NumaPlacement> planNumaBinding(NumaBinding mode, int nproc,
                                            const std::vector<int>& gpu_indices,
                                            std::string* why_not);
 
+// CPUs this process may run on (its affinity mask), at least 1.
+int usableCpus();
+
 // "0-3,8,10-11" -> {0,1,2,3,8,10,11}; malformed parts are skipped.
 std::vector<int> parseCpuList(const std::string& text);
 std::string formatCpuList(const std::vector<int>& cpus);

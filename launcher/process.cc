@@ -127,6 +127,7 @@ SpawnedProcess spawnProcess(const std::vector<std::string>& argv,
       ssize_t ignored = write(options.cgroup_procs_fd, "0", 1);
       (void)ignored;
     }
+    if (options.inherit_fd >= 0) fcntl(options.inherit_fd, F_SETFD, 0);
     if (!options.cpus.empty()) sched_setaffinity(0, sizeof(cpus), &cpus);
     if (!options.mem_nodes.empty()) syscall(SYS_set_mempolicy, kMpolBind, nodemask, kMaxNode + 1);
     sigset_t none;

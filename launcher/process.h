@@ -21,6 +21,7 @@ struct SpawnOptions {
   // fork and exec through its procs file (RunCgroup::procsFd); -1: stay.
   int cgroup_dir_fd = -1;
   int cgroup_procs_fd = -1;
+  int inherit_fd = -1;  // stays open across exec, same number (the heartbeat memfd)
   std::vector<int> cpus;       // bind to these CPUs; empty: inherit
   std::vector<int> mem_nodes;  // allocate memory on these NUMA nodes only; empty: default
   // A pseudo-terminal instead of a pipe for the stream, of this many columns and rows (as

@@ -1,3 +1,4 @@
+#include "worker/heartbeat.h"
 #include "worker/ddp.h"
 
 #include <torch/csrc/autograd/engine.h>
@@ -323,6 +324,7 @@ void DdpReducer::Impl::finalize() {
   std::lock_guard<std::mutex> lock(mu);
   if (!inBackward) return;
   inBackward = false;
+  heartbeat::beat();  // one synchronised backward: one optimizer step, reported to launch
   if (readyCount < params.size()) {
     if (!options.findUnusedParameters) {
       std::string missing;

@@ -12,11 +12,13 @@
 #include <thread>
 
 #include "common/errors.h"
+#include "common/heartbeat.h"
 #include "common/parse.h"
 #include "ddpl/config.h"
 #include "worker/log_bridge.h"
 #include "worker/backends.h"
 #include "worker/build_config.h"
+#include "worker/heartbeat.h"
 #include "worker/mpi_env.h"
 #include "worker/store_adapter.h"
 #if DDPL_WORKER_GRPC_STORE
@@ -127,6 +129,7 @@ SessionOptions SessionOptions::fromEnvironment(const Environment& env) {
   o.worldSize = parseInt(env, "WORLD_SIZE", 1);
   o.localRank = parseInt(env, "LOCAL_RANK", 0);
   o.localWorldSize = parseInt(env, "LOCAL_WORLD_SIZE", 1);
+  o.heartbeatFd = parseInt(env, kHeartbeatFdEnv, -1);
   o.masterAddr = lookup(env, "MASTER_ADDR", o.masterAddr);
   o.masterPort = parseInt(env, "MASTER_PORT", o.masterPort);
   applyMpiLaunch(o, env);
@@ -338,6 +341,7 @@ Session::Session(SessionOptions options, std::vector<Hook> setupHooks) : impl_(s
   impl_->options = std::move(options);
   const SessionOptions& o = impl_->options;
   wlog::init(o.rank);
+  heartbeat::open(o.heartbeatFd);
   if (o.retainFreedMemory) {
     mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest allowed value on 64-bit
     mallopt(M_TRIM_THRESHOLD, 256 << 20);

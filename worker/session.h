@@ -66,6 +66,9 @@ struct SessionOptions {
   // session starts (PMIx gives no size; local ranks then come from MPI's node split).
   bool mpiBootstrap = false;
   std::string mpiVariables;  // the launcher variables read, for messages
+  // DDPL_HEARTBEAT_FD from `launch`: where this rank reports its steps (worker/heartbeat.h);
+  // -1: none (torchrun, mpirun).
+  int heartbeatFd = -1;
 
   // Reads RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
   // TORCHELASTIC_*, DDPL_STORE_*, DDPL_BACKEND, GLOO_SOCKET_IFNAME. Malformed numbers are an

@@ -451,3 +451,49 @@ TEST(LaunchPythonChoice, TheEnvironmentsInterpreterRunsScripts) {
   EXPECT_NE(r.err.find("Python: " + venv + "/bin/python3 (python3 from PATH)"), std::string::npos)
       << r.err;
 }
+
+namespace {
+// The words of rank `global_rank`'s row in launch's end-of-run summary.
+std::vector<std::string> summaryRow(const std::string& text, int global_rank) {
+  auto at = text.find("per-rank summary of attempt");
+  if (at == std::string::npos) return {};
+  std::istringstream in(text.substr(at));
+  std::string line;
+  std::getline(in, line);
+  while (std::getline(in, line)) {
+    std::istringstream words(line);
+    std::vector<std::string> w;
+    for (std::string x; words >> x;) w.push_back(x);
+    if (w.size() >= 8 && w[0] == std::to_string(global_rank)) return w;
+  }
+  return {};
+}
+}  // namespace
+
+// Workers report steps through DDPL_HEARTBEAT_FD with the documented Python one-liner; the
+// summary at the end shows them per rank. A program that never reports shows "-".
+TEST(LaunchProgress, HeartbeatStepsReachTheEndOfRunSummary) {
+  RunOptions o;
+  o.env = {{"PYTHON_EXEC", DDPL_PYTHON}, {"STEPS", "4"}, {"STEP_SECONDS", "0.05"}};
+  auto r = launch({"--nproc-per-node=2", "--monitor-interval=0.02", prog("beats.py")}, o);
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  for (int rank = 0; rank < 2; ++rank) {
+    auto w = summaryRow(r.err, rank);
+    ASSERT_FALSE(w.empty()) << r.err;
+    EXPECT_EQ(w[1], std::to_string(rank)) << r.err;  // local rank
+    EXPECT_EQ(w[3], "4") << r.err;                    // steps
+    EXPECT_NE(w[4], "-") << r.err;                    // mean step time
+    EXPECT_NE(w[7], "-") << r.err;                    // peak memory
+  }
+  EXPECT_NE(r.out.find("heartbeat fd "), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("heartbeat fd -1"), std::string::npos) << r.out;
+
+  auto silent = launch({"--nproc-per-node=1", prog("hello.py")}, o);
+  ASSERT_EQ(silent.exit_code, 0) << silent.all();
+  auto w = summaryRow(silent.err, 0);
+  ASSERT_FALSE(w.empty()) << silent.err;
+  EXPECT_EQ(w[3], "-") << silent.err;
+  // --log-level=warn keeps the summary out.
+  auto quiet = launch({"--log-level=warn", "--nproc-per-node=1", prog("hello.py")}, o);
+  EXPECT_EQ(quiet.err.find("per-rank summary"), std::string::npos) << quiet.err;
+}

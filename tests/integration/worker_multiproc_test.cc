@@ -1,6 +1,8 @@
 // Real processes on loopback with Gloo: the claims of issue 4 that need more than one rank.
 #include <gtest/gtest.h>
 
+#include <sstream>
+
 #include <nlohmann/json.hpp>
 
 #include "tests/integration/worker_procs.h"
@@ -121,7 +123,22 @@ TEST(WorkerLaunchers, RunsUnderLaunch) {
   const pid_t pid = wt::spawn({launch, "--standalone", "--nproc-per-node=2", wt::rankBinary(), "equivalence"},
                               {{"OMP_NUM_THREADS", "1"}, {"DDPL_BACKEND", "gloo"}}, dir + "/launch.log");
   const int status = wt::waitFor(pid, std::chrono::seconds(120));
-  EXPECT_TRUE(wt::exitedWith(status, 0)) << wt::readFile(dir + "/launch.log");
+  const std::string log = wt::readFile(dir + "/launch.log");
+  EXPECT_TRUE(wt::exitedWith(status, 0)) << log;
+  // DistributedDataParallel beats once per synchronised backward, with no user code: the
+  // scenario's 5 steps on each rank reach launch's end-of-run summary.
+  const auto at = log.find("per-rank summary of attempt");
+  ASSERT_NE(at, std::string::npos) << log;
+  std::istringstream rows(log.substr(at));
+  std::string line;
+  int ranks_with_five = 0;
+  while (std::getline(rows, line)) {
+    std::istringstream words(line);
+    std::vector<std::string> w;
+    for (std::string x; words >> x;) w.push_back(x);
+    if (w.size() >= 8 && (w[0] == "0" || w[0] == "1") && w[3] == "5") ++ranks_with_five;
+  }
+  EXPECT_EQ(ranks_with_five, 2) << log;
 }
 
 }  // namespace

@@ -1,0 +1,92 @@
+#include "launcher/progress.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace ddpl::launcher {
+
+std::optional<double> RankProgress::meanStepSeconds() const {
+  if (!first_beat || step <= first_step) return std::nullopt;
+  return (last_change - *first_beat) / static_cast<double>(step - first_step);
+}
+
+void ProgressTracker::start(int nproc, int rank_offset, double now) {
+  ranks_.assign(static_cast<size_t>(nproc), RankProgress{});
+  for (int lr = 0; lr < nproc; ++lr) {
+    ranks_[lr].local_rank = lr;
+    ranks_[lr].global_rank = rank_offset + lr;
+    ranks_[lr].started = now;
+  }
+}
+
+void ProgressTracker::onStep(int local_rank, uint64_t step, double now) {
+  if (local_rank < 0 || local_rank >= static_cast<int>(ranks_.size())) return;
+  RankProgress& r = ranks_[local_rank];
+  if (step == 0 || step == r.step) return;
+  if (!r.first_beat) {
+    r.first_beat = now;
+    r.first_step = step;
+  }
+  r.step = step;
+  r.last_change = now;
+}
+
+void ProgressTracker::onExit(int local_rank, double now, double cpu_seconds, int64_t peak_rss_kb) {
+  if (local_rank < 0 || local_rank >= static_cast<int>(ranks_.size())) return;
+  RankProgress& r = ranks_[local_rank];
+  r.ended = now;
+  r.cpu_seconds = cpu_seconds;
+  r.peak_rss_kb = peak_rss_kb;
+}
+
+namespace {
+std::string duration(double s) {
+  if (s < 1) return fmt::format("{:.0f}ms", s * 1000);
+  if (s < 120) return fmt::format("{:.1f}s", s);
+  return fmt::format("{}m{:02d}s", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
+}
+std::string memory(int64_t kb) {
+  if (kb < 1024) return fmt::format("{}KiB", kb);
+  if (kb < 1024 * 1024) return fmt::format("{:.0f}MiB", kb / 1024.0);
+  return fmt::format("{:.1f}GiB", kb / 1048576.0);
+}
+}  // namespace
+
+std::string ProgressTracker::summary(double now, int cores, int threads_per_rank) const {
+  if (ranks_.empty()) return "";
+  std::string out = fmt::format("{:>6} {:>6} {:>9} {:>8} {:>10} {:>9} {:>6} {:>10}\n", "rank",
+                                "local", "wall", "steps", "mean step", "CPU", "CPU%", "peak mem");
+  std::vector<int64_t> peaks;
+  for (const auto& r : ranks_) {
+    double wall = r.ended.value_or(now) - r.started;
+    auto mean = r.meanStepSeconds();
+    double cpu_pct = wall > 0 ? 100 * r.cpu_seconds / wall : 0;
+    out += fmt::format("{:>6} {:>6} {:>9} {:>8} {:>10} {:>9} {:>5.0f}% {:>10}\n", r.global_rank,
+                       r.local_rank, duration(wall), r.first_beat ? std::to_string(r.step) : "-",
+                       mean ? duration(*mean) : "-", r.ended ? duration(r.cpu_seconds) : "-",
+                       r.ended ? cpu_pct : 0.0, r.ended ? memory(r.peak_rss_kb) : "-");
+    if (r.ended) peaks.push_back(r.peak_rss_kb);
+  }
+  if (threads_per_rank > 1 && cores > 0 &&
+      threads_per_rank * static_cast<int>(ranks_.size()) > cores)
+    out += fmt::format(
+        "advice: {} ranks x OMP_NUM_THREADS={} is {} threads on {} cores: they slow each other "
+        "down; lower OMP_NUM_THREADS to {}\n",
+        ranks_.size(), threads_per_rank, threads_per_rank * static_cast<int>(ranks_.size()), cores,
+        std::max(1, cores / static_cast<int>(ranks_.size())));
+  if (peaks.size() >= 2) {
+    std::vector<int64_t> sorted = peaks;
+    std::sort(sorted.begin(), sorted.end());
+    int64_t median = sorted[sorted.size() / 2];
+    for (const auto& r : ranks_)
+      if (r.ended && median > 0 && r.peak_rss_kb > 2 * median && r.peak_rss_kb - median > 262144)
+        out += fmt::format(
+            "advice: rank {} peaked at {}, more than twice the median rank's {}: look for data "
+            "or caches only that rank holds (rank 0 logging, evaluation, a sampler)\n",
+            r.global_rank, memory(r.peak_rss_kb), memory(median));
+  }
+  return out;
+}
+
+}  // namespace ddpl::launcher

@@ -1,0 +1,18 @@
+#pragma once
+// This process's progress channel to `launch` (common/heartbeat.h): a step counter in a memfd
+// that launch maps too. Process-wide, as the descriptor it comes from: Session opens it from
+// SessionOptions::heartbeatFd, DistributedDataParallel beats once per synchronised backward
+// (one optimizer step), and a program may report its own steps instead. Without launch (no
+// descriptor) every call is a no-op. Thread-safe; a beat is one relaxed atomic store.
+#include <cstdint>
+
+namespace ddpl::worker::heartbeat {
+
+// Maps `fd` (launch's memfd). Returns false, and stays a no-op, when it cannot be mapped.
+bool open(int fd);
+// The step count: the next one, or the given one.
+void beat();
+void set(uint64_t step);
+uint64_t current();
+
+}  // namespace ddpl::worker::heartbeat
