@@ -18,6 +18,8 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <map>
 #include <mutex>
 #include <set>
@@ -30,6 +32,7 @@
 #include "common/heartbeat.h"
 #include "launcher/containment.h"
 #include "launcher/progress.h"
+#include "launcher/stacks.h"
 #include "launcher/error_report.h"
 #include "launcher/output.h"
 #include "launcher/process.h"
@@ -44,6 +47,8 @@ namespace {
 // Without a cgroup, how often orphaned descendants are looked for (for the watchdog only: the
 // end of a run finds them all regardless).
 constexpr int kStrayScanSeconds = 1;
+// How long a stack snapshot tool may take per hang (all ranks at once).
+constexpr double kStackSeconds = 10;
 
 double unixNow() {
   timeval tv{};
@@ -100,6 +105,8 @@ struct Agent::Impl {
   // Reads the workers' heartbeats every --monitor-interval, for the end-of-run summary.
   int monitorfd = -1;
   ProgressTracker progress;
+  HangDetector hang;
+  std::vector<uint64_t> output_seen;  // bytes of each local rank's output at the last tick
   // Rendezvous answers and round ends arrive on other threads; the loop takes them from here.
   struct RdzvDone {
     std::optional<WorldAssignment> world;
@@ -128,6 +135,7 @@ struct Agent::Impl {
         rdzv(r),
         sup(Supervisor::Config{cfg.nproc, cfg.options.max_restarts, stopSignals(cfg.options)}),
         router(consoleOptions(cfg.options)),
+        hang(hangOptions(cfg.options)),
         console_size(terminalSize()),
         cgroup(makeCgroup(cfg)),
         watchdog(cfg.run_id + "-" + std::to_string(getpid()), cgroup ? cgroup->path() : "") {
@@ -304,6 +312,90 @@ struct Agent::Impl {
     double now = unixNow();
     for (const auto& w : workers)
       if (w.alive) progress.onStep(w.local_rank, stepOf(w), now);
+    if (!hangDetectionOn() || sup.phase() != Phase::kRunning) return;
+    // CPU time counts only for ranks without steps, and only when a limit was given.
+    bool want_cpu = cfg.options.hang_timeout_sec.has_value();
+    for (const auto& w : workers) {
+      if (!w.alive) continue;
+      uint64_t bytes = router.bytesFrom(w.local_rank);
+      bool wrote = bytes != output_seen[w.local_rank];
+      output_seen[w.local_rank] = bytes;
+      hang.observe(w.local_rank, stepOf(w), want_cpu ? cpuSeconds(w.pid) : 0, wrote, now);
+    }
+    auto hangs = hang.check(now);
+    if (!hangs.empty()) onHangs(hangs, now);
+  }
+
+  static double cpuSeconds(pid_t pid) {
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+    std::ifstream in(path);
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto paren = stat.rfind(')');
+    if (paren == std::string::npos) return 0;
+    std::istringstream rest(stat.substr(paren + 2));
+    std::vector<std::string> f;
+    for (std::string x; rest >> x && f.size() < 13;) f.push_back(x);
+    if (f.size() < 13) return 0;  // utime and stime are fields 14 and 15
+    static const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
+    return (std::atof(f[11].c_str()) + std::atof(f[12].c_str())) / ticks;
+  }
+
+  // Ranks made no progress past their limits: save every rank's stacks, name the hung ones and
+  // the likely culprit (a rank not inside a collective while the others wait in one), then
+  // stop the group as for a failure.
+  void onHangs(const std::vector<Hang>& hangs, double now) {
+    for (const auto& h : hangs)
+      log::error("rank {} (local rank {}) is hung: {}", workers[h.local_rank].global_rank,
+                 h.local_rank, h.why);
+    std::string steps;
+    for (const auto& r : progress.ranks())
+      steps += fmt::format("{}rank {}: {}", steps.empty() ? "" : ", ", r.global_rank,
+                           r.first_beat ? "step " + std::to_string(r.step) : "no step reported");
+    log::error("last step of each rank: {}", steps);
+
+    std::vector<std::pair<int, pid_t>> alive;
+    for (const auto& w : workers)
+      if (w.alive) alive.emplace_back(w.local_rank, w.pid);
+    auto tools = findStackTools(cfg.python_origin.empty() ? "" : cfg.command[0],
+                                cfg.base_env.count("PATH") ? cfg.base_env.at("PATH") : "");
+    auto snaps = snapshotStacks(alive, !cfg.python_origin.empty(), tools, kStackSeconds);
+    std::map<int, StackSummary> summary;
+    for (const auto& s : snaps) {
+      std::string path = rankDir(s.local_rank) + "/stacks.txt";
+      std::ofstream(path) << "# " << (s.tool.empty() ? "no tool" : s.tool) << "\n" << s.text;
+      summary[s.local_rank] = summarizeStack(s.text, s.pid);
+    }
+    std::vector<int> outside;
+    for (const auto& [lr, st] : summary)
+      if (!st.in_collective && !st.innermost.empty()) outside.push_back(lr);
+    if (!outside.empty() && outside.size() < summary.size()) {
+      std::string names;
+      for (int lr : outside)
+        names += (names.empty() ? "" : ", ") + std::to_string(workers[lr].global_rank);
+      log::error("likely culprit: rank(s) {} (not inside a collective while the others wait in "
+                 "one)",
+                 names);
+    }
+    for (const auto& [lr, st] : summary) {
+      std::string frames;
+      for (const auto& f : st.innermost) frames += "\n    " + f;
+      log::error("rank {} stack ({}), innermost first:{}", workers[lr].global_rank,
+                 rankDir(lr) + "/stacks.txt", frames.empty() ? " <none>" : frames);
+    }
+    for (const auto& h : hangs) {
+      Worker& w = workers[h.local_rank];
+      FailureDetail d;
+      std::string frames;
+      for (const auto& f : summary[h.local_rank].innermost) frames += f + "\n";
+      d.error = ErrorFileContents{"hung: " + h.why, frames, fmt::format("{:.0f}", now)};
+      d.exit = WorkerExit{w.local_rank, w.pid, ExitStatus{false, kHangExitCode, true}, now, false};
+      d.global_rank = w.global_rank;
+      d.host = cfg.host;
+      d.error_file = rankDir(h.local_rank) + "/stacks.txt";
+      failures.push_back(std::move(d));
+      execute(sup.onWorkerHung(w.local_rank, w.pid, now));
+    }
   }
 
   void printSummary() {
@@ -328,6 +420,16 @@ struct Agent::Impl {
     if (!isatty(STDOUT_FILENO) || !isatty(STDERR_FILENO)) return std::nullopt;
     if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) != 0 || ws.ws_col == 0) ws = {24, 80, 0, 0};
     return ws;
+  }
+
+  static HangOptions hangOptions(const LaunchOptions& o) {
+    HangOptions h;
+    h.timeout_sec = o.hang_timeout_sec;
+    h.first_step_timeout_sec = o.hang_first_timeout_sec;
+    return h;
+  }
+  bool hangDetectionOn() const {
+    return !cfg.options.hang_timeout_sec || *cfg.options.hang_timeout_sec > 0;
   }
 
   static ConsoleOptions consoleOptions(const LaunchOptions& o) {
@@ -398,6 +500,8 @@ struct Agent::Impl {
               world.world_size, world.master_addr, world.master_port);
     workers.assign(static_cast<size_t>(cfg.nproc), Worker{});
     progress.start(cfg.nproc, world.rank_offset, unixNow());
+    hang.start(cfg.nproc, unixNow());
+    output_seen.assign(static_cast<size_t>(cfg.nproc), 0);
     std::vector<SpawnedProcess> spawned;
     for (int lr = 0; lr < cfg.nproc; ++lr) {
       std::string dir = rankDir(lr);
@@ -573,6 +677,7 @@ struct Agent::Impl {
     auto seconds = [](const timeval& tv) { return tv.tv_sec + tv.tv_usec / 1e6; };
     progress.onExit(w.local_rank, exit_time, seconds(usage.ru_utime) + seconds(usage.ru_stime),
                     usage.ru_maxrss);
+    hang.onExit(w.local_rank);
     // Output written before exit is shown before the exit is acted on.
     for (int fd : std::vector<int>(stream_fds)) router.drain(fd);
     ExitStatus st = ExitStatus::fromWaitStatus(wstatus);

@@ -156,11 +156,20 @@ const std::vector<Flag>& flags() {
        "N",
        "group restarts allowed after a worker fails (default 0)",
        [](auto& f, auto& v, auto& o) { o.max_restarts = parseInt(f, v, 0, 1'000'000); }},
-      {{"--monitor-interval"},
-       true,
-       "SECONDS",
-       "accepted for torchrun compatibility; exits are noticed at once, without polling",
-       [](auto& f, auto& v, auto& o) { o.monitor_interval_sec = parseSeconds(f, v); }},
+      {{"--hang-timeout"}, true, "SECONDS",
+       "a rank making no progress this long is hung: its stacks and every rank's are saved, "
+       "the group stops and restarts as for a failure (exit 124 when out of restarts). "
+       "Default: automatic for ranks that report steps (DDPL_HEARTBEAT_FD): 10x their slowest "
+       "step, at least 600 s; 0 turns detection off. Given, ranks that report no steps count "
+       "as hung after this long without CPU time or output",
+       [](auto& f, auto& v, auto& o) { o.hang_timeout_sec = parseNumber(f, v, 0, 1e7); }},
+      {{"--hang-first-timeout"}, true, "SECONDS",
+       "a rank with no step yet while others report steps is hung this long after its start "
+       "(default 1800: model loading takes time)",
+       [](auto& f, auto& v, auto& o) { o.hang_first_timeout_sec = parseNumber(f, v, 1, 1e7); }},
+      {{"--monitor-interval"}, true, "SECONDS",
+       "how often the workers' heartbeats are read (default 0.1); exits are noticed at once",
+       [](auto& f, auto& v, auto& o) { o.monitor_interval_sec = parseNumber(f, v, 0.001, 3600); }},
       {{"--shutdown-timeout"},
        true,
        "SECONDS",
@@ -746,8 +755,9 @@ std::string helpText() {
   out += fmt::format("  {:<34} {}\n", "--version", "print the version");
   out +=
       "\nexit status: 0 when every worker succeeds; otherwise the root-cause worker's exit\n"
-      "code (128+N when it died of signal N), 128+N when launch itself was stopped by\n"
-      "signal N, and 2 for bad options.\n\nexample:\n"
+      "code (128+N when it died of signal N), 124 when a hung rank ended the job\n"
+      "(--hang-timeout), 128+N when launch itself was stopped by signal N, and 2 for bad\n"
+      "options.\n\nexample:\n"
       "  launch --standalone --nproc-per-node=4 train.py --epochs 10\n";
   return out;
 }

@@ -81,7 +81,11 @@ struct LaunchOptions {
 
   // Supervision.
   int max_restarts = 0;
-  double monitor_interval_sec = kDefaultMonitorIntervalSec;  // accepted; supervision is event driven
+  double monitor_interval_sec = kDefaultMonitorIntervalSec;  // how often heartbeats are read
+  // Hang detection (launcher/progress.h HangOptions): unset, automatic for ranks that report
+  // steps; 0, off; otherwise the limit for every rank.
+  std::optional<double> hang_timeout_sec;
+  double hang_first_timeout_sec = 1800;
   double shutdown_timeout_sec = kDefaultShutdownTimeoutSec;
   std::vector<int> signals_to_handle;  // filled with SIGTERM,SIGINT,SIGHUP,SIGQUIT by default
   std::string role = "default";

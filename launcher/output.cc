@@ -155,6 +155,7 @@ bool OutputRouter::onReadable(int fd) {
       if (live_owner_ == fd) live_owner_ = -1;
       return false;
     }
+    bytes_[s.route.local_rank] += static_cast<uint64_t>(n);
     s.pending.append(buf, static_cast<size_t>(n));
     size_t start = 0;
     for (size_t nl; (nl = s.pending.find('\n', start)) != std::string::npos; start = nl + 1)

@@ -3,6 +3,7 @@
 // whole lines only, so lines of different workers never interleave mid-line) and to per-rank
 // log files. Carriage-return updates (progress bars) are shown live on a terminal console,
 // on one status line that other workers' lines scroll past; files get each line's final state.
+#include <cstdint>
 #include <deque>
 #include <map>
 #include <string>
@@ -53,7 +54,15 @@ class OutputRouter {
 
   // Last lines a worker wrote to stderr, for the failure report when it left no error file.
   std::deque<std::string> stderrTail(int local_rank) const;
-  void clearTails() { stderr_tail_.clear(); }
+  void clearTails() {
+    stderr_tail_.clear();
+    bytes_.clear();
+  }
+  // Bytes read so far from a local rank's streams (output as a sign of progress).
+  uint64_t bytesFrom(int local_rank) const {
+    auto it = bytes_.find(local_rank);
+    return it == bytes_.end() ? 0 : it->second;
+  }
 
   static constexpr size_t kMaxLine = 64 * 1024;
   static constexpr size_t kTailLines = 20;
@@ -74,6 +83,7 @@ class OutputRouter {
   ConsoleOptions console_;
   std::map<int, Stream> streams_;
   std::map<int, std::deque<std::string>> stderr_tail_;
+  std::map<int, uint64_t> bytes_;
   // The one status line on a live console: which stream owns it and what it shows.
   int live_owner_ = -1;
   int live_console_ = -1;

@@ -40,6 +40,75 @@ void ProgressTracker::onExit(int local_rank, double now, double cpu_seconds, int
   r.peak_rss_kb = peak_rss_kb;
 }
 
+void HangDetector::start(int nproc, double now) {
+  ranks_.assign(static_cast<size_t>(nproc), Rank{});
+  for (auto& r : ranks_) r.started = r.last_progress = now;
+}
+
+void HangDetector::observe(int local_rank, uint64_t step, double cpu_seconds, bool wrote_output,
+                           double now) {
+  if (local_rank < 0 || local_rank >= static_cast<int>(ranks_.size())) return;
+  Rank& r = ranks_[local_rank];
+  if (step != r.step) {
+    // The first step's duration includes start-up: only later ones set the automatic limit.
+    if (r.step > 0 && step > r.step)
+      r.slowest_step = std::max(r.slowest_step, (now - r.last_progress) / double(step - r.step));
+    r.step = step;
+    r.last_progress = now;
+  } else if (r.step == 0 && (wrote_output || (r.cpu >= 0 && cpu_seconds > r.cpu + 1e-3))) {
+    r.last_progress = now;  // no steps reported: CPU time or output is progress
+  }
+  r.cpu = cpu_seconds;
+}
+
+void HangDetector::onExit(int local_rank) {
+  if (local_rank >= 0 && local_rank < static_cast<int>(ranks_.size()))
+    ranks_[local_rank].alive = false;
+}
+
+double HangDetector::limitFor(int local_rank) const {
+  if (local_rank < 0 || local_rank >= static_cast<int>(ranks_.size())) return 0;
+  const Rank& r = ranks_[local_rank];
+  if (options_.timeout_sec) return *options_.timeout_sec;
+  if (r.step == 0) return 0;
+  return std::max(options_.auto_floor_sec, options_.auto_multiple * r.slowest_step);
+}
+
+std::vector<Hang> HangDetector::check(double now) {
+  std::vector<Hang> out;
+  bool someone_steps = std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.step > 0; });
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    Rank& r = ranks_[i];
+    if (!r.alive || r.reported) continue;
+    Hang h;
+    h.local_rank = static_cast<int>(i);
+    if (r.step > 0) {
+      h.limit_sec = limitFor(h.local_rank);
+      h.idle_sec = now - r.last_progress;
+      h.why = fmt::format("no step for {:.1f}s (limit {:.1f}s) after step {}", h.idle_sec,
+                          h.limit_sec, r.step);
+    } else if (someone_steps && now - r.started > options_.first_step_timeout_sec) {
+      h.limit_sec = options_.first_step_timeout_sec;
+      h.idle_sec = now - r.started;
+      h.why = fmt::format("no first step {:.1f}s after start (limit {:.1f}s) while other ranks "
+                          "report steps",
+                          h.idle_sec, h.limit_sec);
+    } else if (options_.timeout_sec) {
+      h.limit_sec = *options_.timeout_sec;
+      h.idle_sec = now - r.last_progress;
+      h.why = fmt::format("no CPU time and no output for {:.1f}s (limit {:.1f}s)", h.idle_sec,
+                          h.limit_sec);
+    } else {
+      continue;
+    }
+    if (h.limit_sec > 0 && h.idle_sec > h.limit_sec) {
+      r.reported = true;
+      out.push_back(std::move(h));
+    }
+  }
+  return out;
+}
+
 namespace {
 std::string duration(double s) {
   if (s < 1) return fmt::format("{:.0f}ms", s * 1000);

