@@ -383,7 +383,12 @@ struct Agent::Impl {
       log::error("rank {} stack ({}), innermost first:{}", workers[lr].global_rank,
                  rankDir(lr) + "/stacks.txt", frames.empty() ? " <none>" : frames);
     }
-    for (const auto& h : hangs) {
+    // The likely culprits first: the first one recorded is the report's root cause.
+    std::vector<Hang> ordered = hangs;
+    std::stable_partition(ordered.begin(), ordered.end(), [&](const Hang& h) {
+      return std::find(outside.begin(), outside.end(), h.local_rank) != outside.end();
+    });
+    for (const auto& h : ordered) {
       Worker& w = workers[h.local_rank];
       FailureDetail d;
       std::string frames;

@@ -141,4 +141,24 @@ TEST(WorkerLaunchers, RunsUnderLaunch) {
   EXPECT_EQ(ranks_with_five, 2) << log;
 }
 
+// A C++ rank that blocks in its own code while the other waits in DDP's all-reduce: launch
+// names it, with the function it blocks in (demangled, from its native stack), as the root
+// cause, and exits 124 (no restarts left).
+TEST(WorkerLaunchers, HungRankUnderLaunchIsNamedWithItsNativeFrame) {
+  const std::string launch = std::string(DDPL_BIN_DIR) + "/launch";
+  const std::string dir = wt::tempDir();
+  const pid_t pid = wt::spawn({launch, "--standalone", "--nproc-per-node=2", "--hang-timeout=3",
+                               "--log-dir", dir + "/logs", "--rdzv-id=h", wt::rankBinary(), "hang", "1"},
+                              {{"OMP_NUM_THREADS", "1"}, {"DDPL_BACKEND", "gloo"}}, dir + "/launch.log");
+  const int status = wt::waitFor(pid, std::chrono::seconds(120));
+  const std::string log = wt::readFile(dir + "/launch.log");
+  EXPECT_TRUE(wt::exitedWith(status, 124)) << log;
+  EXPECT_NE(log.find("likely culprit: rank(s) 1 "), std::string::npos) << log;
+  const auto root = log.find("Root Cause");
+  ASSERT_NE(root, std::string::npos) << log;
+  EXPECT_NE(log.find("rank      : 1 (local_rank: 1)", root), std::string::npos) << log;
+  EXPECT_NE(log.find("blockInUserCode()", root), std::string::npos) << log;
+  EXPECT_NE(wt::readFile(dir + "/logs/h/attempt_0/0/stacks.txt").find("DdpReducer"), std::string::npos);
+}
+
 }  // namespace

@@ -302,6 +302,26 @@ int checkpointVerify(const std::string& path) {
   return progress.step == 1 ? 0 : 4;  // 4: the second write had completed (test retries)
 }
 
+// Blocks for good in the program's own code, as a stuck data loader would (launch's hang test
+// looks for this name in the rank's native stack).
+[[noreturn]] __attribute__((noinline)) void blockInUserCode() {
+  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+}
+
+// DDP steps on every rank; at step 3 rank `hangRank` blocks in blockInUserCode() and the others
+// wait for it inside the all-reduce of their backward.
+int hang(dw::Session& session, const std::string& hangRank) {
+  const int rank = session.options().rank;
+  auto model = std::make_shared<MlpImpl>(false);
+  dw::DistributedDataParallel<MlpImpl> ddp(model, session.backend());
+  for (int step = 1; step <= 1000; ++step) {
+    if (step == 3 && std::to_string(rank) == hangRank) blockInUserCode();
+    auto x = torch::randn({4, 8});
+    ddp.forward(x).sum().backward();
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -324,6 +344,7 @@ int main(int argc, char** argv) {
     if (scenario == "shape_mismatch") return shapeMismatch(session);
     if (scenario == "throw") return throwAfterSetup(session, arg);
     if (scenario == "signal") return waitForSignal(session, arg);
+    if (scenario == "hang") return hang(session, arg);
     throw ddpl::InvalidArgument("unknown scenario '" + scenario + "'");
   });
 }
