@@ -7,7 +7,10 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <poll.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/time.h>
 #include <sys/timerfd.h>
 #include <sys/wait.h>
@@ -49,6 +52,7 @@ namespace {
 constexpr int kStrayScanSeconds = 1;
 // How long a stack snapshot tool may take per hang (all ranks at once).
 constexpr double kStackSeconds = 10;
+constexpr const char* kControlSocket = "control.sock";
 
 double unixNow() {
   timeval tv{};
@@ -72,6 +76,39 @@ std::string uniqueRunDir(const std::string& base, const std::string& run_id) {
 }
 
 }  // namespace
+
+int requestStacks(const std::string& run_dir) {
+  std::string path = run_dir + "/" + kControlSocket;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) {
+    fprintf(stderr, "launch stacks: '%s' is too long a path for a socket\n", path.c_str());
+    return 1;
+  }
+  memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    fprintf(stderr,
+            "launch stacks: no running launch answers at %s (%s): give the run directory "
+            "launch printed at start, while its job runs\n",
+            path.c_str(), strerror(errno));
+    if (fd >= 0) close(fd);
+    return 1;
+  }
+  writeAll(fd, "stacks\n", 7);
+  std::string reply;
+  char buf[4096];
+  pollfd p{fd, POLLIN, 0};
+  // The snapshot takes at most kStackSeconds; a little more for the files.
+  while (poll(&p, 1, static_cast<int>(kStackSeconds * 1000) + 5000) == 1) {
+    ssize_t n = read(fd, buf, sizeof(buf));
+    if (n <= 0) break;
+    reply.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  fputs(reply.c_str(), stdout);
+  return reply.rfind("ok ", 0) == 0 ? 0 : 1;
+}
 
 void blockSignals(const std::vector<int>& signals) {
   signal(SIGPIPE, SIG_IGN);
@@ -104,6 +141,9 @@ struct Agent::Impl {
   std::set<pid_t> known_strays;
   // Reads the workers' heartbeats every --monitor-interval, for the end-of-run summary.
   int monitorfd = -1;
+  // `launch stacks RUN_DIR` connects here (RUN_DIR/control.sock) for a snapshot of every
+  // worker's stack while the job runs on.
+  int controlfd = -1;
   ProgressTracker progress;
   HangDetector hang;
   std::vector<uint64_t> output_seen;  // bytes of each local rank's output at the last tick
@@ -153,6 +193,7 @@ struct Agent::Impl {
         throw InvalidArgument("--log-dir '" + log_base + "' cannot be created: " + ec.message());
     }
     run_dir = uniqueRunDir(log_base, cfg.run_id);
+    openControlSocket();
 
     epfd = epoll_create1(EPOLL_CLOEXEC);
     sigset_t set = signalSet(cfg.options.signals_to_handle);
@@ -164,6 +205,7 @@ struct Agent::Impl {
     addFd(sigfd);
     addFd(timerfd);
     addFd(wakefd);
+    if (controlfd >= 0) addFd(controlfd);
     monitorfd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
     if (monitorfd >= 0) {
       itimerspec every{};
@@ -230,8 +272,9 @@ struct Agent::Impl {
 
   ~Impl() {
     closeHeartbeats();
-    for (int fd : {epfd, sigfd, timerfd, wakefd, strayfd, monitorfd})
+    for (int fd : {epfd, sigfd, timerfd, wakefd, strayfd, monitorfd, controlfd})
       if (fd >= 0) close(fd);
+    if (controlfd >= 0) unlink((run_dir + "/" + kControlSocket).c_str());
     if (temp_base) {
       std::error_code ec;
       fs::remove_all(log_base, ec);
@@ -339,6 +382,77 @@ struct Agent::Impl {
     if (f.size() < 13) return 0;  // utime and stime are fields 14 and 15
     static const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
     return (std::atof(f[11].c_str()) + std::atof(f[12].c_str())) / ticks;
+  }
+
+  void openControlSocket() {
+    std::string path = run_dir + "/" + kControlSocket;
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::error_code ec;
+    fs::create_directories(run_dir, ec);
+    if (ec || path.size() >= sizeof(addr.sun_path)) {
+      log::debug("no control socket ({}): launch stacks is not available for this run",
+                 ec ? ec.message() : "path too long: " + path);
+      return;
+    }
+    memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        listen(fd, 4) != 0) {
+      log::debug("no control socket at {}: {}", path, strerror(errno));
+      if (fd >= 0) close(fd);
+      return;
+    }
+    controlfd = fd;
+    log::info("run directory {} (`launch stacks {}` saves every worker's stack while it runs)",
+              run_dir, run_dir);
+  }
+
+  // One request per connection: "stacks\n". Answered with where the snapshot went and each
+  // rank's innermost frame; anything else is refused. Bounded: a client that sends nothing in
+  // a second is dropped.
+  void onControl() {
+    int c = accept4(controlfd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (c < 0) return;
+    pollfd p{c, POLLIN, 0};
+    char buf[64] = {0};
+    ssize_t n = poll(&p, 1, 1000) == 1 ? read(c, buf, sizeof(buf) - 1) : -1;
+    std::string reply;
+    if (n <= 0 || std::string(buf, static_cast<size_t>(n)).rfind("stacks", 0) != 0) {
+      reply = "error: unknown request (launch stacks RUN_DIR sends 'stacks')\n";
+    } else {
+      reply = snapshotForUser();
+    }
+    writeAll(c, reply.data(), reply.size());
+    close(c);
+  }
+
+  std::string snapshotForUser() {
+    std::vector<std::pair<int, pid_t>> alive;
+    for (const auto& w : workers)
+      if (w.alive) alive.emplace_back(w.local_rank, w.pid);
+    if (alive.empty()) return "error: no worker is running now\n";
+    char stamp[32];
+    time_t t = time(nullptr);
+    strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", localtime(&t));
+    std::string dir = run_dir + "/snapshots/" + stamp;
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    auto tools = findStackTools(cfg.python_origin.empty() ? "" : cfg.command[0],
+                                cfg.base_env.count("PATH") ? cfg.base_env.at("PATH") : "");
+    auto snaps = snapshotStacks(alive, !cfg.python_origin.empty(), tools, kStackSeconds);
+    std::string reply = "ok " + dir + "\n";
+    for (const auto& s : snaps) {
+      std::ofstream(dir + "/" + std::to_string(s.local_rank) + ".txt")
+          << "# " << (s.tool.empty() ? "no tool" : s.tool) << "\n" << s.text;
+      auto st = summarizeStack(s.text, s.pid, 1);
+      reply += fmt::format("rank {} (local rank {}, pid {}): {}\n",
+                           workers[s.local_rank].global_rank, s.local_rank, s.pid,
+                           st.innermost.empty() ? "<no frames>" : st.innermost[0]);
+    }
+    log::info("stacks of {} worker(s) saved in {} (asked through the control socket)",
+              snaps.size(), dir);
+    return reply;
   }
 
   // Ranks made no progress past their limits: save every rank's stacks, name the hung ones and
@@ -741,6 +855,8 @@ struct Agent::Impl {
           onStrayScan();
         } else if (fd == monitorfd) {
           onMonitorTick();
+        } else if (fd == controlfd) {
+          onControl();
         } else if (fd == timerfd) {
           uint64_t expirations;
           ssize_t ignored = read(timerfd, &expirations, sizeof(expirations));

@@ -41,6 +41,11 @@ class Agent {
   std::unique_ptr<Impl> impl_;
 };
 
+// `launch stacks RUN_DIR`: asks the launch running that directory's job for a snapshot of every
+// worker's stack (it keeps running) and prints where it went and each rank's innermost frame.
+// Returns the exit code: 0, or 1 with a message when no launch answers there.
+int requestStacks(const std::string& run_dir);
+
 // Blocks SIGCHLD, SIGPIPE-as-ignored, and `signals` so that the agent receives them through a
 // signalfd. Call first thing in main, before starting any thread.
 void blockSignals(const std::vector<int>& signals);

@@ -144,6 +144,9 @@ int runMpiRankShim(int argc, char** argv, const Environment& env) {
 int main(int argc, char** argv) {
   Environment env = ddpl::processEnvironment();
   if (argc >= 2 && std::string(argv[1]) == kMpiRankShimFlag) return runMpiRankShim(argc, argv, env);
+  // `launch stacks RUN_DIR`; a program of that name still runs when no such directory exists.
+  if (argc == 3 && std::string(argv[1]) == "stacks" && std::filesystem::is_directory(argv[2]))
+    return requestStacks(argv[2]);
   ParseResult parsed;
   try {
     parsed = parseCommandLine(std::vector<std::string>(argv + 1, argv + argc), env);

@@ -1,6 +1,7 @@
 // Real PyTorch Python scripts, unchanged, under `launch` (the pinned torch from .venv).
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <sstream>
 
 #include "tests/common/subprocess.h"
@@ -103,4 +104,33 @@ TEST(LaunchHang, SilentProgramWithoutStepsIsNotHungWithoutTheFlag) {
                       "/bin/sh", "-c", "sleep 30"});
   EXPECT_EQ(flagged.exit_code, 124) << flagged.all();
   EXPECT_NE(flagged.err.find("no CPU time and no output"), std::string::npos) << flagged.err;
+}
+
+// `launch stacks RUN_DIR` snapshots a running job's stacks without stopping it.
+TEST(LaunchStacks, OnDemandSnapshotLeavesTheJobRunning) {
+  std::string logs = makeTempDir("ondemand");
+  std::string dir = makeTempDir("ondemand-out");
+  RunOptions o;
+  o.env = {{"PYTHON_EXEC", DDPL_PYTHON}, {"OUT_DIR", dir}};
+  Background bg({kLaunch, "--nproc-per-node=2", "--log-dir", logs, "--rdzv-id=od",
+                 std::string(DDPL_SOURCE_DIR) + "/tests/integration/programs/wait_for_file.py"},
+                o);
+  ASSERT_TRUE(eventually([&] {
+    return bg.outputSoFar().find("launch stacks") != std::string::npos &&
+           readFile(dir + "/ready.0") == "ready" && readFile(dir + "/ready.1") == "ready";
+  }, 60s)) << bg.outputSoFar();
+  auto r = run({kLaunch, "stacks", logs + "/od"});
+  EXPECT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_NE(r.out.find("ok " + logs + "/od/snapshots/"), std::string::npos) << r.out;
+  for (int rank = 0; rank < 2; ++rank)
+    EXPECT_NE(r.out.find("rank " + std::to_string(rank) + " (local rank " + std::to_string(rank) +
+                         ", pid "),
+              std::string::npos)
+        << r.out;
+  EXPECT_NE(r.out.find("wait_here (wait_for_file.py:"), std::string::npos) << r.out;
+  // Still running: let it finish.
+  std::ofstream(dir + "/go") << "";
+  auto done = bg.wait(60s);
+  EXPECT_EQ(done.exit_code, 0) << done.all();
+  EXPECT_EQ(run({kLaunch, "stacks", logs + "/od"}).exit_code, 1);  // nobody answers any more
 }
