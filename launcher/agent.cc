@@ -528,8 +528,12 @@ struct Agent::Impl {
   }
 
   // Everything but the workers themselves that the run started: SIGKILLed wherever it went.
-  void killLeftovers() {
-    if (cgroup) cgroup->killAll();
+  // Between attempts only the finished attempt's cgroup is killed (the next starts in a new one).
+  void killLeftovers(bool whole_run) {
+    if (cgroup) {
+      if (whole_run) cgroup->killAll();
+      else cgroup->killAttempt();
+    }
     killMarkedProcesses(watchdog.marker());
     for (pid_t p : strayChildren()) kill(p, SIGKILL);
   }
@@ -600,7 +604,7 @@ struct Agent::Impl {
       kill(-g, SIGKILL);
       watchdog.unwatchGroup(g);
     }
-    killLeftovers();
+    killLeftovers(/*whole_run=*/false);
     known_strays.clear();
     pgids.clear();
     for (int fd : std::vector<int>(stream_fds)) {
@@ -905,7 +909,7 @@ struct Agent::Impl {
       pid_t pid = waitpid(-1, &wstatus, WNOHANG);
       if (pid > 0) continue;
       if (pid < 0) break;  // ECHILD: nothing left
-      killLeftovers();
+      killLeftovers(/*whole_run=*/true);
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) {

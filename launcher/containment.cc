@@ -78,42 +78,51 @@ std::unique_ptr<RunCgroup> RunCgroup::create(const std::string& name, std::strin
   if (own.empty()) return fail("this process is in no cgroup v2");
   std::string dir = mount + (own == "/" ? "" : own) + "/" + name;
   if (mkdir(dir.c_str(), 0755) != 0) return fail("cannot create " + dir + ": " + strerror(errno));
-  int fd = open((dir + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC);
-  int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0 || dir_fd < 0) {
-    std::string why = "cannot open " + dir + ": " + strerror(errno);
-    if (fd >= 0) close(fd);
-    if (dir_fd >= 0) close(dir_fd);
-    rmdir(dir.c_str());
+  std::unique_ptr<RunCgroup> cg(new RunCgroup(dir));
+  if (!cg->openLeaf()) {
+    std::string why = "cannot create " + cg->leaf_ + ": " + strerror(errno);
+    cg.reset();
     return fail(why);
   }
-  return std::unique_ptr<RunCgroup>(new RunCgroup(dir, dir_fd, fd));
+  return cg;
 }
 
-RunCgroup::~RunCgroup() {
-  if (procs_fd_ >= 0) close(procs_fd_);
-  if (dir_fd_ >= 0) close(dir_fd_);
-  // Members are SIGKILLed and reaped by the agent before this; allow the kernel a moment to
-  // finish tearing them down (rmdir fails with EBUSY while any is left).
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-  while (rmdir(path_.c_str()) != 0 && errno == EBUSY &&
-         std::chrono::steady_clock::now() < deadline) {
-    killAll();
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+bool RunCgroup::openLeaf() {
+  leaf_ = path_ + "/attempt-" + std::to_string(attempt_);
+  if (mkdir(leaf_.c_str(), 0755) != 0 && errno != EEXIST) return false;
+  procs_fd_ = open((leaf_ + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC);
+  dir_fd_ = open(leaf_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  return procs_fd_ >= 0 && dir_fd_ >= 0;
+}
+
+void RunCgroup::closeLeaf() {
+  for (int* fd : {&procs_fd_, &dir_fd_}) {
+    if (*fd >= 0) close(*fd);
+    *fd = -1;
   }
 }
 
-std::vector<pid_t> RunCgroup::members() const {
-  std::vector<pid_t> out;
-  std::ifstream in(path_ + "/cgroup.procs");
-  for (pid_t p; in >> p;) out.push_back(p);
-  return out;
+// Removes a killed cgroup directory once its members are gone (bounded).
+static void removeWhenEmpty(const std::string& dir) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (rmdir(dir.c_str()) != 0 && errno == EBUSY && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
 }
 
-int RunCgroup::killAll() {
-  int n = static_cast<int>(members().size());
-  if (n > 0) killCgroup(path_);
-  return n;
+void RunCgroup::killAttempt() {
+  killCgroup(leaf_);
+  closeLeaf();
+  ++attempt_;
+  if (!openLeaf()) closeLeaf();  // children then stay in launch's cgroup, found as orphans
+}
+
+void RunCgroup::killAll() { killCgroup(path_); }
+
+RunCgroup::~RunCgroup() {
+  closeLeaf();
+  killCgroup(path_);
+  for (int a = 0; a <= attempt_; ++a) removeWhenEmpty(path_ + "/attempt-" + std::to_string(a));
+  removeWhenEmpty(path_);
 }
 
 int killCgroup(const std::string& path) {

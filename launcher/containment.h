@@ -14,30 +14,38 @@
 
 namespace ddpl::launcher {
 
+// The run's cgroup holds one leaf per attempt (attempt-<n>): workers start in the current leaf,
+// and a restart kills only the old leaf. A cgroup once killed is never started into again: on
+// this project's kernel (6.18) every child that clone3 starts into a cgroup after a write to its
+// cgroup.kill is killed at birth.
 class RunCgroup {
  public:
-  // Creates <cgroup2 mount>/<this process's cgroup>/<name>. Returns null and sets `why_not`
-  // when there is no writable cgroup v2 here.
+  // Creates <cgroup2 mount>/<this process's cgroup>/<name> and its first attempt's leaf.
+  // Returns null and sets `why_not` when there is no writable cgroup v2 here.
   static std::unique_ptr<RunCgroup> create(const std::string& name, std::string* why_not);
-  ~RunCgroup();  // kills what is left and removes the directory (bounded)
+  ~RunCgroup();  // kills what is left and removes the directories (bounded)
   RunCgroup(const RunCgroup&) = delete;
   RunCgroup& operator=(const RunCgroup&) = delete;
 
-  const std::string& path() const { return path_; }
-  // The directory, open (O_DIRECTORY, close-on-exec): where clone3 starts a child.
+  const std::string& path() const { return path_; }  // the whole run
+  // The current attempt's leaf, open (O_DIRECTORY, close-on-exec): where clone3 starts a
+  // child. -1 when the leaf could not be made: children then join through procsFd().
   int dirFd() const { return dir_fd_; }
-  // Open for writing, close-on-exec. A forked child joins with write(fd, "0", 1), which is
-  // async-signal-safe.
+  // The current leaf's cgroup.procs, open for writing, close-on-exec: a forked child joins
+  // with write(fd, "0", 1), which is async-signal-safe.
   int procsFd() const { return procs_fd_; }
-  // SIGKILLs every member (cgroup.kill, or one by one on kernels before 5.14). Returns how
-  // many members there were.
-  int killAll();
-  std::vector<pid_t> members() const;
+  // SIGKILLs every process of the current attempt, then moves on to a fresh leaf for the next.
+  void killAttempt();
+  // SIGKILLs every process of the run (cgroup.kill, or one by one before Linux 5.14).
+  void killAll();
 
  private:
-  RunCgroup(std::string path, int dir_fd, int procs_fd)
-      : path_(std::move(path)), dir_fd_(dir_fd), procs_fd_(procs_fd) {}
+  explicit RunCgroup(std::string path) : path_(std::move(path)) {}
+  bool openLeaf();
+  void closeLeaf();
   std::string path_;
+  int attempt_ = 0;
+  std::string leaf_;
   int dir_fd_ = -1;
   int procs_fd_ = -1;
 };
