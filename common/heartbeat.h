@@ -8,11 +8,18 @@
 // Python, standard library only (a no-op where the variable is absent, e.g. under torchrun):
 //   hb = int(os.environ.get("DDPL_HEARTBEAT_FD", -1))
 //   ... every step:  hb >= 0 and os.pwrite(hb, step.to_bytes(8, "little"), 0)
+//   ... and, to be told apart as a straggler in a lockstep job, the waits too:
+//   hb >= 0 and os.pwrite(hb, waited_us.to_bytes(8, "little"), 8)
 #include <cstddef>
 
 namespace ddpl {
 
 inline constexpr const char* kHeartbeatFdEnv = "DDPL_HEARTBEAT_FD";
-inline constexpr size_t kHeartbeatBytes = 64;  // the step at offset 0; the rest reserved
+inline constexpr size_t kHeartbeatBytes = 64;
+// Offsets of the little-endian 64-bit fields: the step count, and (optional) the microseconds
+// spent so far waiting inside collectives, which lets launch tell a rank that is slow from the
+// ranks that wait for it (DistributedDataParallel writes both; the rest is reserved).
+inline constexpr size_t kHeartbeatStepOffset = 0;
+inline constexpr size_t kHeartbeatWaitOffset = 8;
 
 }  // namespace ddpl

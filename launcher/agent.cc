@@ -145,6 +145,7 @@ struct Agent::Impl {
   // worker's stack while the job runs on.
   int controlfd = -1;
   ProgressTracker progress;
+  double next_straggler_check = 0;
   HangDetector hang;
   std::vector<uint64_t> output_seen;  // bytes of each local rank's output at the last tick
   // Rendezvous answers and round ends arrive on other threads; the loop takes them from here.
@@ -346,7 +347,12 @@ struct Agent::Impl {
   }
 
   // Little-endian on disk and in memory alike on the machines we run on (x86-64, AArch64).
-  static uint64_t stepOf(const Worker& w) { return w.heartbeat ? *w.heartbeat : 0; }
+  static uint64_t stepOf(const Worker& w) {
+    return w.heartbeat ? w.heartbeat[kHeartbeatStepOffset / sizeof(uint64_t)] : 0;
+  }
+  static uint64_t waitedOf(const Worker& w) {
+    return w.heartbeat ? w.heartbeat[kHeartbeatWaitOffset / sizeof(uint64_t)] : 0;
+  }
 
   void onMonitorTick() {
     uint64_t expirations;
@@ -354,7 +360,12 @@ struct Agent::Impl {
     (void)ignored;
     double now = unixNow();
     for (const auto& w : workers)
-      if (w.alive) progress.onStep(w.local_rank, stepOf(w), now);
+      if (w.alive) progress.onStep(w.local_rank, stepOf(w), now, waitedOf(w));
+    if (now >= next_straggler_check) {
+      next_straggler_check = now + 1;
+      for (const auto& s : progress.newStragglers())
+        log::warn("straggler on {}: {}", cfg.host, s.describe());
+    }
     if (!hangDetectionOn() || sup.phase() != Phase::kRunning) return;
     // CPU time counts only for ranks without steps, and only when a limit was given.
     bool want_cpu = cfg.options.hang_timeout_sec.has_value();
@@ -518,6 +529,8 @@ struct Agent::Impl {
   }
 
   void printSummary() {
+    for (const auto& s : progress.newStragglers())  // judged once more on the final steps
+      log::warn("straggler on {}: {}", cfg.host, s.describe());
     if (progress.ranks().empty() || !log::logger().should_log(spdlog::level::info)) return;
     int threads = 0;
     auto omp = cfg.base_env.find("OMP_NUM_THREADS");
@@ -796,7 +809,7 @@ struct Agent::Impl {
     Worker& w = *it;
     w.alive = false;
     double exit_time = unixNow();
-    progress.onStep(w.local_rank, stepOf(w), exit_time);
+    progress.onStep(w.local_rank, stepOf(w), exit_time, waitedOf(w));
     auto seconds = [](const timeval& tv) { return tv.tv_sec + tv.tv_usec / 1e6; };
     progress.onExit(w.local_rank, exit_time, seconds(usage.ru_utime) + seconds(usage.ru_stime),
                     usage.ru_maxrss);

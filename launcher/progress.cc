@@ -20,7 +20,7 @@ void ProgressTracker::start(int nproc, int rank_offset, double now) {
   }
 }
 
-void ProgressTracker::onStep(int local_rank, uint64_t step, double now) {
+void ProgressTracker::onStep(int local_rank, uint64_t step, double now, uint64_t waited_us) {
   if (local_rank < 0 || local_rank >= static_cast<int>(ranks_.size())) return;
   RankProgress& r = ranks_[local_rank];
   if (step == 0 || step == r.step) return;
@@ -30,6 +30,58 @@ void ProgressTracker::onStep(int local_rank, uint64_t step, double now) {
   }
   r.step = step;
   r.last_change = now;
+  r.recent.push_back({now, step, waited_us});
+  if (r.recent.size() > 256) r.recent.erase(r.recent.begin(), r.recent.begin() + 128);
+}
+
+std::string Straggler::describe() const {
+  return fmt::format(
+      "rank {} (local rank {}) takes {:.1f} ms of its own per step against the median rank's "
+      "{:.1f} ms (+{:.0f}%) over its last {} steps",
+      global_rank, local_rank, own_ms, median_ms, 100 * (own_ms / median_ms - 1), steps);
+}
+
+std::vector<Straggler> ProgressTracker::newStragglers(double ratio, size_t window,
+                                                      double min_gap_ms) {
+  // Per rank: milliseconds per step of its own over the window (from the newest sample back to
+  // the first sample at least `window` steps older).
+  std::vector<double> own(ranks_.size(), -1);
+  std::vector<int> steps(ranks_.size(), 0);
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    const auto& rec = ranks_[i].recent;
+    if (rec.size() < 2) continue;  // a rank that has finished still counts, by its last steps
+    const auto& last = rec.back();
+    const RankProgress::Sample* first = nullptr;
+    for (auto it = rec.rbegin(); it != rec.rend(); ++it)
+      if (last.step - it->step >= window) {
+        first = &*it;
+        break;
+      }
+    if (!first) continue;
+    double n = static_cast<double>(last.step - first->step);
+    double wall_ms = (last.time - first->time) * 1000 / n;
+    double wait_ms = static_cast<double>(last.waited_us - first->waited_us) / 1000 / n;
+    own[i] = std::max(0.0, wall_ms - wait_ms);
+    steps[i] = static_cast<int>(n);
+  }
+  std::vector<double> known;
+  for (double v : own)
+    if (v >= 0) known.push_back(v);
+  std::vector<Straggler> out;
+  if (known.size() < 2 || known.size() < ranks_.size()) return out;  // every rank measured
+  std::sort(known.begin(), known.end());
+  double median = known[(known.size() - 1) / 2];  // the lower median: ties go to the majority
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    RankProgress& r = ranks_[i];
+    if (r.straggler || own[i] < 0) continue;
+    if (own[i] > ratio * median && own[i] - median > min_gap_ms) {
+      Straggler s{r.local_rank, r.global_rank, own[i], median, steps[i]};
+      r.straggler = true;
+      r.straggler_why = s.describe();
+      out.push_back(s);
+    }
+  }
+  return out;
 }
 
 void ProgressTracker::onExit(int local_rank, double now, double cpu_seconds, int64_t peak_rss_kb) {
@@ -137,6 +189,8 @@ std::string ProgressTracker::summary(double now, int cores, int threads_per_rank
                        r.ended ? cpu_pct : 0.0, r.ended ? memory(r.peak_rss_kb) : "-");
     if (r.ended) peaks.push_back(r.peak_rss_kb);
   }
+  for (const auto& r : ranks_)
+    if (r.straggler) out += "straggler: " + r.straggler_why + "\n";
   if (threads_per_rank > 1 && cores > 0 &&
       threads_per_rank * static_cast<int>(ranks_.size()) > cores)
     out += fmt::format(

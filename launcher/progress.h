@@ -20,7 +20,27 @@ struct RankProgress {
   uint64_t first_step = 0;             // the step first seen
   double cpu_seconds = 0;              // user + system, at exit
   int64_t peak_rss_kb = 0;             // at exit
+  // Recent step changes (time, step, microseconds waited in collectives so far), newest last.
+  struct Sample {
+    double time;
+    uint64_t step;
+    uint64_t waited_us;
+  };
+  std::vector<Sample> recent;
+  bool straggler = false;  // reported as one in this attempt
+  std::string straggler_why;
   std::optional<double> meanStepSeconds() const;
+};
+
+// A rank persistently slower than the others: its own time per step (step time less the time it
+// waited inside collectives, when the rank reports that) above the median rank's by `ratio`.
+struct Straggler {
+  int local_rank = 0;
+  int global_rank = 0;
+  double own_ms = 0;     // per step, over the window
+  double median_ms = 0;  // the median rank's
+  int steps = 0;         // the window
+  std::string describe() const;
 };
 
 // When a rank counts as hung (issue 18). Pure: fed observations with their times.
@@ -74,7 +94,11 @@ class HangDetector {
 class ProgressTracker {
  public:
   void start(int nproc, int rank_offset, double now);
-  void onStep(int local_rank, uint64_t step, double now);
+  void onStep(int local_rank, uint64_t step, double now, uint64_t waited_us = 0);
+  // Ranks that have become stragglers since the last call (each reported once per attempt),
+  // judged over their last `window` steps once every rank has that many.
+  std::vector<Straggler> newStragglers(double ratio = 1.2, size_t window = 20,
+                                       double min_gap_ms = 2);
   void onExit(int local_rank, double now, double cpu_seconds, int64_t peak_rss_kb);
   const std::vector<RankProgress>& ranks() const { return ranks_; }
 

@@ -324,7 +324,6 @@ void DdpReducer::Impl::finalize() {
   std::lock_guard<std::mutex> lock(mu);
   if (!inBackward) return;
   inBackward = false;
-  heartbeat::beat();  // one synchronised backward: one optimizer step, reported to launch
   if (readyCount < params.size()) {
     if (!options.findUnusedParameters) {
       std::string missing;
@@ -349,8 +348,11 @@ void DdpReducer::Impl::finalize() {
     while (nextToLaunch < buckets.size()) launch(buckets[nextToLaunch++]);
   }
   torch::NoGradGuard noGrad;
+  std::chrono::steady_clock::duration waited{};
   for (auto& bucket : buckets) {
+    auto waitStart = std::chrono::steady_clock::now();
     bucket.work->wait(options.timeout);
+    waited += std::chrono::steady_clock::now() - waitStart;
     if (!bucket.wire.is_same(bucket.flat)) bucket.flat.copy_(bucket.wire);
     for (size_t j = 0; j < bucket.params.size(); ++j) {
       auto& p = params[bucket.params[j]];
@@ -364,6 +366,11 @@ void DdpReducer::Impl::finalize() {
   }
   current.finishedUs = sinceStartUs();
   last = current;
+  // One synchronised backward is one optimizer step: reported to launch, with the time this
+  // rank spent waiting for the others (a straggler waits least).
+  heartbeat::addWaitMicroseconds(static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(waited).count()));
+  heartbeat::beat();
 }
 
 DdpReducer::DdpReducer(std::shared_ptr<torch::nn::Module> module, c10::intrusive_ptr<c10d::Backend> backend,

@@ -10,7 +10,7 @@ namespace ddpl::worker::heartbeat {
 namespace {
 // The mapped step counter, or null. Set once by open(); never unmapped (launch may read it to
 // the process's last instruction).
-std::atomic<std::atomic<uint64_t>*> slot{nullptr};
+std::atomic<std::atomic<uint64_t>*> slot{nullptr};  // [0] step, [1] waited microseconds
 }  // namespace
 
 bool open(int fd) {
@@ -30,6 +30,11 @@ void beat() {
 
 void set(uint64_t step) {
   if (auto* s = slot.load(std::memory_order_relaxed)) s->store(step, std::memory_order_relaxed);
+}
+
+void addWaitMicroseconds(uint64_t us) {
+  if (auto* s = slot.load(std::memory_order_relaxed))
+    s[kHeartbeatWaitOffset / sizeof(uint64_t)].fetch_add(us, std::memory_order_relaxed);
 }
 
 uint64_t current() {

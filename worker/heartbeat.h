@@ -14,5 +14,7 @@ bool open(int fd);
 void beat();
 void set(uint64_t step);
 uint64_t current();
+// Time spent waiting inside collectives, added up (lets launch find stragglers).
+void addWaitMicroseconds(uint64_t us);
 
 }  // namespace ddpl::worker::heartbeat

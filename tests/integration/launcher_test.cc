@@ -497,3 +497,22 @@ TEST(LaunchProgress, HeartbeatStepsReachTheEndOfRunSummary) {
   auto quiet = launch({"--log-level=warn", "--nproc-per-node=1", prog("hello.py")}, o);
   EXPECT_EQ(quiet.err.find("per-rank summary"), std::string::npos) << quiet.err;
 }
+
+// A rank that sleeps 30 ms more per step is reported as a straggler, while the job runs and in
+// the summary, and no other rank is.
+TEST(LaunchProgress, SlowRankIsReportedAsAStragglerAndNoOtherIs) {
+  RunOptions o;
+  o.env = {{"PYTHON_EXEC", DDPL_PYTHON}, {"STEPS", "40"}, {"STEP_SECONDS", "0.02"},
+           {"SLOW_RANK", "1"}, {"SLOW_FACTOR", "2.5"}};
+  auto r = launch({"--nproc-per-node=3", "--monitor-interval=0.01", prog("beats.py")}, o);
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_NE(r.err.find("straggler on "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("straggler: rank 1 (local rank 1) takes"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("rank 0 (local rank 0) takes"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("rank 2 (local rank 2) takes"), std::string::npos) << r.err;
+  // Even ranks: no straggler.
+  o.env.erase("SLOW_RANK");
+  auto even = launch({"--nproc-per-node=3", "--monitor-interval=0.01", prog("beats.py")}, o);
+  ASSERT_EQ(even.exit_code, 0) << even.all();
+  EXPECT_EQ(even.err.find("straggler"), std::string::npos) << even.err;
+}

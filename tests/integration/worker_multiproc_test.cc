@@ -161,4 +161,21 @@ TEST(WorkerLaunchers, HungRankUnderLaunchIsNamedWithItsNativeFrame) {
   EXPECT_NE(wt::readFile(dir + "/logs/h/attempt_0/0/stacks.txt").find("DdpReducer"), std::string::npos);
 }
 
+// A C++ rank that is 30 ms slower per step makes every rank step at its pace (the others wait
+// in DDP's all-reduce); DDP reports the time each rank waited, so launch names the slow one.
+TEST(WorkerLaunchers, StragglerUnderLaunchIsNamedAndNoOtherRank) {
+  const std::string launch = std::string(DDPL_BIN_DIR) + "/launch";
+  const std::string dir = wt::tempDir();
+  const pid_t pid = wt::spawn({launch, "--standalone", "--nproc-per-node=3", "--monitor-interval=0.01",
+                               wt::rankBinary(), "straggler", "2"},
+                              {{"OMP_NUM_THREADS", "1"}, {"DDPL_BACKEND", "gloo"}}, dir + "/launch.log");
+  const int status = wt::waitFor(pid, std::chrono::seconds(120));
+  const std::string log = wt::readFile(dir + "/launch.log");
+  EXPECT_TRUE(wt::exitedWith(status, 0)) << log;
+  EXPECT_NE(log.find("straggler on "), std::string::npos) << log;
+  EXPECT_NE(log.find("rank 2 (local rank 2) takes"), std::string::npos) << log;
+  EXPECT_EQ(log.find("rank 0 (local rank 0) takes"), std::string::npos) << log;
+  EXPECT_EQ(log.find("rank 1 (local rank 1) takes"), std::string::npos) << log;
+}
+
 }  // namespace

@@ -322,6 +322,20 @@ int hang(dw::Session& session, const std::string& hangRank) {
   return 0;
 }
 
+// DDP steps where rank `slowRank` spends 30 ms more of its own per step (the others wait for
+// it inside the all-reduce): launch must name it, and no other rank, as a straggler.
+int straggler(dw::Session& session, const std::string& slowRank) {
+  const int rank = session.options().rank;
+  auto model = std::make_shared<MlpImpl>(false);
+  dw::DistributedDataParallel<MlpImpl> ddp(model, session.backend());
+  for (int step = 1; step <= 40; ++step) {
+    if (std::to_string(rank) == slowRank) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    auto x = torch::randn({4, 8});
+    ddp.forward(x).sum().backward();
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -345,6 +359,7 @@ int main(int argc, char** argv) {
     if (scenario == "throw") return throwAfterSetup(session, arg);
     if (scenario == "signal") return waitForSignal(session, arg);
     if (scenario == "hang") return hang(session, arg);
+    if (scenario == "straggler") return straggler(session, arg);
     throw ddpl::InvalidArgument("unknown scenario '" + scenario + "'");
   });
 }

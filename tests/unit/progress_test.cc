@@ -123,3 +123,30 @@ TEST(Hang, RanksWithoutStepsOnlyWithTheFlagOrWhenOthersStep) {
   EXPECT_EQ(late[0].local_rank, 1);
   EXPECT_NE(late[0].why.find("no first step"), std::string::npos);
 }
+
+TEST(Progress, StragglerByOwnTimePerStepOverTheWindow) {
+  ProgressTracker t;
+  t.start(3, 0, 0);
+  // Lockstep: every rank steps every 50 ms; ranks 0 and 1 wait 40 ms of it for rank 2.
+  for (int s = 1; s <= 30; ++s) {
+    double now = s * 0.05;
+    t.onStep(0, s, now, s * 40000);
+    t.onStep(1, s, now, s * 40000);
+    t.onStep(2, s, now, s * 2000);
+    if (s < 20) EXPECT_TRUE(t.newStragglers(1.2, 20).empty());  // not a full window yet
+  }
+  auto found = t.newStragglers(1.2, 20);
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].local_rank, 2);
+  EXPECT_NEAR(found[0].own_ms, 48, 0.5);
+  EXPECT_NEAR(found[0].median_ms, 10, 0.5);
+  EXPECT_TRUE(t.newStragglers(1.2, 20).empty());  // reported once
+  EXPECT_NE(t.summary(2, 8, 1).find("straggler: rank 2 (local rank 2)"), std::string::npos);
+
+  // Without wait figures, even step times: nobody.
+  ProgressTracker even;
+  even.start(3, 0, 0);
+  for (int s = 1; s <= 30; ++s)
+    for (int r = 0; r < 3; ++r) even.onStep(r, s, s * 0.05);
+  EXPECT_TRUE(even.newStragglers(1.2, 20).empty());
+}
