@@ -27,6 +27,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--nproc", type=int, default=4)
     ap.add_argument("--program", default="/bin/true")
+    ap.add_argument("--no-cgroup-too", action="store_true",
+                    help="also time launch --cgroup=off (what the run's cgroup costs)")
     args = ap.parse_args()
 
     venv_bin = os.path.dirname(sys.executable)
@@ -39,13 +41,15 @@ def main():
         "torchrun": [torchrun, "--standalone", f"--nproc-per-node={n}", "--no-python",
                      args.program],
     }
+    if args.no_cgroup_too:
+        cmds["launch-nocg"] = cmds["launch"][:1] + ["--cgroup=off"] + cmds["launch"][1:]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     for name, cmd in cmds.items():  # warm caches once, untimed
         timed(cmd, env)
     times = {k: [] for k in cmds}
     names = list(cmds)
     for i in range(args.rounds):
-        order = names[i % 3:] + names[:i % 3]
+        order = names[i % len(names):] + names[:i % len(names)]
         for name in order:
             times[name].append(timed(cmds[name], env))
     med = {k: statistics.median(v) for k, v in times.items()}
@@ -55,6 +59,9 @@ def main():
         print(f"  {k:9s} median {med[k]*1e3:8.2f} ms   min {min(v)*1e3:8.2f} ms   max {max(v)*1e3:8.2f} ms")
     print(f"  torchrun / launch = {med['torchrun']/med['launch']:.1f}x  (target >= 50x)")
     print(f"  launch / floor    = {med['launch']/med['floor']:.2f}x  (target <= 3x)")
+    if "launch-nocg" in med:
+        print(f"  the run's cgroup costs {(med['launch'] - med['launch-nocg'])*1e3:.2f} ms "
+              f"(launch against launch --cgroup=off)")
 
 
 if __name__ == "__main__":
