@@ -73,7 +73,7 @@ RoundAssignment toAssignment(const JoinOptions& o, const pb::JoinResponse& r) {
 }
 
 Duration joinDeadline(const JoinOptions& o) {
-  return o.join_timeout + o.last_call_timeout + kJoinGrace;
+  return saturatingAdd(saturatingAdd(o.join_timeout, o.last_call_timeout), kJoinGrace);
 }
 
 }  // namespace
@@ -237,10 +237,16 @@ RendezvousClient::~RendezvousClient() = default;
 const std::string& RendezvousClient::endpoint() const { return impl_->options.endpoint; }
 
 RoundAssignment RendezvousClient::join(const JoinOptions& o) {
-  grpc::ClientContext ctx;
-  prepare(ctx, impl_->options.token, joinDeadline(o));
+  pb::JoinRequest req = toRequest(o);
   pb::JoinResponse resp;
-  grpc::Status s = impl_->stub->Join(&ctx, toRequest(o), &resp);
+  // A server that went away (restarted, moved) gets connect_timeout to come back: the join
+  // is sent again to the new one.
+  grpc::Status s = retryWhileUnavailable(impl_->options.connect_timeout, [&] {
+    grpc::ClientContext ctx;
+    prepare(ctx, impl_->options.token, joinDeadline(o));
+    resp.Clear();
+    return impl_->stub->Join(&ctx, req, &resp);
+  });
   if (!s.ok()) impl_->fail(s, fmt::format("join run '{}' as node '{}'", o.run_id, o.node_id));
   return toAssignment(o, resp);
 }
@@ -279,13 +285,15 @@ int32_t RendezvousClient::heartbeat(const RoundAssignment& a) {
 }
 
 void RendezvousClient::leave(const std::string& run_id, const std::string& node_id) {
-  grpc::ClientContext ctx;
-  prepare(ctx, impl_->options.token, impl_->options.call_timeout);
   pb::LeaveRequest req;
   req.set_run_id(run_id);
   req.set_node_id(node_id);
   pb::LeaveResponse resp;
-  grpc::Status s = impl_->stub->Leave(&ctx, req, &resp);
+  grpc::Status s = retryWhileUnavailable(impl_->options.connect_timeout, [&] {
+    grpc::ClientContext ctx;
+    prepare(ctx, impl_->options.token, impl_->options.call_timeout);
+    return impl_->stub->Leave(&ctx, req, &resp);
+  });
   if (!s.ok()) impl_->fail(s, fmt::format("leave run '{}' as node '{}'", run_id, node_id));
 }
 

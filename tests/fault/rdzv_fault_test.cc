@@ -103,6 +103,8 @@ TEST(RdzvFaultTest, ShutdownFinishesParkedCallsInsteadOfHanging) {
   auto store = connectGrpcStore(o);
   RendezvousClientOptions co;
   co.endpoint = server->endpoint();
+  // A join whose server goes away is sent again for connect_timeout: keep that short here.
+  co.connect_timeout = seconds(2);
   RendezvousClient client(co);
   auto get = std::async(std::launch::async, [&] {
     try {
