@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 
 #include "common/errors.h"
 
@@ -19,6 +20,17 @@ int64_t parseCounter(const std::string& key, const Bytes& value) {
   }
   throw StoreError(
       fmt::format("add on key '{}': its value is not an integer ({} bytes)", key, value.size()));
+}
+
+int64_t addCounter(const std::string& key, int64_t old, int64_t delta) {
+  int64_t v;
+  if (__builtin_add_overflow(old, delta, &v))
+    throw StoreError(fmt::format(
+        "add on key '{}': {} + {} does not fit a 64-bit counter (range {}..{}); the value "
+        "stays {}",
+        key, old, delta, std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(),
+        old));
+  return v;
 }
 
 void KvSpace::run(Fired& fired) {

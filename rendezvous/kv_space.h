@@ -71,4 +71,8 @@ class KvSpace {
 // Parses c10d's decimal counter encoding; throws StoreError naming the key otherwise.
 int64_t parseCounter(const std::string& key, const Bytes& value);
 
+// old + delta for add(); throws StoreError naming the key and the numbers when the sum does
+// not fit int64 (every store: an overflow is an error, never a wrap).
+int64_t addCounter(const std::string& key, int64_t old, int64_t delta);
+
 }  // namespace ddpl::rdzv

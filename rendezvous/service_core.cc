@@ -67,30 +67,53 @@ grpc::Status Core::authorize(grpc::CallbackServerContext* ctx) {
   if (ok) return grpc::Status::OK;
   ++unauthenticated;
   const char* why = it == md.end() ? "missing" : "wrong";
-  // One line per interval at most: a flood of bad calls must not flood the log.
-  int64_t count = 0;
+  // One line per interval at most: a flood of bad calls must not flood the log. The first
+  // refusal is logged at once; the ones after it within the interval are counted and logged
+  // together when it ends.
+  bool first = false, arm = false;
+  Clock::time_point flush_at;
   {
     std::lock_guard<std::mutex> lock(refusal_mu_);
-    ++refusals_unlogged_;
     auto now = Clock::now();
     if (refusal_logged_at_ == Clock::time_point{} ||
         now - refusal_logged_at_ >= kRefusalLogInterval) {
-      count = refusals_unlogged_;
-      refusals_unlogged_ = 0;
-      refusal_logged_at_ = now;
+      if (refusals_unlogged_ == 0) {
+        first = true;
+        refusal_logged_at_ = now;
+      }
+    }
+    if (!first) {
+      ++refusals_unlogged_;
+      last_refusal_ = fmt::format("latest from {}: {} token", ctx->peer(), why);
+      if (!refusal_flush_armed_) {
+        refusal_flush_armed_ = arm = true;
+        flush_at = std::max(now, refusal_logged_at_ + kRefusalLogInterval);
+      }
     }
   }
-  if (count == 1)
-    log::warn("[{}] refused a call from {}: {} token", cfg.log_name, ctx->peer(), why);
-  else if (count > 1)
-    log::warn(
-        "[{}] refused {} calls without a valid token in the last {} (latest from {}: {} "
-        "token; {} refused since start)",
-        cfg.log_name, count, describe(kRefusalLogInterval), ctx->peer(), why,
-        unauthenticated.load());
+  if (first) log::warn("[{}] refused a call from {}: {} token", cfg.log_name, ctx->peer(), why);
+  if (arm) timers.schedule(flush_at, [this] { flushRefusals(); });
   return grpc::Status(grpc::UNAUTHENTICATED,
                       it == md.end() ? "this server requires a token and the call had none"
                                      : "the call's token does not match the server's");
+}
+
+void Core::flushRefusals() {
+  int64_t n;
+  std::string latest;
+  {
+    std::lock_guard<std::mutex> lock(refusal_mu_);
+    refusal_flush_armed_ = false;
+    n = refusals_unlogged_;
+    refusals_unlogged_ = 0;
+    latest = last_refusal_;
+    refusal_logged_at_ = Clock::now();
+  }
+  if (n > 0)
+    log::warn(
+        "[{}] refused {} calls without a valid token in the last {} ({}; {} refused since "
+        "start)",
+        cfg.log_name, n, describe(kRefusalLogInterval), latest, unauthenticated.load());
 }
 
 grpc::Status Core::internalError(const std::exception& e) {

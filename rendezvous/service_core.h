@@ -139,10 +139,13 @@ class Core {
  private:
   grpc::Status internalError(const std::exception& e);
   void armStats();
+  void flushRefusals();  // on the timer thread: the refusals counted since the last line
 
   std::mutex refusal_mu_;  // guards the refusal log's state
   Clock::time_point refusal_logged_at_{};
   int64_t refusals_unlogged_ = 0;
+  bool refusal_flush_armed_ = false;
+  std::string last_refusal_;
   std::mutex stats_mu_;
   std::string last_stats_line_;  // guarded by stats_mu_
 };

@@ -105,3 +105,18 @@ TEST(TimerQueueTest, RunsInDeadlineOrderAndCancelPreventsRun) {
 
 }  // namespace
 }  // namespace ddpl::rdzv
+
+namespace ddpl::rdzv {
+namespace {
+
+TEST(KvSpaceTest, DeletePrefixRemovesOnlyThatRunsKeys) {
+  KvSpace kv;
+  for (auto k : {"job1/0/a", "job1/1/b", "job10/0/a", "job2/0/a", "job1"}) kv.set(k, toBytes("x"));
+  EXPECT_EQ(kv.deletePrefix("job1/"), 2);
+  EXPECT_EQ(kv.numKeys(""), 3);
+  EXPECT_TRUE(kv.check({"job10/0/a", "job2/0/a", "job1"}));
+  EXPECT_THROW(kv.deletePrefix(""), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace ddpl::rdzv
