@@ -14,8 +14,14 @@ namespace ddpl::rdzv::grpc_detail {
 
 namespace {
 
-// Range checks for the numbers of a JoinRequest; the state machine checks the rest.
-RdzvStatus checkJoinNumbers(const pb::JoinRequest& r) {
+// Timeouts from the wire as durations, saturated at kMaxTimeout ("wait very long").
+Duration fromWire(int64_t ms) {
+  return ms > kMaxTimeout.count() ? kMaxTimeout : Duration(std::max<int64_t>(ms, 0));
+}
+
+}  // namespace
+
+RdzvStatus joinSpecFromWire(const pb::JoinRequest& r, JoinSpec* spec) {
   auto bad = [&](const char* what, int64_t v) {
     return RdzvStatus{RdzvCode::kInvalidArgument,
                       fmt::format("join run '{}' as node '{}': {} {} is out of range", r.run_id(),
@@ -23,13 +29,14 @@ RdzvStatus checkJoinNumbers(const pb::JoinRequest& r) {
   };
   if (r.join_timeout_ms() <= 0) return bad("join timeout (ms)", r.join_timeout_ms());
   if (r.last_call_timeout_ms() < 0) return bad("last-call timeout (ms)", r.last_call_timeout_ms());
+  spec->run_id = r.run_id();
+  spec->node = {r.node_id(), r.local_world_size(), r.version(), r.address()};
+  spec->config = {r.min_nodes(), r.max_nodes(), fromWire(r.join_timeout_ms()),
+                  fromWire(r.last_call_timeout_ms())};
   return {};
 }
 
-// Timeouts from the wire as durations, saturated at kMaxTimeout ("wait very long").
-Duration fromWire(int64_t ms) {
-  return ms > kMaxTimeout.count() ? kMaxTimeout : Duration(std::max<int64_t>(ms, 0));
-}
+namespace {
 
 class JoinCall : public grpc::ServerUnaryReactor, public JoinWaiter {
  public:
@@ -38,18 +45,14 @@ class JoinCall : public grpc::ServerUnaryReactor, public JoinWaiter {
       : core_(core), ctx_(ctx), req_(req), resp_(resp) {}
 
   void start() {
+    JoinSpec spec;
     grpc::Status s = core_->authorize(ctx_);
-    if (s.ok()) s = toGrpc(checkJoinNumbers(*req_));
+    if (s.ok()) s = toGrpc(joinSpecFromWire(*req_, &spec));
     if (!s.ok()) {
       Finish(s);
       unref();
       return;
     }
-    JoinSpec spec;
-    spec.run_id = req_->run_id();
-    spec.node = {req_->node_id(), req_->local_world_size(), req_->version(), req_->address()};
-    spec.config = {req_->min_nodes(), req_->max_nodes(), fromWire(req_->join_timeout_ms()),
-                   fromWire(req_->last_call_timeout_ms())};
     include_members_ = req_->include_members();
     Effects fx;
     {

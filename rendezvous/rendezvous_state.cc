@@ -319,7 +319,7 @@ void RendezvousState::removeMember(Run& run, const std::string& node) {
 void RendezvousState::cancelJoin(JoinTicket ticket, TimePoint now, Effects& fx) {
   auto t = tickets_.find(ticket);
   if (t == tickets_.end()) return;
-  auto [run_id, node] = t->second;
+  std::string run_id = t->second.first, node = t->second.second;
   tickets_.erase(t);
   auto r = runs_.find(run_id);
   if (r == runs_.end()) return;

@@ -222,6 +222,11 @@ class ParkedOp : public std::enable_shared_from_this<ParkedOp> {
   std::atomic<TimerQueue::TimerId> timer_{0};
 };
 
+// A JoinRequest from the wire as the state machine's JoinSpec: timeouts range-checked
+// (INVALID_ARGUMENT naming the value) and saturated at kMaxTimeout; the state machine checks
+// the rest (ids, sizes, min:max, world size).
+RdzvStatus joinSpecFromWire(const pb::JoinRequest& r, JoinSpec* spec);
+
 std::unique_ptr<grpc::Service> makeStoreService(Core* core);
 std::unique_ptr<grpc::Service> makeRendezvousService(Core* core);
 grpc::ServerBidiReactor<pb::StoreRequest, pb::StoreResponse>* newStoreSession(
