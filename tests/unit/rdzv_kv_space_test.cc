@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <future>
+#include <thread>
 
 #include "common/errors.h"
 #include "rendezvous/kv_space.h"
@@ -108,6 +109,23 @@ TEST(TimerQueueTest, RunsInDeadlineOrderAndCancelPreventsRun) {
 
 namespace ddpl::rdzv {
 namespace {
+
+// The timer thread waits until its earliest deadline; cancelling that very timer meanwhile freed
+// the deadline it was waiting on (a use-after-free under ASan, `make test-asan`).
+TEST(TimerQueueTest, CancellingTheTimerTheThreadWaitsForIsSafe) {
+  TimerQueue q;
+  std::atomic<int> ran{0};
+  for (int i = 0; i < 200; ++i) {
+    auto id = q.schedule(Clock::now() + std::chrono::hours(1), [&] { ++ran; });
+    std::this_thread::sleep_for(std::chrono::microseconds(200));  // the thread is waiting on it
+    EXPECT_TRUE(q.cancel(id));
+  }
+  q.schedule(Clock::now(), [&] { ++ran; });
+  auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (ran.load() == 0 && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(ran.load(), 1);
+}
 
 TEST(KvSpaceTest, DeletePrefixRemovesOnlyThatRunsKeys) {
   KvSpace kv;
