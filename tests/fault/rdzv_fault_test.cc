@@ -306,6 +306,9 @@ TEST_F(ServerBinaryTest, KilledServerIsReportedToWatchersAndCallers) {
   });
   GrpcStoreOptions so;
   so.endpoint = endpoint;
+  // The store keeps trying a lost server for connect_timeout (the launcher's read timeout);
+  // a short one here, so that the failure comes quickly.
+  so.connect_timeout = seconds(3);
   auto store = connectGrpcStore(so);
   stop(SIGKILL);
   {
