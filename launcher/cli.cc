@@ -348,7 +348,9 @@ std::string applySlurmDefaults(LaunchOptions& o, const std::vector<std::string>&
 int parseSignalName(const std::string& raw) {
   std::string s = raw;
   std::transform(s.begin(), s.end(), s.begin(), ::toupper);
-  if (!s.empty() && std::all_of(s.begin(), s.end(), ::isdigit)) {
+  // At most 4 digits: std::stoi threw std::out_of_range (uncaught: launch aborted) for
+  // "8888888888888" (found by fuzz_cli); no signal number has more.
+  if (!s.empty() && s.size() <= 4 && std::all_of(s.begin(), s.end(), ::isdigit)) {
     int n = std::stoi(s);
     if (n > 0 && n < NSIG && n != SIGKILL && n != SIGSTOP) return n;
   }
