@@ -6,9 +6,16 @@
 # Left out: tests whose workers are Python programs importing torch (MultiNode, LaunchPython,
 # the MPI job tests, the slurm/netns scripts) and the Python manifest check; they test no
 # more C++ than the ones kept and take minutes under a sanitizer on two cores.
+# TSan also leaves out the suites that run gRPC (the gRPC store and service, membership, TLS,
+# the rdzv-server binary, --standalone): Debian's gRPC, Abseil and protobuf are not built with
+# TSan, so it cannot see the locks that order gRPC's threads and reports every hand-off
+# between them (72 reports in one run, all with gRPC's own frames on both sides). They need a
+# TSan-built gRPC; ASan covers them here. What stays is the code whose threads are ours: the
+# state machine, KvSpace and TimerQueue, the memory/file/prefix stores, the launcher.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KIND="${1:?asan or tsan}"
+EXTRA_EXCLUDE=""
 JOBS="${JOBS:-$(nproc)}"
 case "$KIND" in
   asan)
@@ -22,6 +29,7 @@ case "$KIND" in
     BUILD_DIR="${SAN_BUILD_DIR:-build-tsan}"
     FLAGS="-fsanitize=thread -fno-omit-frame-pointer"
     export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/sanitizers/tsan.supp${TSAN_OPTIONS:+:$TSAN_OPTIONS}"
+    EXTRA_EXCLUDE='|/Grpc|^(StoreServiceTest|TlsTest|MembershipTest|RdzvFaultTest|ServerBinaryTest|StoreSessionTest|HugeNumbersTest|StoreOpListTest|HostileClientTest|LongUptimeTest)\.|Standalone'
     ;;
   *) echo "usage: $0 asan|tsan" >&2; exit 2 ;;
 esac
@@ -34,4 +42,4 @@ if [ ! -f "$BUILD_DIR/build.ninja" ]; then
 fi
 cmake --build "$BUILD_DIR" -j "$JOBS"
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j 2 --timeout 600 \
-  -E '^(MultiNode|LaunchPython|Mpi(Example|Failure|Launch|Worker))\.|^(slurm_test|netns_test|deploy_manifests_test)$'
+  -E "^(MultiNode|LaunchPython|Mpi(Example|Failure|Launch|Worker))\\.|^(slurm_test|netns_test|deploy_manifests_test)\$${EXTRA_EXCLUDE:-}"

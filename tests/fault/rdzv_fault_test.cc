@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -145,6 +146,7 @@ TEST(RdzvFaultTest, ShutdownFinishesParkedCallsInsteadOfHanging) {
 pid_t spawnServer(const std::vector<std::string>& args, const std::string& log) {
   pid_t pid = fork();
   if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // dies with the test, even one a sanitizer aborts
     std::vector<char*> argv;
     argv.push_back(const_cast<char*>(kServerBin.c_str()));
     for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));

@@ -8,6 +8,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -90,6 +91,9 @@ class ServerProcess {
     log_ = dir_ + "/server.log";
     pid_ = fork();
     if (pid_ == 0) {
+      // Dies with the test, even one a sanitizer aborts: an orphaned server would keep
+      // whatever the test's parent had open (the CI's CPU lock, say).
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
 #ifdef DDPL_TEST_ASAN
       // ASan keeps freed memory in a 256 MiB quarantine to catch late uses: the server's
       // memory could not go back to its baseline. A small one keeps the check meaningful.
