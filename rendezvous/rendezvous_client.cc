@@ -78,8 +78,19 @@ Duration joinDeadline(const JoinOptions& o) {
 
 }  // namespace
 
+// Async joins still running, so that the client outlives their hold on the channel.
+struct AsyncJoins {
+  std::mutex mu;
+  std::condition_variable idle;
+  int running = 0;
+};
+
+// How long ~RendezvousClient waits for async joins it did not see finish.
+constexpr Duration kAsyncCloseWait{std::chrono::seconds(10)};
+
 struct RendezvousClient::Impl {
   RendezvousClientOptions options;
+  std::shared_ptr<AsyncJoins> async = std::make_shared<AsyncJoins>();
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<pb::Rendezvous::Stub> stub;
 
@@ -232,7 +243,16 @@ RendezvousClient::RendezvousClient(const RendezvousClientOptions& options)
   });
 }
 
-RendezvousClient::~RendezvousClient() = default;
+RendezvousClient::~RendezvousClient() {
+  std::unique_lock<std::mutex> lock(impl_->async->mu);
+  if (!impl_->async->idle.wait_for(lock, kAsyncCloseWait,
+                                   [&] { return impl_->async->running == 0; })) {
+    log::warn("rendezvous client for {}: {} async joins still running at destruction",
+              impl_->options.endpoint, impl_->async->running);
+    // Their callbacks would drop the channel's last reference on a gRPC thread: keep it.
+    new std::shared_ptr<grpc::Channel>(impl_->channel);  // NOLINT: deliberately never freed
+  }
+}
 
 const std::string& RendezvousClient::endpoint() const { return impl_->options.endpoint; }
 
@@ -261,19 +281,33 @@ void RendezvousClient::joinAsync(const JoinOptions& o,
   auto call = std::make_shared<Call>();
   prepare(call->ctx, impl_->options.token, joinDeadline(o));
   call->req = toRequest(o);
-  auto impl = impl_;
+  // The callback runs on a gRPC thread. It must not hold the last reference to the channel
+  // (a ClientContext holds one): ~Channel there joins gRPC's callback threads from one of them
+  // ("assertion failed: prior > 0" at exit). So it holds neither Impl nor, once it has read
+  // the reply, the call; and ~RendezvousClient waits until every async join has let go.
+  auto async = impl_->async;
+  {
+    std::lock_guard<std::mutex> lock(async->mu);
+    ++async->running;
+  }
+  std::string endpoint = impl_->options.endpoint;
   impl_->stub->async()->Join(
-      &call->ctx, &call->req, &call->resp, [call, impl, o, done = std::move(done)](grpc::Status s) {
+      &call->ctx, &call->req, &call->resp,
+      [call, async, endpoint, o, done = std::move(done)](grpc::Status s) mutable {
         RoundAssignment a;
         std::exception_ptr e;
         try {
           if (!s.ok())
-            impl->fail(s, fmt::format("join run '{}' as node '{}'", o.run_id, o.node_id));
+            throwStatus(s, endpoint,
+                        fmt::format("join run '{}' as node '{}'", o.run_id, o.node_id));
           a = toAssignment(o, call->resp);
         } catch (...) {
           e = std::current_exception();
         }
+        call.reset();
         done(std::move(a), e);
+        std::lock_guard<std::mutex> lock(async->mu);
+        if (--async->running == 0) async->idle.notify_all();
       });
 }
 
