@@ -1,5 +1,5 @@
 # Thin front over scripts/ and CMake. `make demo` and `make test` both set up first.
-.PHONY: setup build test demo bench clean format wheel
+.PHONY: setup build test test-asan test-tsan fuzz demo bench clean format wheel
 
 BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
@@ -14,6 +14,18 @@ build: setup
 
 test: build
 	@bash scripts/test.sh $(BUILD_DIR)
+
+# The rendezvous and launcher suites under ASan + UBSan (build-asan) or TSan (build-tsan), built
+# without LibTorch. `make test` runs the ASan one too.
+test-asan: setup
+	@bash scripts/test_sanitized.sh asan
+
+test-tsan: setup
+	@bash scripts/test_sanitized.sh tsan
+
+# libFuzzer targets (build-fuzz, clang + ASan + UBSan), FUZZ_SECONDS each (default 60).
+fuzz: setup
+	@bash scripts/fuzz.sh
 
 demo: build
 	@bash scripts/demo.sh $(BUILD_DIR)

@@ -498,7 +498,13 @@ std::vector<std::string> expandSlurmNodeList(const std::string& list) {
         std::string lo = dash == std::string::npos ? range : range.substr(0, dash);
         std::string hi = dash == std::string::npos ? range : range.substr(dash + 1);
         int a = parseInt("SLURM_JOB_NODELIST", lo, 0), b = parseInt("SLURM_JOB_NODELIST", hi, 0);
-        for (int n = a; n <= b; ++n) {
+        // 64-bit counter: n++ past INT_MAX was undefined; and a bound, since a 13-byte list
+        // ("x[0-99999999]") would otherwise allocate gigabytes (both found by fuzz_cli).
+        constexpr size_t kMaxSlurmNodes = 100000;
+        for (int64_t n = a; n <= b; ++n) {
+          if (out.size() >= kMaxSlurmNodes)
+            throw UsageError(fmt::format("SLURM_JOB_NODELIST: '{}' names more than {} nodes",
+                                         list.substr(0, 200), kMaxSlurmNodes));
           std::string num = std::to_string(n);
           if (num.size() < lo.size()) num = std::string(lo.size() - num.size(), '0') + num;
           out.push_back(prefix + num + suffix);

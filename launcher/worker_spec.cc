@@ -4,6 +4,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdlib>
+#include <memory>
 #include <sstream>
 
 #include "launcher/cli.h"
@@ -80,9 +82,12 @@ std::vector<std::string> resolveCommand(const LaunchOptions& o, const Environmen
       if (exists && S_ISDIR(st.st_mode))
         throw UsageError(fmt::format("PROGRAM '{}' is a directory, not a program or script", prog));
       if (endsWith(prog, ".py")) {
-        if (!exists)
+        if (!exists) {
+          // get_current_dir_name() mallocs its answer (and may return null).
+          std::unique_ptr<char, decltype(&free)> cwd(get_current_dir_name(), &free);
           throw UsageError(fmt::format("PROGRAM '{}': no such file (relative to {})", prog,
-                                       get_current_dir_name()));
+                                       cwd ? cwd.get() : "the current directory"));
+        }
         cmd = {pythonFor(o, env), "-u", prog};
       } else if (exists && isExecutableFile(prog)) {
         cmd = {prog.find('/') == std::string::npos ? "./" + prog : prog};

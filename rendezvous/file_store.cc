@@ -123,7 +123,7 @@ void FileStore::set(const std::string& key, const Bytes& value) {
 int64_t FileStore::add(const std::string& key, int64_t delta) {
   Locked l(*this, true);
   auto it = l.data().find(key);
-  int64_t v = (it == l.data().end() ? 0 : parseCounter(key, it->second)) + delta;
+  int64_t v = addCounter(key, it == l.data().end() ? 0 : parseCounter(key, it->second), delta);
   l.data()[key] = toBytes(std::to_string(v));
   l.save();
   return v;

@@ -1,11 +1,13 @@
 #include "rendezvous/grpc_common.h"
 
-#include <fmt/format.h>
 #include <absl/synchronization/mutex.h>
+#include <fmt/format.h>
 #include <grpc/support/log.h>
 
+#include <algorithm>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -94,8 +96,13 @@ std::shared_ptr<grpc::Channel> makeChannel(const ChannelSpec& spec) {
   return grpc::CreateCustomChannel(spec.endpoint, creds, args);
 }
 
+Duration saturatingAdd(Duration a, Duration b) {
+  auto clamp = [](Duration d) { return std::clamp(d, Duration::zero(), kMaxClientTimeout); };
+  return clamp(clamp(a) + clamp(b));  // two clamped values cannot overflow int64 ms
+}
+
 void prepare(grpc::ClientContext& ctx, const std::string& token, Duration timeout) {
-  ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+  ctx.set_deadline(std::chrono::system_clock::now() + saturatingAdd(timeout, Duration::zero()));
   if (!token.empty()) ctx.AddMetadata(kTokenHeader, token);
 }
 
@@ -161,6 +168,25 @@ void throwStatus(const grpc::Status& status, const std::string& endpoint, const 
       throw InvalidArgument(msg);
     default:
       throw StoreError(msg);
+  }
+}
+
+grpc::Status retryWhileUnavailable(Duration window, const std::function<grpc::Status()>& call) {
+  std::mt19937 rng(std::random_device{}());
+  Duration backoff{100};
+  std::optional<Clock::time_point> lost;
+  for (;;) {
+    grpc::Status s = call();
+    if (s.error_code() != grpc::UNAVAILABLE) return s;
+    auto now = Clock::now();
+    if (!lost) lost = now;
+    auto left = std::chrono::ceil<Duration>(*lost + window - now);
+    if (left.count() <= 0)
+      return grpc::Status(s.error_code(), fmt::format("{} (unreachable for {}, the read timeout)",
+                                                      s.error_message(), describe(window)));
+    std::uniform_int_distribution<int64_t> jitter(backoff.count() / 2, backoff.count());
+    std::this_thread::sleep_for(std::min(Duration(jitter(rng)), left));
+    backoff = std::min(backoff * 2, Duration(std::chrono::seconds(2)));
   }
 }
 

@@ -28,7 +28,14 @@ std::string readFile(const std::string& path, const char* what);
 
 std::shared_ptr<grpc::Channel> makeChannel(const ChannelSpec& spec);
 
-// Sets the deadline and the token on a call.
+// Longest deadline a client sets: larger timeouts (up to INT64_MAX ms from a caller) mean
+// "wait very long" and are cut to this instead of wrapping into the past.
+inline constexpr Duration kMaxClientTimeout{std::chrono::hours(24 * 365 * 10)};
+
+// a + b, both clamped to 0..kMaxClientTimeout, without overflow.
+Duration saturatingAdd(Duration a, Duration b);
+
+// Sets the deadline (timeout clamped as saturatingAdd does) and the token on a call.
 void prepare(grpc::ClientContext& ctx, const std::string& token, Duration timeout);
 
 // Throws the ddpl exception for a failed call: DEADLINE_EXCEEDED -> TimeoutError,
@@ -47,5 +54,10 @@ std::string describe(Duration d);
 // endpoint, the time spent and the attempts.
 void retryConnect(const std::string& endpoint, Duration timeout,
                   const std::function<grpc::Status(Duration attempt_timeout)>& attempt);
+
+// Runs `call` again, with jittered exponential backoff, while it fails UNAVAILABLE (the
+// server cannot be reached), for at most `window` counted from its first such failure: a
+// restarted server gets that long to come back. Returns the last status.
+grpc::Status retryWhileUnavailable(Duration window, const std::function<grpc::Status()>& call);
 
 }  // namespace ddpl::rdzv::grpc_detail

@@ -12,6 +12,8 @@
 #include "common/log.h"
 #include "proto/rendezvous.grpc.pb.h"
 #include "rendezvous/grpc_common.h"
+#include "rendezvous/store_ops.h"
+#include "rendezvous/write_queue.h"
 
 namespace ddpl::rdzv {
 namespace {
@@ -22,9 +24,6 @@ using namespace grpc_detail;
 // Time on top of a blocking call's own timeout before the client stops waiting: the
 // server answers DEADLINE_EXCEEDED with the key and the numbers first.
 constexpr Duration kBlockingGrace{std::chrono::seconds(5)};
-// How long an operation tries to reopen a broken Session stream before it fails: enough for
-// a restarted server to come back, short enough that a dead one fails every caller quickly.
-constexpr Duration kReopenWindow{std::chrono::seconds(5)};
 // How long the destructor waits for gRPC to finish a cancelled stream.
 constexpr Duration kCloseWait{std::chrono::seconds(10)};
 
@@ -60,7 +59,7 @@ struct PendingOp {
 
 // One Store.Session stream: many threads send on it, gRPC's callback threads read from it
 // and hand each response to the operation waiting for its id. Only one write may be in flight,
-// so requests queue behind it.
+// so requests queue behind it (WriteQueue).
 //
 // Holds: the stream keeps one hold from StartCall until it is broken and no write is in
 // flight, so that gRPC never calls OnDone while a thread is about to StartWrite. It keeps
@@ -128,15 +127,10 @@ class StoreStream : public grpc::ClientBidiReactor<pb::StoreRequest, pb::StoreRe
     std::unique_lock<std::mutex> lock(mu_);
     if (broken_) return false;
     pending_.emplace(req.id(), op);
-    if (writing_) {
-      queue_.push_back(std::move(req));
-      return true;
-    }
-    writing_ = true;
-    current_ = std::move(req);
+    auto start = writes_.push(std::move(req), 0);
     lock.unlock();
     // Never under mu_: gRPC may run OnWriteDone on this thread before StartWrite returns.
-    StartWrite(&current_);
+    if (start.msg) StartWrite(start.msg);
     return true;
   }
 
@@ -182,14 +176,16 @@ class StoreStream : public grpc::ClientBidiReactor<pb::StoreRequest, pb::StoreRe
 
   void OnWriteDone(bool ok) override {
     std::unique_lock<std::mutex> lock(mu_);
-    if (ok && !broken_ && !queue_.empty()) {
-      current_ = std::move(queue_.front());
-      queue_.pop_front();
-      lock.unlock();
-      StartWrite(&current_);
-      return;
+    if (ok && !broken_) {
+      auto next = writes_.next();
+      if (next.msg) {
+        lock.unlock();
+        StartWrite(next.msg);
+        return;
+      }
+    } else {
+      writes_.abandon();
     }
-    writing_ = false;
     if (!ok) broken_ = true;  // the read fails too, and OnDone tells the waiting operations
     releaseHold(lock);
   }
@@ -202,7 +198,7 @@ class StoreStream : public grpc::ClientBidiReactor<pb::StoreRequest, pb::StoreRe
       broken_ = true;
       final_ = s;
       pending.swap(pending_);
-      queue_.clear();
+      writes_.abandon();
     }
     cv_.notify_all();
     grpc::Status why = brokenStatus(s);
@@ -226,7 +222,7 @@ class StoreStream : public grpc::ClientBidiReactor<pb::StoreRequest, pb::StoreRe
  private:
   // Caller holds mu_ through `lock`; releases it.
   void releaseHold(std::unique_lock<std::mutex>& lock) {
-    if (!broken_ || writing_ || hold_released_) return;
+    if (!broken_ || writes_.writing() || hold_released_) return;
     hold_released_ = true;
     lock.unlock();
     RemoveHold();
@@ -238,12 +234,10 @@ class StoreStream : public grpc::ClientBidiReactor<pb::StoreRequest, pb::StoreRe
   std::mutex mu_;           // guards everything below; never held while calling into gRPC
   std::condition_variable cv_;
   bool broken_ = false;
-  bool writing_ = false;
   bool hold_released_ = false;
   bool done_ = false;
   grpc::Status final_;
-  pb::StoreRequest current_;  // the write in flight
-  std::deque<pb::StoreRequest> queue_;
+  WriteQueue<pb::StoreRequest> writes_;
   std::unordered_map<uint64_t, std::shared_ptr<PendingOp>> pending_;
   std::shared_ptr<StoreStream> self_;
 };
@@ -311,7 +305,7 @@ class GrpcStore : public Store {
     auto* req = r.mutable_get();
     req->set_key(k(key));
     req->set_timeout_ms(timeout.count());
-    return bytes(exec("get", key, timeout + kBlockingGrace, r).get().value());
+    return bytes(exec("get", key, saturatingAdd(timeout, kBlockingGrace), r).get().value());
   }
 
   int64_t add(const std::string& key, int64_t delta) override {
@@ -344,7 +338,7 @@ class GrpcStore : public Store {
     auto* req = r.mutable_wait();
     for (const auto& key : keys) req->add_keys(k(key));
     req->set_timeout_ms(timeout.count());
-    exec("wait", keys, timeout + kBlockingGrace, r);
+    exec("wait", keys, saturatingAdd(timeout, kBlockingGrace), r);
   }
 
   bool deleteKey(const std::string& key) override {
@@ -364,7 +358,7 @@ class GrpcStore : public Store {
     auto* req = r.mutable_multi_get();
     for (const auto& key : keys) req->add_keys(k(key));
     req->set_timeout_ms(timeout.count());
-    auto resp = exec("multiGet", keys, timeout + kBlockingGrace, r);
+    auto resp = exec("multiGet", keys, saturatingAdd(timeout, kBlockingGrace), r);
     std::vector<Bytes> out;
     out.reserve(resp.multi_get().values_size());
     for (const auto& v : resp.multi_get().values()) out.push_back(bytes(v));
@@ -432,7 +426,7 @@ class GrpcStore : public Store {
   // ---- the Session stream (default) ----
 
   pb::StoreResponse session(const std::string& op, Duration timeout, pb::StoreRequest& req) {
-    auto deadline = Clock::now() + timeout;
+    auto deadline = Clock::now() + saturatingAdd(timeout, Duration::zero());
     std::shared_ptr<PendingOp> pending = std::make_shared<PendingOp>();
     uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
     req.set_id(id);
@@ -479,7 +473,9 @@ class GrpcStore : public Store {
       throwStatus(grpc::Status(grpc::DEADLINE_EXCEEDED, "no time left to reopen the store stream"),
                   o_.endpoint, op);
     log::debug("store stream to {} broke; reopening for {}", o_.endpoint, op);
-    return open(std::min({left, o_.connect_timeout, kReopenWindow}));
+    // The connect timeout (the launcher's read timeout) covers reconnecting too: a restarted
+    // server has that long to come back.
+    return open(std::min(left, o_.connect_timeout));
   }
 
   std::shared_ptr<StoreStream> open(Duration timeout) {
@@ -505,44 +501,11 @@ class GrpcStore : public Store {
 
   pb::StoreResponse unary(const std::string& op, Duration timeout, const pb::StoreRequest& r) {
     pb::StoreResponse out;
-    using S = pb::Store::Stub;
-    switch (r.op_case()) {
-      case pb::StoreRequest::kPing:
-        call(op, timeout, &S::Ping, r.ping(), *out.mutable_ping());
-        break;
-      case pb::StoreRequest::kSet:
-        call(op, timeout, &S::Set, r.set(), *out.mutable_set());
-        break;
-      case pb::StoreRequest::kGet:
-        call(op, timeout, &S::Get, r.get(), *out.mutable_get());
-        break;
-      case pb::StoreRequest::kAdd:
-        call(op, timeout, &S::Add, r.add(), *out.mutable_add());
-        break;
-      case pb::StoreRequest::kCompareSet:
-        call(op, timeout, &S::CompareSet, r.compare_set(), *out.mutable_compare_set());
-        break;
-      case pb::StoreRequest::kCheck:
-        call(op, timeout, &S::Check, r.check(), *out.mutable_check());
-        break;
-      case pb::StoreRequest::kWait:
-        call(op, timeout, &S::Wait, r.wait(), *out.mutable_wait());
-        break;
-      case pb::StoreRequest::kDeleteKey:
-        call(op, timeout, &S::DeleteKey, r.delete_key(), *out.mutable_delete_key());
-        break;
-      case pb::StoreRequest::kNumKeys:
-        call(op, timeout, &S::NumKeys, r.num_keys(), *out.mutable_num_keys());
-        break;
-      case pb::StoreRequest::kMultiGet:
-        call(op, timeout, &S::MultiGet, r.multi_get(), *out.mutable_multi_get());
-        break;
-      case pb::StoreRequest::kMultiSet:
-        call(op, timeout, &S::MultiSet, r.multi_set(), *out.mutable_multi_set());
-        break;
-      case pb::StoreRequest::OP_NOT_SET:
-        throw InvalidArgument(fmt::format("{}: no operation", op));
-    }
+    bool known = visitStoreOp(r.op_case(), [&](auto o) {
+      using Op = decltype(o);
+      call(op, timeout, Op::kStubMethod, Op::request(r), *Op::response(out));
+    });
+    if (!known) throw InvalidArgument(fmt::format("{}: no operation", op));
     return out;
   }
 

@@ -34,8 +34,9 @@ struct GrpcStoreOptions {
 // endpoint after connect_timeout, ddpl::AuthError at once for a wrong or missing token.
 // The store is safe to call from several threads at once. When its Session stream breaks
 // (server restart, dropped connection), the operations waiting on it fail with a NetworkError
-// naming the endpoint, and the next operation opens a new stream (a few seconds of bounded
-// retry).
+// naming the endpoint, and the next operation opens a new stream, retrying for up to
+// connect_timeout (bounded by the operation's own deadline) so that a restarted server has
+// that long to come back.
 std::unique_ptr<Store> connectGrpcStore(const GrpcStoreOptions& options);
 
 }  // namespace ddpl::rdzv

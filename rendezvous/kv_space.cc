@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 
 #include "common/errors.h"
 
@@ -18,6 +20,17 @@ int64_t parseCounter(const std::string& key, const Bytes& value) {
   }
   throw StoreError(
       fmt::format("add on key '{}': its value is not an integer ({} bytes)", key, value.size()));
+}
+
+int64_t addCounter(const std::string& key, int64_t old, int64_t delta) {
+  int64_t v;
+  if (__builtin_add_overflow(old, delta, &v))
+    throw StoreError(fmt::format(
+        "add on key '{}': {} + {} does not fit a 64-bit counter (range {}..{}); the value "
+        "stays {}",
+        key, old, delta, std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(),
+        old));
+  return v;
 }
 
 void KvSpace::run(Fired& fired) {
@@ -83,7 +96,12 @@ int64_t KvSpace::add(const std::string& key, int64_t delta) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = data_.find(key);
-    v = (it == data_.end() ? 0 : parseCounter(key, it->second)) + delta;
+    int64_t old = it == data_.end() ? 0 : parseCounter(key, it->second);
+    if (__builtin_add_overflow(old, delta, &v))
+      throw StoreError(
+          fmt::format("add on key '{}': {} + {} does not fit a 64-bit counter "
+                      "(range {}..{}); the value stays {}",
+                      key, old, delta, INT64_MIN, INT64_MAX, old));
     data_[key] = toBytes(std::to_string(v));
     collectReadyLocked(key, fired);
   }
@@ -131,6 +149,20 @@ int64_t KvSpace::numKeys(const std::string& prefix) const {
   for (auto it = data_.lower_bound(prefix);
        it != data_.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it)
     ++n;
+  return n;
+}
+
+int64_t KvSpace::deletePrefix(const std::string& prefix) {
+  if (prefix.empty()) throw InvalidArgument("deletePrefix: the prefix is empty");
+  std::lock_guard<std::mutex> lock(mu_);
+  auto first = data_.lower_bound(prefix);
+  auto last = first;
+  int64_t n = 0;
+  while (last != data_.end() && last->first.compare(0, prefix.size(), prefix) == 0) {
+    ++last;
+    ++n;
+  }
+  data_.erase(first, last);
   return n;
 }
 

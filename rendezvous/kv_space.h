@@ -28,12 +28,16 @@ class KvSpace {
 
   void set(const std::string& key, Bytes value);
   void multiSet(const std::vector<std::string>& keys, std::vector<Bytes> values);
-  // Throws StoreError when the current value is not a decimal integer.
+  // Throws StoreError when the current value is not a decimal integer, or when the sum does
+  // not fit int64 (the counter keeps its value: an overflow is an error, never a wrap).
   int64_t add(const std::string& key, int64_t delta);
   Bytes compareSet(const std::string& key, const Bytes& expected, Bytes desired);
   bool check(const std::vector<std::string>& keys) const;
   bool deleteKey(const std::string& key);
   int64_t numKeys(const std::string& prefix) const;
+  // Removes every key starting with `prefix` (not empty); returns how many. Parked waiters
+  // stay parked.
+  int64_t deletePrefix(const std::string& prefix);
 
   // Either answers at once or parks `on_ready`, which then runs exactly once unless
   // cancelWait wins first.
@@ -66,5 +70,9 @@ class KvSpace {
 
 // Parses c10d's decimal counter encoding; throws StoreError naming the key otherwise.
 int64_t parseCounter(const std::string& key, const Bytes& value);
+
+// old + delta for add(); throws StoreError naming the key and the numbers when the sum does
+// not fit int64 (every store: an overflow is an error, never a wrap).
+int64_t addCounter(const std::string& key, int64_t old, int64_t delta);
 
 }  // namespace ddpl::rdzv

@@ -46,7 +46,7 @@ int64_t MemoryStore::add(const std::string& key, int64_t delta) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = data_.find(key);
-    v = (it == data_.end() ? 0 : parseCounter(key, it->second)) + delta;
+    v = addCounter(key, it == data_.end() ? 0 : parseCounter(key, it->second), delta);
     data_[key] = toBytes(std::to_string(v));
   }
   changed_.notify_all();

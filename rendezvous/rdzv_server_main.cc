@@ -32,6 +32,24 @@ Serves the ddplaunch rendezvous (membership rounds) and key-value store over gRP
   --tls-client-ca PATH     require client certificates signed by this CA (PEM)
   --max-value-bytes N      largest value accepted (default 16777216)
   --heartbeat-window SECS  evict members silent this long (default 30)
+  --run-retention SECS     forget a run (and its keys) this long after its last node
+                           left or was evicted (default 600)
+  --max-stream-pending N   unanswered operations per store stream before the server
+                           stops reading it (default 1024)
+  --max-stream-queued-bytes N
+                           answer bytes queued per store stream before the server
+                           stops reading it (default 67108864)
+  --max-queued-bytes N     answer bytes queued on all streams; past it an answer is
+                           RESOURCE_EXHAUSTED (default 268435456)
+  --max-parked N           gets and waits parked at once (default 100000)
+  --max-streams-per-connection N
+                           concurrent calls per connection (default 8192)
+  --max-connection-idle SECS
+                           close connections without a call this long (default 30)
+  --max-connections N      connections to size for: warns at start when the open-file
+                           limit is lower (default 4096)
+  --stats-interval SECS    log runs, keys and streams this often when they changed;
+                           0: never (default 300)
   --log-level LEVEL        trace, debug, info, warn, error (default info)
   --version                print the version
   -h, --help               this text
@@ -70,6 +88,15 @@ int main(int argc, char** argv) {
                                                           {"--tls-client-ca", true},
                                                           {"--max-value-bytes", true},
                                                           {"--heartbeat-window", true},
+                                                          {"--run-retention", true},
+                                                          {"--max-stream-pending", true},
+                                                          {"--max-stream-queued-bytes", true},
+                                                          {"--max-queued-bytes", true},
+                                                          {"--max-parked", true},
+                                                          {"--max-streams-per-connection", true},
+                                                          {"--max-connection-idle", true},
+                                                          {"--max-connections", true},
+                                                          {"--stats-interval", true},
                                                           {"--log-level", true},
                                                           {"--help", false},
                                                           {"-h", false},
@@ -110,6 +137,24 @@ int main(int argc, char** argv) {
     if (arg == "--max-value-bytes") o.max_value_bytes = parseInt(arg, value, 1, int64_t{1} << 30);
     if (arg == "--heartbeat-window")
       o.heartbeat_window = std::chrono::seconds(parseInt(arg, value, 1, 86400));
+    if (arg == "--run-retention")
+      o.run_retention = std::chrono::seconds(parseInt(arg, value, 0, 86400 * 365));
+    if (arg == "--max-stream-pending")
+      o.limits.max_stream_pending = parseInt(arg, value, 1, int64_t{1} << 30);
+    if (arg == "--max-stream-queued-bytes")
+      o.limits.max_stream_queued_bytes = parseInt(arg, value, 1, int64_t{1} << 40);
+    if (arg == "--max-queued-bytes")
+      o.limits.max_queued_bytes = parseInt(arg, value, 1, int64_t{1} << 40);
+    if (arg == "--max-parked") o.limits.max_parked = parseInt(arg, value, 1, int64_t{1} << 30);
+    if (arg == "--max-streams-per-connection")
+      o.connections.max_streams_per_connection =
+          static_cast<int>(parseInt(arg, value, 1, int64_t{1} << 20));
+    if (arg == "--max-connection-idle")
+      o.connections.max_connection_idle = std::chrono::seconds(parseInt(arg, value, 1, 86400));
+    if (arg == "--max-connections")
+      o.connections.max_connections = static_cast<int>(parseInt(arg, value, 1, 1 << 24));
+    if (arg == "--stats-interval")
+      o.stats_interval = std::chrono::seconds(parseInt(arg, value, 0, 86400));
     if (arg == "--log-level") level = value;
   }
 

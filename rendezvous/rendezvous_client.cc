@@ -73,13 +73,24 @@ RoundAssignment toAssignment(const JoinOptions& o, const pb::JoinResponse& r) {
 }
 
 Duration joinDeadline(const JoinOptions& o) {
-  return o.join_timeout + o.last_call_timeout + kJoinGrace;
+  return saturatingAdd(saturatingAdd(o.join_timeout, o.last_call_timeout), kJoinGrace);
 }
 
 }  // namespace
 
+// Async joins still running, so that the client outlives their hold on the channel.
+struct AsyncJoins {
+  std::mutex mu;
+  std::condition_variable idle;
+  int running = 0;
+};
+
+// How long ~RendezvousClient waits for async joins it did not see finish.
+constexpr Duration kAsyncCloseWait{std::chrono::seconds(10)};
+
 struct RendezvousClient::Impl {
   RendezvousClientOptions options;
+  std::shared_ptr<AsyncJoins> async = std::make_shared<AsyncJoins>();
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<pb::Rendezvous::Stub> stub;
 
@@ -232,15 +243,30 @@ RendezvousClient::RendezvousClient(const RendezvousClientOptions& options)
   });
 }
 
-RendezvousClient::~RendezvousClient() = default;
+RendezvousClient::~RendezvousClient() {
+  std::unique_lock<std::mutex> lock(impl_->async->mu);
+  if (!impl_->async->idle.wait_for(lock, kAsyncCloseWait,
+                                   [&] { return impl_->async->running == 0; })) {
+    log::warn("rendezvous client for {}: {} async joins still running at destruction",
+              impl_->options.endpoint, impl_->async->running);
+    // Their callbacks would drop the channel's last reference on a gRPC thread: keep it.
+    new std::shared_ptr<grpc::Channel>(impl_->channel);  // NOLINT: deliberately never freed
+  }
+}
 
 const std::string& RendezvousClient::endpoint() const { return impl_->options.endpoint; }
 
 RoundAssignment RendezvousClient::join(const JoinOptions& o) {
-  grpc::ClientContext ctx;
-  prepare(ctx, impl_->options.token, joinDeadline(o));
+  pb::JoinRequest req = toRequest(o);
   pb::JoinResponse resp;
-  grpc::Status s = impl_->stub->Join(&ctx, toRequest(o), &resp);
+  // A server that went away (restarted, moved) gets connect_timeout to come back: the join
+  // is sent again to the new one.
+  grpc::Status s = retryWhileUnavailable(impl_->options.connect_timeout, [&] {
+    grpc::ClientContext ctx;
+    prepare(ctx, impl_->options.token, joinDeadline(o));
+    resp.Clear();
+    return impl_->stub->Join(&ctx, req, &resp);
+  });
   if (!s.ok()) impl_->fail(s, fmt::format("join run '{}' as node '{}'", o.run_id, o.node_id));
   return toAssignment(o, resp);
 }
@@ -255,19 +281,33 @@ void RendezvousClient::joinAsync(const JoinOptions& o,
   auto call = std::make_shared<Call>();
   prepare(call->ctx, impl_->options.token, joinDeadline(o));
   call->req = toRequest(o);
-  auto impl = impl_;
+  // The callback runs on a gRPC thread. It must not hold the last reference to the channel
+  // (a ClientContext holds one): ~Channel there joins gRPC's callback threads from one of them
+  // ("assertion failed: prior > 0" at exit). So it holds neither Impl nor, once it has read
+  // the reply, the call; and ~RendezvousClient waits until every async join has let go.
+  auto async = impl_->async;
+  {
+    std::lock_guard<std::mutex> lock(async->mu);
+    ++async->running;
+  }
+  std::string endpoint = impl_->options.endpoint;
   impl_->stub->async()->Join(
-      &call->ctx, &call->req, &call->resp, [call, impl, o, done = std::move(done)](grpc::Status s) {
+      &call->ctx, &call->req, &call->resp,
+      [call, async, endpoint, o, done = std::move(done)](grpc::Status s) mutable {
         RoundAssignment a;
         std::exception_ptr e;
         try {
           if (!s.ok())
-            impl->fail(s, fmt::format("join run '{}' as node '{}'", o.run_id, o.node_id));
+            throwStatus(s, endpoint,
+                        fmt::format("join run '{}' as node '{}'", o.run_id, o.node_id));
           a = toAssignment(o, call->resp);
         } catch (...) {
           e = std::current_exception();
         }
+        call.reset();
         done(std::move(a), e);
+        std::lock_guard<std::mutex> lock(async->mu);
+        if (--async->running == 0) async->idle.notify_all();
       });
 }
 
@@ -279,13 +319,15 @@ int32_t RendezvousClient::heartbeat(const RoundAssignment& a) {
 }
 
 void RendezvousClient::leave(const std::string& run_id, const std::string& node_id) {
-  grpc::ClientContext ctx;
-  prepare(ctx, impl_->options.token, impl_->options.call_timeout);
   pb::LeaveRequest req;
   req.set_run_id(run_id);
   req.set_node_id(node_id);
   pb::LeaveResponse resp;
-  grpc::Status s = impl_->stub->Leave(&ctx, req, &resp);
+  grpc::Status s = retryWhileUnavailable(impl_->options.connect_timeout, [&] {
+    grpc::ClientContext ctx;
+    prepare(ctx, impl_->options.token, impl_->options.call_timeout);
+    return impl_->stub->Leave(&ctx, req, &resp);
+  });
   if (!s.ok()) impl_->fail(s, fmt::format("leave run '{}' as node '{}'", run_id, node_id));
 }
 

@@ -93,11 +93,14 @@ class RendezvousClient {
 
   // Blocks until this node's round completes. Throws TimeoutError when the join timeout
   // passes with too few nodes, InvalidArgument for bad options, StoreError for refusals
-  // (version skew, duplicate node id, run full), AuthError, NetworkError.
+  // (version skew, duplicate node id, run full), AuthError, NetworkError once the server has
+  // been unreachable for connect_timeout (a server that restarts within it gets the join
+  // again). Timeouts up to INT64_MAX ms mean "very long" (capped at ten years).
   RoundAssignment join(const JoinOptions& options);
 
   // The same without blocking a thread: `done` runs once on a client thread with either the
-  // assignment or the exception join() would have thrown.
+  // assignment or the exception join() would have thrown. Unlike join(), an unreachable
+  // server is reported at once (NetworkError), not retried.
   void joinAsync(const JoinOptions& options,
                  std::function<void(RoundAssignment, std::exception_ptr)> done);
 
@@ -105,6 +108,7 @@ class RendezvousClient {
   // longer current (the agent should re-join).
   int32_t heartbeat(const RoundAssignment& assignment);
 
+  // Retries an unreachable server for connect_timeout, as join() does.
   void leave(const std::string& run_id, const std::string& node_id);
 
   // `on_change` runs at most once, on a background thread, when the round ends or the

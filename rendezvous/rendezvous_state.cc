@@ -80,19 +80,51 @@ RdzvStatus RendezvousState::admit(Run& run, const JoinSpec& s) const {
                fmt::format("duplicate node id '{}': a node with that id is already waiting in "
                            "round {} of run '{}'",
                            node, run.round, run.id));
+  // Ranks and world sizes are int32 on the wire and in every worker's environment.
+  int64_t others = worldBound(run) - (run.isMember(node) ? memberWorld(run, node) : 0);
+  if (others + s.node.local_world_size > INT32_MAX)
+    return err(RdzvCode::kFailedPrecondition,
+               fmt::format("run '{}': node '{}' with local world size {} would make the world "
+                           "size {} (the other nodes have {}); the largest is {}",
+                           run.id, node, s.node.local_world_size, others + s.node.local_world_size,
+                           others, INT32_MAX));
   return {};
 }
 
-JoinTicket RendezvousState::join(const JoinSpec& spec, TimePoint now, Effects& fx) {
+int64_t RendezvousState::worldBound(const Run& run) const { return run.world_bound; }
+
+int64_t RendezvousState::memberWorld(const Run& run, const std::string& node) const {
+  if (!run.membership) return 0;
+  // By group rank, which follows node ids in sorted order.
+  const auto& nodes = run.membership->nodes;
+  auto it =
+      std::lower_bound(nodes.begin(), nodes.end(), node,
+                       [](const NodeSpec& n, const std::string& id) { return n.node_id < id; });
+  return it != nodes.end() && it->node_id == node ? it->local_world_size : 0;
+}
+
+JoinTicket RendezvousState::join(const JoinSpec& asked, TimePoint now, Effects& fx) {
   JoinTicket ticket = next_ticket_++;
-  RdzvStatus st = validate(spec);
+  RdzvStatus st = validate(asked);
   if (!st.ok()) {
     fx.joins.push_back({ticket, st, nullptr, -1});
     return ticket;
   }
+  // Timeouts up to INT64_MAX ms mean "very long": cut to kMaxTimeout so that `now + timeout`
+  // never wraps into the past (which would time the round out at once).
+  JoinSpec spec = asked;
+  spec.config.join_timeout = std::min(spec.config.join_timeout, kMaxTimeout);
+  spec.config.last_call_timeout = std::min(spec.config.last_call_timeout, kMaxTimeout);
   Run& run = runs_[spec.run_id];
   run.id = spec.run_id;
-  st = admit(run, spec);
+  JoinTicket t = joinRun(run, spec, ticket, now, fx);
+  reindex(run, now);
+  return t;
+}
+
+JoinTicket RendezvousState::joinRun(Run& run, const JoinSpec& spec, JoinTicket ticket,
+                                    TimePoint now, Effects& fx) {
+  RdzvStatus st = admit(run, spec);
   if (!st.ok()) {
     fx.joins.push_back({ticket, st, nullptr, -1});
     return ticket;
@@ -115,6 +147,7 @@ JoinTicket RendezvousState::join(const JoinSpec& spec, TimePoint now, Effects& f
     // A member re-joining means its agent restarts its workers: everyone re-forms.
     tickets_[ticket] = {run.id, node};
     removeMember(run, node);
+    run.world_bound += p.node.local_world_size;
     run.waiting.emplace(node, std::move(p));
     invalidate(run, fmt::format("node '{}' re-joined (restarting its workers)", node), now, fx);
     return ticket;
@@ -131,6 +164,7 @@ JoinTicket RendezvousState::join(const JoinSpec& spec, TimePoint now, Effects& f
     return ticket;
   }
   tickets_[ticket] = {run.id, node};
+  run.world_bound += p.node.local_world_size;
   run.waiting.emplace(node, std::move(p));
   fx.events.push_back(fmt::format("run '{}': node '{}' waits for the next round ({} waiting)",
                                   run.id, node, run.waiting.size()));
@@ -146,6 +180,7 @@ JoinTicket RendezvousState::join(const JoinSpec& spec, TimePoint now, Effects& f
 
 void RendezvousState::addJoiner(Run& run, Pending p, TimePoint now, Effects& fx) {
   std::string node = p.node.node_id;
+  run.world_bound += p.node.local_world_size;
   run.joining.emplace(node, std::move(p));
   if (run.expected.count(node)) --run.expected_missing;
   if (run.joining.size() == 1) run.join_deadline = now + run.config.join_timeout;
@@ -189,11 +224,13 @@ void RendezvousState::complete(Run& run, TimePoint now, Effects& fx) {
   m->round = run.round;
   m->nodes.reserve(run.joining.size());
   m->rank_offsets.reserve(run.joining.size());
+  int64_t world = 0;  // admit() keeps it within int32
   for (auto& [id, p] : run.joining) {
-    m->rank_offsets.push_back(m->world_size);
-    m->world_size += p.node.local_world_size;
+    m->rank_offsets.push_back(static_cast<int32_t>(world));
+    world += p.node.local_world_size;
     m->nodes.push_back(p.node);
   }
+  m->world_size = static_cast<int32_t>(world);
   run.membership = m;
   run.phase = Phase::kComplete;
   run.join_deadline.reset();
@@ -219,6 +256,7 @@ void RendezvousState::failJoining(Run& run, TimePoint now, Effects& fx) {
       run.config.min_nodes);
   for (auto& [id, p] : run.joining) {
     tickets_.erase(p.ticket);
+    run.world_bound -= p.node.local_world_size;
     fx.joins.push_back({p.ticket, err(RdzvCode::kDeadlineExceeded, msg), nullptr, -1});
   }
   run.joining.clear();
@@ -238,6 +276,8 @@ void RendezvousState::invalidate(Run& run, const std::string& reason, TimePoint 
   for (const auto& [id, seen] : run.last_seen) run.expected.insert(id);
   for (const auto& [id, p] : run.waiting) run.expected.insert(id);
   run.expected_missing = run.expected.size() - run.waiting.size();
+  // The survivors are expected back, but count again only once they re-join.
+  for (const auto& [id, seen] : run.last_seen) run.world_bound -= memberWorld(run, id);
   run.membership.reset();
   run.last_seen.clear();
   run.by_last_seen.clear();
@@ -271,6 +311,7 @@ void RendezvousState::forgetExpected(Run& run, const std::string& node) {
 void RendezvousState::removeMember(Run& run, const std::string& node) {
   auto it = run.last_seen.find(node);
   if (it == run.last_seen.end()) return;
+  run.world_bound -= memberWorld(run, node);
   run.by_last_seen.erase({it->second, node});
   run.last_seen.erase(it);
 }
@@ -278,7 +319,7 @@ void RendezvousState::removeMember(Run& run, const std::string& node) {
 void RendezvousState::cancelJoin(JoinTicket ticket, TimePoint now, Effects& fx) {
   auto t = tickets_.find(ticket);
   if (t == tickets_.end()) return;
-  auto [run_id, node] = t->second;
+  std::string run_id = t->second.first, node = t->second.second;
   tickets_.erase(t);
   auto r = runs_.find(run_id);
   if (r == runs_.end()) return;
@@ -286,6 +327,7 @@ void RendezvousState::cancelJoin(JoinTicket ticket, TimePoint now, Effects& fx) 
   auto match = [&](std::map<std::string, Pending>& m) {
     auto it = m.find(node);
     if (it != m.end() && it->second.ticket == ticket) {
+      run.world_bound -= it->second.node.local_world_size;
       m.erase(it);
       return true;
     }
@@ -300,6 +342,7 @@ void RendezvousState::cancelJoin(JoinTicket ticket, TimePoint now, Effects& fx) 
     fx.events.push_back(
         fmt::format("run '{}': node '{}' stopped waiting for the next round", run_id, node));
   }
+  reindex(run, now);
 }
 
 RdzvStatus RendezvousState::heartbeat(const std::string& run_id, const std::string& node_id,
@@ -308,6 +351,7 @@ RdzvStatus RendezvousState::heartbeat(const std::string& run_id, const std::stri
   if (!st.ok()) return st;
   Run& run = runs_.at(run_id);
   touch(run, node_id, now);
+  reindex(run, now);
   if (nodes_waiting) *nodes_waiting = static_cast<int32_t>(run.waiting.size());
   return {};
 }
@@ -335,11 +379,20 @@ RdzvStatus RendezvousState::leave(const std::string& run_id, const std::string& 
   if (r == runs_.end())
     return err(RdzvCode::kNotFound, fmt::format("no run '{}' on this server", run_id));
   Run& run = r->second;
+  RdzvStatus st = leaveRun(run, node_id, now, fx);
+  reindex(run, now);
+  return st;
+}
+
+RdzvStatus RendezvousState::leaveRun(Run& run, const std::string& node_id, TimePoint now,
+                                     Effects& fx) {
+  const std::string& run_id = run.id;
   for (auto* m : {&run.joining, &run.waiting}) {
     auto it = m->find(node_id);
     if (it == m->end()) continue;
     JoinTicket ticket = it->second.ticket;
     tickets_.erase(ticket);
+    run.world_bound -= it->second.node.local_world_size;
     m->erase(it);
     fx.joins.push_back({ticket,
                         err(RdzvCode::kCancelled,
@@ -376,53 +429,95 @@ void RendezvousState::nodeLost(const std::string& run_id, const std::string& nod
   Run& run = runs_.at(run_id);
   removeMember(run, node_id);
   invalidate(run, fmt::format("node '{}' evicted: {}", node_id, why), now, fx);
+  reindex(run, now);
 }
 
 void RendezvousState::tick(TimePoint now, Effects& fx) {
-  for (auto& [id, run] : runs_) {
-    if (run.phase == Phase::kJoining) {
-      if (run.last_call_deadline && now >= *run.last_call_deadline) {
-        complete(run, now, fx);
-      } else if (run.join_deadline && now >= *run.join_deadline &&
-                 static_cast<int32_t>(run.joining.size()) < run.config.min_nodes) {
-        failJoining(run, now, fx);
-      }
+  // Only the runs due: an idle run costs nothing here until its retention ends.
+  std::vector<std::string> due;
+  while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
+    auto node = deadlines_.extract(deadlines_.begin());
+    due.push_back(std::move(node.value().second));
+  }
+  for (const auto& id : due) {
+    auto r = runs_.find(id);
+    if (r == runs_.end()) continue;
+    ++runs_visited_;
+    Run& run = r->second;
+    run.indexed_at.reset();
+    tickRun(run, now, fx);
+    if (run.empty() && run.empty_since && *run.empty_since + options_.run_retention <= now) {
+      fx.events.push_back(fmt::format("run '{}': forgotten after {} with no nodes (round {})",
+                                      run.id, seconds(options_.run_retention), run.round));
+      fx.removed_runs.push_back(run.id);
+      runs_.erase(r);
       continue;
     }
-    // Complete: evict members whose last heartbeat is older than the window.
-    std::vector<std::string> stale;
-    Clock::duration worst{};
-    for (const auto& [seen, node] : run.by_last_seen) {
-      if (seen + options_.heartbeat_window > now) break;
-      stale.push_back(node);
-      worst = std::max(worst, now - seen);
-    }
-    if (stale.empty()) continue;
-    for (const auto& n : stale) removeMember(run, n);
-    std::string who = fmt::format("'{}'", stale.front());
-    if (stale.size() > 1) who += fmt::format(" and {} more", stale.size() - 1);
-    invalidate(run,
-               fmt::format("node {} evicted: no heartbeat for {} (window {})", who, seconds(worst),
-                           seconds(options_.heartbeat_window)),
-               now, fx);
+    reindex(run, now);
   }
 }
 
-std::optional<TimePoint> RendezvousState::nextDeadline() const {
+void RendezvousState::tickRun(Run& run, TimePoint now, Effects& fx) {
+  if (run.phase == Phase::kJoining) {
+    if (run.last_call_deadline && now >= *run.last_call_deadline) {
+      complete(run, now, fx);
+    } else if (run.join_deadline && now >= *run.join_deadline &&
+               static_cast<int32_t>(run.joining.size()) < run.config.min_nodes) {
+      failJoining(run, now, fx);
+    }
+    return;
+  }
+  // Complete: evict members whose last heartbeat is older than the window.
+  std::vector<std::string> stale;
+  Clock::duration worst{};
+  for (const auto& [seen, node] : run.by_last_seen) {
+    if (seen + options_.heartbeat_window > now) break;
+    stale.push_back(node);
+    worst = std::max(worst, now - seen);
+  }
+  if (stale.empty()) return;
+  for (const auto& n : stale) removeMember(run, n);
+  std::string who = fmt::format("'{}'", stale.front());
+  if (stale.size() > 1) who += fmt::format(" and {} more", stale.size() - 1);
+  invalidate(run,
+             fmt::format("node {} evicted: no heartbeat for {} (window {})", who, seconds(worst),
+                         seconds(options_.heartbeat_window)),
+             now, fx);
+}
+
+std::optional<TimePoint> RendezvousState::deadlineOf(const Run& run) const {
   std::optional<TimePoint> best;
   auto consider = [&](std::optional<TimePoint> t) {
     if (t && (!best || *t < *best)) best = t;
   };
-  for (const auto& [id, run] : runs_) {
-    if (run.phase == Phase::kJoining) {
-      consider(run.last_call_deadline);
-      if (static_cast<int32_t>(run.joining.size()) < run.config.min_nodes)
-        consider(run.join_deadline);
-    } else if (!run.by_last_seen.empty()) {
-      consider(run.by_last_seen.begin()->first + options_.heartbeat_window);
-    }
+  if (run.empty()) {
+    if (run.empty_since) consider(*run.empty_since + options_.run_retention);
+  } else if (run.phase == Phase::kJoining) {
+    consider(run.last_call_deadline);
+    if (static_cast<int32_t>(run.joining.size()) < run.config.min_nodes)
+      consider(run.join_deadline);
+  } else if (!run.by_last_seen.empty()) {
+    consider(run.by_last_seen.begin()->first + options_.heartbeat_window);
   }
   return best;
+}
+
+void RendezvousState::reindex(Run& run, TimePoint now) {
+  if (run.empty()) {
+    if (!run.empty_since) run.empty_since = now;
+  } else {
+    run.empty_since.reset();
+  }
+  auto at = deadlineOf(run);
+  if (at == run.indexed_at) return;
+  if (run.indexed_at) deadlines_.erase({*run.indexed_at, run.id});
+  run.indexed_at = at;
+  if (at) deadlines_.insert({*at, run.id});
+}
+
+std::optional<TimePoint> RendezvousState::nextDeadline() const {
+  if (deadlines_.empty()) return std::nullopt;
+  return deadlines_.begin()->first;
 }
 
 std::optional<RendezvousState::RunStatus> RendezvousState::status(const std::string& run_id) const {

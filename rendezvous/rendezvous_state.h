@@ -39,6 +39,12 @@ using TimePoint = Clock::time_point;
 inline constexpr Duration kDefaultJoinTimeout{std::chrono::seconds(600)};
 inline constexpr Duration kDefaultLastCallTimeout{std::chrono::seconds(30)};
 inline constexpr Duration kDefaultHeartbeatWindow{std::chrono::seconds(30)};
+// How long a run with nobody in it (every node left, was evicted or gave up) is kept before
+// it is forgotten with its keys; a node joining within that time finds it as it was.
+inline constexpr Duration kDefaultRunRetention{std::chrono::minutes(10)};
+// Longest timeout the state machine arms: larger ones (up to INT64_MAX ms from the wire) mean
+// "wait very long" and are cut to this, never wrapped into the past.
+inline constexpr Duration kMaxTimeout{std::chrono::hours(24 * 365 * 10)};
 
 // Mirrors the canonical gRPC codes the service maps them to.
 enum class RdzvCode {
@@ -106,10 +112,13 @@ struct Effects {
   std::vector<JoinOutcome> joins;  // parked joins that completed or failed
   std::vector<Invalidation> invalidated;
   std::vector<std::string> events;  // joins, leaves, evictions, rounds: for the server's log
+  // Runs forgotten after their retention: the caller deletes their keys.
+  std::vector<std::string> removed_runs;
 };
 
 struct RendezvousStateOptions {
   Duration heartbeat_window = kDefaultHeartbeatWindow;
+  Duration run_retention = kDefaultRunRetention;
 };
 
 class RendezvousState {
@@ -156,6 +165,12 @@ class RendezvousState {
   std::optional<RunStatus> status(const std::string& run_id) const;
   const RendezvousStateOptions& options() const { return options_; }
 
+  // Runs the server holds (forming, running, or empty and not yet past their retention).
+  size_t runCount() const { return runs_.size(); }
+  // Runs examined by tick() and nextDeadline() since construction: the work a long-lived
+  // server does per call, which must not grow with the runs that passed through it.
+  uint64_t runsVisited() const { return runs_visited_; }
+
  private:
   struct Pending {
     JoinTicket ticket = 0;
@@ -178,6 +193,11 @@ class RendezvousState {
     // previous round and the nodes that were waiting), and how many of them have not joined.
     std::set<std::string> expected;
     size_t expected_missing = 0;
+    std::optional<TimePoint> empty_since;  // nobody joining, waiting or a member
+    std::optional<TimePoint> indexed_at;   // its entry in deadlines_
+    // Sum of the local world sizes of the joining, waiting and member nodes: what the next
+    // round's world size can reach. Kept within int32 by admit().
+    int64_t world_bound = 0;
 
     bool empty() const { return joining.empty() && waiting.empty() && !membership; }
     bool isMember(const std::string& node) const { return last_seen.count(node) > 0; }
@@ -195,11 +215,25 @@ class RendezvousState {
   void forgetExpected(Run& run, const std::string& node);
   void touch(Run& run, const std::string& node, TimePoint now);
   void removeMember(Run& run, const std::string& node);
+  // The earliest time tick() has something to do for this run.
+  std::optional<TimePoint> deadlineOf(const Run& run) const;
+  // After any change to `run`: refiles it in deadlines_ and notes when it became empty.
+  void reindex(Run& run, TimePoint now);
+  // Sum of the local world sizes of every node that may be in the run's next round.
+  int64_t worldBound(const Run& run) const;
+  int64_t memberWorld(const Run& run, const std::string& node) const;
+  JoinTicket joinRun(Run& run, const JoinSpec& spec, JoinTicket ticket, TimePoint now, Effects& fx);
+  RdzvStatus leaveRun(Run& run, const std::string& node_id, TimePoint now, Effects& fx);
+  void tickRun(Run& run, TimePoint now, Effects& fx);
 
   RendezvousStateOptions options_;
   std::unordered_map<std::string, Run> runs_;
   std::unordered_map<JoinTicket, std::pair<std::string, std::string>> tickets_;  // run, node
   JoinTicket next_ticket_ = 1;
+  // Every run with a deadline, earliest first: tick() and nextDeadline() look only at the
+  // runs due, so their cost does not grow with the number of idle runs.
+  std::set<std::pair<TimePoint, std::string>> deadlines_;
+  uint64_t runs_visited_ = 0;
 };
 
 const char* toString(RdzvCode code);

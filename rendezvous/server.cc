@@ -2,7 +2,9 @@
 
 #include <arpa/inet.h>
 #include <fmt/format.h>
+#include <grpcpp/resource_quota.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -70,6 +72,43 @@ void validate(const ServerOptions& o) {
                     o.max_value_bytes));
   if (o.heartbeat_window.count() <= 0)
     throw InvalidArgument("rendezvous server: the heartbeat window must be positive");
+  if (o.run_retention.count() < 0)
+    throw InvalidArgument(
+        fmt::format("rendezvous server: run retention {}ms is negative", o.run_retention.count()));
+  auto positive = [](const char* what, int64_t v) {
+    if (v <= 0)
+      throw InvalidArgument(
+          fmt::format("rendezvous server: {} is {}; it must be positive", what, v));
+  };
+  positive("max unanswered operations per stream", o.limits.max_stream_pending);
+  positive("max queued bytes per stream", o.limits.max_stream_queued_bytes);
+  positive("max queued bytes", o.limits.max_queued_bytes);
+  positive("max parked gets and waits", o.limits.max_parked);
+  positive("max streams per connection", o.connections.max_streams_per_connection);
+  positive("max connection idle (ms)", o.connections.max_connection_idle.count());
+  positive("max connections", o.connections.max_connections);
+  if (o.connections.max_grpc_memory_bytes < 0 || o.connections.max_grpc_threads < 0)
+    throw InvalidArgument("rendezvous server: gRPC memory and thread limits must be >= 0");
+}
+
+// File descriptors the server needs besides one per connection: listening sockets, gRPC's
+// epoll and wake-up fds, the log, TLS files.
+constexpr rlim_t kReservedFds = 64;
+
+// A server that runs out of descriptors cannot accept the next client (accept: EMFILE), so
+// say so at start rather than when a job grows.
+void warnIfFewFiles(const ServerOptions& o) {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+  rlim_t want = static_cast<rlim_t>(o.connections.max_connections) + kReservedFds;
+  if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= want) return;
+  log::warn(
+      "[{}] the open-file limit is {} (hard {}) but this server is sized for {} connections "
+      "(needs about {}): clients past the limit cannot connect. Raise it (systemd "
+      "LimitNOFILE=, ulimit -n, the container's nofile limit) or lower --max-connections",
+      o.log_name, rl.rlim_cur,
+      rl.rlim_max == RLIM_INFINITY ? "unlimited" : std::to_string(rl.rlim_max),
+      o.connections.max_connections, want);
 }
 
 }  // namespace
@@ -94,7 +133,11 @@ RendezvousServer::RendezvousServer(const ServerOptions& options) : impl_(std::ma
   cfg.max_value_bytes = options.max_value_bytes;
   cfg.max_wait = options.max_wait;
   cfg.heartbeat_window = options.heartbeat_window;
+  cfg.run_retention = options.run_retention;
+  cfg.limits = options.limits;
+  cfg.stats_interval = options.stats_interval;
   cfg.log_name = options.log_name;
+  warnIfFewFiles(options);
   impl_->services = std::make_unique<grpc_detail::Services>(cfg);
 
   std::shared_ptr<grpc::ServerCredentials> creds;
@@ -130,6 +173,21 @@ RendezvousServer::RendezvousServer(const ServerOptions& options) : impl_(std::ma
   b.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   // No per-call channelz bookkeeping: nothing here serves channelz.
   b.AddChannelArgument(GRPC_ARG_ENABLE_CHANNELZ, 0);
+  // Hostile or idle peers: bounded streams per connection, idle connections closed (a peer
+  // refused for its token holds no call, so it goes after the idle limit), and a memory
+  // quota past which gRPC refuses new connections instead of growing.
+  const auto& conn = options.connections;
+  b.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, conn.max_streams_per_connection);
+  b.AddChannelArgument(
+      GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+      static_cast<int>(std::min<int64_t>(conn.max_connection_idle.count(), INT32_MAX)));
+  if (conn.max_grpc_memory_bytes > 0 || conn.max_grpc_threads > 0) {
+    grpc::ResourceQuota quota("rdzv-server");
+    if (conn.max_grpc_memory_bytes > 0)
+      quota.Resize(static_cast<size_t>(conn.max_grpc_memory_bytes));
+    if (conn.max_grpc_threads > 0) quota.SetMaxThreads(conn.max_grpc_threads);
+    b.SetResourceQuota(quota);
+  }
   impl_->server = b.BuildAndStart();
   if (!impl_->server || impl_->port == 0)
     throw NetworkError(fmt::format("rendezvous server cannot listen on {}: {}", address,
@@ -139,10 +197,14 @@ RendezvousServer::RendezvousServer(const ServerOptions& options) : impl_(std::ma
         "[{}] serving on {} WITHOUT a token: anyone who can reach this address can read "
         "and change the store and the membership",
         options.log_name, endpoint());
-  log::info("[{}] serving on {} ({}, {}, max value {} bytes, heartbeat window {}ms)",
-            options.log_name, endpoint(), options.tls_cert_file.empty() ? "plaintext" : "TLS",
-            options.token.empty() ? "no token" : "token required", options.max_value_bytes,
-            options.heartbeat_window.count());
+  log::info(
+      "[{}] serving on {} ({}, {}, max value {} bytes, heartbeat window {}ms, run "
+      "retention {}s, per stream {} unanswered / {} bytes queued, {} bytes queued in all)",
+      options.log_name, endpoint(), options.tls_cert_file.empty() ? "plaintext" : "TLS",
+      options.token.empty() ? "no token" : "token required", options.max_value_bytes,
+      options.heartbeat_window.count(), options.run_retention.count() / 1000,
+      options.limits.max_stream_pending, options.limits.max_stream_queued_bytes,
+      options.limits.max_queued_bytes);
 }
 
 RendezvousServer::~RendezvousServer() { shutdown(); }

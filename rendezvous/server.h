@@ -10,6 +10,43 @@
 
 namespace ddpl::rdzv {
 
+// Back-pressure and memory bounds of the Store service (defaults documented in
+// docs/rendezvous.md, "Limits").
+struct StreamLimits {
+  // Operations of one Session stream not answered yet (parked, or answered but not written
+  // to the client): at this many the server stops reading that stream (HTTP/2 flow control
+  // then stops the client) until some are answered and written.
+  int64_t max_stream_pending = 1024;
+  // Bytes of answers one Session stream has queued for a client that does not read them: at
+  // this many the server stops reading that stream.
+  int64_t max_stream_queued_bytes = int64_t{64} << 20;
+  // Bytes of answers all Session streams together may queue; an answer that would pass it is
+  // replaced by RESOURCE_EXHAUSTED naming the limit (the operation itself has run).
+  int64_t max_queued_bytes = int64_t{256} << 20;
+  // Gets, waits and multiGets parked at once on the whole server (unary and Session); one
+  // more is answered RESOURCE_EXHAUSTED.
+  int64_t max_parked = 100000;
+};
+
+// Connections: gRPC 1.51 cannot cap how many a server accepts; the open-file limit does. These
+// bound what each one may hold and how long an idle one (e.g. a peer refused for its token)
+// is kept.
+struct ConnectionLimits {
+  int max_streams_per_connection = 8192;  // HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS
+  // A connection without a call for this long is closed (GOAWAY); clients reconnect on their
+  // next call. Members and workers always hold a stream open, so only idle peers go.
+  Duration max_connection_idle{std::chrono::seconds(30)};
+  // The connections the deployment is sized for: the server warns at start when its
+  // open-file limit (RLIMIT_NOFILE) is below this plus a reserve for its own files.
+  int max_connections = 4096;
+  // Memory gRPC may use for connections and their buffers; past it, gRPC refuses new
+  // connections and shrinks buffers. 0: gRPC's default (unbounded).
+  int64_t max_grpc_memory_bytes = int64_t{1} << 30;
+  int max_grpc_threads = 0;  // 0: gRPC's default
+};
+
+inline constexpr Duration kDefaultStatsInterval{std::chrono::minutes(5)};
+
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 0;                             // 0: pick a free port; read it back with port()
@@ -20,6 +57,13 @@ struct ServerOptions {
   Duration heartbeat_window = kDefaultHeartbeatWindow;
   // Upper bound on the timeout a client may ask a get/wait to be parked for.
   Duration max_wait = std::chrono::hours(2);
+  // A run with no nodes left is forgotten, with its keys, after this long.
+  Duration run_retention = kDefaultRunRetention;
+  StreamLimits limits;
+  ConnectionLimits connections;
+  // How often the server logs a line with its runs, keys and streams (only when something
+  // changed since the last line). 0: never.
+  Duration stats_interval = kDefaultStatsInterval;
   std::string log_name = "rdzv";  // prefix of this server's log lines
 };
 
@@ -28,6 +72,14 @@ struct ServerStats {
   int64_t parked_joins = 0;
   int64_t watchers = 0;
   int64_t unauthenticated_calls = 0;
+  int64_t runs = 0;            // runs held (forming, running, or empty within retention)
+  int64_t runs_forgotten = 0;  // removed after their retention
+  int64_t keys = 0;            // keys in the store
+  int64_t sessions = 0;        // open Session streams
+  int64_t queued_bytes = 0;    // answers queued on Session streams
+  int64_t refused_for_memory = 0;
+  int64_t paused_reads = 0;
+  uint64_t runs_visited = 0;  // runs examined by the state machine's timers (work, see tests)
 };
 
 class RendezvousServer {

@@ -1,6 +1,12 @@
 #pragma once
 // Internal to the gRPC layer: the thin adapter from the Store and Rendezvous services to
-// KvSpace and RendezvousState. Included only by server.cc and service.cc.
+// KvSpace and RendezvousState. Included only by server.cc and the service .cc files:
+//   service_core.{h,cc}     what both services share (Core), the store operations, ParkedOp
+//   store_service.cc        the Store service's unary calls
+//   store_session.cc        the Store.Session stream
+//   rendezvous_service.cc   Join, Heartbeat, Leave, Watch
+//   store_ops.h             the one list of store operations (server and client)
+//   write_queue.h           one write in flight plus a queue, for every streaming reactor
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
@@ -14,10 +20,17 @@ struct ServiceConfig {
   int64_t max_value_bytes = kDefaultMaxValueBytes;
   Duration max_wait = std::chrono::hours(2);
   Duration heartbeat_window = kDefaultHeartbeatWindow;
+  Duration run_retention = kDefaultRunRetention;
+  StreamLimits limits;
+  Duration stats_interval = kDefaultStatsInterval;
   std::string log_name = "rdzv";
 };
 
 class Core;
+
+// Keys the server deletes with a run it forgets: the store prefix it hands the run's workers
+// ("<run>/<round>/") and the agents' job-wide namespace ("ddpl-agents/<run>/").
+std::vector<std::string> runKeyPrefixes(const std::string& run_id);
 
 class Services {
  public:
@@ -28,6 +41,7 @@ class Services {
   // Call before grpc::Server::Shutdown: broken watch streams then no longer evict nodes.
   void beginShutdown();
   ServerStats stats() const;
+  void logStats();  // the periodic stats line, now
 
  private:
   std::unique_ptr<Core> core_;

@@ -47,7 +47,10 @@ void TimerQueue::loop() {
     }
     auto first = queue_.begin();
     if (first->first > Clock::now()) {
-      cv_.wait_until(lock, first->first);
+      // A copy: wait_until reads its deadline again after waking, and cancel() may have freed
+      // the node it would otherwise refer to (a use-after-free ASan found).
+      Clock::time_point when = first->first;
+      cv_.wait_until(lock, when);
       continue;
     }
     auto fn = std::move(first->second.second);

@@ -5,3 +5,8 @@ cd "$(dirname "$0")/.."
 BUILD_DIR="${1:-build}"
 # Two cores: run two test binaries at once; each test carries its own timeout.
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j 2 --timeout 600
+# Then the rendezvous and launcher suites again under ASan + UBSan, in build-asan (no LibTorch;
+# a few minutes with ccache warm). DDPL_TEST_ASAN=0 skips it.
+if [ "${DDPL_TEST_ASAN:-1}" != 0 ]; then
+  bash scripts/test_sanitized.sh asan
+fi

@@ -30,3 +30,11 @@ if(TARGET ddpl_rdzv_server)
                 SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/integration/rdzv_store_session_test.cc
                 LIBS ddpl_rdzv_client ddpl_rdzv_server ddpl_proto LABELS integration)
 endif()
+if(TARGET ddpl_rdzv_server)
+  # Issue 11: hostile clients and a long uptime, against real rdzv-server processes.
+  ddpl_add_test(NAME rdzv_hostile_test
+                SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fault/rdzv_hostile_test.cc
+                LIBS ddpl_rdzv_client ddpl_rdzv_server ddpl_proto ddpl_test_util
+                LABELS fault TIMEOUT 240)
+  add_dependencies(rdzv_hostile_test rdzv-server launch)
+endif()

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -103,6 +104,8 @@ TEST(RdzvFaultTest, ShutdownFinishesParkedCallsInsteadOfHanging) {
   auto store = connectGrpcStore(o);
   RendezvousClientOptions co;
   co.endpoint = server->endpoint();
+  // A join whose server goes away is sent again for connect_timeout: keep that short here.
+  co.connect_timeout = seconds(2);
   RendezvousClient client(co);
   auto get = std::async(std::launch::async, [&] {
     try {
@@ -143,6 +146,7 @@ TEST(RdzvFaultTest, ShutdownFinishesParkedCallsInsteadOfHanging) {
 pid_t spawnServer(const std::vector<std::string>& args, const std::string& log) {
   pid_t pid = fork();
   if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // dies with the test, even one a sanitizer aborts
     std::vector<char*> argv;
     argv.push_back(const_cast<char*>(kServerBin.c_str()));
     for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
@@ -304,6 +308,9 @@ TEST_F(ServerBinaryTest, KilledServerIsReportedToWatchersAndCallers) {
   });
   GrpcStoreOptions so;
   so.endpoint = endpoint;
+  // The store keeps trying a lost server for connect_timeout (the launcher's read timeout);
+  // a short one here, so that the failure comes quickly.
+  so.connect_timeout = seconds(3);
   auto store = connectGrpcStore(so);
   stop(SIGKILL);
   {

@@ -60,6 +60,11 @@ class K8sManifests(unittest.TestCase):
                 self.assertIn(a.split("=")[0], known, f"rdzv-server has no flag {a}")
         port = int(flag_value(c["args"], "--port"))
         self.assertEqual(c["ports"][0]["containerPort"], port)
+        # The open-file limit is raised for the server's configured connections.
+        cmd = " ".join(c["command"])
+        limit = int(re.search(r"ulimit -n (\d+)", cmd).group(1))
+        self.assertGreaterEqual(limit, int(flag_value(c["args"], "--max-connections")) + 64)
+        self.assertIn("exec /opt/ddplaunch/bin/rdzv-server", cmd)
         svc = find("Service", "ddpl-rdzv")
         self.assertEqual(svc["spec"]["ports"][0]["port"], port)
         self.assertEqual(svc["spec"]["ports"][0]["targetPort"], port)
@@ -148,6 +153,11 @@ class Systemd(unittest.TestCase):
         for a in line.split()[1:]:
             if a.startswith("--"):
                 self.assertIn(a, known)
+        with open(os.path.join(ROOT, "deploy", "systemd", "rdzv-server.service")) as f:
+            unit = f.read()
+        nofile = int(re.search(r"^LimitNOFILE=(\d+)$", unit, re.M).group(1))
+        args = line.split()
+        self.assertGreaterEqual(nofile, int(flag_value(args, "--max-connections")) + 64)
 
 
 if __name__ == "__main__":

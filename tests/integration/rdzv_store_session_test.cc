@@ -9,22 +9,25 @@
 
 #include <atomic>
 #include <future>
+#include <limits>
 #include <thread>
 
 #include "common/errors.h"
 #include "proto/rendezvous.grpc.pb.h"
 #include "rendezvous/grpc_store.h"
+#include "rendezvous/rendezvous_client.h"
 #include "rendezvous/server.h"
+#include "rendezvous/store_ops.h"
 #include "tests/common/subprocess.h"
 
 namespace ddpl::rdzv {
 namespace {
 
 namespace pb = ::ddpl::rendezvous::v1;
+using ::ddpl::testing::eventually;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 using ::testing::HasSubstr;
-using ::ddpl::testing::eventually;
 
 std::unique_ptr<Store> connect(const std::string& endpoint, const std::string& token = "") {
   GrpcStoreOptions o;
@@ -408,6 +411,125 @@ TEST(StoreSessionTest, DestroyingTheStoreEndsItsParkedOperationsPromptly) {
   EXPECT_THAT(parked.get(), HasSubstr(server.endpoint()));
   EXPECT_TRUE(eventually([&] { return server.stats().parked_store_calls == 0; }))
       << "the server must unpark the operations of a stream that ended";
+}
+
+// Issue 11: timeouts near INT64_MAX ms from a caller mean "wait very long", on the store and
+// on a join; they used to overflow into "time out now".
+TEST(HugeNumbersTest, Int64MaxTimeoutsWaitInsteadOfTimingOutAtOnce) {
+  RendezvousServer server(ServerOptions{});
+  auto store = connect(server.endpoint());
+  const Duration huge{std::numeric_limits<int64_t>::max()};
+  auto got = std::async(std::launch::async, [&] { return toString(store->get("late", huge)); });
+  auto waited = std::async(std::launch::async, [&] { store->wait({"late"}, huge); });
+  ASSERT_TRUE(eventually([&] { return server.stats().parked_store_calls == 2; }));
+  EXPECT_EQ(got.wait_for(milliseconds(200)), std::future_status::timeout);
+  connect(server.endpoint())->set("late", toBytes("here"));
+  EXPECT_EQ(got.get(), "here");
+  waited.get();
+
+  RendezvousClientOptions co;
+  co.endpoint = server.endpoint();
+  RendezvousClient client(co);
+  JoinOptions j;
+  j.run_id = "r";
+  j.min_nodes = 2;
+  j.max_nodes = 2;
+  j.join_timeout = huge;
+  j.last_call_timeout = huge;
+  j.node_id = "a";
+  auto a = std::async(std::launch::async, [&, j] { return client.join(j); });
+  ASSERT_TRUE(eventually([&] { return server.stats().parked_joins == 1; }));
+  EXPECT_EQ(a.wait_for(milliseconds(200)), std::future_status::timeout) << "timed out at once";
+  j.node_id = "b";
+  EXPECT_EQ(client.join(j).world_size, 2);
+  EXPECT_EQ(a.get().world_size, 2);
+}
+
+TEST(HugeNumbersTest, WorldSizePastInt32AndAddPastInt64AreErrorsOverTheWire) {
+  RendezvousServer server(ServerOptions{});
+  auto store = connect(server.endpoint());
+  store->add("n", std::numeric_limits<int64_t>::max());
+  try {
+    store->add("n", 1);
+    FAIL() << "add wrapped";
+  } catch (const StoreError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("FAILED_PRECONDITION"));
+    EXPECT_THAT(e.what(), HasSubstr("9223372036854775807 + 1 does not fit"));
+  }
+  RendezvousClientOptions co;
+  co.endpoint = server.endpoint();
+  RendezvousClient client(co);
+  JoinOptions j;
+  j.run_id = "r";
+  j.min_nodes = 2;
+  j.max_nodes = 2;
+  j.node_id = "a";
+  j.local_world_size = std::numeric_limits<int32_t>::max();
+  auto a = std::async(std::launch::async, [&, j] {
+    try {
+      client.join(j);
+    } catch (const Error&) {
+    }
+  });
+  ASSERT_TRUE(eventually([&] { return server.stats().parked_joins == 1; }));
+  j.node_id = "b";
+  j.local_world_size = 1;
+  try {
+    client.join(j);
+    FAIL() << "a world size past INT32_MAX was accepted";
+  } catch (const StoreError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("world size 2147483648"));
+  }
+  client.leave("r", "a");
+  a.get();
+}
+
+// Issue 11: one list of store operations (store_ops.h) for the server's two dispatchers and the
+// client. Every operation of StoreRequest's oneof is in it and has its unary RPC, and the
+// server answers each one both ways.
+TEST(StoreOpListTest, EveryOperationOfTheProtoIsListedServedAndSent) {
+  using namespace grpc_detail;
+  const auto* oneof = pb::StoreRequest::descriptor()->FindOneofByName("op");
+  ASSERT_NE(oneof, nullptr);
+  const auto* service = pb::StoreRequest::descriptor()->file()->FindServiceByName("Store");
+  ASSERT_NE(service, nullptr);
+  int listed = 0;
+  for (int i = 0; i < oneof->field_count(); ++i) {
+    const auto* field = oneof->field(i);
+    auto c = static_cast<pb::StoreRequest::OpCase>(field->number());
+    bool in_list = visitStoreOp(c, [&](auto op) {
+      using Op = decltype(op);
+      EXPECT_EQ(Op::kCase, c);
+      EXPECT_EQ(Op::Request::descriptor(), field->message_type()) << field->name();
+      ++listed;
+    });
+    EXPECT_TRUE(in_list) << "StoreRequest." << field->name() << " is not in store_ops.h";
+    // Its unary RPC: Ping for ping, CompareSet for compare_set, ...
+    std::string rpc;
+    bool upper = true;
+    for (char ch : field->name()) {
+      if (ch == '_') {
+        upper = true;
+        continue;
+      }
+      rpc += upper ? static_cast<char>(std::toupper(ch)) : ch;
+      upper = false;
+    }
+    const auto* method = service->FindMethodByName(rpc);
+    ASSERT_NE(method, nullptr) << "no Store." << rpc << " for StoreRequest." << field->name();
+    EXPECT_EQ(method->input_type(), field->message_type());
+  }
+  EXPECT_EQ(listed, oneof->field_count());
+  EXPECT_EQ(service->method_count(), oneof->field_count() + 1) << "every RPC but Session";
+  EXPECT_FALSE(visitStoreOp(pb::StoreRequest::OP_NOT_SET, [](auto) {}));
+
+  // Served both ways: a request that names no operation is refused on the stream.
+  RendezvousServer server(ServerOptions{});
+  RawSession s(server.endpoint());
+  ASSERT_TRUE(s.send(7, [](auto&) {}));
+  auto r = s.read();
+  EXPECT_EQ(r.id(), 7u);
+  EXPECT_EQ(r.error().code(), grpc::INVALID_ARGUMENT);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <future>
+#include <thread>
 
 #include "common/errors.h"
 #include "rendezvous/kv_space.h"
@@ -101,6 +102,38 @@ TEST(TimerQueueTest, RunsInDeadlineOrderAndCancelPreventsRun) {
   std::lock_guard<std::mutex> l(mu);
   EXPECT_EQ(order, (std::vector<int>{1, 3}));
   EXPECT_GE(Clock::now(), now + std::chrono::milliseconds(60));
+}
+
+}  // namespace
+}  // namespace ddpl::rdzv
+
+namespace ddpl::rdzv {
+namespace {
+
+// The timer thread waits until its earliest deadline; cancelling that very timer meanwhile freed
+// the deadline it was waiting on (a use-after-free under ASan, `make test-asan`).
+TEST(TimerQueueTest, CancellingTheTimerTheThreadWaitsForIsSafe) {
+  TimerQueue q;
+  std::atomic<int> ran{0};
+  for (int i = 0; i < 200; ++i) {
+    auto id = q.schedule(Clock::now() + std::chrono::hours(1), [&] { ++ran; });
+    std::this_thread::sleep_for(std::chrono::microseconds(200));  // the thread is waiting on it
+    EXPECT_TRUE(q.cancel(id));
+  }
+  q.schedule(Clock::now(), [&] { ++ran; });
+  auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (ran.load() == 0 && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(ran.load(), 1);
+}
+
+TEST(KvSpaceTest, DeletePrefixRemovesOnlyThatRunsKeys) {
+  KvSpace kv;
+  for (auto k : {"job1/0/a", "job1/1/b", "job10/0/a", "job2/0/a", "job1"}) kv.set(k, toBytes("x"));
+  EXPECT_EQ(kv.deletePrefix("job1/"), 2);
+  EXPECT_EQ(kv.numKeys(""), 3);
+  EXPECT_TRUE(kv.check({"job10/0/a", "job2/0/a", "job1"}));
+  EXPECT_THROW(kv.deletePrefix(""), InvalidArgument);
 }
 
 }  // namespace

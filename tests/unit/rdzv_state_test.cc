@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 #include <random>
 
@@ -92,7 +93,8 @@ TEST_F(StateTest, JoinTimeoutFailsTheRoundWithNumbersAndStartsOver) {
   EXPECT_THAT(outcome(a).status.message, HasSubstr("2/4 nodes joined (min 3)"));
   EXPECT_THAT(outcome(a).status.message, HasSubstr("60s"));
   EXPECT_EQ(state_.status("r")->joining, 0);
-  EXPECT_FALSE(state_.nextDeadline().has_value());
+  // Nothing to time out any more; only the empty run's retention is left.
+  EXPECT_EQ(*state_.nextDeadline(), now_ + kDefaultRunRetention);
   auto c = join("r", "c", 3, 4);  // a fresh window for the next attempt
   EXPECT_EQ(*state_.nextDeadline(), now_ + seconds(60));
   EXPECT_FALSE(resolved(c));
@@ -425,6 +427,74 @@ TEST_F(StateTest, ExpectedJoinerThatGoesAwayIsNoLongerAwaited) {
 
 // 100,000 single-rank nodes form one round, one stops heartbeating and is evicted, the rest
 // re-form without it. Exercises the data structures at the scale a big job would need.
+// Issue 11: local world sizes summing past INT32_MAX gave every node a negative world size.
+TEST_F(StateTest, WorldSizePastInt32IsRefusedNamingTheNumbers) {
+  auto a = join("r", "a", 2, 3, INT32_MAX - 5);
+  auto b = join("r", "b", 2, 3, 6);  // would make 2147483648
+  ASSERT_TRUE(resolved(b));
+  EXPECT_EQ(outcome(b).status.code, RdzvCode::kFailedPrecondition);
+  EXPECT_THAT(outcome(b).status.message, HasSubstr("world size 2147483648"));
+  EXPECT_THAT(outcome(b).status.message, HasSubstr("2147483647"));
+  auto c = join("r", "c", 2, 3, 5);  // exactly INT32_MAX: fine
+  advance(seconds(10));              // last call
+  ASSERT_TRUE(resolved(a) && resolved(c));
+  ASSERT_TRUE(outcome(a).status.ok());
+  EXPECT_EQ(outcome(a).round->world_size, INT32_MAX);
+  EXPECT_EQ(outcome(c).round->rank_offsets[1], INT32_MAX - 5);
+}
+
+TEST_F(StateTest, ReJoiningMemberIsNotCountedTwiceInTheWorldBound) {
+  auto a = join("r", "a", 2, 2, INT32_MAX / 2);
+  auto b = join("r", "b", 2, 2, INT32_MAX / 2);
+  ASSERT_TRUE(outcome(a).status.ok() && outcome(b).status.ok());
+  auto a2 = join("r", "a", 2, 2, INT32_MAX / 2);  // restarting its workers
+  auto b2 = join("r", "b", 2, 2, INT32_MAX / 2);
+  ASSERT_TRUE(resolved(a2) && resolved(b2));
+  EXPECT_TRUE(outcome(b2).status.ok()) << outcome(b2).status.message;
+}
+
+// Issue 11: a join timeout near INT64_MAX ms wrapped now + timeout into the past and failed
+// the round at once; it means "wait very long".
+TEST_F(StateTest, Int64MaxTimeoutsMeanWaitVeryLong) {
+  const Duration huge{std::numeric_limits<int64_t>::max()};
+  auto a = join("r", "a", 2, 3, 1, "1.0", huge, huge);
+  advance(std::chrono::hours(24 * 365));
+  EXPECT_FALSE(resolved(a)) << outcome(a).status.message;
+  auto b = join("r", "b", 2, 3, 1, "1.0", huge, huge);
+  advance(std::chrono::hours(24 * 365));
+  EXPECT_FALSE(resolved(a)) << "the last call is very long too";
+  auto c = join("r", "c", 2, 3, 1, "1.0", huge, huge);  // max nodes: complete at once
+  ASSERT_TRUE(resolved(a) && resolved(b) && resolved(c));
+  EXPECT_TRUE(outcome(a).status.ok());
+}
+
+// Issue 11: a long-lived server forgets runs nobody is in after the retention, and the cost
+// of its timers does not grow with the runs that passed through it.
+TEST(StateRetentionTest, EmptyRunsAreForgottenAfterTheRetentionAndTimersOnlyVisitDueRuns) {
+  RendezvousState state{RendezvousStateOptions{seconds(30), seconds(60)}};
+  TimePoint now = TimePoint{} + std::chrono::hours(1);
+  Effects fx;
+  for (int i = 0; i < 5000; ++i) {
+    std::string run = "job" + std::to_string(i);
+    state.join({run, {"n", 1, "1.0", "a"}, {1, 1, seconds(60), seconds(0)}}, now, fx);
+    state.leave(run, "n", now, fx);
+    now += milliseconds(20);  // 5000 jobs over 100 s
+    state.tick(now, fx);
+  }
+  // Only the jobs of the last 60 s are left.
+  EXPECT_LE(state.runCount(), 3001u);
+  EXPECT_GE(state.runCount(), 2999u);
+  // Each run was looked at about once (its retention), not once per tick.
+  EXPECT_LE(state.runsVisited(), 2u * 5000);
+  EXPECT_GE(fx.removed_runs.size(), 1999u);
+  EXPECT_FALSE(state.status("job0").has_value());
+  EXPECT_TRUE(state.status("job4999").has_value());
+  now += seconds(61);
+  state.tick(now, fx);
+  EXPECT_EQ(state.runCount(), 0u);
+  EXPECT_FALSE(state.nextDeadline().has_value());
+}
+
 TEST_F(StateTest, Simulation100kRanks) {
   constexpr int kNodes = 100000;
   std::vector<JoinTicket> tickets(kNodes);

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <thread>
 
 #include "common/errors.h"
@@ -145,6 +146,24 @@ TEST_P(StoreConformance, AddIsAnAtomicCounter) {
   EXPECT_EQ(store_->add("shared", 0), 100);
   store_->set("text", toBytes("abc"));
   EXPECT_THROW(store_->add("text", 1), StoreError);
+}
+
+// Issue 11: add past the int64 range used to wrap silently (INT64_MAX + 1 = INT64_MIN).
+TEST_P(StoreConformance, AddPastTheInt64RangeIsAnErrorNamingTheValueNotAWrap) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+  EXPECT_EQ(store_->add("hi", kMax), kMax);
+  try {
+    store_->add("hi", 1);
+    FAIL() << "add past INT64_MAX returned";
+  } catch (const StoreError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("9223372036854775807 + 1 does not fit"));
+  }
+  EXPECT_EQ(store_->add("hi", 0), kMax) << "the counter must keep its value";
+  EXPECT_EQ(store_->add("lo", kMin), kMin);
+  EXPECT_THROW(store_->add("lo", -1), StoreError);
+  EXPECT_EQ(store_->add("lo", 0), kMin);
+  EXPECT_EQ(store_->add("lo", kMax), -1);  // in range: fine
 }
 
 TEST_P(StoreConformance, CompareSetFollowsC10dSemantics) {

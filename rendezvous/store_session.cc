@@ -1,0 +1,278 @@
+// The Store.Session stream: one client's store operations on one long-lived stream.
+//
+// The token is checked once, when the stream opens; each operation then runs through the
+// same ops:: functions and ParkedOp as its unary call (dispatched through store_ops.h), and
+// its answer (or its error status) is queued as one response tagged with the request's id.
+// Parked operations answer out of order.
+//
+// Back-pressure (limits in StreamLimits, docs/rendezvous.md "Limits"): the stream reads its
+// next request only while it has fewer than max_stream_pending operations unanswered (parked,
+// or answered and not yet written) and fewer than max_stream_queued_bytes of answers queued.
+// Past either, it stops reading; HTTP/2 flow control then stops the client once its window
+// is full, and reading resumes when answers are written. An answer that would take the
+// bytes queued by all streams past max_queued_bytes is replaced by RESOURCE_EXHAUSTED naming
+// the limit. When the stream ends, everything it queued is freed.
+//
+// Threads: OnReadDone, OnWriteDone, OnCancel and OnDone run on gRPC callback threads (one
+// read and one write callback may run at once); a parked operation answers on the thread
+// that decides it (a set's, the timer's, or OnCancel's). mu_ guards the stream's state and
+// is never held while calling into gRPC.
+//
+// Reference-counted: gRPC holds one reference until OnDone, each parked operation one until
+// it has answered.
+#include <malloc.h>
+
+#include "rendezvous/service_core.h"
+#include "rendezvous/store_ops.h"
+#include "rendezvous/write_queue.h"
+
+namespace ddpl::rdzv::grpc_detail {
+
+namespace {
+
+// Returning freed answers to the system is worth a malloc_trim once a stream has held this
+// much: glibc keeps large freed blocks in its heap otherwise.
+constexpr int64_t kTrimAfterBytes = int64_t{8} << 20;
+
+class StoreSession : public grpc::ServerBidiReactor<pb::StoreRequest, pb::StoreResponse> {
+ public:
+  StoreSession(Core* core, grpc::CallbackServerContext* ctx) : core_(core) {
+    ++core_->sessions;
+    grpc::Status s = core_->authorize(ctx);
+    if (!s.ok()) {
+      finished_ = true;
+      Finish(s);
+      return;
+    }
+    StartRead(&req_);
+  }
+
+  ~StoreSession() override {
+    --core_->sessions;
+    if (peak_bytes_ >= kTrimAfterBytes) malloc_trim(0);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      // The client closed its side (or the stream broke: OnCancel follows). Finish once the
+      // parked operations have answered and their answers are written.
+      std::unique_lock<std::mutex> lock(mu_);
+      reads_done_ = true;
+      finishIfIdle(lock);
+      return;
+    }
+    handle(req_);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (finished_) return;
+      if (overLimitLocked()) {
+        // Resumed by respond() or OnWriteDone once the client has caught up.
+        reading_paused_ = true;
+        ++core_->paused_reads;
+        return;
+      }
+    }
+    StartRead(&req_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!ok || finished_) {
+      adjustQueued([&] { writes_.abandon(); });
+      return;  // the stream broke: OnCancel finishes it
+    }
+    WriteQueue<pb::StoreResponse>::Start next;
+    adjustQueued([&] { next = writes_.next(); });
+    bool resume = resumeLocked();
+    if (!next.msg) finishIfIdle(lock);
+    if (lock.owns_lock()) lock.unlock();
+    if (next.msg) StartWrite(next.msg);
+    if (resume) StartRead(&req_);
+  }
+
+  void OnCancel() override {
+    std::vector<std::shared_ptr<ParkedOp>> parked;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (finished_) return;
+      finished_ = true;
+      adjustQueued([&] { writes_.clear(); });
+      for (auto& [id, op] : parked_) parked.push_back(op);
+    }
+    for (auto& op : parked) op->cancel();  // their answers go nowhere: finished_
+    Finish(grpc::Status(grpc::CANCELLED, "store session cancelled"));
+  }
+
+  void OnDone() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      adjustQueued([&] { writes_.abandon(); });
+    }
+    unref();
+  }
+
+ private:
+  void handle(const pb::StoreRequest& req) {
+    pb::StoreResponse resp;
+    resp.set_id(req.id());
+    grpc::Status s;
+    Core& c = *core_;
+    bool answers_later = false;  // parked: its callback responds
+    bool known = visitStoreOp(req.op_case(), [&](auto op) {
+      using Op = decltype(op);
+      if constexpr (Op::kKind == OpKind::kImmediate) {
+        s = c.run([&] { ops::apply(c, Op::request(req), Op::response(resp)); });
+      } else {
+        park(req.id(), ops::park(Op::request(req)), op);
+        answers_later = true;
+      }
+    });
+    if (answers_later) return;
+    if (!known)
+      s = grpc::Status(grpc::INVALID_ARGUMENT,
+                       fmt::format("request {} names no operation this server knows", req.id()));
+    if (!s.ok()) setError(resp, s);
+    respond(std::move(resp));
+  }
+
+  template <typename Op>
+  void park(uint64_t id, ops::Park p, Op) {
+    Duration timeout{};
+    grpc::Status s = core_->run([&] {
+      timeout = core_->waitTimeout(p.timeout_ms);
+      core_->admitPark();
+    });
+    if (!s.ok()) {
+      pb::StoreResponse resp;
+      resp.set_id(id);
+      setError(resp, s);
+      respond(std::move(resp));
+      return;
+    }
+    uint64_t slot;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      slot = next_slot_++;
+    }
+    ++refs_;
+    auto op = std::make_shared<ParkedOp>(
+        core_, std::move(p), timeout,
+        [this, id, slot](const grpc::Status& st, std::vector<Bytes>& values) {
+          pb::StoreResponse resp;
+          resp.set_id(id);
+          if (st.ok())
+            ops::fill(Op::response(resp), values);
+          else
+            setError(resp, st);
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            parked_.erase(slot);
+          }
+          respond(std::move(resp));
+          unref();
+        });
+    bool cancelled;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      parked_.emplace(slot, op);
+      cancelled = finished_;
+    }
+    op->start();
+    // OnCancel ran while this one was being parked and could not see it.
+    if (cancelled) op->cancel();
+  }
+
+  static void setError(pb::StoreResponse& resp, const grpc::Status& s) {
+    uint64_t id = resp.id();
+    resp.Clear();
+    resp.set_id(id);
+    auto* e = resp.mutable_error();
+    e->set_code(static_cast<int32_t>(s.error_code()));
+    e->set_message(s.error_message());
+  }
+
+  void respond(pb::StoreResponse resp) {
+    auto size = static_cast<int64_t>(resp.ByteSizeLong());
+    const auto& limits = core_->cfg.limits;
+    if (size > 0 && core_->queued_bytes.load() + size > limits.max_queued_bytes) {
+      // The operation ran, but its answer does not fit the server's memory for answers.
+      ++core_->refused_for_memory;
+      setError(resp, grpc::Status(
+                         grpc::RESOURCE_EXHAUSTED,
+                         fmt::format("answer of {} bytes refused: the server already "
+                                     "queues {} bytes of answers (limit {} bytes)",
+                                     size, core_->queued_bytes.load(), limits.max_queued_bytes)));
+      size = static_cast<int64_t>(resp.ByteSizeLong());
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    if (finished_) return;
+    WriteQueue<pb::StoreResponse>::Start start;
+    adjustQueued([&] { start = writes_.push(std::move(resp), static_cast<size_t>(size)); });
+    bool resume = resumeLocked();
+    lock.unlock();
+    // Never under mu_: gRPC may run OnWriteDone on this thread before StartWrite returns.
+    if (start.msg) StartWrite(start.msg);
+    if (resume) StartRead(&req_);
+  }
+
+  // Caller holds mu_. Runs `change` on writes_ and carries the change in bytes over to the
+  // server-wide count.
+  template <typename Change>
+  void adjustQueued(Change change) {
+    auto before = static_cast<int64_t>(writes_.bytes());
+    change();
+    auto after = static_cast<int64_t>(writes_.bytes());
+    core_->queued_bytes += after - before;
+    peak_bytes_ = std::max(peak_bytes_, after);
+  }
+
+  // Caller holds mu_.
+  bool overLimitLocked() const {
+    const auto& limits = core_->cfg.limits;
+    auto unanswered =
+        static_cast<int64_t>(parked_.size() + writes_.queued()) + (writes_.writing() ? 1 : 0);
+    return unanswered >= limits.max_stream_pending ||
+           static_cast<int64_t>(writes_.bytes()) >= limits.max_stream_queued_bytes;
+  }
+
+  // Caller holds mu_: true when reading was paused and may go on (the caller then calls
+  // StartRead outside the lock).
+  bool resumeLocked() {
+    if (!reading_paused_ || finished_ || overLimitLocked()) return false;
+    reading_paused_ = false;
+    return true;
+  }
+
+  // Caller holds mu_ through `lock`; releases it when it finishes the stream.
+  void finishIfIdle(std::unique_lock<std::mutex>& lock) {
+    if (finished_ || !reads_done_ || writes_.writing() || !parked_.empty()) return;
+    finished_ = true;
+    lock.unlock();
+    Finish(grpc::Status::OK);
+  }
+
+  void unref() {
+    if (--refs_ == 0) delete this;
+  }
+
+  Core* core_;
+  pb::StoreRequest req_;  // the read in flight; used only by the read loop
+  std::mutex mu_;         // guards everything below; never held while calling into gRPC
+  bool finished_ = false;
+  bool reads_done_ = false;
+  bool reading_paused_ = false;
+  WriteQueue<pb::StoreResponse> writes_;
+  int64_t peak_bytes_ = 0;
+  uint64_t next_slot_ = 1;
+  std::unordered_map<uint64_t, std::shared_ptr<ParkedOp>> parked_;
+  std::atomic<int> refs_{1};
+};
+
+}  // namespace
+
+grpc::ServerBidiReactor<pb::StoreRequest, pb::StoreResponse>* newStoreSession(
+    Core* core, grpc::CallbackServerContext* ctx) {
+  return new StoreSession(core, ctx);
+}
+
+}  // namespace ddpl::rdzv::grpc_detail
