@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "common/log.h"
+#include "common/parse.h"
 #include "rendezvous/rendezvous_client.h"
 #include "rendezvous/server.h"
 
@@ -21,14 +22,19 @@ int main(int argc, char** argv) {
   int channels = 16;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i], v = argv[i + 1];
-    if (a == "--agents") {
-      sizes.clear();
-      std::stringstream ss(v);
-      for (std::string x; std::getline(ss, x, ',');) sizes.push_back(std::atoi(x.c_str()));
-    } else if (a == "--channels") {
-      channels = std::atoi(v.c_str());
-    } else {
-      std::fprintf(stderr, "rdzv_scale_bench: unknown flag %s\n", a.c_str());
+    try {
+      if (a == "--agents") {
+        sizes.clear();
+        for (const auto& x : ddpl::splitList(v, ','))
+          sizes.push_back(static_cast<int>(ddpl::parseInteger(a, x, 1, 1 << 20)));
+      } else if (a == "--channels") {
+        channels = static_cast<int>(ddpl::parseInteger(a, v, 1, 4096));
+      } else {
+        std::fprintf(stderr, "rdzv_scale_bench: unknown flag %s\n", a.c_str());
+        return 2;
+      }
+    } catch (const ddpl::InvalidArgument& e) {
+      std::fprintf(stderr, "rdzv_scale_bench: %s\n", e.what());
       return 2;
     }
   }

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "common/log.h"
+#include "common/parse.h"
 #include "rendezvous/grpc_store.h"
 #include "rendezvous/server.h"
 
@@ -37,16 +38,21 @@ int main(int argc, char** argv) {
       return 2;
     }
     std::string v = argv[i + 1];
-    if (a == "--clients")
-      clients = std::atoi(v.c_str());
-    else if (a == "--rounds")
-      rounds = std::atoi(v.c_str());
-    else if (a == "--value-bytes")
-      value_bytes = std::atoi(v.c_str());
-    else if (a == "--endpoint")
-      endpoint = v;
-    else {
-      std::fprintf(stderr, "rdzv_store_bench: unknown flag %s\n", a.c_str());
+    try {
+      if (a == "--clients")
+        clients = static_cast<int>(ddpl::parseInteger(a, v, 1, 100000));
+      else if (a == "--rounds")
+        rounds = static_cast<int>(ddpl::parseInteger(a, v, 1, 100000000));
+      else if (a == "--value-bytes")
+        value_bytes = static_cast<int>(ddpl::parseInteger(a, v, 0, 1 << 30));
+      else if (a == "--endpoint")
+        endpoint = v;
+      else {
+        std::fprintf(stderr, "rdzv_store_bench: unknown flag %s\n", a.c_str());
+        return 2;
+      }
+    } catch (const ddpl::InvalidArgument& e) {
+      std::fprintf(stderr, "rdzv_store_bench: %s\n", e.what());
       return 2;
     }
   }

@@ -11,6 +11,7 @@
 
 #include "common/errors.h"
 #include "common/log.h"
+#include "common/parse.h"
 #include "ddpl/config.h"
 #include "rendezvous/server.h"
 #include "rendezvous/token.h"
@@ -62,14 +63,14 @@ Every flag also accepts underscores (--token_file) and --flag=value.
   std::exit(2);
 }
 
+// The checked parser every ddplaunch program shares (common/parse.h); a bad value is a usage
+// error naming the flag and the value.
 int64_t parseInt(const std::string& flag, const std::string& v, int64_t lo, int64_t hi) {
   try {
-    size_t used = 0;
-    int64_t n = std::stoll(v, &used);
-    if (used == v.size() && n >= lo && n <= hi) return n;
-  } catch (const std::exception&) {
+    return ddpl::parseInteger(flag, v, lo, hi);
+  } catch (const ddpl::InvalidArgument& e) {
+    usageError(e.what());
   }
-  usageError(fmt::format("{} wants an integer in {}..{}, got '{}'", flag, lo, hi, v));
 }
 
 }  // namespace
