@@ -374,26 +374,13 @@ struct Agent::Impl {
       uint64_t bytes = router.bytesFrom(w.local_rank);
       bool wrote = bytes != output_seen[w.local_rank];
       output_seen[w.local_rank] = bytes;
-      hang.observe(w.local_rank, stepOf(w), want_cpu ? cpuSeconds(w.pid) : 0, wrote, now);
+      hang.observe(w.local_rank, stepOf(w), want_cpu ? processCpuSeconds(w.pid) : 0, wrote, now);
     }
     auto hangs = hang.check(now);
     if (!hangs.empty()) onHangs(hangs, now);
   }
 
-  static double cpuSeconds(pid_t pid) {
-    char path[64];
-    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-    std::ifstream in(path);
-    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    auto paren = stat.rfind(')');
-    if (paren == std::string::npos) return 0;
-    std::istringstream rest(stat.substr(paren + 2));
-    std::vector<std::string> f;
-    for (std::string x; rest >> x && f.size() < 13;) f.push_back(x);
-    if (f.size() < 13) return 0;  // utime and stime are fields 14 and 15
-    static const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
-    return (std::atof(f[11].c_str()) + std::atof(f[12].c_str())) / ticks;
-  }
+
 
   void openControlSocket() {
     std::string path = run_dir + "/" + kControlSocket;
@@ -439,19 +426,15 @@ struct Agent::Impl {
   }
 
   std::string snapshotForUser() {
-    std::vector<std::pair<int, pid_t>> alive;
-    for (const auto& w : workers)
-      if (w.alive) alive.emplace_back(w.local_rank, w.pid);
-    if (alive.empty()) return "error: no worker is running now\n";
+    if (std::none_of(workers.begin(), workers.end(), [](const Worker& w) { return w.alive; }))
+      return "error: no worker is running now\n";
     char stamp[32];
     time_t t = time(nullptr);
     strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", localtime(&t));
     std::string dir = run_dir + "/snapshots/" + stamp;
     std::error_code ec;
     fs::create_directories(dir, ec);
-    auto tools = findStackTools(cfg.python_origin.empty() ? "" : cfg.command[0],
-                                cfg.base_env.count("PATH") ? cfg.base_env.at("PATH") : "");
-    auto snaps = snapshotStacks(alive, !cfg.python_origin.empty(), tools, kStackSeconds);
+    auto snaps = snapshotWorkers();
     std::string reply = "ok " + dir + "\n";
     for (const auto& s : snaps) {
       std::ofstream(dir + "/" + std::to_string(s.local_rank) + ".txt")
@@ -464,6 +447,18 @@ struct Agent::Impl {
     log::info("stacks of {} worker(s) saved in {} (asked through the control socket)",
               snaps.size(), dir);
     return reply;
+  }
+
+  // The stacks of every running worker, taken at once (py-spy for Python workers).
+  std::vector<StackSnapshot> snapshotWorkers() const {
+    std::vector<std::pair<int, pid_t>> alive;
+    for (const auto& w : workers)
+      if (w.alive) alive.emplace_back(w.local_rank, w.pid);
+    bool python = !cfg.python_origin.empty();
+    auto path = cfg.base_env.find("PATH");
+    auto tools = findStackTools(python ? cfg.command[0] : "",
+                                path == cfg.base_env.end() ? "" : path->second);
+    return snapshotStacks(alive, python, tools, kStackSeconds);
   }
 
   // Ranks made no progress past their limits: save every rank's stacks, name the hung ones and
@@ -479,12 +474,7 @@ struct Agent::Impl {
                            r.first_beat ? "step " + std::to_string(r.step) : "no step reported");
     log::error("last step of each rank: {}", steps);
 
-    std::vector<std::pair<int, pid_t>> alive;
-    for (const auto& w : workers)
-      if (w.alive) alive.emplace_back(w.local_rank, w.pid);
-    auto tools = findStackTools(cfg.python_origin.empty() ? "" : cfg.command[0],
-                                cfg.base_env.count("PATH") ? cfg.base_env.at("PATH") : "");
-    auto snaps = snapshotStacks(alive, !cfg.python_origin.empty(), tools, kStackSeconds);
+    auto snaps = snapshotWorkers();
     std::map<int, StackSummary> summary;
     for (const auto& s : snaps) {
       std::string path = rankDir(s.local_rank) + "/stacks.txt";

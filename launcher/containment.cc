@@ -165,4 +165,12 @@ unsigned long long processStartTime(pid_t pid) {
   return std::strtoull(f[19].c_str(), nullptr, 10);
 }
 
+double processCpuSeconds(pid_t pid) {
+  std::vector<std::string> f;
+  // utime and stime are fields 14 and 15 of stat; the first field after the name is field 3.
+  if (!statFields(pid, f) || f.size() < 13) return 0;
+  static const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
+  return (std::strtod(f[11].c_str(), nullptr) + std::strtod(f[12].c_str(), nullptr)) / ticks;
+}
+
 }  // namespace ddpl::launcher

@@ -61,4 +61,7 @@ std::vector<pid_t> childrenOf(pid_t parent);
 // is gone: pid plus start time names a process even after its pid is reused.
 unsigned long long processStartTime(pid_t pid);
 
+// User plus system CPU seconds a process has used (/proc/<pid>/stat), 0 when it is gone.
+double processCpuSeconds(pid_t pid);
+
 }  // namespace ddpl::launcher
