@@ -102,11 +102,20 @@ void RunCgroup::closeLeaf() {
   }
 }
 
-// Removes a killed cgroup directory once its members are gone (bounded).
-static void removeWhenEmpty(const std::string& dir) {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-  while (rmdir(dir.c_str()) != 0 && errno == EBUSY && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+void removeCgroupTree(const std::string& path, int max_wait_ms) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(max_wait_ms);
+  auto remove = [&](const std::string& dir) {
+    while (rmdir(dir.c_str()) != 0 && errno == EBUSY && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  };
+  if (DIR* d = opendir(path.c_str())) {
+    std::vector<std::string> leaves;
+    while (dirent* e = readdir(d))
+      if (e->d_type == DT_DIR && e->d_name[0] != '.') leaves.push_back(path + "/" + e->d_name);
+    closedir(d);
+    for (const auto& leaf : leaves) remove(leaf);
+  }
+  remove(path);
 }
 
 void RunCgroup::killAttempt() {
@@ -121,8 +130,7 @@ void RunCgroup::killAll() { killCgroup(path_); }
 RunCgroup::~RunCgroup() {
   closeLeaf();
   killCgroup(path_);
-  for (int a = 0; a <= attempt_; ++a) removeWhenEmpty(path_ + "/attempt-" + std::to_string(a));
-  removeWhenEmpty(path_);
+  removeCgroupTree(path_);
 }
 
 int killCgroup(const std::string& path) {

@@ -54,6 +54,10 @@ class RunCgroup {
 // the watchdog after fork: no allocation beyond the path string built before.
 int killCgroup(const std::string& path);
 
+// Removes a killed run cgroup: its attempt leaves first, then itself, waiting (at most
+// `max_wait_ms`) for their members to be gone.
+void removeCgroupTree(const std::string& path, int max_wait_ms = 2000);
+
 // Live processes whose parent is `parent` (from /proc/<pid>/stat), zombies excluded.
 std::vector<pid_t> childrenOf(pid_t parent);
 

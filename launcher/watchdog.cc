@@ -74,11 +74,8 @@ bool environHas(pid_t pid, const std::string& needle) {
     killMarkedProcesses(marker);
     for (const auto& [pid, start] : strays)
       if (processStartTime(pid) == start) kill(pid, SIGKILL);
-    if (!cgroup_path.empty()) {
-      // The cgroup can go once its members are gone (bounded: they were all SIGKILLed).
-      for (int i = 0; i < 400 && rmdir(cgroup_path.c_str()) != 0 && errno == EBUSY; ++i)
-        usleep(5000);
-    }
+    // The cgroup can go once its members are gone (bounded: they were all SIGKILLed).
+    if (!cgroup_path.empty()) removeCgroupTree(cgroup_path);
   }
   _exit(0);
 }

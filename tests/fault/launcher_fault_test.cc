@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "tests/common/subprocess.h"
@@ -123,6 +124,27 @@ class LaunchEscape : public ::testing::TestWithParam<std::string> {
   }
 };
 
+// The run cgroups (ddpl-<run>-<pid>) of launch `pid` under the cgroup2 mount, if any.
+std::vector<std::string> runCgroupsOf(pid_t pid) {
+  std::vector<std::string> out;
+  std::ifstream mounts("/proc/self/mountinfo");
+  for (std::string line; std::getline(mounts, line);) {
+    auto dash = line.find(" - cgroup2 ");
+    if (dash == std::string::npos) continue;
+    std::istringstream f(line.substr(0, dash));
+    std::string id, parent, dev, root, mount;
+    f >> id >> parent >> dev >> root >> mount;
+    std::error_code ec;
+    for (const auto& e : fs::recursive_directory_iterator(mount, ec)) {
+      std::string name = e.path().filename().string();
+      if (name.rfind("ddpl-", 0) == 0 && name.size() > 8 &&
+          name.substr(name.rfind('-') + 1) == std::to_string(pid))
+        out.push_back(e.path().string());
+    }
+  }
+  return out;
+}
+
 TEST_P(LaunchEscape, SigkillOfTheLauncher) {
   Job j = start(2, false);
   awaitEscapees(j, 2);
@@ -132,6 +154,9 @@ TEST_P(LaunchEscape, SigkillOfTheLauncher) {
   j.bg->wait(10s);
   EXPECT_TRUE(eventually([&] { return noneAlive(j.escapees); }, 10s))
       << "an escaped process survived launch's SIGKILL";
+  // The watchdog also removes the run's cgroup, attempt leaves included.
+  EXPECT_TRUE(eventually([&] { return runCgroupsOf(j.bg->pid()).empty(); }, 10s))
+      << runCgroupsOf(j.bg->pid()).front();
 }
 
 TEST_P(LaunchEscape, Sigterm) {
