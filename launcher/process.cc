@@ -20,9 +20,6 @@ namespace ddpl::launcher {
 namespace {
 constexpr int kMpolBind = 2;  // <numaif.h>'s MPOL_BIND, without libnuma
 
-// fds[0]: what launch reads; fds[1]: what the worker writes to. Both close-on-exec here (dup2
-// gives the worker its own copy). A terminal passes output through untranslated (no OPOST:
-// '\n' stays '\n').
 // clone3's arguments (<linux/sched.h>'s struct clone_args, whose header clashes with glibc's).
 struct CloneArgs {
   uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, set_tid,
@@ -53,6 +50,9 @@ pid_t forkInto(int cgroup_dir_fd, bool* in_cgroup) {
   return fork();
 }
 
+// fds[0]: what launch reads; fds[1]: what the worker writes to. Both close-on-exec here (dup2
+// gives the worker its own copy). A terminal passes output through untranslated (no OPOST:
+// '\n' stays '\n').
 bool openStream(bool terminal, int fds[2], const winsize& size) {
   if (!terminal) return pipe2(fds, O_CLOEXEC) == 0;
   int master = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
@@ -84,13 +84,17 @@ void becomeSubreaper() { prctl(PR_SET_CHILD_SUBREAPER, 1); }
 
 SpawnedProcess spawnProcess(const std::vector<std::string>& argv,
                             const std::vector<std::string>& envp, const SpawnOptions& options) {
-  int out[2], err[2], status[2];
+  int out[2] = {-1, -1}, err[2] = {-1, -1}, status[2] = {-1, -1};
   winsize size{};
   size.ws_col = options.columns;
   size.ws_row = options.rows;
   if (!openStream(options.stdout_terminal, out, size) ||
-      !openStream(options.stderr_terminal, err, size) || pipe2(status, O_CLOEXEC) != 0)
-    throw Error(std::string("cannot create pipes for a worker: ") + std::strerror(errno));
+      !openStream(options.stderr_terminal, err, size) || pipe2(status, O_CLOEXEC) != 0) {
+    int e = errno;
+    for (int fd : {out[0], out[1], err[0], err[1], status[0], status[1]})
+      if (fd >= 0) close(fd);
+    throw Error(std::string("cannot create pipes for a worker: ") + std::strerror(e));
+  }
 
   // Everything the child touches is prepared before fork: after fork only async-signal-safe
   // calls are allowed.
