@@ -415,6 +415,22 @@ TEST(StoreSessionTest, DestroyingTheStoreEndsItsParkedOperationsPromptly) {
 
 // Issue 11: timeouts near INT64_MAX ms from a caller mean "wait very long", on the store and
 // on a join; they used to overflow into "time out now".
+namespace {
+RendezvousClientOptions clientOptions(const std::string& endpoint) {
+  RendezvousClientOptions co;
+  co.endpoint = endpoint;
+  return co;
+}
+// A join of a run of exactly two nodes (the node id and sizes are the test's to set).
+JoinOptions twoNodeJoin(const std::string& run_id) {
+  JoinOptions j;
+  j.run_id = run_id;
+  j.min_nodes = 2;
+  j.max_nodes = 2;
+  return j;
+}
+}  // namespace
+
 TEST(HugeNumbersTest, Int64MaxTimeoutsWaitInsteadOfTimingOutAtOnce) {
   RendezvousServer server(ServerOptions{});
   auto store = connect(server.endpoint());
@@ -427,13 +443,8 @@ TEST(HugeNumbersTest, Int64MaxTimeoutsWaitInsteadOfTimingOutAtOnce) {
   EXPECT_EQ(got.get(), "here");
   waited.get();
 
-  RendezvousClientOptions co;
-  co.endpoint = server.endpoint();
-  RendezvousClient client(co);
-  JoinOptions j;
-  j.run_id = "r";
-  j.min_nodes = 2;
-  j.max_nodes = 2;
+  RendezvousClient client(clientOptions(server.endpoint()));
+  JoinOptions j = twoNodeJoin("r");
   j.join_timeout = huge;
   j.last_call_timeout = huge;
   j.node_id = "a";
@@ -456,13 +467,8 @@ TEST(HugeNumbersTest, WorldSizePastInt32AndAddPastInt64AreErrorsOverTheWire) {
     EXPECT_THAT(e.what(), HasSubstr("FAILED_PRECONDITION"));
     EXPECT_THAT(e.what(), HasSubstr("9223372036854775807 + 1 does not fit"));
   }
-  RendezvousClientOptions co;
-  co.endpoint = server.endpoint();
-  RendezvousClient client(co);
-  JoinOptions j;
-  j.run_id = "r";
-  j.min_nodes = 2;
-  j.max_nodes = 2;
+  RendezvousClient client(clientOptions(server.endpoint()));
+  JoinOptions j = twoNodeJoin("r");
   j.node_id = "a";
   j.local_world_size = std::numeric_limits<int32_t>::max();
   auto a = std::async(std::launch::async, [&, j] {
