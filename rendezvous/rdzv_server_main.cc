@@ -47,8 +47,9 @@ Serves the ddplaunch rendezvous (membership rounds) and key-value store over gRP
                            concurrent calls per connection (default 8192)
   --max-connection-idle SECS
                            close connections without a call this long (default 30)
-  --max-connections N      connections to size for: warns at start when the open-file
-                           limit is lower (default 4096)
+  --max-connections N      connections held at once; silent or refused peers make room
+                           for new ones (default 4096; lowered, with a warning, when
+                           the open-file limit cannot back 2 files per connection)
   --stats-interval SECS    log runs, keys and streams this often when they changed;
                            0: never (default 300)
   --log-level LEVEL        trace, debug, info, warn, error (default info)

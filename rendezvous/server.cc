@@ -14,6 +14,7 @@
 
 #include "common/errors.h"
 #include "common/log.h"
+#include "rendezvous/connection_gate.h"
 #include "rendezvous/grpc_common.h"
 #include "rendezvous/service.h"
 
@@ -24,36 +25,6 @@ std::string hostPort(const std::string& host, int port) {
   if (host.find(':') != std::string::npos && host.front() != '[')
     return fmt::format("[{}]:{}", host, port);
   return fmt::format("{}:{}", host, port);
-}
-
-// gRPC reports only that it could not listen; a plain bind() on the same address tells why
-// (address in use, not a local address, permission), which is what the user needs to read.
-std::string whyCannotBind(const std::string& host, int port) {
-  sockaddr_storage ss{};
-  socklen_t len = 0;
-  auto* v4 = reinterpret_cast<sockaddr_in*>(&ss);
-  auto* v6 = reinterpret_cast<sockaddr_in6*>(&ss);
-  std::string h = host;
-  if (!h.empty() && h.front() == '[') h = h.substr(1, h.size() - 2);
-  if (inet_pton(AF_INET, h.c_str(), &v4->sin_addr) == 1) {
-    v4->sin_family = AF_INET;
-    v4->sin_port = htons(static_cast<uint16_t>(port));
-    len = sizeof(*v4);
-  } else if (inet_pton(AF_INET6, h.c_str(), &v6->sin6_addr) == 1) {
-    v6->sin6_family = AF_INET6;
-    v6->sin6_port = htons(static_cast<uint16_t>(port));
-    len = sizeof(*v6);
-  } else {
-    return "cannot resolve the address or bind to it";
-  }
-  int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return std::strerror(errno);
-  int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  std::string why = "gRPC refused to listen there";
-  if (bind(fd, reinterpret_cast<sockaddr*>(&ss), len) != 0) why = std::strerror(errno);
-  close(fd);
-  return why;
 }
 
 void validate(const ServerOptions& o) {
@@ -91,30 +62,40 @@ void validate(const ServerOptions& o) {
     throw InvalidArgument("rendezvous server: gRPC memory and thread limits must be >= 0");
 }
 
-// File descriptors the server needs besides one per connection: listening sockets, gRPC's
-// epoll and wake-up fds, the log, TLS files.
+// File descriptors the server needs besides those of its connections: listening sockets,
+// gRPC's epoll and wake-up fds, the log, TLS files.
 constexpr rlim_t kReservedFds = 64;
+// Each connection holds two: gRPC's and the gate's duplicate.
+constexpr rlim_t kFdsPerConnection = 2;
 
-// A server that runs out of descriptors cannot accept the next client (accept: EMFILE), so
-// say so at start rather than when a job grows.
-void warnIfFewFiles(const ServerOptions& o) {
+// The connections this server can hold: the configured cap, or fewer when the open-file
+// limit cannot back it, said at start rather than found out when a job grows (accept:
+// EMFILE).
+int connectionCap(const ServerOptions& o) {
+  int want = o.connections.max_connections;
   rlimit rl{};
-  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
-  rlim_t want = static_cast<rlim_t>(o.connections.max_connections) + kReservedFds;
-  if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= want) return;
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return want;
+  rlim_t need = static_cast<rlim_t>(want) * kFdsPerConnection + kReservedFds;
+  if (rl.rlim_cur >= need) return want;
+  int fits = rl.rlim_cur > kReservedFds + kFdsPerConnection
+                 ? static_cast<int>((rl.rlim_cur - kReservedFds) / kFdsPerConnection)
+                 : 1;
   log::warn(
       "[{}] the open-file limit is {} (hard {}) but this server is sized for {} connections "
-      "(needs about {}): clients past the limit cannot connect. Raise it (systemd "
-      "LimitNOFILE=, ulimit -n, the container's nofile limit) or lower --max-connections",
+      "(needs {} files): it will hold at most {}. Raise the limit (systemd LimitNOFILE=, "
+      "ulimit -n, the container's nofile limit) or lower --max-connections",
       o.log_name, rl.rlim_cur,
-      rl.rlim_max == RLIM_INFINITY ? "unlimited" : std::to_string(rl.rlim_max),
-      o.connections.max_connections, want);
+      rl.rlim_max == RLIM_INFINITY ? "unlimited" : std::to_string(rl.rlim_max), want, need,
+      fits);
+  return fits;
 }
 
 }  // namespace
 
 struct RendezvousServer::Impl {
   ServerOptions options;
+  // Before services: it is told of their token checks, so it must outlive them.
+  std::unique_ptr<grpc_detail::ConnectionGate> gate;
   std::unique_ptr<grpc_detail::Services> services;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
@@ -137,7 +118,15 @@ RendezvousServer::RendezvousServer(const ServerOptions& options) : impl_(std::ma
   cfg.limits = options.limits;
   cfg.stats_interval = options.stats_interval;
   cfg.log_name = options.log_name;
-  warnIfFewFiles(options);
+  grpc_detail::GateOptions gate_options;
+  gate_options.max_connections = connectionCap(options);
+  gate_options.log_name = options.log_name;
+  // Listening first: a taken port is reported before anything else starts.
+  impl_->gate =
+      std::make_unique<grpc_detail::ConnectionGate>(options.host, options.port, gate_options);
+  impl_->port = impl_->gate->port();
+  auto* gate = impl_->gate.get();
+  cfg.on_token_checked = [gate](const std::string& peer, bool ok) { gate->noteCall(peer, ok); };
   impl_->services = std::make_unique<grpc_detail::Services>(cfg);
 
   std::shared_ptr<grpc::ServerCredentials> creds;
@@ -156,9 +145,10 @@ RendezvousServer::RendezvousServer(const ServerOptions& options) : impl_(std::ma
     creds = grpc::SslServerCredentials(ssl);
   }
 
-  std::string address = hostPort(options.host, options.port);
   grpc::ServerBuilder b;
-  b.AddListeningPort(address, creds, &impl_->port);
+  // The gate accepts; gRPC gets each connection from it, with these credentials.
+  auto acceptor = b.experimental().AddExternalConnectionAcceptor(
+      grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD, creds);
   b.RegisterService(impl_->services->store());
   b.RegisterService(impl_->services->rendezvous());
   // Without this a second server on a busy port would silently share it (SO_REUSEPORT).
@@ -178,6 +168,8 @@ RendezvousServer::RendezvousServer(const ServerOptions& options) : impl_(std::ma
   // quota past which gRPC refuses new connections instead of growing.
   const auto& conn = options.connections;
   b.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, conn.max_streams_per_connection);
+  // A peer that connects and never finishes its (TLS) handshake holds a slot this long.
+  b.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, 10000);
   b.AddChannelArgument(
       GRPC_ARG_MAX_CONNECTION_IDLE_MS,
       static_cast<int>(std::min<int64_t>(conn.max_connection_idle.count(), INT32_MAX)));
@@ -189,9 +181,9 @@ RendezvousServer::RendezvousServer(const ServerOptions& options) : impl_(std::ma
     b.SetResourceQuota(quota);
   }
   impl_->server = b.BuildAndStart();
-  if (!impl_->server || impl_->port == 0)
-    throw NetworkError(fmt::format("rendezvous server cannot listen on {}: {}", address,
-                                   whyCannotBind(options.host, options.port)));
+  if (!impl_->server)
+    throw NetworkError(fmt::format("rendezvous server on {}: gRPC could not start", endpoint()));
+  impl_->gate->start(std::move(acceptor));
   if (options.token.empty())
     log::warn(
         "[{}] serving on {} WITHOUT a token: anyone who can reach this address can read "
@@ -227,6 +219,7 @@ void RendezvousServer::shutdown() {
     impl_->stopping = true;
   }
   impl_->services->beginShutdown();
+  impl_->gate->stop();  // no new connections while the old ones are ended
   // An immediate deadline cancels parked calls; their OnCancel finishes each one.
   impl_->server->Shutdown(std::chrono::system_clock::now());
   impl_->server->Wait();
@@ -243,6 +236,15 @@ void RendezvousServer::wait() {
   impl_->stopped_cv.wait(lock, [&] { return impl_->stopped; });
 }
 
-ServerStats RendezvousServer::stats() const { return impl_->services->stats(); }
+ServerStats RendezvousServer::stats() const {
+  ServerStats s = impl_->services->stats();
+  auto g = impl_->gate->stats();
+  s.connections = g.open;
+  s.connections_accepted = g.accepted;
+  s.connections_rejected = g.rejected_at_cap;
+  s.connections_evicted = g.evicted;
+  s.refused_peers_closed = g.closed_refused;
+  return s;
+}
 
 }  // namespace ddpl::rdzv

@@ -28,16 +28,14 @@ struct StreamLimits {
   int64_t max_parked = 100000;
 };
 
-// Connections: gRPC 1.51 cannot cap how many a server accepts; the open-file limit does. These
-// bound what each one may hold and how long an idle one (e.g. a peer refused for its token)
-// is kept.
+// Connections. The server accepts them itself (gRPC 1.51 cannot cap them or close one from a
+// handler) and hands each to gRPC: it holds at most max_connections, and a peer refused for
+// its token is closed at once.
 struct ConnectionLimits {
   int max_streams_per_connection = 8192;  // HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS
   // A connection without a call for this long is closed (GOAWAY); clients reconnect on their
   // next call. Members and workers always hold a stream open, so only idle peers go.
   Duration max_connection_idle{std::chrono::seconds(30)};
-  // The connections the deployment is sized for: the server warns at start when its
-  // open-file limit (RLIMIT_NOFILE) is below this plus a reserve for its own files.
   int max_connections = 4096;
   // Memory gRPC may use for connections and their buffers; past it, gRPC refuses new
   // connections and shrinks buffers. 0: gRPC's default (unbounded).
@@ -79,7 +77,12 @@ struct ServerStats {
   int64_t queued_bytes = 0;    // answers queued on Session streams
   int64_t refused_for_memory = 0;
   int64_t paused_reads = 0;
-  uint64_t runs_visited = 0;  // runs examined by the state machine's timers (work, see tests)
+  uint64_t runs_visited = 0;
+  int64_t connections = 0;           // held now
+  int64_t connections_accepted = 0;  // since start
+  int64_t connections_rejected = 0;  // closed on arrival: the cap, all held by authorized peers
+  int64_t connections_evicted = 0;   // never-authorized ones closed to make room at the cap
+  int64_t refused_peers_closed = 0;  // closed after a call refused for its token  // runs examined by the state machine's timers (work, see tests)
 };
 
 class RendezvousServer {

@@ -9,6 +9,7 @@
 //   write_queue.h           one write in flight plus a queue, for every streaming reactor
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <memory>
 
 #include "rendezvous/server.h"
@@ -24,6 +25,9 @@ struct ServiceConfig {
   StreamLimits limits;
   Duration stats_interval = kDefaultStatsInterval;
   std::string log_name = "rdzv";
+  // Told of every call's token check, with gRPC's name for the peer (the connection gate
+  // closes refused peers and spares authorized ones). Empty: no one is told.
+  std::function<void(const std::string& peer, bool authorized)> on_token_checked;
 };
 
 class Core;

@@ -59,11 +59,12 @@ void Core::armStats() {
 Core::~Core() { timers.stop(); }
 
 grpc::Status Core::authorize(grpc::CallbackServerContext* ctx) {
-  if (cfg.token.empty()) return grpc::Status::OK;
   const auto& md = ctx->client_metadata();
   auto it = md.find(kTokenHeader);
-  bool ok = it != md.end() &&
-            constantTimeEquals(std::string(it->second.data(), it->second.size()), cfg.token);
+  bool ok = cfg.token.empty() ||
+            (it != md.end() &&
+             constantTimeEquals(std::string(it->second.data(), it->second.size()), cfg.token));
+  if (cfg.on_token_checked) cfg.on_token_checked(ctx->peer(), ok);
   if (ok) return grpc::Status::OK;
   ++unauthenticated;
   const char* why = it == md.end() ? "missing" : "wrong";

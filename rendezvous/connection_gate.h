@@ -1,0 +1,115 @@
+#pragma once
+// The server's own accept loop, in front of gRPC. gRPC 1.51 can neither cap the connections
+// it accepts nor close one from a handler; this gate can, because it accepts each TCP
+// connection itself and hands it to gRPC (ExternalConnectionAcceptor: the same handshakes,
+// TLS included, as gRPC's own listener). It keeps a duplicate of each socket, which tells it
+// when the connection ends (EPOLLRDHUP/HUP) and lets it shut one down (shutdown(2) is seen
+// by gRPC's side as the peer going away).
+//
+// Threads: one gate thread owns the listening sockets and the epoll loop; noteCall() comes
+// from gRPC's callback threads; stats() from anywhere. One mutex guards the table.
+#include <grpcpp/server_builder.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "rendezvous/store.h"
+
+namespace ddpl::rdzv::grpc_detail {
+
+struct GateOptions {
+  // Connections held at once. At the cap, the oldest connection that has not yet made an
+  // authorized call is closed to make room; when every one has, the new one is closed.
+  int max_connections = 4096;
+  // A connection whose call was refused for its token (and that never made an authorized
+  // one) is shut down after this delay, long enough for the refusal to reach the client.
+  Duration refused_close_delay{std::chrono::milliseconds(200)};
+  std::string log_name = "rdzv";
+};
+
+struct GateStats {
+  int64_t open = 0;              // connections held now
+  int64_t accepted = 0;          // since start
+  int64_t rejected_at_cap = 0;   // closed on arrival: the cap was reached by authorized peers
+  int64_t evicted = 0;           // never-authorized connections closed to make room
+  int64_t closed_refused = 0;    // closed after a call refused for its token
+};
+
+class ConnectionGate {
+ public:
+  // Binds and listens on every address `host` resolves to (like gRPC's own listener; port 0
+  // picks a free port, the same for all). Throws NetworkError naming host:port and why.
+  ConnectionGate(const std::string& host, int port, GateOptions options);
+  ~ConnectionGate();  // stop()
+  ConnectionGate(const ConnectionGate&) = delete;
+  ConnectionGate& operator=(const ConnectionGate&) = delete;
+
+  int port() const { return port_; }
+
+  // Starts accepting: each connection is handed to gRPC through `acceptor` (the server must
+  // be started). Until then the kernel's backlog holds connecting clients.
+  void start(std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> acceptor);
+  // Stops accepting and closes the listening sockets; connections already handed over stay
+  // gRPC's (its Shutdown closes them). Idempotent.
+  void stop();
+
+  // A call from `peer` (gRPC's "ipv4:a.b.c.d:port" / "ipv6:[..]:port") was authorized or
+  // refused for its token.
+  void noteCall(const std::string& peer, bool authorized);
+
+  GateStats stats() const;
+
+ private:
+  struct Conn {
+    int dup_fd = -1;
+    int grpc_fd = -1;    // the descriptor gRPC owns; its inode tells whether it still does
+    uint64_t inode = 0;
+    std::string peer;
+    uint64_t order = 0;  // arrival order: eviction takes the oldest
+    bool authorized = false;
+    bool closing = false;
+    std::chrono::steady_clock::time_point close_at{};
+  };
+
+  void loop();
+  void acceptAll(int listen_fd);
+  void admit(int listen_fd, int fd);
+  void dropLocked(int dup_fd);           // forget a connection that ended
+  void shutDownLocked(Conn& c);          // end it: gRPC sees the peer gone
+  bool evictOneLocked();
+  void sweepLocked();                    // connections gRPC closed without a shutdown(2)
+  void runDueClosesLocked(std::chrono::steady_clock::time_point now);
+  int nextTimeoutMs(std::chrono::steady_clock::time_point now) const;
+  void warnRateLimited(const std::string& what);
+  void wake();
+
+  GateOptions options_;
+  int port_ = 0;
+  std::vector<int> listen_fds_;
+  int epoll_fd_ = -1;
+  int wake_fd_ = -1;
+  std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> acceptor_;
+  std::thread thread_;
+  std::atomic<bool> stopping_{false};
+  bool stopped_ = false;
+
+  mutable std::mutex mu_;
+  std::unordered_map<int, Conn> conns_;                  // by dup_fd
+  std::unordered_map<std::string, int> by_peer_;         // peer -> dup_fd
+  std::unordered_map<int, int> by_grpc_fd_;              // grpc_fd -> dup_fd
+  uint64_t next_order_ = 0;
+  bool close_pending_ = false;
+  GateStats stats_;
+  std::chrono::steady_clock::time_point accept_paused_until_{};
+  std::chrono::steady_clock::time_point next_sweep_{};
+  std::chrono::steady_clock::time_point warned_at_{};
+  int64_t unwarned_ = 0;
+  std::string last_unwarned_;
+};
+
+}  // namespace ddpl::rdzv::grpc_detail
