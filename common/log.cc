@@ -1,8 +1,10 @@
 #include "common/log.h"
 
+#include <spdlog/sinks/base_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <mutex>
 
 #include "common/errors.h"
@@ -15,8 +17,44 @@ std::mutex g_mu;
 // log while static destructors run at exit, or hold a reference across a re-init.
 std::shared_ptr<spdlog::logger>* g_logger = nullptr;
 
+// The wrapper of setConsoleWrapper; leaked like the loggers, for the same reason.
+std::mutex g_wrap_mu;
+ConsoleWrapper* g_wrapper = nullptr;
+
+// stderr, with each line passed through the console wrapper when one is set.
+class WrappedStderrSink : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  WrappedStderrSink()
+      : inner_(std::make_shared<spdlog::sinks::stderr_color_sink_st>(
+            spdlog::color_mode::automatic)) {}
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    ConsoleWrapper wrap;
+    {
+      std::lock_guard<std::mutex> lock(g_wrap_mu);
+      if (g_wrapper) wrap = *g_wrapper;
+    }
+    if (wrap)
+      wrap([&] {
+        inner_->log(msg);
+        inner_->flush();
+      });
+    else
+      inner_->log(msg);
+  }
+  void flush_() override { inner_->flush(); }
+  void set_pattern_(const std::string& pattern) override { inner_->set_pattern(pattern); }
+  void set_formatter_(std::unique_ptr<spdlog::formatter> f) override {
+    inner_->set_formatter(std::move(f));
+  }
+
+ private:
+  std::shared_ptr<spdlog::sinks::stderr_color_sink_st> inner_;
+};
+
 std::shared_ptr<spdlog::logger> makeLogger(const Identity& id, spdlog::level::level_enum level) {
-  auto sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>(spdlog::color_mode::automatic);
+  auto sink = std::make_shared<WrappedStderrSink>();
   auto lg = std::make_shared<spdlog::logger>("ddpl", sink);
   std::string host = id.host.empty() ? hostname() : id.host;
   std::string who = id.rank >= 0 ? id.role + " rank " + std::to_string(id.rank) : id.role;
@@ -51,6 +89,12 @@ spdlog::level::level_enum parseLevel(const std::string& name) {
   if (name == "warning") return spdlog::level::warn;
   throw InvalidArgument("unknown log level '" + name +
                         "': use trace, debug, info, warn, error, critical or off");
+}
+
+void setConsoleWrapper(ConsoleWrapper wrapper) {
+  std::lock_guard<std::mutex> lock(g_wrap_mu);
+  // The old one is leaked, not freed: a line being written may still be running it.
+  g_wrapper = wrapper ? new ConsoleWrapper(std::move(wrapper)) : nullptr;
 }
 
 void setLevel(spdlog::level::level_enum level) { logger().set_level(level); }

@@ -3,6 +3,7 @@
 // start-up; the level is chosen at run time. Libraries log through this, never to std::cerr.
 #include <spdlog/spdlog.h>
 
+#include <functional>
 #include <string>
 
 namespace ddpl::log {
@@ -21,6 +22,12 @@ void init(const Identity& identity, spdlog::level::level_enum level = spdlog::le
 spdlog::level::level_enum parseLevel(const std::string& name);
 
 void setLevel(spdlog::level::level_enum level);
+
+// Runs a write of one log line to stderr. Set by a program that keeps lines of its own at the
+// bottom of the terminal (launch's live status line): it takes them away, calls the write and
+// draws them again. Empty: lines are written as they are.
+using ConsoleWrapper = std::function<void(const std::function<void()>& write)>;
+void setConsoleWrapper(ConsoleWrapper wrapper);
 
 spdlog::logger& logger();
 

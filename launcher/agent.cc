@@ -33,6 +33,7 @@
 #include "common/log.h"
 #include "launcher/cli.h"
 #include "common/heartbeat.h"
+#include "launcher/job_view.h"
 #include "launcher/containment.h"
 #include "launcher/progress.h"
 #include "launcher/stacks.h"
@@ -145,6 +146,11 @@ struct Agent::Impl {
   // worker's stack while the job runs on.
   int controlfd = -1;
   ProgressTracker progress;
+  // The live view (--monitor): a status line kept at the bottom of a terminal, or a log line
+  // every --monitor-log-interval.
+  JobView view;
+  bool status_line = false, view_log = false;
+  double next_view = 0, next_view_log = 0;
   double next_straggler_check = 0;
   HangDetector hang;
   std::vector<uint64_t> output_seen;  // bytes of each local rank's output at the last tick
@@ -227,6 +233,14 @@ struct Agent::Impl {
         addFd(strayfd);
       }
     }
+    MonitorMode mode = cfg.options.monitor;
+    status_line = consoleOptions(cfg.options).status_line;
+    view_log = mode == MonitorMode::kLog || (mode == MonitorMode::kAuto && !status_line);
+    // Launch's own log lines go above the status line, not through it.
+    if (status_line)
+      log::setConsoleWrapper([this](const std::function<void()>& write) {
+        router.aroundConsoleWrite(write);
+      });
     rdzv.setRoundEndedCallback([this](int64_t round, std::string reason) {
       post(RoundEnd{round, std::move(reason)});
     });
@@ -272,6 +286,10 @@ struct Agent::Impl {
   }
 
   ~Impl() {
+    if (status_line) {
+      log::setConsoleWrapper({});
+      router.setStatus("");
+    }
     closeHeartbeats();
     for (int fd : {epfd, sigfd, timerfd, wakefd, strayfd, monitorfd, controlfd})
       if (fd >= 0) close(fd);
@@ -361,6 +379,7 @@ struct Agent::Impl {
     double now = unixNow();
     for (const auto& w : workers)
       if (w.alive) progress.onStep(w.local_rank, stepOf(w), now, waitedOf(w));
+    if ((status_line || view_log) && now >= next_view) updateView(now);
     if (now >= next_straggler_check) {
       next_straggler_check = now + 1;
       for (const auto& s : progress.newStragglers())
@@ -518,6 +537,32 @@ struct Agent::Impl {
     }
   }
 
+  // Samples every rank for the live view and shows it: twice a second at most, whatever
+  // --monitor-interval is (reading /proc for every rank is not free on a 64-rank node).
+  void updateView(double now) {
+    next_view = now + std::max(0.5, cfg.options.monitor_interval_sec);
+    std::vector<RankUsage> usage;
+    usage.reserve(workers.size());
+    for (const auto& w : workers) {
+      RankUsage u;
+      u.local_rank = w.local_rank;
+      u.global_rank = w.global_rank;
+      u.alive = w.alive;
+      u.step = stepOf(w);
+      if (w.alive) {
+        u.cpu_seconds = processCpuSeconds(w.pid);
+        u.rss_bytes = processRssBytes(w.pid);
+      }
+      usage.push_back(std::move(u));
+    }
+    view.sample(std::move(usage), now);
+    if (status_line) router.setStatus(view.statusLine(SIZE_MAX));
+    if (view_log && now >= next_view_log) {
+      if (next_view_log > 0) log::info("ranks: {}", view.logLine());
+      next_view_log = now + cfg.options.monitor_log_interval_sec;
+    }
+  }
+
   void printSummary() {
     for (const auto& s : progress.newStragglers())  // judged once more on the final steps
       log::warn("straggler on {}: {}", cfg.host, s.describe());
@@ -566,6 +611,7 @@ struct Agent::Impl {
     c.prefix_template = o.log_line_prefix_template;
     c.prefix = o.prefix_output;
     c.live = isatty(STDOUT_FILENO) && isatty(STDERR_FILENO);
+    c.status_line = o.monitor == MonitorMode::kLive || (o.monitor == MonitorMode::kAuto && c.live);
     return c;
   }
 
@@ -626,6 +672,7 @@ struct Agent::Impl {
               world.world_size, world.master_addr, world.master_port);
     workers.assign(static_cast<size_t>(cfg.nproc), Worker{});
     progress.start(cfg.nproc, world.rank_offset, unixNow());
+    view.start(unixNow());
     hang.start(cfg.nproc, unixNow());
     output_seen.assign(static_cast<size_t>(cfg.nproc), 0);
     std::vector<SpawnedProcess> spawned;
@@ -927,6 +974,7 @@ struct Agent::Impl {
       }
     }
     cgroup.reset();
+    router.setStatus("");  // the summary replaces it
     printSummary();
     bool job_ok = rdzv.finish(exit_code == 0);
     if (sup.stopReason() == StopReason::kSignal) {

@@ -170,6 +170,20 @@ const std::vector<Flag>& flags() {
       {{"--monitor-interval"}, true, "SECONDS",
        "how often the workers' heartbeats are read (default 0.1); exits are noticed at once",
        [](auto& f, auto& v, auto& o) { o.monitor_interval_sec = parseNumber(f, v, 0.001, 3600); }},
+      {{"--monitor"}, true, "auto|live|log|off",
+       "the live view of the ranks (steps/s, slowest rank, CPU%, memory, GPU): auto (default) "
+       "keeps a status line at the bottom of a terminal and logs a line every "
+       "--monitor-log-interval otherwise; live or log force one; off: neither",
+       [](auto& f, auto& v, auto& o) {
+         if (v == "auto") o.monitor = MonitorMode::kAuto;
+         else if (v == "live") o.monitor = MonitorMode::kLive;
+         else if (v == "log") o.monitor = MonitorMode::kLog;
+         else if (v == "off") o.monitor = MonitorMode::kOff;
+         else throw UsageError(fmt::format("{}: '{}' is not auto, live, log or off", f, v));
+       }},
+      {{"--monitor-log-interval"}, true, "SECONDS",
+       "how often the view is logged when it is not a status line (default 60)",
+       [](auto& f, auto& v, auto& o) { o.monitor_log_interval_sec = parseNumber(f, v, 1, 86400); }},
       {{"--shutdown-timeout"},
        true,
        "SECONDS",

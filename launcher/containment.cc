@@ -181,4 +181,13 @@ double processCpuSeconds(pid_t pid) {
   return (std::strtod(f[11].c_str(), nullptr) + std::strtod(f[12].c_str(), nullptr)) / ticks;
 }
 
+int64_t processRssBytes(pid_t pid) {
+  // statm: size resident shared ...; in pages.
+  std::ifstream in("/proc/" + std::to_string(pid) + "/statm");
+  long long size = 0, resident = -1;
+  if (!(in >> size >> resident)) return -1;
+  static const long page = sysconf(_SC_PAGESIZE);
+  return static_cast<int64_t>(resident) * page;
+}
+
 }  // namespace ddpl::launcher

@@ -67,5 +67,7 @@ unsigned long long processStartTime(pid_t pid);
 
 // User plus system CPU seconds a process has used (/proc/<pid>/stat), 0 when it is gone.
 double processCpuSeconds(pid_t pid);
+// Resident memory of a process in bytes; -1 when it is gone.
+int64_t processRssBytes(pid_t pid);
 
 }  // namespace ddpl::launcher

@@ -13,6 +13,10 @@ inline constexpr int kDefaultMasterPort = 29500;
 inline constexpr int kDefaultRdzvPort = 29400;
 inline constexpr double kDefaultShutdownTimeoutSec = 30.0;
 inline constexpr double kDefaultMonitorIntervalSec = 0.1;
+
+// The live view: a status line on a terminal (kLive), a periodic log line (kLog), or the one
+// that fits the console (kAuto).
+enum class MonitorMode { kAuto, kLive, kLog, kOff };
 // Sanity bounds: far above any real machine or job, far below what would exhaust memory.
 inline constexpr int kMaxNprocPerNode = 1024;
 inline constexpr int kMaxNodes = 65536;
@@ -82,6 +86,8 @@ struct LaunchOptions {
   // Supervision.
   int max_restarts = 0;
   double monitor_interval_sec = kDefaultMonitorIntervalSec;  // how often heartbeats are read
+  MonitorMode monitor = MonitorMode::kAuto;
+  double monitor_log_interval_sec = 60;
   // Hang detection (launcher/progress.h HangOptions): unset, automatic for ranks that report
   // steps; 0, off; otherwise the limit for every rank.
   std::optional<double> hang_timeout_sec;

@@ -1,8 +1,11 @@
 #include "launcher/output.h"
 
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <cerrno>
+
+#include "launcher/job_view.h"
 
 namespace ddpl::launcher {
 namespace {
@@ -17,6 +20,7 @@ std::string finalState(const char* data, size_t len) {
 }
 
 constexpr char kClearLine[] = "\r\x1b[K";
+constexpr char kLineUp[] = "\x1b[1A";
 
 }  // namespace
 
@@ -88,17 +92,73 @@ void OutputRouter::add(int fd, const StreamRoute& route) {
   streams_[fd] = Stream{route, std::move(prefix), {}};
 }
 
+size_t OutputRouter::width() const {
+  if (console_.columns > 0) return console_.columns;
+  winsize ws{};
+  if (ioctl(console_.err, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
+  return 80;
+}
+
+std::string OutputRouter::eraseBottom() {
+  if (bottom_lines_ == 0) return kClearLine;  // whatever the cursor's line holds
+  std::string out;
+  for (size_t i = 0; i < bottom_lines_; ++i) out += (i == 0 ? "" : kLineUp) + std::string(kClearLine);
+  bottom_lines_ = 0;
+  return out;
+}
+
+std::string OutputRouter::drawBottom() {
+  // One column short of the width: a line that fills the last column leaves some terminals'
+  // cursor pending a wrap, and the next redraw would then clear the wrong line.
+  size_t cols = std::max<size_t>(width(), 2) - 1;
+  std::string out;
+  if (live_owner_ >= 0) {
+    out += fitColumns(live_text_, cols);
+    ++bottom_lines_;
+  }
+  if (!status_.empty()) {
+    if (bottom_lines_ > 0) out += "\n";
+    out += fitColumns(status_, cols);
+    ++bottom_lines_;
+  }
+  return out;
+}
+
 void OutputRouter::consoleWrite(int console_fd, const std::string& text) {
-  if (live_owner_ < 0) {
+  std::lock_guard<std::recursive_mutex> lock(console_mu_);
+  if (bottom_lines_ == 0 && live_owner_ < 0 && status_.empty()) {
     writeAll(console_fd, text.data(), text.size());
     return;
   }
-  // Other lines scroll above the status line: clear it, write, then draw it again below. Both
-  // consoles are one terminal in live mode, so a line on either clears it.
-  std::string out = kClearLine + text;
-  if (console_fd == live_console_) out += live_text_;
+  // Other lines scroll above the bottom lines: take them away, write, then draw them again.
+  // Both consoles are one terminal in live mode.
+  std::string out = eraseBottom();
+  out += text;
+  out += drawBottom();
   writeAll(console_fd, out.data(), out.size());
-  if (console_fd != live_console_) writeAll(live_console_, live_text_.data(), live_text_.size());
+}
+
+void OutputRouter::setStatus(const std::string& text) {
+  if (!console_.status_line) return;
+  std::lock_guard<std::recursive_mutex> lock(console_mu_);
+  if (text == status_) return;
+  status_ = text;
+  std::string out = eraseBottom();
+  out += drawBottom();
+  writeAll(console_.err, out.data(), out.size());
+}
+
+void OutputRouter::aroundConsoleWrite(const std::function<void()>& write) {
+  std::lock_guard<std::recursive_mutex> lock(console_mu_);
+  if (bottom_lines_ == 0) {
+    write();
+    return;
+  }
+  std::string erase = eraseBottom();
+  writeAll(console_.err, erase.data(), erase.size());
+  write();
+  std::string draw = drawBottom();
+  writeAll(console_.err, draw.data(), draw.size());
 }
 
 void OutputRouter::emitLine(Stream& s, const char* data, size_t len, bool newline_present) {
@@ -114,12 +174,15 @@ void OutputRouter::emitLine(Stream& s, const char* data, size_t len, bool newlin
   }
   if (!s.route.to_console) return;
   int console = consoleFor(s);
-  // This stream's status line becomes an ordinary line: it ends where it stands.
+  std::lock_guard<std::recursive_mutex> lock(console_mu_);
+  // This stream's updated line becomes an ordinary line, above the status line.
   auto owner = streams_.find(live_owner_);
   if (owner != streams_.end() && &owner->second == &s) {
+    std::string out = eraseBottom();
     live_owner_ = -1;
-    std::string line = kClearLine + s.prefix + text + "\n";
-    writeAll(console, line.data(), line.size());
+    out += s.prefix + text + "\n";
+    out += drawBottom();
+    writeAll(console, out.data(), out.size());
     return;
   }
   // One write per line: the console sees whole lines from each worker.
@@ -131,10 +194,11 @@ void OutputRouter::showLive(int fd, Stream& s) {
   auto cr = s.pending.rfind('\r');
   if (cr == std::string::npos) return;
   int console = consoleFor(s);
+  std::lock_guard<std::recursive_mutex> lock(console_mu_);
+  std::string out = eraseBottom();
   live_owner_ = fd;
-  live_console_ = console;
   live_text_ = s.prefix + s.pending.substr(cr + 1);
-  std::string out = kClearLine + live_text_;
+  out += drawBottom();
   writeAll(console, out.data(), out.size());
 }
 
@@ -152,7 +216,7 @@ bool OutputRouter::onReadable(int fd) {
         emitLine(s, s.pending.data(), s.pending.size(), false);
         s.pending.clear();
       }
-      if (live_owner_ == fd) live_owner_ = -1;
+      dropLive(fd);
       return false;
     }
     bytes_[s.route.local_rank] += static_cast<uint64_t>(n);
@@ -177,10 +241,20 @@ bool OutputRouter::onReadable(int fd) {
 void OutputRouter::remove(int fd) {
   auto it = streams_.find(fd);
   if (it == streams_.end()) return;
-  if (live_owner_ == fd) live_owner_ = -1;
+  dropLive(fd);
   if (it->second.route.file_fd >= 0) close(it->second.route.file_fd);
   streams_.erase(it);
   close(fd);
+}
+
+void OutputRouter::dropLive(int fd) {
+  std::lock_guard<std::recursive_mutex> lock(console_mu_);
+  if (live_owner_ != fd) return;
+  // Its unfinished line was written out as an ordinary one; the bottom keeps the status only.
+  std::string out = eraseBottom();
+  live_owner_ = -1;
+  out += drawBottom();
+  writeAll(console_.err, out.data(), out.size());
 }
 
 std::deque<std::string> OutputRouter::stderrTail(int local_rank) const {

@@ -5,7 +5,9 @@
 // on one status line that other workers' lines scroll past; files get each line's final state.
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
+#include <mutex>
 #include <string>
 
 namespace ddpl::launcher {
@@ -28,8 +30,14 @@ struct ConsoleOptions {
   // TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE; empty or prefix=false: no prefix.
   std::string prefix_template = "[${role_name}${local_rank}]:";
   bool prefix = true;
-  // Both consoles are one terminal: show '\r' updates as they come (else final states only).
+  // Both consoles are one terminal: show '\r' updates as they come (else final states only),
+  // and launch's own status line (setStatus) below them.
   bool live = false;
+  // The terminal's width, for lines kept at the bottom (cut, never wrapped: a wrapped line
+  // could not be redrawn in place). 0: ask the terminal (TIOCGWINSZ) each time.
+  size_t columns = 0;
+  // Keep launch's status line (setStatus) at the bottom: on a terminal (live), or forced.
+  bool status_line = false;
 };
 
 // torchrun's Template.safe_substitute over the three names; unknown $names stay as written.
@@ -58,6 +66,13 @@ class OutputRouter {
     stderr_tail_.clear();
     bytes_.clear();
   }
+  // launch's status line, kept below every worker line on a live console (nothing otherwise);
+  // empty: none. Safe from any thread.
+  void setStatus(const std::string& text);
+  // Runs `write` (a line of launch's own log on the terminal) with the bottom lines taken
+  // away and drawn again after it, so that they stay at the bottom. Safe from any thread.
+  void aroundConsoleWrite(const std::function<void()>& write);
+
   // Bytes read so far from a local rank's streams (output as a sign of progress).
   uint64_t bytesFrom(int local_rank) const {
     auto it = bytes_.find(local_rank);
@@ -76,6 +91,14 @@ class OutputRouter {
   void emitLine(Stream& s, const char* data, size_t len, bool newline_present);
   void showLive(int fd, Stream& s);
   void consoleWrite(int console_fd, const std::string& text);
+  // The lines kept at the bottom of a live console: the worker line being updated with '\r'
+  // (if any), then launch's status line (if any). eraseBottom() returns what takes them
+  // away (the cursor ends at the start of the first), drawBottom() what draws them again
+  // (the cursor ends after the last, no newline). Callers hold console_mu_.
+  std::string eraseBottom();
+  std::string drawBottom();
+  void dropLive(int fd);  // the stream that owned the updated line is gone
+  size_t width() const;
   int consoleFor(const Stream& s) const {
     return s.route.kind == StreamKind::kStdout ? console_.out : console_.err;
   }
@@ -84,10 +107,14 @@ class OutputRouter {
   std::map<int, Stream> streams_;
   std::map<int, std::deque<std::string>> stderr_tail_;
   std::map<int, uint64_t> bytes_;
-  // The one status line on a live console: which stream owns it and what it shows.
+  // The one worker line on a live console that '\r' updates: which stream owns it and what
+  // it shows.
   int live_owner_ = -1;
-  int live_console_ = -1;
   std::string live_text_;
+  std::string status_;       // launch's own line
+  size_t bottom_lines_ = 0;  // how many lines are drawn at the bottom now
+  // Worker lines come from the agent's loop, log lines and the status from any thread.
+  mutable std::recursive_mutex console_mu_;
 };
 
 // write(2) until done; gives up silently on a closed console (EPIPE) so that a vanished

@@ -1,5 +1,7 @@
 #include "launcher/progress.h"
 
+#include "launcher/job_view.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -167,11 +169,7 @@ std::string duration(double s) {
   if (s < 120) return fmt::format("{:.1f}s", s);
   return fmt::format("{}m{:02d}s", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
 }
-std::string memory(int64_t kb) {
-  if (kb < 1024) return fmt::format("{}KiB", kb);
-  if (kb < 1024 * 1024) return fmt::format("{:.0f}MiB", kb / 1024.0);
-  return fmt::format("{:.1f}GiB", kb / 1048576.0);
-}
+std::string memory(int64_t kb) { return humanBytes(kb * 1024); }
 }  // namespace
 
 std::string ProgressTracker::summary(double now, int cores, int threads_per_rank) const {

@@ -13,7 +13,7 @@ PKGS=(build-essential cmake ninja-build ccache pkg-config
       libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libgloo-dev
       libopenmpi-dev openmpi-bin
       libgtest-dev libgmock-dev libbenchmark-dev
-      openssl procps iproute2 psmisc elfutils
+      openssl procps iproute2 psmisc elfutils tmux
       slurmctld slurmd slurm-client munge)
 
 SUDO=""

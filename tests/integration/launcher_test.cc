@@ -516,3 +516,86 @@ TEST(LaunchProgress, SlowRankIsReportedAsAStragglerAndNoOtherIs) {
   ASSERT_EQ(even.exit_code, 0) << even.all();
   EXPECT_EQ(even.err.find("straggler"), std::string::npos) << even.err;
 }
+
+namespace {
+// tmux on a server of the test's own, so that nothing of the user's is touched.
+std::string tmux(const std::string& socket, const std::string& args) {
+  auto r = run({"/bin/sh", "-c", "tmux -L " + socket + " " + args});
+  return r.out;
+}
+}  // namespace
+
+// The live view in a real terminal (tmux): while the job runs, the bottom line of the screen
+// is launch's status line, below the worker lines and a rank's carriage-return progress bar;
+// at the end every worker line is on the screen whole, once, and no status line is left.
+TEST(LaunchLiveView, StatusLineInATerminalLeavesWorkerLinesWhole) {
+  if (run({"/bin/sh", "-c", "command -v tmux"}).exit_code != 0)
+    GTEST_SKIP() << "tmux is not installed (scripts/setup.sh installs it)";
+  std::string socket = "ddpl-live-" + std::to_string(getpid());
+  std::string cmd = "env PYTHON_EXEC=" + std::string(DDPL_PYTHON) +
+                    " LINES=20 STEP_SECONDS=0.1 " + kLaunch +
+                    " --nproc-per-node=2 --monitor-interval=0.05 " + prog("chatty_beats.py") +
+                    "; echo EXIT=$?; sleep 60";
+  tmux(socket, "new-session -d -s live -x 160 -y 100 '" + cmd + "'");
+  auto screen = [&] { return tmux(socket, "capture-pane -p -t live -S -200"); };
+  auto lastLine = [](const std::string& text) {
+    std::vector<std::string> lines;
+    std::istringstream in(text);
+    for (std::string l; std::getline(in, l);)
+      if (l.find_first_not_of(' ') != std::string::npos) lines.push_back(l);
+    return lines.empty() ? std::string() : lines.back();
+  };
+  std::string seen;
+  bool status_at_bottom = eventually([&] {
+    seen = screen();
+    return lastLine(seen).rfind("ddpl | 2/2 ranks up", 0) == 0 &&
+           seen.find("line 5 of rank 1") != std::string::npos;
+  }, 20s);
+  EXPECT_TRUE(status_at_bottom) << seen;
+  // The bar sits right above the status line while it is being drawn.
+  EXPECT_NE(seen.find("[default0]:bar "), std::string::npos) << seen;
+  bool done = eventually([&] {
+    seen = screen();
+    return seen.find("EXIT=") != std::string::npos;
+  }, 30s);
+  tmux(socket, "kill-server");
+  ASSERT_TRUE(done) << seen;
+  EXPECT_NE(seen.find("EXIT=0"), std::string::npos) << seen;
+  for (int rank = 0; rank < 2; ++rank)
+    for (int i = 1; i <= 20; ++i) {
+      std::string line = "[default" + std::to_string(rank) + "]:line " + std::to_string(i) +
+                         " of rank " + std::to_string(rank);
+      int whole = 0;
+      std::istringstream in(seen);
+      for (std::string l; std::getline(in, l);) whole += l == line;
+      EXPECT_EQ(whole, 1) << line << " in\n" << seen;
+    }
+  EXPECT_EQ(linesWith(seen, "ddpl |").size(), 0u) << seen;
+  EXPECT_EQ(linesWith(seen, "[default0]:bar 20/20").size(), 1u) << seen;
+  EXPECT_EQ(linesWith(seen, "per-rank summary of attempt 0").size(), 1u) << seen;
+}
+
+// Not a terminal: a plain log line every --monitor-log-interval with the same figures;
+// --monitor=off: none.
+TEST(LaunchLiveView, PeriodicLogLinesWhenNotATerminalAndOffMeansOff) {
+  RunOptions o;
+  o.env = {{"PYTHON_EXEC", DDPL_PYTHON}, {"LINES", "15"}, {"STEP_SECONDS", "0.1"}};
+  auto r = launch({"--nproc-per-node=2", "--monitor-log-interval=1", prog("chatty_beats.py")}, o);
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  auto lines = linesWith(r.err, "] ranks: 2/2 ranks up ");
+  EXPECT_GE(lines.size(), 1u) << r.err;
+  for (const auto& l : lines) {
+    EXPECT_NE(l.find("; step "), std::string::npos) << l;
+    EXPECT_NE(l.find("; cpu% "), std::string::npos) << l;
+    EXPECT_NE(l.find("; mem "), std::string::npos) << l;
+  }
+  EXPECT_EQ(r.err.find('\x1b'), std::string::npos) << "no terminal codes in a log";
+  auto off = launch({"--nproc-per-node=2", "--monitor=off", "--monitor-log-interval=1",
+                     prog("chatty_beats.py")}, o);
+  ASSERT_EQ(off.exit_code, 0) << off.all();
+  EXPECT_EQ(linesWith(off.err, "] ranks: ").size(), 0u) << off.err;
+  auto bad = launch({"--nproc-per-node=1", "--monitor=sometimes", prog("hello.py")});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("--monitor: 'sometimes' is not auto, live, log or off"),
+            std::string::npos) << bad.err;
+}

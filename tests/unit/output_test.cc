@@ -102,6 +102,56 @@ TEST(OutputRouter, CarriageReturnUpdatesShowLiveOnATerminal) {
   EXPECT_EQ(ddpl::testing::readFile(dir + "/stderr.log"), "100%|##########\n");
 }
 
+// launch's status line stays below everything: worker lines, a worker's '\r' line (the two
+// are redrawn together, the worker's above) and launch's own log lines.
+TEST(OutputRouter, StatusLineStaysAtTheBottomBelowWorkerAndLogLines) {
+  Pipe console_out, console_err, bar, other;
+  ConsoleOptions c = console(console_out, console_err, "default", /*live=*/true);
+  c.status_line = true;
+  c.columns = 21;  // lines are cut to 20 columns, never wrapped
+  OutputRouter router(c);
+  router.add(bar.r, {0, 0, StreamKind::kStderr, true, -1});
+  router.add(other.r, {1, 1, StreamKind::kStderr, true, -1});
+  router.setStatus("ddpl | 2/2 ranks up 1s | step 4");
+  EXPECT_EQ(drainFd(console_err.r), "\r\x1b[Kddpl | 2/2 ranks up ");
+  router.setStatus("ddpl | 2/2 ranks up 1s | step 4");  // unchanged: nothing written
+  EXPECT_EQ(drainFd(console_err.r), "");
+  put(other.w, "hello\n");
+  router.onReadable(other.r);
+  EXPECT_EQ(drainFd(console_err.r), "\r\x1b[K[default1]:hello\nddpl | 2/2 ranks up ");
+  // A worker's progress bar goes above the status line: two lines at the bottom now.
+  put(bar.w, "\r 10%|#");
+  router.onReadable(bar.r);
+  EXPECT_EQ(drainFd(console_err.r), "\r\x1b[K[default0]: 10%|#\nddpl | 2/2 ranks up ");
+  // Both are taken away (clear, up, clear) for a line and drawn again below it.
+  put(other.w, "world\n");
+  router.onReadable(other.r);
+  EXPECT_EQ(drainFd(console_err.r),
+            "\r\x1b[K\x1b[1A\r\x1b[K[default1]:world\n[default0]: 10%|#\nddpl | 2/2 ranks up ");
+  router.aroundConsoleWrite([&] { put(console_err.w, "[launch] a log line\n"); });
+  EXPECT_EQ(drainFd(console_err.r),
+            "\r\x1b[K\x1b[1A\r\x1b[K[launch] a log line\n[default0]: 10%|#\nddpl | 2/2 ranks up ");
+  // The bar's last state becomes an ordinary line; the status line stays.
+  put(bar.w, "\r100%|##########\n");
+  router.onReadable(bar.r);
+  EXPECT_EQ(drainFd(console_err.r),
+            "\r\x1b[K\x1b[1A\r\x1b[K[default0]:100%|##########\nddpl | 2/2 ranks up ");
+  router.setStatus("");
+  EXPECT_EQ(drainFd(console_err.r), "\r\x1b[K");
+  put(other.w, "plain again\n");
+  router.onReadable(other.r);
+  EXPECT_EQ(drainFd(console_err.r), "[default1]:plain again\n");
+  router.remove(bar.r);
+  router.remove(other.r);
+}
+
+TEST(OutputRouter, NoStatusLineUnlessAsked) {
+  Pipe console_out, console_err;
+  OutputRouter router(console(console_out, console_err, "default", /*live=*/true));
+  router.setStatus("ddpl | 1/1 ranks");
+  EXPECT_EQ(drainFd(console_err.r), "");
+}
+
 TEST(OutputRouter, CarriageReturnsOffATerminalGiveFinalStatesOnly) {
   Pipe console_out, console_err, bar;
   OutputRouter router(console(console_out, console_err, "default"));
