@@ -78,37 +78,40 @@ std::string uniqueRunDir(const std::string& base, const std::string& run_id) {
 
 }  // namespace
 
-int requestStacks(const std::string& run_dir) {
+int controlRequest(const std::string& run_dir, const std::string& what) {
   std::string path = run_dir + "/" + kControlSocket;
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.size() >= sizeof(addr.sun_path)) {
-    fprintf(stderr, "launch stacks: '%s' is too long a path for a socket\n", path.c_str());
+    fprintf(stderr, "launch %s: '%s' is too long a path for a socket\n", what.c_str(),
+            path.c_str());
     return 1;
   }
   memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     fprintf(stderr,
-            "launch stacks: no running launch answers at %s (%s): give the run directory "
+            "launch %s: no running launch answers at %s (%s): give the run directory "
             "launch printed at start, while its job runs\n",
-            path.c_str(), strerror(errno));
+            what.c_str(), path.c_str(), strerror(errno));
     if (fd >= 0) close(fd);
     return 1;
   }
-  writeAll(fd, "stacks\n", 7);
+  std::string request = what + "\n";
+  writeAll(fd, request.data(), request.size());
   std::string reply;
   char buf[4096];
   pollfd p{fd, POLLIN, 0};
-  // The snapshot takes at most kStackSeconds; a little more for the files.
-  while (poll(&p, 1, static_cast<int>(kStackSeconds * 1000) + 5000) == 1) {
+  // A snapshot takes at most kStackSeconds here, then as long again waiting for the other
+  // nodes' (they take theirs at the same time); a little more for the files.
+  while (poll(&p, 1, static_cast<int>(2 * kStackSeconds * 1000) + 10000) == 1) {
     ssize_t n = read(fd, buf, sizeof(buf));
     if (n <= 0) break;
     reply.append(buf, static_cast<size_t>(n));
   }
   close(fd);
   fputs(reply.c_str(), stdout);
-  return reply.rfind("ok ", 0) == 0 ? 0 : 1;
+  return reply.rfind("ok", 0) == 0 ? 0 : 1;
 }
 
 void blockSignals(const std::vector<int>& signals) {
@@ -146,6 +149,9 @@ struct Agent::Impl {
   // worker's stack while the job runs on.
   int controlfd = -1;
   ProgressTracker progress;
+  // This node's stacks saved at its own hang detection (for another node that asks).
+  int own_hang_attempt = -1;
+  std::string own_hang_answer;
   // The live view (--monitor): a status line kept at the bottom of a terminal, or a log line
   // every --monitor-log-interval.
   JobView view;
@@ -163,8 +169,13 @@ struct Agent::Impl {
     int64_t round;
     std::string reason;
   };
+  struct StacksRequest {  // from another node, through the rendezvous service
+    int64_t id;
+    std::string why;
+  };
+  using InboxEvent = std::variant<RdzvDone, RoundEnd, StacksRequest>;
   std::mutex inbox_mu;
-  std::vector<std::variant<RdzvDone, RoundEnd>> inbox;
+  std::vector<InboxEvent> inbox;
   int groups_started = 0;  // names attempt_<n> log dirs: restarts and re-formed rounds alike
   std::string log_base, run_dir;
   bool temp_base = false;
@@ -244,6 +255,9 @@ struct Agent::Impl {
     rdzv.setRoundEndedCallback([this](int64_t round, std::string reason) {
       post(RoundEnd{round, std::move(reason)});
     });
+    rdzv.setStacksRequestedCallback([this](int64_t id, std::string why) {
+      post(StacksRequest{id, std::move(why)});
+    });
   }
 
   template <typename E>
@@ -261,7 +275,7 @@ struct Agent::Impl {
     uint64_t n;
     ssize_t ignored = read(wakefd, &n, sizeof(n));
     (void)ignored;
-    std::vector<std::variant<RdzvDone, RoundEnd>> events;
+    std::vector<InboxEvent> events;
     {
       std::lock_guard<std::mutex> lock(inbox_mu);
       events.swap(inbox);
@@ -281,11 +295,14 @@ struct Agent::Impl {
         log::warn("round {} ended: {}; stopping workers to re-form the group", r->round,
                   r->reason);
         execute(sup.onMembershipChange());
+      } else if (auto* q = std::get_if<StacksRequest>(&e)) {
+        answerStacksRequest(q->id, q->why);
       }
     }
   }
 
   ~Impl() {
+    rdzv.setStacksRequestedCallback({});
     if (status_line) {
       log::setConsoleWrapper({});
       router.setStatus("");
@@ -379,7 +396,7 @@ struct Agent::Impl {
     double now = unixNow();
     for (const auto& w : workers)
       if (w.alive) progress.onStep(w.local_rank, stepOf(w), now, waitedOf(w));
-    if ((status_line || view_log) && now >= next_view) updateView(now);
+    if (now >= next_view) updateView(now);  // also publishes the node's status for the job
     if (now >= next_straggler_check) {
       next_straggler_check = now + 1;
       for (const auto& s : progress.newStragglers())
@@ -434,37 +451,123 @@ struct Agent::Impl {
     pollfd p{c, POLLIN, 0};
     char buf[64] = {0};
     ssize_t n = poll(&p, 1, 1000) == 1 ? read(c, buf, sizeof(buf) - 1) : -1;
-    std::string reply;
-    if (n <= 0 || std::string(buf, static_cast<size_t>(n)).rfind("stacks", 0) != 0) {
-      reply = "error: unknown request (launch stacks RUN_DIR sends 'stacks')\n";
-    } else {
+    std::string reply, request = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+    if (request.rfind("stacks", 0) == 0) {
       reply = snapshotForUser();
+    } else if (request.rfind("status", 0) == 0) {
+      reply = "ok\n" + fmt::format("node {} ({}): {}\n", world.group_rank, cfg.host,
+                                   view.logLine());
+      for (const auto& line : rdzv.otherNodesStatus()) reply += line + "\n";
+    } else {
+      reply = "error: unknown request (launch stacks|status RUN_DIR send 'stacks' or 'status')\n";
     }
     writeAll(c, reply.data(), reply.size());
     close(c);
   }
 
-  std::string snapshotForUser() {
-    if (std::none_of(workers.begin(), workers.end(), [](const Worker& w) { return w.alive; }))
-      return "error: no worker is running now\n";
+  std::string snapshotDir() {
     char stamp[32];
     time_t t = time(nullptr);
     strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", localtime(&t));
     std::string dir = run_dir + "/snapshots/" + stamp;
     std::error_code ec;
     fs::create_directories(dir, ec);
-    auto snaps = snapshotWorkers();
-    std::string reply = "ok " + dir + "\n";
-    for (const auto& s : snaps) {
-      std::ofstream(dir + "/" + std::to_string(s.local_rank) + ".txt")
-          << "# " << (s.tool.empty() ? "no tool" : s.tool) << "\n" << s.text;
-      auto st = summarizeStack(s.text, s.pid, 1);
-      reply += fmt::format("rank {} (local rank {}, pid {}): {}\n",
-                           workers[s.local_rank].global_rank, s.local_rank, s.pid,
-                           st.innermost.empty() ? "<no frames>" : st.innermost[0]);
+    return dir;
+  }
+
+  // Saves every running worker's stack, each in the file `path_of(local_rank)` names, and
+  // describes each rank in one line: "rank R (local rank L, pid P): <innermost frame>".
+  std::vector<std::string> saveStacks(const std::function<std::string(int)>& path_of,
+                                      std::map<int, StackSummary>* summaries = nullptr) {
+    std::vector<std::string> lines;
+    for (const auto& s : snapshotWorkers()) {
+      std::string path = path_of(s.local_rank);
+      std::ofstream(path) << "# " << (s.tool.empty() ? "no tool" : s.tool) << "\n" << s.text;
+      auto st = summarizeStack(s.text, s.pid);
+      lines.push_back(fmt::format("rank {} (local rank {}, pid {}){}: {}",
+                                  workers[s.local_rank].global_rank, s.local_rank, s.pid,
+                                  st.in_collective ? "" : " outside any collective",
+                                  st.innermost.empty() ? "<no frames>" : st.innermost[0]));
+      if (summaries) (*summaries)[s.local_rank] = std::move(st);
     }
+    return lines;
+  }
+
+  // Another node asked (a hang there, or `launch stacks` on it): save this node's stacks
+  // where a hang's or a snapshot's go here, and answer with where and what.
+  void answerStacksRequest(int64_t id, const std::string& why) {
+    bool hang = why.rfind("hang", 0) == 0;
+    log::warn("another node asks for every worker's stack ({})", why);
+    // Ranks here wait in the same collective, so this node usually finds the hang at the same
+    // moment and has saved its stacks already (its workers may be stopping now): say so.
+    if (hang && own_hang_attempt == attempt && !own_hang_answer.empty()) {
+      rdzv.answerStacks(id, own_hang_answer);
+      return;
+    }
+    std::string dir = hang ? "" : snapshotDir();
+    auto lines = saveStacks([&](int lr) {
+      return hang ? rankDir(lr) + "/stacks.txt" : dir + "/" + std::to_string(lr) + ".txt";
+    });
+    std::string answer =
+        fmt::format("node {} ({}): {}", world.group_rank, cfg.host,
+                    lines.empty() ? "no worker running"
+                                  : fmt::format("{} stack(s) saved in {}", lines.size(),
+                                                hang ? attemptDir() + "/<local rank>/stacks.txt"
+                                                     : dir));
+    for (const auto& l : lines) answer += "\n  " + l;
+    rdzv.answerStacks(id, answer);
+    log::info("{}", answer);
+  }
+
+  // The other nodes' answers to request `id`, waiting for them (bounded) while answering
+  // their own requests: nodes whose ranks wait in one collective find a hang at the same
+  // moment and ask each other.
+  std::vector<std::string> gatherRemoteStacks(int64_t id) {
+    if (id <= 0) return {};
+    const double limit = kStackSeconds + 5;
+    auto deadline = std::chrono::steady_clock::now() +
+                    std::chrono::duration_cast<std::chrono::milliseconds>(
+                        std::chrono::duration<double>(limit));
+    RendezvousHandler::StacksAnswers got;
+    while (true) {
+      answerPendingStacksRequests();
+      got = rdzv.stacksAnswers(id);
+      if (got.missing.empty() || std::chrono::steady_clock::now() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    for (int node : got.missing)
+      got.answers.push_back(fmt::format("node {}: no answer within {:.0f}s", node, limit));
+    return got.answers;
+  }
+
+  void answerPendingStacksRequests() {
+    std::vector<StacksRequest> requests;
+    {
+      std::lock_guard<std::mutex> lock(inbox_mu);
+      for (auto it = inbox.begin(); it != inbox.end();) {
+        if (auto* q = std::get_if<StacksRequest>(&*it)) {
+          requests.push_back(std::move(*q));
+          it = inbox.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (const auto& q : requests) answerStacksRequest(q.id, q.why);
+  }
+
+  std::string snapshotForUser() {
+    if (std::none_of(workers.begin(), workers.end(), [](const Worker& w) { return w.alive; }))
+      return "error: no worker is running now\n";
+    int64_t remote = rdzv.requestStacks(fmt::format("snapshot asked on node {} ({})",
+                                                    world.group_rank, cfg.host));
+    std::string dir = snapshotDir();
+    auto lines = saveStacks([&](int lr) { return dir + "/" + std::to_string(lr) + ".txt"; });
+    std::string reply = "ok " + dir + "\n";
+    for (const auto& l : lines) reply += l + "\n";
     log::info("stacks of {} worker(s) saved in {} (asked through the control socket)",
-              snaps.size(), dir);
+              lines.size(), dir);
+    for (const auto& a : gatherRemoteStacks(remote)) reply += a + "\n";
     return reply;
   }
 
@@ -493,13 +596,20 @@ struct Agent::Impl {
                            r.first_beat ? "step " + std::to_string(r.step) : "no step reported");
     log::error("last step of each rank: {}", steps);
 
-    auto snaps = snapshotWorkers();
+    // The other nodes save theirs at the same time, before anything is stopped here.
+    std::string names;
+    for (const auto& h : hangs)
+      names += (names.empty() ? "" : ", ") + std::to_string(workers[h.local_rank].global_rank);
+    int64_t remote =
+        rdzv.requestStacks(fmt::format("hang: rank(s) {} on node {} ({})", names,
+                                       world.group_rank, cfg.host));
     std::map<int, StackSummary> summary;
-    for (const auto& s : snaps) {
-      std::string path = rankDir(s.local_rank) + "/stacks.txt";
-      std::ofstream(path) << "# " << (s.tool.empty() ? "no tool" : s.tool) << "\n" << s.text;
-      summary[s.local_rank] = summarizeStack(s.text, s.pid);
-    }
+    auto lines = saveStacks([&](int lr) { return rankDir(lr) + "/stacks.txt"; }, &summary);
+    own_hang_attempt = attempt;
+    own_hang_answer = fmt::format("node {} ({}): found the hang itself; {} stack(s) saved in {}",
+                                  world.group_rank, cfg.host, lines.size(),
+                                  attemptDir() + "/<local rank>/stacks.txt");
+    for (const auto& l : lines) own_hang_answer += "\n  " + l;
     std::vector<int> outside;
     for (const auto& [lr, st] : summary)
       if (!st.in_collective && !st.innermost.empty()) outside.push_back(lr);
@@ -517,6 +627,7 @@ struct Agent::Impl {
       log::error("rank {} stack ({}), innermost first:{}", workers[lr].global_rank,
                  rankDir(lr) + "/stacks.txt", frames.empty() ? " <none>" : frames);
     }
+    for (const auto& a : gatherRemoteStacks(remote)) log::error("stacks on another node: {}", a);
     // The likely culprits first: the first one recorded is the report's root cause.
     std::vector<Hang> ordered = hangs;
     std::stable_partition(ordered.begin(), ordered.end(), [&](const Hang& h) {
@@ -556,6 +667,7 @@ struct Agent::Impl {
       usage.push_back(std::move(u));
     }
     view.sample(std::move(usage), now);
+    rdzv.publishStatus(view.logLine());
     if (status_line) router.setStatus(view.statusLine(SIZE_MAX));
     if (view_log && now >= next_view_log) {
       if (next_view_log > 0) log::info("ranks: {}", view.logLine());
@@ -635,8 +747,9 @@ struct Agent::Impl {
     stream_fds.erase(std::remove(stream_fds.begin(), stream_fds.end(), fd), stream_fds.end());
   }
 
+  std::string attemptDir() const { return run_dir + "/attempt_" + std::to_string(attempt); }
   std::string rankDir(int local_rank) const {
-    return run_dir + "/attempt_" + std::to_string(attempt) + "/" + std::to_string(local_rank);
+    return attemptDir() + "/" + std::to_string(local_rank);
   }
 
   int openLog(const std::string& path) {

@@ -41,10 +41,11 @@ class Agent {
   std::unique_ptr<Impl> impl_;
 };
 
-// `launch stacks RUN_DIR`: asks the launch running that directory's job for a snapshot of every
-// worker's stack (it keeps running) and prints where it went and each rank's innermost frame.
-// Returns the exit code: 0, or 1 with a message when no launch answers there.
-int requestStacks(const std::string& run_dir);
+// `launch stacks RUN_DIR` / `launch status RUN_DIR`: asks the launch running that directory's
+// job (its control socket) for a snapshot of every worker's stack on every node (the job keeps
+// running; prints where each went and each rank's innermost frame), or for the status of every
+// node. Returns the exit code: 0, or 1 with a message when no launch answers there.
+int controlRequest(const std::string& run_dir, const std::string& what);
 
 // Blocks SIGCHLD, SIGPIPE-as-ignored, and `signals` so that the agent receives them through a
 // signalfd. Call first thing in main, before starting any thread.

@@ -7,8 +7,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <mutex>
+#include <set>
 #include <thread>
+#include <tuple>
 
 #include "common/errors.h"
 #include "common/log.h"
@@ -31,6 +34,19 @@ std::pair<std::string, int> splitEndpoint(const std::string& endpoint) {
 // How long a hosting agent keeps serving for nodes that have not finished yet (a node that was
 // SIGKILLed never says goodbye, so this is bounded).
 constexpr milliseconds kHostLinger{std::chrono::seconds(30)};
+
+// The health thread: how often it looks for another node's request for stacks (one `check`
+// a second per node) and publishes this node's status (one `set` every 5 s: a node summary,
+// not a message per step).
+constexpr milliseconds kStacksPoll{std::chrono::seconds(1)};
+constexpr milliseconds kStatusEvery{std::chrono::seconds(5)};
+// Calls the agent makes for the user (`launch status`) or on a hang wait at most this long.
+constexpr milliseconds kHealthCallTimeout{std::chrono::seconds(3)};
+
+double unixSeconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
 
 bool isLoopback(const std::string& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
@@ -94,8 +110,94 @@ class ElasticRendezvous : public RendezvousHandler {
   }
 
   ~ElasticRendezvous() override {
+    stopHealth();
     if (joiner_.joinable()) joiner_.join();
     watch_.reset();
+  }
+
+  void publishStatus(const std::string& line) override {
+    std::lock_guard<std::mutex> lock(health_mu_);
+    status_ = line;
+  }
+
+  std::vector<std::string> otherNodesStatus() override {
+    auto [me, nodes, round] = position();
+    std::vector<std::string> out;
+    auto deadline = std::chrono::steady_clock::now() + kHealthCallTimeout;
+    for (int r = 0; r < nodes; ++r) {
+      if (r == me) continue;
+      std::string key = fmt::format("status/{}", r);
+      try {
+        if (std::chrono::steady_clock::now() > deadline || !store_->check({key})) {
+          out.push_back(fmt::format("node {}: no status published yet", r));
+          continue;
+        }
+        // "<round>\n<host>\n<unix time>\n<line>"
+        std::string v = rdzv::toString(store_->get(key, kHealthCallTimeout));
+        auto a = v.find('\n'), b = v.find('\n', a + 1), c = v.find('\n', b + 1);
+        if (c == std::string::npos || v.substr(0, a) != std::to_string(round)) {
+          out.push_back(fmt::format("node {}: no status published in round {} yet", r, round));
+          continue;
+        }
+        double age = unixSeconds() - std::strtod(v.substr(b + 1, c - b - 1).c_str(), nullptr);
+        out.push_back(fmt::format("node {} ({}): {} ({:.0f}s ago)", r, v.substr(a + 1, b - a - 1),
+                                  v.substr(c + 1), std::max(0.0, age)));
+      } catch (const std::exception& e) {
+        out.push_back(fmt::format("node {}: cannot read its status: {}", r, e.what()));
+      }
+    }
+    return out;
+  }
+
+  void setStacksRequestedCallback(StacksRequested requested) override {
+    std::lock_guard<std::mutex> lock(health_mu_);
+    stacks_requested_ = std::move(requested);
+  }
+
+  int64_t requestStacks(const std::string& why) override {
+    auto [me, nodes, round] = position();
+    if (nodes <= 1) return 0;
+    try {
+      int64_t id = store_->add("stacks/next", 1);
+      {
+        std::lock_guard<std::mutex> lock(health_mu_);
+        mine_.insert(id);
+      }
+      store_->set(fmt::format("stacks/{}", id), rdzv::toBytes(why));
+      return id;
+    } catch (const std::exception& e) {
+      log::warn("cannot ask the other nodes for their stacks: {}", e.what());
+      return 0;
+    }
+  }
+
+  void answerStacks(int64_t id, const std::string& answer) override {
+    auto [me, nodes, round] = position();
+    try {
+      store_->set(fmt::format("stacks/{}/{}", id, me), rdzv::toBytes(answer));
+    } catch (const std::exception& e) {
+      log::warn("cannot answer request {} for stacks: {}", id, e.what());
+    }
+  }
+
+  StacksAnswers stacksAnswers(int64_t id) override {
+    auto [me, nodes, round] = position();
+    StacksAnswers out;
+    if (id <= 0) return out;
+    for (int r = 0; r < nodes; ++r) {
+      if (r == me) continue;
+      std::string key = fmt::format("stacks/{}/{}", id, r);
+      try {
+        if (store_->check({key})) {
+          out.answers.push_back(rdzv::toString(store_->get(key, kHealthCallTimeout)));
+          continue;
+        }
+      } catch (const std::exception& e) {
+        log::debug("stacks of node {}: {}", r, e.what());
+      }
+      out.missing.push_back(r);
+    }
+    return out;
   }
 
   void setRoundEndedCallback(RoundEnded ended) override { ended_ = std::move(ended); }
@@ -155,6 +257,7 @@ class ElasticRendezvous : public RendezvousHandler {
   }
 
   bool finish(bool success) override {
+    stopHealth();  // nothing is published for a node on its way out
     bool job_ok = true;
     if (success && current_) {
       try {
@@ -262,6 +365,7 @@ class ElasticRendezvous : public RendezvousHandler {
       current_ = a;
       left_ = false;
     }
+    startHealth();
     int64_t round = a.round;
     watch_ = client_->watch(a, [this, round](const rdzv::RoundChange& ch) {
       if (ended_)
@@ -309,6 +413,71 @@ class ElasticRendezvous : public RendezvousHandler {
     }
   }
 
+  // This node's group rank, the round's number of nodes and the round; (-1, 0, -1) before
+  // the first round.
+  std::tuple<int, int, int64_t> position() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!current_) return {-1, 0, -1};
+    return {current_->group_rank, current_->group_world_size, current_->round};
+  }
+
+  void startHealth() {
+    std::lock_guard<std::mutex> lock(health_mu_);
+    if (health_.joinable()) return;
+    health_ = std::thread([this] { healthLoop(); });
+  }
+
+  void stopHealth() {
+    {
+      std::lock_guard<std::mutex> lock(health_mu_);
+      health_stop_ = true;
+    }
+    health_cv_.notify_all();
+    if (health_.joinable()) health_.join();
+  }
+
+  // Publishes this node's status and hands other nodes' requests for stacks to the agent.
+  // Errors (the service restarting) are retried on the next turn: health is best effort and
+  // never ends the job.
+  void healthLoop() {
+    int64_t next = -1;  // the next request id to look for
+    auto published = std::chrono::steady_clock::time_point{};
+    std::unique_lock<std::mutex> lock(health_mu_);
+    while (!health_stop_) {
+      std::string line = status_;
+      StacksRequested requested = stacks_requested_;
+      lock.unlock();
+      try {
+        auto [me, nodes, round] = position();
+        if (next < 0) next = store_->add("stacks/next", 0) + 1;  // earlier requests are over
+        auto now = std::chrono::steady_clock::now();
+        if (!line.empty() && me >= 0 && now - published >= kStatusEvery) {
+          store_->set(fmt::format("status/{}", me),
+                      rdzv::toBytes(fmt::format("{}\n{}\n{:.3f}\n{}", round, log::hostname(),
+                                                unixSeconds(), line)));
+          published = now;
+        }
+        std::string key = fmt::format("stacks/{}", next);
+        if (store_->check({key})) {
+          std::string why = rdzv::toString(store_->get(key, kHealthCallTimeout));
+          bool own;
+          {
+            std::lock_guard<std::mutex> l(health_mu_);
+            own = mine_.count(next) > 0;
+          }
+          if (!own && requested) requested(next, why);
+          ++next;
+          lock.lock();
+          continue;  // another may follow at once
+        }
+      } catch (const std::exception& e) {
+        log::debug("job health: {}", e.what());
+      }
+      lock.lock();
+      health_cv_.wait_for(lock, kStacksPoll, [this] { return health_stop_; });
+    }
+  }
+
   ElasticConfig c_;
   std::string endpoint_, address_;
   std::unique_ptr<rdzv::RendezvousServer> server_;
@@ -321,6 +490,13 @@ class ElasticRendezvous : public RendezvousHandler {
   std::optional<rdzv::RoundAssignment> current_;
   bool left_ = false;
   std::string cached_failure_;
+  std::mutex health_mu_;  // guards the health thread's state below
+  std::condition_variable health_cv_;
+  std::thread health_;
+  bool health_stop_ = false;
+  std::string status_;
+  StacksRequested stacks_requested_;
+  std::set<int64_t> mine_;  // requests this node made: not answered by itself
 };
 
 }  // namespace

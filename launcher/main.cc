@@ -144,9 +144,11 @@ int runMpiRankShim(int argc, char** argv, const Environment& env) {
 int main(int argc, char** argv) {
   Environment env = ddpl::processEnvironment();
   if (argc >= 2 && std::string(argv[1]) == kMpiRankShimFlag) return runMpiRankShim(argc, argv, env);
-  // `launch stacks RUN_DIR`; a program of that name still runs when no such directory exists.
-  if (argc == 3 && std::string(argv[1]) == "stacks" && std::filesystem::is_directory(argv[2]))
-    return requestStacks(argv[2]);
+  // `launch stacks|status RUN_DIR`; a program of that name still runs when no such directory
+  // exists.
+  if (argc == 3 && (std::string(argv[1]) == "stacks" || std::string(argv[1]) == "status") &&
+      std::filesystem::is_directory(argv[2]))
+    return controlRequest(argv[2], argv[1]);
   ParseResult parsed;
   try {
     parsed = parseCommandLine(std::vector<std::string>(argv + 1, argv + argc), env);

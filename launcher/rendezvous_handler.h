@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace ddpl::launcher {
 
@@ -58,6 +59,31 @@ class RendezvousHandler {
   virtual bool finish(bool success) = 0;
 
   virtual std::string describe() const = 0;
+
+  // ---- The job's health across nodes (issue 18). One node has nothing to share: the
+  // defaults do nothing.
+
+  // This node's status (a line of the live view), for the other nodes and the user. Returns
+  // at once; a background thread publishes the latest one every few seconds.
+  virtual void publishStatus(const std::string& /*line*/) {}
+  // The latest status of every other node of the round: "node N (host): <line>, Ts ago".
+  // Bounded (a few seconds at most).
+  virtual std::vector<std::string> otherNodesStatus() { return {}; }
+  // Stacks on every node. requestStacks() asks every other node to save its workers' stacks
+  // now and returns the request's id (0: no other node); each node's agent hears of it
+  // through the callback (on any thread), saves, and answers with answerStacks();
+  // stacksAnswers() returns the answers there are now and the nodes yet to answer (it does not
+  // wait: the caller answers other nodes' requests meanwhile, which may come at the same
+  // moment). All bounded.
+  using StacksRequested = std::function<void(int64_t id, std::string why)>;
+  virtual void setStacksRequestedCallback(StacksRequested /*requested*/) {}
+  virtual int64_t requestStacks(const std::string& /*why*/) { return 0; }
+  virtual void answerStacks(int64_t /*id*/, const std::string& /*answer*/) {}
+  struct StacksAnswers {
+    std::vector<std::string> answers;
+    std::vector<int> missing;  // group ranks of the nodes that have not answered yet
+  };
+  virtual StacksAnswers stacksAnswers(int64_t /*id*/) { return {}; }
 };
 
 }  // namespace ddpl::launcher

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <regex>
 #include <sstream>
@@ -284,4 +285,87 @@ TEST_F(MultiNode, StaticRendezvousAcrossNodes) {
   EXPECT_EQ(count(all, "]:WORLD_SIZE=4"), 4) << all;
   EXPECT_EQ(count(all, "GROUP_WORLD_SIZE=2"), 4) << all;
   EXPECT_EQ(count(all, "MASTER_PORT=" + std::to_string(port_)), 4) << all;
+}
+
+// Issue 18 across nodes. Rank 3 (on the node with ranks 2..3) hangs: that node asks the other
+// through the rendezvous service, so node 0's ranks' stacks are saved in node 0's own log
+// directory before anything is stopped, and the hung node's report carries them. The group
+// then restarts on both nodes and finishes.
+TEST_F(MultiNode, HangOnOneNodeCollectsTheOtherNodesStacksToo) {
+  std::string logs0 = makeTempDir("mn-hang0"), logs1 = makeTempDir("mn-hang1");
+  env_.env.insert({{"HANG_RANK", "3"}, {"HANG_STEP", "3"}, {"STEPS", "5"}});
+  const std::string hang = std::string(DDPL_SOURCE_DIR) + "/tests/python/hang_gloo.py";
+  auto a0 = agent("2", hang, {"--nproc-per-node=2", "--hang-timeout=5", "--max-restarts=1",
+                              "--log-dir", logs0});
+  auto a1 = agent("2", hang, {"--nproc-per-node=2", "--hang-timeout=5", "--max-restarts=1",
+                              "--log-dir", logs1});
+  auto r0 = a0->wait(240s), r1 = a1->wait(240s);
+  EXPECT_EQ(r0.exit_code, 0) << r0.all();
+  EXPECT_EQ(r1.exit_code, 0) << r1.all();
+  // Which agent got ranks 2..3 depends on who joined first.
+  bool first_hung = r0.err.find("rank 3 (local rank 1) is hung") != std::string::npos;
+  const RunResult& hung = first_hung ? r0 : r1;
+  const RunResult& other = first_hung ? r1 : r0;
+  const std::string& other_logs = first_hung ? logs1 : logs0;
+  ASSERT_NE(hung.err.find("rank 3 (local rank 1) is hung"), std::string::npos)
+      << r0.all() << r1.all();
+  // Ranks 0..2 wait for rank 3 inside the all-reduce: both nodes find the hang at once, each
+  // asks the other, and each names rank 3 as the one outside any collective.
+  EXPECT_NE(other.err.find("another node asks for every worker's stack (hang: rank(s) 2, 3 on "
+                           "node 1"),
+            std::string::npos)
+      << other.all();
+  EXPECT_NE(other.err.find("stacks on another node: node 1 ("), std::string::npos) << other.all();
+  EXPECT_NE(other.err.find("outside any collective: stuck_in_data_loading"), std::string::npos)
+      << other.all();
+  // The hung node's report shows the other node's ranks, waiting in the collective.
+  EXPECT_NE(hung.err.find("stacks on another node: node 0 ("), std::string::npos) << hung.all();
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_NE(hung.err.find("rank " + std::to_string(rank) + " (local rank " +
+                            std::to_string(rank) + ", pid "),
+              std::string::npos)
+        << hung.err;
+    std::string stacks =
+        readFile(other_logs + "/job/attempt_0/" + std::to_string(rank) + "/stacks.txt");
+    EXPECT_NE(stacks.find("all_reduce"), std::string::npos) << rank << ": " << stacks;
+  }
+  for (int rank = 0; rank < 4; ++rank)
+    EXPECT_NE((r0.out + r1.out).find("rank " + std::to_string(rank) + " finished"),
+              std::string::npos)
+        << r0.out << r1.out;
+}
+
+// `launch status RUN_DIR` on one node shows every node's view; `launch stacks RUN_DIR` saves
+// the stacks of every node's workers, each on its own node, and lists them all.
+TEST_F(MultiNode, StatusAndOnDemandStacksCoverEveryNode) {
+  std::string logs0 = makeTempDir("mn-st0"), logs1 = makeTempDir("mn-st1");
+  std::string out = makeTempDir("mn-st-out");
+  env_.env.insert({{"OUT_DIR", out}});
+  const std::string wait = std::string(DDPL_SOURCE_DIR) + "/tests/integration/programs/wait_for_file.py";
+  auto a0 = agent("2", wait, {"--nproc-per-node=2", "--log-dir", logs0});
+  auto a1 = agent("2", wait, {"--nproc-per-node=2", "--log-dir", logs1});
+  ASSERT_TRUE(eventually([&] {
+    for (int r = 0; r < 4; ++r)
+      if (readFile(out + "/ready." + std::to_string(r)) != "ready") return false;
+    return true;
+  }, 90s)) << a0->outputSoFar() << a1->outputSoFar();
+  RunResult status;
+  // Statuses are published every few seconds: wait for the other node's first one.
+  EXPECT_TRUE(eventually([&] {
+    status = run({kBin + "/launch", "status", logs0 + "/job"});
+    return status.out.find("ranks up") != std::string::npos &&
+           status.out.find("no status published") == std::string::npos &&
+           count(status.out, "2/2 ranks up") == 2;
+  }, 30s)) << status.all();
+  EXPECT_EQ(status.exit_code, 0) << status.all();
+  auto stacks = run({kBin + "/launch", "stacks", logs0 + "/job"});
+  EXPECT_EQ(stacks.exit_code, 0) << stacks.all();
+  EXPECT_NE(stacks.out.find("ok " + logs0 + "/job/snapshots/"), std::string::npos) << stacks.out;
+  EXPECT_NE(stacks.out.find("2 stack(s) saved in " + logs1 + "/job/snapshots/"),
+            std::string::npos)
+      << stacks.out;
+  EXPECT_EQ(count(stacks.out, "wait_here"), 4) << stacks.out;
+  std::ofstream(out + "/go") << "go";
+  EXPECT_EQ(a0->wait(60s).exit_code, 0);
+  EXPECT_EQ(a1->wait(60s).exit_code, 0);
 }
