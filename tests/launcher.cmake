@@ -65,3 +65,6 @@ add_dependencies(launcher_nvml_test fake_nvml fake_nvml_sparse)
 target_compile_definitions(launcher_nvml_test PRIVATE
   FAKE_NVML="$<TARGET_FILE:fake_nvml>" FAKE_NVML_SPARSE="$<TARGET_FILE:fake_nvml_sparse>")
 
+# The metrics endpoint, scraped over HTTP on loopback.
+ddpl_add_test(NAME launcher_metrics_test
+  SOURCES integration/metrics_test.cc LIBS ddpl_launcher ddpl_test_util LABELS integration TIMEOUT 60)
