@@ -34,6 +34,8 @@
 #include "launcher/cli.h"
 #include "common/heartbeat.h"
 #include "launcher/job_view.h"
+#include "launcher/metrics_plugin.h"
+#include "launcher/nvml.h"
 #include "launcher/containment.h"
 #include "launcher/progress.h"
 #include "launcher/stacks.h"
@@ -155,6 +157,11 @@ struct Agent::Impl {
   // The live view (--monitor): a status line kept at the bottom of a terminal, or a log line
   // every --monitor-log-interval.
   JobView view;
+  std::unique_ptr<MetricsEndpoint> metrics;  // --metrics-port
+  // GPU figures: NVML is loaded at the first view update (off the start-up path); null when
+  // the machine has no driver.
+  std::unique_ptr<Nvml> nvml;
+  bool nvml_tried = false;
   bool status_line = false, view_log = false;
   double next_view = 0, next_view_log = 0;
   double next_straggler_check = 0;
@@ -258,6 +265,14 @@ struct Agent::Impl {
     rdzv.setStacksRequestedCallback([this](int64_t id, std::string why) {
       post(StacksRequest{id, std::move(why)});
     });
+    if (cfg.options.metrics_port) {
+      MetricsOptions mo;
+      mo.host = cfg.options.metrics_host;
+      mo.port = *cfg.options.metrics_port;
+      mo.node = cfg.host;
+      metrics = startMetricsEndpoint(mo);
+      log::info("metrics of this node's ranks on http://{}:{}/metrics", mo.host, metrics->port());
+    }
   }
 
   template <typename E>
@@ -399,8 +414,10 @@ struct Agent::Impl {
     if (now >= next_view) updateView(now);  // also publishes the node's status for the job
     if (now >= next_straggler_check) {
       next_straggler_check = now + 1;
-      for (const auto& s : progress.newStragglers())
+      for (const auto& s : progress.newStragglers()) {
         log::warn("straggler on {}: {}", cfg.host, s.describe());
+        if (metrics) metrics->onStraggler(s.global_rank, s.local_rank);
+      }
     }
     if (!hangDetectionOn() || sup.phase() != Phase::kRunning) return;
     // CPU time counts only for ranks without steps, and only when a limit was given.
@@ -587,9 +604,11 @@ struct Agent::Impl {
   // the likely culprit (a rank not inside a collective while the others wait in one), then
   // stop the group as for a failure.
   void onHangs(const std::vector<Hang>& hangs, double now) {
-    for (const auto& h : hangs)
+    for (const auto& h : hangs) {
       log::error("rank {} (local rank {}) is hung: {}", workers[h.local_rank].global_rank,
                  h.local_rank, h.why);
+      if (metrics) metrics->onHang(workers[h.local_rank].global_rank, h.local_rank);
+    }
     std::string steps;
     for (const auto& r : progress.ranks())
       steps += fmt::format("{}rank {}: {}", steps.empty() ? "" : ", ", r.global_rank,
@@ -666,13 +685,84 @@ struct Agent::Impl {
       }
       usage.push_back(std::move(u));
     }
+    addGpuFigures(usage);
+    for (const auto& u : usage)
+      if (u.gpu_util_percent || u.gpu_memory_bytes)
+        progress.onGpu(u.local_rank, u.gpu_util_percent, u.gpu_memory_bytes);
+    std::vector<RankMetrics> rank_metrics;
+    if (metrics) rank_metrics = rankMetrics(usage);
     view.sample(std::move(usage), now);
+    if (metrics) {
+      JobFigures f = view.figures();
+      for (size_t i = 0; i < rank_metrics.size() && i < f.cpu_percent.size(); ++i)
+        rank_metrics[i].cpu_percent = f.cpu_percent[i];
+      metrics->update(rank_metrics);
+    }
     rdzv.publishStatus(view.logLine());
     if (status_line) router.setStatus(view.statusLine(SIZE_MAX));
     if (view_log && now >= next_view_log) {
       if (next_view_log > 0) log::info("ranks: {}", view.logLine());
       next_view_log = now + cfg.options.monitor_log_interval_sec;
     }
+  }
+
+  // Each rank's GPU: the devices where NVML sees its process hold memory (utilisation is per
+  // device: the one where it holds the most). A rank NVML does not list (no GPU, another pid
+  // namespace) has none.
+  void addGpuFigures(std::vector<RankUsage>& usage) {
+    if (!nvml_tried) {
+      nvml_tried = true;
+      std::string why;
+      nvml = Nvml::load(kDefaultNvmlLibrary, &why);
+      if (!nvml) log::debug("no GPU figures: {}", why);
+    }
+    if (!nvml) return;
+    try {
+      std::map<pid_t, std::pair<int64_t, int>> held;  // pid -> (bytes in all, busiest device)
+      std::map<pid_t, int64_t> most;
+      std::vector<std::optional<unsigned>> util(static_cast<size_t>(nvml->deviceCount()));
+      for (int d = 0; d < nvml->deviceCount(); ++d) {
+        util[static_cast<size_t>(d)] = nvml->sample(d).utilization_percent;
+        auto procs = nvml->processMemory(d);
+        if (!procs) continue;
+        for (const auto& [pid, bytes] : *procs) {
+          auto& h = held[pid];
+          h.first += static_cast<int64_t>(bytes);
+          if (static_cast<int64_t>(bytes) > most[pid]) {
+            most[pid] = static_cast<int64_t>(bytes);
+            h.second = d;
+          }
+        }
+      }
+      for (auto& u : usage) {
+        const Worker& w = workers[static_cast<size_t>(u.local_rank)];
+        auto it = held.find(w.pid);
+        if (!w.alive || it == held.end()) continue;
+        u.gpu_memory_bytes = it->second.first;
+        if (auto pct = util[static_cast<size_t>(it->second.second)]) u.gpu_util_percent = *pct;
+      }
+    } catch (const std::exception& e) {
+      log::warn("GPU figures stop: {}", e.what());  // a GPU fell off the bus: say it once
+      nvml.reset();
+    }
+  }
+
+  std::vector<RankMetrics> rankMetrics(const std::vector<RankUsage>& usage) const {
+    std::vector<RankMetrics> out;
+    for (const auto& u : usage) {
+      RankMetrics m;
+      m.rank = u.global_rank;
+      m.local_rank = u.local_rank;
+      m.alive = u.alive;
+      m.step = u.step;
+      if (static_cast<size_t>(u.local_rank) < progress.ranks().size())
+        m.step_seconds = progress.ranks()[static_cast<size_t>(u.local_rank)].meanStepSeconds();
+      if (u.rss_bytes >= 0) m.rss_bytes = u.rss_bytes;
+      m.gpu_util_percent = u.gpu_util_percent;
+      m.gpu_memory_bytes = u.gpu_memory_bytes;
+      out.push_back(m);
+    }
+    return out;
   }
 
   void printSummary() {
@@ -786,6 +876,7 @@ struct Agent::Impl {
     workers.assign(static_cast<size_t>(cfg.nproc), Worker{});
     progress.start(cfg.nproc, world.rank_offset, unixNow());
     view.start(unixNow());
+    if (metrics) metrics->setJob({attempt, world.world_size, cfg.options.max_restarts});
     hang.start(cfg.nproc, unixNow());
     output_seen.assign(static_cast<size_t>(cfg.nproc), 0);
     std::vector<SpawnedProcess> spawned;
@@ -897,9 +988,11 @@ struct Agent::Impl {
           });
           break;
         case Action::Kind::kStartGroup:
-          if (a.value > 0 && groups_started > 0)
+          if (a.value > 0 && groups_started > 0) {
             log::warn("restarting the worker group: restart {} of {}", a.value,
                       cfg.options.max_restarts);
+            if (metrics) metrics->onRestart();
+          }
           startGroup();
           break;
         case Action::Kind::kRecordFailure: {

@@ -181,6 +181,13 @@ const std::vector<Flag>& flags() {
          else if (v == "off") o.monitor = MonitorMode::kOff;
          else throw UsageError(fmt::format("{}: '{}' is not auto, live, log or off", f, v));
        }},
+      {{"--metrics-port"}, true, "PORT",
+       "serve Prometheus metrics of this node's ranks on PORT (step, step time, CPU, memory, GPU, "
+       "restarts, hangs, stragglers: docs/monitoring.md); 0 picks a free port, logged at start",
+       [](auto& f, auto& v, auto& o) { o.metrics_port = parseInt(f, v, 0, 65535); }},
+      {{"--metrics-host"}, true, "ADDRESS",
+       "the address --metrics-port listens on (default 0.0.0.0: every IPv4 interface)",
+       [](auto&, auto& v, auto& o) { o.metrics_host = v; }},
       {{"--monitor-log-interval"}, true, "SECONDS",
        "how often the view is logged when it is not a status line (default 60)",
        [](auto& f, auto& v, auto& o) { o.monitor_log_interval_sec = parseNumber(f, v, 1, 86400); }},

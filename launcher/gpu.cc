@@ -1,8 +1,7 @@
 #include "launcher/gpu.h"
 
 #include "common/parse.h"
-
-#include <dlfcn.h>
+#include "launcher/nvml.h"
 
 #include <dirent.h>
 
@@ -53,7 +52,8 @@ int countDeviceNodes() {
 }
 }  // namespace
 
-GpuInfo discoverGpus(const char* cuda_visible_devices, bool ask_driver) {
+GpuInfo discoverGpus(const char* cuda_visible_devices, bool ask_driver,
+                     const std::string& nvml_library) {
   GpuInfo info;
   if (!ask_driver) {
     info.physical = countDeviceNodes();
@@ -62,30 +62,13 @@ GpuInfo discoverGpus(const char* cuda_visible_devices, bool ask_driver) {
                                         : info.physical;
     return info;
   }
-  // NVML ships with the driver, so its presence is the honest test for "this machine has GPUs".
-  void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!lib) {
-    info.source = "none: no NVIDIA driver (libnvidia-ml.so.1 not found)";
-    return info;
-  }
-  using InitFn = int (*)();
-  using CountFn = int (*)(unsigned int*);
-  auto init = reinterpret_cast<InitFn>(dlsym(lib, "nvmlInit_v2"));
-  auto count = reinterpret_cast<CountFn>(dlsym(lib, "nvmlDeviceGetCount_v2"));
-  auto shutdown = reinterpret_cast<InitFn>(dlsym(lib, "nvmlShutdown"));
-  unsigned int n = 0;
-  if (init && count && init() == 0) {
-    if (count(&n) == 0) {
-      info.physical = static_cast<int>(n);
-      info.source = "nvml";
-    } else {
-      info.source = "none: nvmlDeviceGetCount failed";
-    }
-    if (shutdown) shutdown();
+  std::string why;
+  if (auto nvml = Nvml::load(nvml_library, &why)) {
+    info.physical = nvml->deviceCount();
+    info.source = "nvml";
   } else {
-    info.source = "none: nvmlInit failed (driver not loaded?)";
+    info.source = "none: " + why;
   }
-  dlclose(lib);
   info.visible = cuda_visible_devices ? countVisible(info.physical, cuda_visible_devices)
                                       : info.physical;
   return info;

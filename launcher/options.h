@@ -88,6 +88,8 @@ struct LaunchOptions {
   double monitor_interval_sec = kDefaultMonitorIntervalSec;  // how often heartbeats are read
   MonitorMode monitor = MonitorMode::kAuto;
   double monitor_log_interval_sec = 60;
+  std::optional<int> metrics_port;        // --metrics-port: the Prometheus endpoint
+  std::string metrics_host = "0.0.0.0";
   // Hang detection (launcher/progress.h HangOptions): unset, automatic for ranks that report
   // steps; 0, off; otherwise the limit for every rank.
   std::optional<double> hang_timeout_sec;

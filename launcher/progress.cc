@@ -172,19 +172,44 @@ std::string duration(double s) {
 std::string memory(int64_t kb) { return humanBytes(kb * 1024); }
 }  // namespace
 
+void ProgressTracker::onGpu(int local_rank, std::optional<double> util_percent,
+                            std::optional<int64_t> bytes) {
+  if (local_rank < 0 || local_rank >= static_cast<int>(ranks_.size())) return;
+  RankProgress& r = ranks_[local_rank];
+  if (util_percent) {
+    r.gpu_util_sum += *util_percent;
+    ++r.gpu_util_samples;
+  }
+  if (bytes) r.peak_gpu_bytes = std::max(r.peak_gpu_bytes, *bytes);
+}
+
 std::string ProgressTracker::summary(double now, int cores, int threads_per_rank) const {
   if (ranks_.empty()) return "";
-  std::string out = fmt::format("{:>6} {:>6} {:>9} {:>8} {:>10} {:>9} {:>6} {:>10}\n", "rank",
+  bool gpus = std::any_of(ranks_.begin(), ranks_.end(), [](const RankProgress& r) {
+    return r.gpu_util_samples > 0 || r.peak_gpu_bytes >= 0;
+  });
+  auto gpuUtil = [](const RankProgress& r) -> std::optional<double> {
+    if (r.gpu_util_samples == 0) return std::nullopt;
+    return r.gpu_util_sum / r.gpu_util_samples;
+  };
+  std::string out = fmt::format("{:>6} {:>6} {:>9} {:>8} {:>10} {:>9} {:>6} {:>10}", "rank",
                                 "local", "wall", "steps", "mean step", "CPU", "CPU%", "peak mem");
+  out += gpus ? fmt::format(" {:>6} {:>13}\n", "GPU%", "peak GPU mem") : "\n";
   std::vector<int64_t> peaks;
   for (const auto& r : ranks_) {
     double wall = r.ended.value_or(now) - r.started;
     auto mean = r.meanStepSeconds();
     double cpu_pct = wall > 0 ? 100 * r.cpu_seconds / wall : 0;
-    out += fmt::format("{:>6} {:>6} {:>9} {:>8} {:>10} {:>9} {:>5.0f}% {:>10}\n", r.global_rank,
+    out += fmt::format("{:>6} {:>6} {:>9} {:>8} {:>10} {:>9} {:>5.0f}% {:>10}", r.global_rank,
                        r.local_rank, duration(wall), r.first_beat ? std::to_string(r.step) : "-",
                        mean ? duration(*mean) : "-", r.ended ? duration(r.cpu_seconds) : "-",
                        r.ended ? cpu_pct : 0.0, r.ended ? memory(r.peak_rss_kb) : "-");
+    if (gpus) {
+      auto util = gpuUtil(r);
+      out += fmt::format(" {:>6} {:>13}", util ? fmt::format("{:.0f}%", *util) : "-",
+                         r.peak_gpu_bytes >= 0 ? humanBytes(r.peak_gpu_bytes) : "-");
+    }
+    out += "\n";
     if (r.ended) peaks.push_back(r.peak_rss_kb);
   }
   for (const auto& r : ranks_)
@@ -196,6 +221,18 @@ std::string ProgressTracker::summary(double now, int cores, int threads_per_rank
         "down; lower OMP_NUM_THREADS to {}\n",
         ranks_.size(), threads_per_rank, threads_per_rank * static_cast<int>(ranks_.size()), cores,
         std::max(1, cores / static_cast<int>(ranks_.size())));
+  for (const auto& r : ranks_) {
+    // A GPU that waits while its rank's main thread is busy all the time: the input pipeline
+    // (decoding, augmentation in the main process) cannot keep up.
+    auto util = gpuUtil(r);
+    double wall = r.ended.value_or(now) - r.started;
+    if (util && *util < 50 && r.ended && wall > 0 && r.cpu_seconds / wall >= 0.9)
+      out += fmt::format(
+          "advice: rank {}'s GPU was busy {:.0f}% of the time while its process used {:.0f}% "
+          "CPU: the input pipeline is the bottleneck; use DataLoader workers (num_workers), "
+          "pin_memory and prefetching\n",
+          r.global_rank, *util, 100 * r.cpu_seconds / wall);
+  }
   if (peaks.size() >= 2) {
     std::vector<int64_t> sorted = peaks;
     std::sort(sorted.begin(), sorted.end());

@@ -27,6 +27,10 @@ struct RankProgress {
     uint64_t waited_us;
   };
   std::vector<Sample> recent;
+  // GPU figures while it ran (NVML), where known.
+  double gpu_util_sum = 0;
+  int gpu_util_samples = 0;
+  int64_t peak_gpu_bytes = -1;
   bool straggler = false;  // reported as one in this attempt
   std::string straggler_why;
   std::optional<double> meanStepSeconds() const;
@@ -100,10 +104,13 @@ class ProgressTracker {
   std::vector<Straggler> newStragglers(double ratio = 1.2, size_t window = 20,
                                        double min_gap_ms = 2);
   void onExit(int local_rank, double now, double cpu_seconds, int64_t peak_rss_kb);
+  // One GPU sample of a rank: its device's utilisation and the memory its process holds.
+  void onGpu(int local_rank, std::optional<double> util_percent, std::optional<int64_t> bytes);
   const std::vector<RankProgress>& ranks() const { return ranks_; }
 
   // A header and one row per rank (global and local rank, wall, steps, mean step, CPU time,
-  // mean CPU%, peak memory; one word each, "-" when unknown), then advice
+  // mean CPU%, peak memory, and mean GPU% and peak GPU memory when any rank had a GPU; one word
+  // each, "-" when unknown), then advice
   // where the figures point to a cause. `cores`: CPUs this node may use; `threads_per_rank`:
   // OMP_NUM_THREADS as the workers got it (0: unknown).
   std::string summary(double now, int cores, int threads_per_rank) const;

@@ -11,6 +11,7 @@ VENV=.venv
 PKGS=(build-essential cmake ninja-build ccache pkg-config
       libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
       libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libgloo-dev
+      prometheus-cpp-dev
       libopenmpi-dev openmpi-bin
       libgtest-dev libgmock-dev libbenchmark-dev
       openssl procps iproute2 psmisc elfutils tmux

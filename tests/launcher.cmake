@@ -47,3 +47,26 @@ set_tests_properties(netns_test PROPERTIES TIMEOUT 180 LABELS integration SKIP_R
 add_test(NAME wheel_test
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/wheel_test.sh ${PROJECT_SOURCE_DIR})
 set_tests_properties(wheel_test PROPERTIES TIMEOUT 900 LABELS integration)
+
+# A fake NVML (tests/fake_nvml/fake_nvml.c) so that the GPU paths run without a driver:
+# libnvidia-ml.so.1 in a directory of its own (never build/lib, where a program could find it by
+# its run path), complete and sparse (an older driver's missing functions).
+foreach(variant fake_nvml fake_nvml_sparse)
+  add_library(${variant} SHARED fake_nvml/fake_nvml.c)
+  set_target_properties(${variant} PROPERTIES OUTPUT_NAME nvidia-ml SOVERSION 1
+    C_VISIBILITY_PRESET hidden LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests/${variant})
+  target_link_libraries(${variant} PRIVATE Threads::Threads)
+endforeach()
+target_compile_definitions(fake_nvml_sparse PRIVATE FAKE_NVML_SPARSE)
+
+ddpl_add_test(NAME launcher_nvml_test
+  SOURCES unit/nvml_test.cc LIBS ddpl_launcher ddpl_test_util ${CMAKE_DL_LIBS} LABELS unit TIMEOUT 60)
+add_dependencies(launcher_nvml_test fake_nvml fake_nvml_sparse)
+target_compile_definitions(launcher_nvml_test PRIVATE
+  FAKE_NVML="$<TARGET_FILE:fake_nvml>" FAKE_NVML_SPARSE="$<TARGET_FILE:fake_nvml_sparse>")
+
+# The metrics endpoint, scraped over HTTP on loopback.
+ddpl_add_test(NAME launcher_metrics_test
+  SOURCES integration/metrics_test.cc LIBS ddpl_metrics ddpl_launcher ddpl_test_util LABELS integration TIMEOUT 90)
+add_dependencies(launcher_metrics_test fake_nvml launch)
+target_compile_definitions(launcher_metrics_test PRIVATE FAKE_NVML="$<TARGET_FILE:fake_nvml>")

@@ -150,3 +150,34 @@ TEST(Progress, StragglerByOwnTimePerStepOverTheWindow) {
     for (int r = 0; r < 3; ++r) even.onStep(r, s, s * 0.05);
   EXPECT_TRUE(even.newStragglers(1.2, 20).empty());
 }
+
+// With GPU figures, the summary shows each rank's mean GPU% and peak GPU memory, and advises on
+// a GPU left waiting by a rank whose CPU is saturated (the input pipeline).
+TEST(Progress, GpuColumnsAndTheInputPipelineAdvice) {
+  ProgressTracker t;
+  t.start(2, 0, 0);
+  for (int i = 0; i < 4; ++i) {
+    t.onGpu(0, 20.0 + i, int64_t{3} << 30);  // mean 21.5%
+    t.onGpu(1, 90.0, int64_t{2} << 30);
+  }
+  t.onGpu(1, std::nullopt, int64_t{5} << 30);  // peak, no utilisation known
+  t.onExit(0, 10, 9.8, 1024);                    // 98% of one core
+  t.onExit(1, 10, 9.8, 1024);
+  std::string s = t.summary(10, 8, 1);
+  auto r0 = row(s, 0), r1 = row(s, 1);
+  ASSERT_EQ(r0.size(), 10u) << s;
+  EXPECT_EQ(r0[8], "22%") << s;
+  EXPECT_EQ(r0[9], "3.0GiB") << s;
+  EXPECT_EQ(r1[8], "90%") << s;
+  EXPECT_EQ(r1[9], "5.0GiB") << s;
+  EXPECT_NE(s.find("advice: rank 0's GPU was busy 22% of the time while its process used 98% "
+                   "CPU: the input pipeline is the bottleneck"),
+            std::string::npos)
+      << s;
+  EXPECT_EQ(s.find("rank 1's GPU"), std::string::npos) << s;
+  // Without GPU figures the columns are not there.
+  ProgressTracker cpu;
+  cpu.start(1, 0, 0);
+  cpu.onExit(0, 10, 1, 1024);
+  EXPECT_EQ(row(cpu.summary(10, 8, 1), 0).size(), 8u);
+}
