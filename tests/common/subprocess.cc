@@ -7,10 +7,14 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <ctime>
+#include <random>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -139,17 +143,41 @@ std::string readFile(const std::string& path) {
   return ss.str();
 }
 
+// A port bound and closed at once can be taken again before the test's server binds it: by
+// another test under `ctest -j`, or as the ephemeral port of any outgoing connection. So the
+// port comes from below the kernel's ephemeral range (which connect() never uses), and a lock
+// file in /tmp reserves it for this machine's tests for ten minutes.
 int freeLoopbackPort() {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
-    throw std::runtime_error(std::string("cannot bind a loopback port: ") + std::strerror(errno));
-  close(fd);
-  return ntohs(a.sin_port);
+  int lo = 32768;
+  {
+    std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+    range >> lo;
+  }
+  const int first = 10000, last = std::max(first + 1000, lo) - 1;
+  std::string dir = "/tmp/ddpl-test-ports";
+  mkdir(dir.c_str(), 0777);
+  std::mt19937 rng(static_cast<unsigned>(getpid()) ^ static_cast<unsigned>(time(nullptr)));
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    int port = first + static_cast<int>(rng() % static_cast<unsigned>(last - first + 1));
+    std::string lock = dir + "/" + std::to_string(port);
+    struct stat st {};
+    if (stat(lock.c_str(), &st) == 0) {
+      if (time(nullptr) - st.st_mtime < 600) continue;  // reserved by a recent test
+      unlink(lock.c_str());
+    }
+    int lfd = open(lock.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0666);
+    if (lfd < 0) continue;  // another test took it just now
+    close(lfd);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    bool ok = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    if (fd >= 0) close(fd);
+    if (ok) return port;
+  }
+  throw std::runtime_error("no free loopback port below the ephemeral range after 1000 tries");
 }
 
 std::string makeTempDir(const std::string& prefix) {

@@ -223,6 +223,7 @@ TEST(MembershipTest, MisconfiguredNodesGetClearErrorsAndDoNotDisturbOthers) {
       std::async(std::launch::async, [&] { return client.join(joinOptions("run", "a", 2, 2)); });
   for (int i = 0; i < 2000 && server.stats().parked_joins < 1; ++i)
     std::this_thread::sleep_for(milliseconds(5));
+  ASSERT_EQ(server.stats().parked_joins, 1) << "a's join never reached the server";
   auto skew = joinOptions("run", "b", 2, 2);
   skew.version = "0.0.1-old";
   try {

@@ -184,15 +184,25 @@ TEST(OutputRouter, FilesGetRawTextAndConsoleCanBeOff) {
 TEST(OutputRouter, OverlongLinesAreSplitNotBuffered) {
   Pipe console_out, console_err, worker;
   OutputRouter router(console(console_out, console_err, "r"));
-  router.add(worker.r, {0, 0, StreamKind::kStdout, false, -1});
+  router.add(worker.r, {0, 0, StreamKind::kStdout, true, -1});
+  // Room for the whole 64 KiB line on the console side (a pipe holds 64 KiB by default).
+  ASSERT_GE(fcntl(console_out.w, F_SETPIPE_SZ, 1 << 20), 1 << 20);
   std::string big(OutputRouter::kMaxLine + 10, 'x');
-  // The pipe holds 64 KiB: write in two goes, reading in between.
+  // The worker's pipe holds 64 KiB: write in two goes, reading in between.
   put(worker.w, big.substr(0, 60000));
   router.onReadable(worker.r);
+  // Not a whole line yet and not past the limit: nothing is shown.
+  std::string shown = drainFd(console_out.r);
+  EXPECT_EQ(shown, "");
   put(worker.w, big.substr(60000));
   router.onReadable(worker.r);
+  // Past the limit: the first kMaxLine bytes go out as a line of their own, at once.
+  shown = drainFd(console_out.r);
+  EXPECT_EQ(shown.size(), OutputRouter::kMaxLine + 6);  // no 64 KiB strings in a failure
+  EXPECT_TRUE(shown == "[r0]:" + std::string(OutputRouter::kMaxLine, 'x') + "\n");
   close(worker.w);
   EXPECT_FALSE(router.onReadable(worker.r));
+  EXPECT_EQ(drainFd(console_out.r), "[r0]:xxxxxxxxxx\n");
   router.remove(worker.r);
 }
 

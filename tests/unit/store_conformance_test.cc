@@ -31,6 +31,10 @@ using ::testing::HasSubstr;
 struct StoreUnderTest {
   std::shared_ptr<void> keepalive;
   std::unique_ptr<Store> store;
+  // Gets and waits the backend holds parked now, where it can tell (the gRPC server): the
+  // blocking tests set their key only once the call is parked, so they cannot pass by the
+  // key arriving first.
+  std::function<int64_t()> parked;
 };
 
 struct Backend {
@@ -54,7 +58,8 @@ StoreUnderTest grpcWithToken(bool session) {
   o.token = so.token;
   o.connect_timeout = seconds(10);
   o.use_session = session;
-  return StoreUnderTest{server, connectGrpcStore(o)};
+  return StoreUnderTest{server, connectGrpcStore(o),
+                        [server] { return server->stats().parked_store_calls; }};
 }
 
 std::vector<Backend> backends() {
@@ -84,7 +89,8 @@ std::vector<Backend> backends() {
          GrpcStoreOptions o;
          o.endpoint = server->endpoint();
          o.prefix = "job/attempt_0/";
-         return StoreUnderTest{server, connectGrpcStore(o)};
+         return StoreUnderTest{server, connectGrpcStore(o),
+                               [server] { return server->stats().parked_store_calls; }};
        }},
   };
 }
@@ -98,6 +104,23 @@ class StoreConformance : public ::testing::TestWithParam<Backend> {
   void TearDown() override {
     sut_.store.reset();
     sut_.keepalive.reset();
+  }
+  // From another thread: waits until the test's blocking call is under way, then runs `set`.
+  // Where the backend counts parked calls, "under way" is exact; otherwise it is 100 ms after
+  // the call was about to start.
+  std::thread setWhenBlocked(std::atomic<bool>& about_to_block, std::function<void()> set) {
+    return std::thread([this, &about_to_block, set = std::move(set)] {
+      while (!about_to_block) std::this_thread::sleep_for(milliseconds(1));
+      if (sut_.parked) {
+        auto deadline = Clock::now() + seconds(20);
+        while (sut_.parked() < 1 && Clock::now() < deadline)
+          std::this_thread::sleep_for(milliseconds(2));
+        EXPECT_EQ(sut_.parked(), 1) << "the call never parked: it could not block";
+      } else {
+        std::this_thread::sleep_for(milliseconds(100));
+      }
+      set();
+    });
   }
   StoreUnderTest sut_;
   Store* store_ = nullptr;
@@ -114,10 +137,9 @@ TEST_P(StoreConformance, SetGetRoundTripsOpaqueBytes) {
 }
 
 TEST_P(StoreConformance, GetBlocksUntilAnotherThreadSets) {
-  std::thread setter([&] {
-    std::this_thread::sleep_for(milliseconds(100));
-    store_->set("late", toBytes("here"));
-  });
+  std::atomic<bool> about_to_block{false};
+  std::thread setter = setWhenBlocked(about_to_block, [&] { store_->set("late", toBytes("here")); });
+  about_to_block = true;
   EXPECT_EQ(toString(store_->get("late", seconds(20))), "here");
   setter.join();
 }
@@ -183,11 +205,12 @@ TEST_P(StoreConformance, CheckAndWaitSeeEveryKey) {
   EXPECT_TRUE(store_->check({"a"}));
   EXPECT_FALSE(store_->check({"a", "b"}));
   EXPECT_TRUE(store_->check({}));
-  std::thread setter([&] {
-    std::this_thread::sleep_for(milliseconds(50));
+  std::atomic<bool> about_to_block{false};
+  std::thread setter = setWhenBlocked(about_to_block, [&] {
     store_->set("b", toBytes("2"));
     store_->set("c", toBytes("3"));
   });
+  about_to_block = true;
   store_->wait({"a", "b", "c"}, seconds(20));
   setter.join();
   try {
@@ -232,7 +255,15 @@ TEST_P(StoreConformance, OneSetReleasesEveryWaiter) {
     waiters.emplace_back([&] {
       if (toString(store_->get("go", seconds(30))) == "now") ++released;
     });
-  std::this_thread::sleep_for(milliseconds(50));
+  // All eight parked (where the backend can tell), then one set.
+  if (sut_.parked) {
+    auto deadline = Clock::now() + seconds(20);
+    while (sut_.parked() < kWaiters && Clock::now() < deadline)
+      std::this_thread::sleep_for(milliseconds(2));
+    EXPECT_EQ(sut_.parked(), kWaiters);
+  } else {
+    std::this_thread::sleep_for(milliseconds(100));
+  }
   store_->set("go", toBytes("now"));
   for (auto& t : waiters) t.join();
   EXPECT_EQ(released.load(), kWaiters);
