@@ -1,5 +1,5 @@
 # Thin front over scripts/ and CMake. `make demo` and `make test` both set up first.
-.PHONY: setup build test test-asan test-tsan fuzz demo bench clean format wheel install
+.PHONY: setup build test test-asan test-tsan fuzz demo bench clean format wheel install package
 
 BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
@@ -38,6 +38,10 @@ wheel: setup
 PREFIX ?= /usr/local
 install: build
 	cmake --install $(BUILD_DIR) --prefix $(PREFIX)
+
+# dist/ddplaunch_<version>_<arch>.deb: launch, rdzv-server and the plugin under /usr.
+package: build
+	@bash scripts/package.sh $(BUILD_DIR)
 
 bench: build
 	@bash bench/run_all.sh $(BUILD_DIR)
