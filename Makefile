@@ -1,5 +1,5 @@
 # Thin front over scripts/ and CMake. `make demo` and `make test` both set up first.
-.PHONY: setup build test test-asan test-tsan fuzz demo bench clean format wheel
+.PHONY: setup build test test-asan test-tsan fuzz demo bench clean format wheel install package
 
 BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
@@ -32,6 +32,16 @@ demo: build
 
 wheel: setup
 	@bash scripts/wheel.sh
+
+# launch, rdzv-server, the gRPC plugin, and the worker library as a CMake package
+# (find_package(ddplaunch)): docs/worker.md. `make install PREFIX=~/.local`.
+PREFIX ?= /usr/local
+install: build
+	cmake --install $(BUILD_DIR) --prefix $(PREFIX)
+
+# dist/ddplaunch_<version>_<arch>.deb: launch, rdzv-server and the plugin under /usr.
+package: build
+	@bash scripts/package.sh $(BUILD_DIR)
 
 bench: build
 	@bash bench/run_all.sh $(BUILD_DIR)

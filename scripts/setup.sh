@@ -8,7 +8,7 @@ TORCH_VERSION="${DDPL_TORCH_VERSION:-2.9.1}"
 VENV=.venv
 
 # Debian packages the build and the tests need. Keep in sync with docs/architecture.md.
-PKGS=(build-essential cmake ninja-build ccache pkg-config
+PKGS=(build-essential cmake ninja-build ccache pkg-config file
       libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
       libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libgloo-dev
       prometheus-cpp-dev
