@@ -240,6 +240,35 @@ TEST(WorkerLaunchers, RunsUnderLaunch) {
   EXPECT_EQ(ranks_with_five, 2) << log;
 }
 
+// launch's failure report shows a C++ rank's innermost frames by name, past the frames that
+// build and throw the c10::Error (the error file keeps those).
+TEST(WorkerLaunchers, FailureReportNamesTheThrowingFunction) {
+  const std::string launch = std::string(DDPL_BIN_DIR) + "/launch";
+  const std::string dir = wt::tempDir();
+  const pid_t pid = wt::spawn({launch, "--standalone", "--nproc-per-node=1", "--log-dir",
+                               dir + "/logs", "--rdzv-id=t", wt::rankBinary(), "throw_named"},
+                              {{"OMP_NUM_THREADS", "1"}}, dir + "/launch.log");
+  const int status = wt::waitFor(pid, std::chrono::seconds(120));
+  const std::string log = wt::readFile(dir + "/launch.log");
+  EXPECT_TRUE(wt::exitedWith(status, 1)) << log;
+  const auto root = log.find("Root Cause");
+  ASSERT_NE(root, std::string::npos) << log;
+  const std::string report = log.substr(root);
+  const std::string throwSite =
+      "worker_rank_main.cc:" + std::to_string(sourceLineOf("// throw site: throw_named"));
+  const auto thrower = report.find("    frame #2: ddpl_test::throwFromHere(int) at ");
+  ASSERT_NE(thrower, std::string::npos) << report;
+  EXPECT_NE(report.substr(thrower, report.find('\n', thrower) - thrower).find(throwSite + " ("),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("    Exception raised from throwFromHere at "), std::string::npos)
+      << report;
+  EXPECT_EQ(report.find("c10::Error::Error("), std::string::npos) << report;
+  EXPECT_NE(report.find("(not shown: 2 frame(s) that build and throw the exception"),
+            std::string::npos)
+      << report;
+}
+
 // A C++ rank that blocks in its own code while the other waits in DDP's all-reduce: launch
 // names it, with the function it blocks in (demangled, from its native stack), as the root
 // cause, and exits 124 (no restarts left).
