@@ -9,3 +9,6 @@ echo "== recovery after a node loss"; $PY bench/recovery_bench.py --build "$BUIL
 for extra in bench/rdzv_bench.sh bench/ddp_bench.sh; do
   if [ -f "$extra" ]; then echo "== $extra"; bash "$extra" "$BUILD_DIR"; fi
 done
+if [ -x "$BUILD_DIR/bench/error_trace_bench" ]; then
+  echo "== error-file symbolisation"; "$BUILD_DIR/bench/error_trace_bench" --rounds 10
+fi

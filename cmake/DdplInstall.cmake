@@ -27,7 +27,8 @@ include(CMakePackageConfigHelpers)
 # dependencies (gRPC, protobuf, abseil, spdlog, fmt, OpenMPI: Debian's) are found again by the
 # package config and linked by the consumer. ddpl_proto ships as an archive only: its generated
 # headers stay private, as the store client's public header never includes them.
-set(DDPL_EXPORTED_LIBS ddpl_worker ddpl_worker_log ddpl_worker_mpi ddpl_store ddpl_common)
+set(DDPL_EXPORTED_LIBS ddpl_worker ddpl_worker_log ddpl_worker_mpi ddpl_worker_trace ddpl_store
+  ddpl_common)
 if(TARGET ddpl_rdzv_client)
   list(APPEND DDPL_EXPORTED_LIBS ddpl_rdzv_client ddpl_proto)
 endif()

@@ -1071,6 +1071,7 @@ struct Agent::Impl {
       d.global_rank = w.global_rank;
       d.host = cfg.host;
       d.error_file = w.error_file;
+      d.error_file_kept = !temp_base;
       d.stderr_tail = router.stderrTail(w.local_rank);
       failures.push_back(std::move(d));
       if (!stopping)

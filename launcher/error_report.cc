@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <ctime>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -33,6 +34,91 @@ std::string indent(const std::string& text, const std::string& pad) {
   return out;
 }
 
+bool isFrameLine(const std::string& line) { return line.rfind("frame #", 0) == 0; }
+
+// Frames of the error's own making, innermost on a C++ worker's stack: building and throwing the
+// exception (c10::Error's constructor, TORCH_CHECK's failure path), std::terminate for one that
+// escaped a thread, and the worker library's report itself. They say nothing about the cause.
+bool isErrorMachinery(const std::string& frame_line) {
+  const auto colon = frame_line.find(": ");
+  if (colon == std::string::npos) return false;
+  const std::string function = frame_line.substr(colon + 2);
+  static const char* const kPrefixes[] = {"c10::Error::",
+                                          "c10::detail::torchCheckFail",
+                                          "c10::detail::torchInternalAssertFail",
+                                          "c10::get_backtrace",
+                                          "c10::get_lazy_backtrace",
+                                          "__cxa_throw",
+                                          "__cxa_rethrow",
+                                          "std::rethrow_exception",
+                                          "std::terminate",
+                                          "__cxxabiv1::__terminate",
+                                          "ddpl::worker::describeException",
+                                          "ddpl::worker::(anonymous namespace)::describeImpl",
+                                          "ddpl::worker::(anonymous namespace)::onTerminate"};
+  for (const char* p : kPrefixes)
+    if (function.rfind(p, 0) == 0) return true;
+  // c10's typed errors: c10::ValueError::ValueError(...) runs before c10::Error's constructor.
+  const std::string name = function.substr(0, function.find('('));
+  const auto sep = name.rfind("::");
+  if (name.rfind("c10::", 0) != 0 || sep == std::string::npos || sep <= 5) return false;
+  const std::string type = name.substr(5, sep - 5);
+  return type == name.substr(sep + 2) && type.size() > 5 &&
+         type.compare(type.size() - 5, 5, "Error") == 0;
+}
+
+// A C++ worker's trace ("frame #N: ..." lines, inlined calls indented under their frame) can run
+// to 64 frames; the report shows what leads to the cause (the lines before the first frame,
+// the innermost frames after the error's own machinery) and points to the file for the rest.
+// Other tracebacks (Python's, innermost last) are shown whole.
+std::string traceForReport(const std::string& traceback, const FailureDetail& f) {
+  std::vector<std::string> lines;
+  std::istringstream in(traceback);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  if (std::none_of(lines.begin(), lines.end(), isFrameLine)) return traceback;
+  std::string out;
+  size_t i = 0;
+  for (; i < lines.size() && !isFrameLine(lines[i]); ++i) out += lines[i] + "\n";
+  // The machinery ends at the last machinery frame of the leading run of machinery and unnamed
+  // frames (libstdc++ without symbols shows std::terminate's helpers as "<unknown function>").
+  size_t machinery_end = i;
+  for (size_t j = i; j < lines.size(); ++j) {
+    if (!isFrameLine(lines[j])) continue;
+    if (isErrorMachinery(lines[j]))
+      machinery_end = j + 1;
+    else if (lines[j].find(": <unknown function>") == std::string::npos)
+      break;
+  }
+  size_t skipped = 0, shown = 0, left = 0;
+  bool showing = false;
+  for (; i < lines.size(); ++i) {
+    if (isFrameLine(lines[i])) {
+      if (i < machinery_end) {
+        ++skipped;
+        showing = false;
+        continue;
+      }
+      showing = shown < kReportFrames;
+      if (showing)
+        ++shown;
+      else
+        ++left;
+    }
+    if (showing) out += lines[i] + "\n";
+  }
+  if (skipped > 0 || left > 0) {
+    std::string what;
+    if (skipped > 0) what = fmt::format("{} frame(s) that build and throw the exception", skipped);
+    if (left > 0) what += fmt::format("{}{} outer frame(s)", what.empty() ? "" : ", ", left);
+    out += f.error_file_kept
+               ? fmt::format("(not shown: {}; all in {})\n", what, f.error_file)
+               : fmt::format(
+                     "(not shown: {}; launch keeps the error file that has them with --log-dir)\n",
+                     what);
+  }
+  return out;
+}
+
 std::string describeOne(const FailureDetail& f) {
   std::string s;
   s += fmt::format("  time      : {}\n", isoTime(f.exit.unix_time));
@@ -47,7 +133,7 @@ std::string describeOne(const FailureDetail& f) {
     s += fmt::format("  error_file: {}\n", f.error_file);
     s += fmt::format("  message   : {}\n", f.error->message);
     if (!f.error->traceback.empty())
-      s += "  traceback :\n" + indent(f.error->traceback, "    ");
+      s += "  traceback :\n" + indent(traceForReport(f.error->traceback, f), "    ");
   } else {
     s += "  error_file: <none: the program did not write TORCHELASTIC_ERROR_FILE>\n";
     if (!f.stderr_tail.empty()) {

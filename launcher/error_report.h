@@ -26,9 +26,14 @@ struct FailureDetail {
   int global_rank = 0;
   std::string host;
   std::string error_file;
+  bool error_file_kept = true;  // false under the temporary log directory launch removes at exit
   std::optional<ErrorFileContents> error;
   std::deque<std::string> stderr_tail;
 };
+
+// A C++ worker's trace is cut to its innermost frames past the exception's own construction;
+// the error file keeps all of them.
+inline constexpr size_t kReportFrames = 8;
 
 std::string formatFailureReport(const std::string& program, const std::vector<FailureDetail>& all,
                                 const FailureDetail& root);

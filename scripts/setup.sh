@@ -10,7 +10,7 @@ VENV=.venv
 # Debian packages the build and the tests need. Keep in sync with docs/architecture.md.
 PKGS=(build-essential cmake ninja-build ccache pkg-config file
       libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
-      libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libgloo-dev
+      libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libgloo-dev libdw-dev
       prometheus-cpp-dev
       libopenmpi-dev openmpi-bin
       libgtest-dev libgmock-dev libbenchmark-dev

@@ -1,6 +1,5 @@
 #include "worker/error_report.h"
 
-#include <c10/util/Backtrace.h>
 #include <c10/util/Exception.h>
 #include <cxxabi.h>
 #include <fcntl.h>
@@ -32,30 +31,49 @@ long unixSeconds() {
                                .count());
 }
 
-}  // namespace
+// Where the frames come from when the exception brings none. Caught and reported, an exception
+// has unwound the frames of its throw; escaped from a thread, it has not (nothing caught it).
+enum class StackAtReport { kThrowUnwound, kThrowOnStack };
 
-ErrorRecord describeException(const std::exception_ptr& error) {
+// Not inlined: it is the innermost frame of its own trace, and the launcher's report knows it by
+// name (launcher/error_report.cc) to leave it out.
+__attribute__((noinline)) ErrorRecord describeImpl(const std::exception_ptr& error,
+                                                   const NativeTraceOptions& trace,
+                                                   StackAtReport stack) {
   ErrorRecord record;
   record.timestamp = unixSeconds();
+  // For exceptions that bring no frames of their own: this stack.
+  const std::string ownHeader =
+      stack == StackAtReport::kThrowOnStack
+          ? "Uncaught, in the thread that threw it (most recent call first):\n"
+          : "Reported from (the frames of the throw are unwound by then; most recent call "
+            "first):\n";
   try {
     std::rethrow_exception(error);
   } catch (const c10::Error& e) {
-    // LibTorch captured the frames where it threw; that is the useful backtrace.
+    // LibTorch captured the frames where it threw; that is the useful backtrace. Only its text
+    // is reachable, and its lines carry each frame's address: symbolised from those.
     record.type = demangle(typeid(e).name());
     record.message = e.msg();
-    record.backtrace = e.backtrace() ? e.backtrace()->get() : c10::get_backtrace(1);
+    record.backtrace = e.backtrace() ? symbolizeBacktraceText(e.backtrace()->get(), trace)
+                                     : ownHeader + currentTrace(0, trace);
   } catch (const std::exception& e) {
     record.type = demangle(typeid(e).name());
     record.message = e.what();
-    // The throw site is unwound by now; these are the frames of the reporting site.
-    record.backtrace = c10::get_backtrace(1);
+    record.backtrace = ownHeader + currentTrace(0, trace);
   } catch (...) {
     const std::type_info* type = abi::__cxa_current_exception_type();
     record.type = type ? demangle(type->name()) : "unknown";
     record.message = "(not a std::exception)";
-    record.backtrace = c10::get_backtrace(1);
+    record.backtrace = ownHeader + currentTrace(0, trace);
   }
   return record;
+}
+
+}  // namespace
+
+ErrorRecord describeException(const std::exception_ptr& error, const NativeTraceOptions& trace) {
+  return describeImpl(error, trace, StackAtReport::kThrowUnwound);
 }
 
 std::string errorFileJson(const ErrorRecord& record) {
@@ -63,7 +81,8 @@ std::string errorFileJson(const ErrorRecord& record) {
   json["message"]["message"] = record.type + ": " + record.message;
   json["message"]["extraInfo"]["py_callstack"] = record.backtrace;
   json["message"]["extraInfo"]["timestamp"] = std::to_string(record.timestamp);
-  return json.dump(2);
+  // Messages and paths are bytes: invalid UTF-8 must not turn the report into a second error.
+  return json.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 void writeErrorFile(const std::string& path, const ErrorRecord& record) {
@@ -91,36 +110,44 @@ void writeErrorFile(const std::string& path, const ErrorRecord& record) {
 }
 
 namespace {
-std::string& terminateErrorFile() {
-  static std::string path;
-  return path;
+ErrorReportOptions& terminateOptions() {
+  static ErrorReportOptions options;
+  return options;
 }
 
 [[noreturn]] void onTerminate() {
-  // An exception escaped a thread (or a noexcept frame): the stack is still intact here.
+  // An exception escaped a thread (nothing caught it, so nothing was unwound: the frames here
+  // run down to the throw) or a noexcept function (unwound up to that function). A c10::Error
+  // brings its own frames from the throw.
   if (auto error = std::current_exception()) {
-    ErrorRecord record = describeException(error);
-    record.backtrace = c10::get_backtrace(1) + "\n(thrown at)\n" + record.backtrace;
+    const ErrorRecord record =
+        describeImpl(error, terminateOptions().trace, StackAtReport::kThrowOnStack);
     wlog::error("terminating on uncaught " + record.type + ": " + record.message);
-    writeErrorFile(terminateErrorFile(), record);
+    writeErrorFile(terminateOptions().errorFile, record);
   }
   wlog::flush();
   std::_Exit(1);
 }
 }  // namespace
 
-int recordErrors(const std::string& errorFile, const std::function<int()>& body) {
-  terminateErrorFile() = errorFile;
+int recordErrors(const ErrorReportOptions& options, const std::function<int()>& body) {
+  terminateOptions() = options;
   std::set_terminate(onTerminate);
   try {
     return body();
   } catch (...) {
-    const ErrorRecord record = describeException(std::current_exception());
+    const ErrorRecord record = describeException(std::current_exception(), options.trace);
     wlog::error(record.type + ": " + record.message);
-    writeErrorFile(errorFile, record);
+    writeErrorFile(options.errorFile, record);
     wlog::flush();
     return 1;
   }
+}
+
+int recordErrors(const std::string& errorFile, const std::function<int()>& body) {
+  ErrorReportOptions options;
+  options.errorFile = errorFile;
+  return recordErrors(options, body);
 }
 
 }  // namespace ddpl::worker

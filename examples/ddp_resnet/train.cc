@@ -624,7 +624,11 @@ int inputError(const std::string& errorFile, const std::string& message) {
   try {
     throw ddpl::InvalidArgument(message);
   } catch (...) {
-    dw::writeErrorFile(errorFile, dw::describeException(std::current_exception()));
+    // Its frames are this function's own: not worth symbolising (a fork and a look into the
+    // program's debug information on every rank).
+    dw::NativeTraceOptions frames;
+    frames.symbolize = false;
+    dw::writeErrorFile(errorFile, dw::describeException(std::current_exception(), frames));
   }
   return kUsageExitCode;
 }

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <stdexcept>
 #include <thread>
 
 #include "common/errors.h"
@@ -19,6 +20,26 @@
 #include "worker/session.h"
 
 namespace dw = ddpl::worker;
+
+extern "C" void ddpl_test_call_through_stripped(void (*fn)(void*),
+                                                void* arg);  // stripped_frames.cc
+
+// Named frames for the error-file tests (issue 18): functions of this program, which has debug
+// information, below one call through a library that has none. The tests find the throw sites
+// by their marker comments.
+namespace ddpl_test {
+
+__attribute__((noinline)) void throwFromHere(int value) {
+  TORCH_CHECK(value < 0, "deliberate check failure with value ", value);  // throw site: throw_named
+}
+
+__attribute__((noinline)) void throwInThread(int value) {
+  if (value >= 0)
+    throw std::runtime_error("deliberate failure in a thread, value " +
+                             std::to_string(value));  // throw site: throw_in_thread
+}
+
+}  // namespace ddpl_test
 
 namespace {
 
@@ -336,6 +357,21 @@ int straggler(dw::Session& session, const std::string& slowRank) {
   return 0;
 }
 
+// A TORCH_CHECK failure in ddpl_test::throwFromHere(int), called through the stripped library.
+int throwNamed() {
+  int value = 7;
+  ddpl_test_call_through_stripped([](void* p) { ddpl_test::throwFromHere(*static_cast<int*>(p)); },
+                                  &value);
+  return 0;
+}
+
+// A std::exception escaping a thread: nothing catches it, the terminate handler reports it.
+int throwInThread() {
+  std::thread thread([] { ddpl_test::throwInThread(7); });
+  thread.join();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -348,6 +384,8 @@ int main(int argc, char** argv) {
   return dw::recordErrors(options.errorFile, [&]() -> int {
     if (scenario == "checkpoint_write") return checkpointWriter(arg);
     if (scenario == "checkpoint_verify") return checkpointVerify(arg);
+    if (scenario == "throw_named") return throwNamed();
+    if (scenario == "throw_in_thread") return throwInThread();
     dw::Session session(options);
     if (scenario == "equivalence") return equivalence(session, false, false);
     if (scenario == "equivalence_nosync") return equivalence(session, true, false);

@@ -1,6 +1,7 @@
 #include "launcher/output.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -260,6 +261,83 @@ TEST(ErrorReport, FormatsRootCauseAndOthers) {
   EXPECT_NE(r.find("signal 15 (SIGTERM) received by PID 4241"), std::string::npos);
   EXPECT_NE(r.find("last words"), std::string::npos);
   EXPECT_NE(r.find("host      : node7"), std::string::npos);
+}
+
+// A C++ worker's symbolised trace (worker/native_trace.h): the report shows the frames that lead
+// to the cause, not the ones that build and throw the exception, nor all 64.
+TEST(ErrorReport, NativeTraceShowsItsInnermostFramesPastTheThrow) {
+  std::string trace =
+      "Exception raised from inner at /src/a.cc:10 (most recent call first):\n"
+      "frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x80 (/t/libc10.so + "
+      "0x9db80)\n"
+      "frame #1: c10::ValueError::ValueError(c10::SourceLocation, std::string) + 0x10 "
+      "(/t/libc10.so + 0x1000)\n"
+      "frame #2: c10::detail::torchCheckFail(char const*, char const*, unsigned int, std::string "
+      "const&) + 0x65 "
+      "(/t/libc10.so + 0x2ffbf)\n"
+      "frame #3: ns::inner(int) at /src/a.cc:10 (/bin/prog + 0x1000)\n"
+      "    inlined into ns::outer() at /src/a.cc:20\n"
+      "frame #4: <unknown function> (/lib/libvendor.so + 0x110c)\n";
+  for (int k = 5; k <= 14; ++k)
+    trace += fmt::format("frame #{}: f{}() at /src/b.cc:{} (/bin/prog + 0x{:x})\n", k, k, k, k);
+  FailureDetail root;
+  root.exit = {0, 4242, {false, 1}, 1700000000.0, false};
+  root.error_file = "/x/error.json";
+  root.error = ErrorFileContents{"c10::Error: boom", trace, "1700000000"};
+  const std::string r = formatFailureReport("train", {root}, root);
+  EXPECT_NE(r.find("  traceback :\n    Exception raised from inner at /src/a.cc:10 (most recent "
+                   "call first):\n"
+                   "    frame #3: ns::inner(int) at /src/a.cc:10 (/bin/prog + 0x1000)\n"
+                   "        inlined into ns::outer() at /src/a.cc:20\n"
+                   "    frame #4: <unknown function> (/lib/libvendor.so + 0x110c)\n"
+                   "    frame #5: f5() at /src/b.cc:5"),
+            std::string::npos)
+      << r;
+  EXPECT_NE(r.find("    frame #10: f10()"), std::string::npos) << r;  // the 8th frame shown
+  EXPECT_EQ(r.find("frame #11:"), std::string::npos) << r;
+  EXPECT_EQ(r.find("c10::", r.find("traceback :")), std::string::npos) << r;
+  EXPECT_NE(
+      r.find(
+          "    (not shown: 3 frame(s) that build and throw the exception, 4 outer frame(s); all in "
+          "/x/error.json)\n"),
+      std::string::npos)
+      << r;
+  root.error_file_kept = false;  // launch's temporary log directory: gone when the report is read
+  EXPECT_NE(formatFailureReport("train", {root}, root)
+                .find("    (not shown: 3 frame(s) that build and throw the exception, 4 outer "
+                      "frame(s); launch "
+                      "keeps the error file that has them with --log-dir)\n"),
+            std::string::npos);
+}
+
+// An exception that escaped a thread: the terminate machinery runs through libstdc++ frames that
+// have no names; they go with it, and the throwing function leads.
+TEST(ErrorReport, NativeTraceOfAnEscapedExceptionStartsAtTheThrower) {
+  const std::string trace =
+      "Uncaught, in the thread that threw it (most recent call first):\n"
+      "frame #0: ddpl::worker::(anonymous "
+      "namespace)::describeImpl(std::__exception_ptr::exception_ptr const&) "
+      "[clone .cold] at ../worker/error_report.cc:60 (/bin/prog + 0x804a2)\n"
+      "frame #1: ddpl::worker::(anonymous namespace)::onTerminate() at "
+      "../worker/error_report.cc:120 (/bin/prog + 0xa63d8)\n"
+      "frame #2: <unknown function> (/usr/lib/libstdc++.so.6 + 0xa8e1a)\n"
+      "frame #3: std::terminate() + 0x15 (/usr/lib/libstdc++.so.6 + 0xa8e85)\n"
+      "frame #4: __cxa_throw + 0x48 (/usr/lib/libstdc++.so.6 + 0xa90d8)\n"
+      "frame #5: ddpl_test::throwInThread(int) at x.cc:36 (/bin/prog + 0x7ce3b)\n"
+      "frame #6: <unknown function> (/usr/lib/libstdc++.so.6 + 0xd44a3)\n";
+  FailureDetail root;
+  root.exit = {0, 4242, {false, 1}, 1700000000.0, false};
+  root.error_file = "/x/error.json";
+  root.error = ErrorFileContents{"std::runtime_error: boom", trace, "1700000000"};
+  const std::string r = formatFailureReport("train", {root}, root);
+  EXPECT_NE(
+      r.find(
+          "  traceback :\n    Uncaught, in the thread that threw it (most recent call first):\n"
+          "    frame #5: ddpl_test::throwInThread(int) at x.cc:36 (/bin/prog + 0x7ce3b)\n"
+          "    frame #6: <unknown function> (/usr/lib/libstdc++.so.6 + 0xd44a3)\n"
+          "    (not shown: 5 frame(s) that build and throw the exception; all in /x/error.json)\n"),
+      std::string::npos)
+      << r;
 }
 
 #include "launcher/stacks.h"

@@ -207,16 +207,35 @@ TEST(WorkerCheckpoint, RoundTripsModelOptimizerScalerProgress) {
 
 TEST(WorkerErrorFile, TorchrunFormatForC10Error) {
   const std::string path = tempPath("error.json");
-  const int rc = dw::recordErrors(path, [] () -> int {
-    TORCH_CHECK(false, "shape check failed for ", 7);
+  const int rc = dw::recordErrors(path, []() -> int {
+    TORCH_CHECK(false, "shape check failed for ", 7);  // throw site: TorchrunFormatForC10Error
     return 0;
   });
   EXPECT_EQ(rc, 1);
   std::ifstream in(path);
   const auto json = nlohmann::json::parse(in);
   EXPECT_EQ(json["message"]["message"].get<std::string>(), "c10::Error: shape check failed for 7");
-  EXPECT_FALSE(json["message"]["extraInfo"]["py_callstack"].get<std::string>().empty());
   EXPECT_TRUE(json["message"]["extraInfo"]["timestamp"].is_string());
+  // The frame of the TORCH_CHECK is symbolised from this program's debug information (c10 alone
+  // names only exported functions, with no source line).
+  const std::string trace = json["message"]["extraInfo"]["py_callstack"].get<std::string>();
+  int line = 0, throwLine = 0;
+  std::ifstream source(std::string(DDPL_SOURCE_DIR) + "/tests/unit/worker_unit_test.cc");
+  for (std::string text; throwLine == 0 && std::getline(source, text);) {
+    ++line;
+    if (text.find("// throw site: TorchrunFormatForC10Error") != std::string::npos)
+      throwLine = line;
+  }
+  ASSERT_GT(throwLine, 0);
+  std::istringstream frames(trace);
+  int named = 0;
+  for (std::string text; std::getline(frames, text);) {
+    if (text.rfind("frame #", 0) == 0 &&
+        text.find("tests/unit/worker_unit_test.cc:" + std::to_string(throwLine) + " (") !=
+            std::string::npos)
+      ++named;
+  }
+  EXPECT_EQ(named, 1) << trace;
   std::remove(path.c_str());
 }
 

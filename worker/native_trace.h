@@ -1,0 +1,73 @@
+#pragma once
+// Native stack traces that name functions: demangled names, source file:line and inlined calls
+// where the module has symbols or DWARF, module + offset where it has neither. Used for the C++
+// backtrace in torchrun's error file (worker/error_report.h).
+//
+// Torch-free on purpose: the symboliser (libdw) stays out of LibTorch translation units and out
+// of every public header.
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ddpl::worker {
+
+struct NativeTraceOptions {
+  static constexpr std::chrono::milliseconds kDefaultTimeout{5000};
+  static constexpr size_t kDefaultMaxFrames = 64;
+
+  // Off: frames keep only what the capture knew (module + offset).
+  bool symbolize = true;
+  // Cap on symbolising one trace. A program with gigabytes of DWARF must not make an error take
+  // minutes: frames not reached by then keep module + offset, and the trace says it was cut.
+  std::chrono::milliseconds timeout = kDefaultTimeout;
+  size_t maxFrames = kDefaultMaxFrames;
+};
+
+// Return addresses of the calling thread's stack, innermost first: the first lies in the
+// function that calls captureStack, unless `skip` drops that many frames from the inner end.
+std::vector<uintptr_t> captureStack(size_t skip,
+                                    size_t maxFrames = NativeTraceOptions::kDefaultMaxFrames);
+
+// One source position: a function and where in it. Several per frame when calls were inlined.
+struct FrameLocation {
+  std::string function;  // demangled; empty when the debug information names none
+  std::string file;      // empty without line information
+  int line = 0;
+};
+
+struct SymbolizedFrame {
+  uintptr_t address = 0;       // as captured: a return address
+  std::string module;          // ELF file mapped at the address; empty when none is
+  uintptr_t moduleOffset = 0;  // the address as the module numbers it (`addr2line -e module 0x...`)
+  std::string symbol;          // demangled symbol-table name; empty when no symbol covers it
+  uintptr_t symbolOffset = 0;
+  // From DWARF: the innermost inlined function first, the function the code lies in last.
+  std::vector<FrameLocation> locations;
+  bool resolved = false;  // looked up (false: symbolisation was cut or failed before this frame)
+};
+
+struct SymbolizedTrace {
+  std::vector<SymbolizedFrame> frames;  // one per address, same order
+  std::string note;                     // why frames were left unresolved; empty when none were
+};
+
+// Looks each address up in this process's own modules as they are mapped now.
+SymbolizedTrace symbolize(const std::vector<uintptr_t>& addresses,
+                          const NativeTraceOptions& options = {});
+
+// "frame #N: ns::f(int) at /src/a.cc:12 (/path/module + 0x1f2e)" lines, inlined callers
+// indented below their frame, the note (if any) first.
+std::string formatTrace(const SymbolizedTrace& trace);
+
+// The calling thread's stack from the function that calls currentTrace (less `skip` frames),
+// symbolised and formatted.
+std::string currentTrace(size_t skip, const NativeTraceOptions& options = {});
+
+// A backtrace LibTorch formatted ("frame #N: <symbol> + 0xOFF (0xADDR in MODULE)" lines, as
+// c10::Error carries) with its frames symbolised; other lines are kept, and so is every frame
+// line that cannot be looked up.
+std::string symbolizeBacktraceText(const std::string& text, const NativeTraceOptions& options = {});
+
+}  // namespace ddpl::worker
