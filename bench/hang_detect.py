@@ -361,6 +361,7 @@ def main():
           f"{args.torchrun_rounds} run(s) capped at {args.cap:g} s", flush=True)
     results = {"launch": [], "torchrun": []}
     tags = []
+    workdir = None
     try:
         for i in range(max(args.rounds, args.torchrun_rounds)):
             for tool in ("launch", "torchrun"):
@@ -391,8 +392,11 @@ def main():
                     print(f"    kept {workdir}")
                 else:
                     subprocess.run(["rm", "-rf", workdir])
+                workdir = None
     finally:
         left = [p for t in tags for p in kill_tagged(t)]
+        if workdir and not args.keep:  # interrupted in the middle of a run
+            subprocess.run(["rm", "-rf", workdir])
     ok = [r for r in results["launch"] if "detect" in r]
     print(f"summary ({len(ok)} of {len(results['launch'])} launch runs measured):")
     if ok:
