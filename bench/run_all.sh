@@ -6,6 +6,7 @@ BUILD_DIR="${1:-build}"
 PY=.venv/bin/python
 echo "== launch overhead"; $PY bench/launch_overhead.py --build "$BUILD_DIR" --rounds 30
 echo "== recovery after a node loss"; $PY bench/recovery_bench.py --build "$BUILD_DIR" --rounds 3
+echo "== hang detection"; $PY bench/hang_detect.py --build "$BUILD_DIR" --rounds 5 --hang-timeout 5 --cap 180
 for extra in bench/rdzv_bench.sh bench/ddp_bench.sh; do
   if [ -f "$extra" ]; then echo "== $extra"; bash "$extra" "$BUILD_DIR"; fi
 done
