@@ -593,7 +593,8 @@ struct Agent::Impl {
     std::vector<std::pair<int, pid_t>> alive;
     for (const auto& w : workers)
       if (w.alive) alive.emplace_back(w.local_rank, w.pid);
-    bool python = !cfg.python_origin.empty();
+    // launch added the interpreter, or the command names one (`launch --no-python python3 x.py`).
+    bool python = !cfg.python_origin.empty() || runsPython(cfg.command);
     auto path = cfg.base_env.find("PATH");
     auto tools = findStackTools(python ? cfg.command[0] : "",
                                 path == cfg.base_env.end() ? "" : path->second);

@@ -179,4 +179,12 @@ StackSummary summarizeStack(const std::string& text, pid_t pid, size_t frames) {
   return s;
 }
 
+bool runsPython(const std::vector<std::string>& command) {
+  if (command.empty()) return false;
+  std::string name = command[0].substr(command[0].rfind('/') + 1);
+  if (name.size() > 3 && name.compare(name.size() - 3, 3, ".py") == 0) return true;
+  if (name.rfind("python", 0) != 0) return false;
+  return name.find_first_not_of("0123456789.", 6) == std::string::npos;
+}
+
 }  // namespace ddpl::launcher

@@ -38,4 +38,8 @@ struct StackSummary {
 };
 StackSummary summarizeStack(const std::string& text, pid_t pid, size_t frames = 5);
 
+// Whether a worker command runs Python, so that its stacks are taken with py-spy (Python
+// frames): an interpreter (python, python3, python3.11, any path) or a .py file run directly.
+bool runsPython(const std::vector<std::string>& command);
+
 }  // namespace ddpl::launcher

@@ -368,3 +368,16 @@ TEST(Stacks, EuStackNativeFrames) {
   ASSERT_EQ(s.innermost.size(), 3u);
   EXPECT_NE(s.innermost[0].find("clock_nanosleep"), std::string::npos);
 }
+
+// Python workers get py-spy (Python frames) whether launch added the interpreter or the
+// command names one.
+TEST(Stacks, RunsPythonKnowsInterpretersAndScripts) {
+  EXPECT_TRUE(runsPython({"python", "train.py"}));
+  EXPECT_TRUE(runsPython({"/work/.venv/bin/python3", "train.py"}));
+  EXPECT_TRUE(runsPython({"python3.11", "-m", "mod"}));
+  EXPECT_TRUE(runsPython({"./train.py"}));
+  EXPECT_FALSE(runsPython({"/usr/bin/pythonista"}));
+  EXPECT_FALSE(runsPython({"./ddp_resnet", "--epochs", "1"}));
+  EXPECT_FALSE(runsPython({"/bin/sh", "-c", "python3 x.py"}));
+  EXPECT_FALSE(runsPython({}));
+}
