@@ -1,5 +1,5 @@
 # Thin front over scripts/ and CMake. `make demo` and `make test` both set up first.
-.PHONY: setup build test test-asan test-tsan fuzz demo bench clean format wheel install package
+.PHONY: setup build test test-asan test-tsan fuzz demo bench clean format wheel install package gpu-kit gpu-kit-check
 
 BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
@@ -42,6 +42,14 @@ install: build
 # dist/ddplaunch_<version>_<arch>.deb: launch, rdzv-server and the plugin under /usr.
 package: build
 	@bash scripts/package.sh $(BUILD_DIR)
+
+# gpu-kit/: what a bare GPU host lacks to build the GPU checks (tests/gpu/run_gpu_checks.sh,
+# docs/gpu.md); gpu-kit-check builds from it here with the system's own packages hidden.
+gpu-kit:
+	@bash scripts/gpu_kit.sh
+
+gpu-kit-check: setup
+	@bash scripts/gpu_kit_check.sh
 
 bench: build
 	@bash bench/run_all.sh $(BUILD_DIR)

@@ -10,13 +10,16 @@
 #   libspdlog1.10 libfmt9      only so that their CMake configs find the files they name
 #   nlohmann-json3-dev         the launcher's error files and reports (header-only)
 #   libgloo-dev                the headers ProcessGroupGloo.hpp includes (never linked)
+#   libdw-dev libelf-dev       the worker library's symboliser of error-file frames (elfutils)
+#   libdw1 libelf1             ... and the libraries it loads at run time
 # Not needed there: gRPC and protobuf (DDPL_WITH_GRPC=OFF: workers bootstrap through the
 # TCPStore, as under torchrun), OpenMPI (the MPI bootstrap is skipped), GoogleTest (only the
 # check programs are built), prometheus-cpp (no --metrics-port there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KIT=gpu-kit
-PKGS=(libspdlog-dev libfmt-dev libspdlog1.10 libfmt9 nlohmann-json3-dev libgloo-dev)
+PKGS=(libspdlog-dev libfmt-dev libspdlog1.10 libfmt9 nlohmann-json3-dev libgloo-dev
+      libdw-dev libelf-dev libdw1 libelf1)
 mkdir -p "$KIT/debs"
 have=1
 for p in "${PKGS[@]}"; do

@@ -3,11 +3,9 @@ ddpl_add_test(NAME worker_unit_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/wor
   LIBS ddpl_worker nlohmann_json::nlohmann_json LABELS worker TIMEOUT 120)
 target_precompile_headers(worker_unit_test REUSE_FROM ddpl_worker)
 
-# A library without symbols or DWARF on the rank program's stack (error-file frames, issue 18).
-add_library(ddpl_test_stripped SHARED ${CMAKE_CURRENT_SOURCE_DIR}/integration/stripped_frames.cc)
-target_compile_options(ddpl_test_stripped PRIVATE -fvisibility=hidden)
-target_link_options(ddpl_test_stripped PRIVATE -Wl,--strip-all)
-set_target_properties(ddpl_test_stripped PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+# worker_rank, the rank program every multi-process test starts, and the stripped library on
+# its stack: in a file of their own, as the GPU checks build them without the suite.
+include(${CMAKE_CURRENT_LIST_DIR}/worker_rank.cmake)
 
 # The symboliser alone (torch-free), on frames of its own test program: -g whatever the build
 # type, since the test is about what debug information gives.
@@ -16,11 +14,6 @@ ddpl_add_test(NAME native_trace_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/na
 target_compile_options(native_trace_test PRIVATE -g)
 target_include_directories(native_trace_test PRIVATE ${PROJECT_SOURCE_DIR})
 
-# The rank program every multi-process test starts (also under torchrun and `launch`).
-add_executable(worker_rank ${CMAKE_CURRENT_SOURCE_DIR}/integration/worker_rank_main.cc)
-target_link_libraries(worker_rank PRIVATE ddpl_worker ddpl_test_stripped)
-target_precompile_headers(worker_rank REUSE_FROM ddpl_worker)
-set_target_properties(worker_rank PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
 
 # Drivers are torch-free: they only start processes and read what they leave.
 ddpl_add_test(NAME worker_multiproc_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/integration/worker_multiproc_test.cc

@@ -372,6 +372,36 @@ int throwInThread() {
   return 0;
 }
 
+// The GradScaler on `device` (cpu, cuda) over a pattern of steps ('i': the gradient is inf,
+// else finite), in fp16 on CUDA as mixed precision trains: prints per step whether the
+// optimizer stepped, the scale and the parameter, as JSON, for tests/gpu/run_gpu_checks.sh to
+// compare with torch.amp.GradScaler's on the same inputs (tests/unit/worker_reference.py).
+int scalerSequence(const std::string& pattern, const std::string& device_name) {
+  const torch::Device device(device_name);
+  auto p = torch::zeros({3}, torch::TensorOptions().device(device)).requires_grad_(true);
+  torch::optim::SGD opt({p}, torch::optim::SGDOptions(1.0));
+  dw::GradScalerOptions options;
+  options.initScale = 1024.0;
+  options.growthInterval = 2;
+  dw::GradScaler scaler(options);
+  std::string out = "[";
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    opt.zero_grad();
+    auto half = device.is_cuda() ? at::kHalf : at::kFloat;
+    auto factor = torch::full({3}, pattern[i] == 'i' ? std::numeric_limits<float>::infinity() : 1.0f,
+                              torch::TensorOptions().device(device).dtype(half));
+    auto loss = (p.to(half) * factor).sum().to(at::kFloat);
+    scaler.scale(loss).backward();
+    const bool stepped = scaler.step(opt);
+    scaler.update();
+    out += (i ? "," : "") + std::string("{\"stepped\":") + (stepped ? "true" : "false") +
+           ",\"scale\":" + std::to_string(scaler.currentScale()) +
+           ",\"param\":" + std::to_string(p[0].item<float>()) + "}";
+  }
+  std::printf("%s]\n", out.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -386,6 +416,7 @@ int main(int argc, char** argv) {
     if (scenario == "checkpoint_verify") return checkpointVerify(arg);
     if (scenario == "throw_named") return throwNamed();
     if (scenario == "throw_in_thread") return throwInThread();
+    if (scenario == "scaler") return scalerSequence(arg, argc > 3 ? argv[3] : "cpu");
     dw::Session session(options);
     if (scenario == "equivalence") return equivalence(session, false, false);
     if (scenario == "equivalence_nosync") return equivalence(session, true, false);

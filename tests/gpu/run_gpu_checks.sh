@@ -1,0 +1,196 @@
+#!/usr/bin/env bash
+# The GPU path, proved in one run on a bare NVIDIA host (docs/gpu.md): run from the repository
+# root with gpu-kit/ present (`make gpu-kit` on a machine with Debian's apt):
+#   bash tests/gpu/run_gpu_checks.sh OUT_DIR
+# Unpacks the kit into /tmp (never into /), builds launch, worker_rank and ddp_resnet against
+# the host's own torch (whatever version: torch.utils.cmake_prefix_path) with every core, then
+# runs the checks below, each timed and logged in OUT_DIR/<step>.log. OUT_DIR/summary.json says
+# what ran, how long and with what result, and is written after every step, so that a run cut
+# short still tells how far it got. Exits non-zero at the first failed check.
+#   build       the kit's build: no gRPC, header-only logging, no MPI, no test suite
+#   gpus        launch --nproc-per-node=gpu starts one rank per GPU (NVML); asking for more
+#               ranks than GPUs gives the "NCCL refuses two ranks on one GPU" warning
+#   nccl        the worker library over NCCL: DDP against one process (plain, no_sync,
+#               BatchNorm buffers) and the all-reduce overlapped with backward
+#   train       ddp_resnet on the GPUs under launch: NCCL, bf16 autocast, channels-last, cuDNN
+#               benchmark; its test accuracy must leave chance
+#   throughput  ddp_resnet's ResNet-50 (224x224 synthetic, bf16, channels-last) against the same
+#               network in PyTorch's own DDP under torchrun, images/s side by side
+#   scaler      the C++ GradScaler in fp16 on CUDA against torch.amp.GradScaler, step by step
+# Budget (16 cores, one H200): about 3 minutes of build, 4 of checks; each step has a timeout.
+set -uo pipefail
+OUT=${1:?usage: bash tests/gpu/run_gpu_checks.sh OUT_DIR}
+ROOT=$(pwd)
+[ -f "$ROOT/tests/gpu/run_gpu_checks.sh" ] || { echo "run it from the repository root" >&2; exit 2; }
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+PY=${DDPL_PYTHON:-$(command -v python3)}
+KIT=${DDPL_GPU_KIT:-$ROOT/gpu-kit}
+PREFIX=${DDPL_KIT_PREFIX:-/tmp/ddpl-kit}
+BUILD=${DDPL_GPU_BUILD:-/tmp/ddpl-gpu-build}
+JOBS=$(nproc)
+STEPS_JSON="$OUT/steps.jsonl"
+: > "$STEPS_JSON"
+
+summary() {  # summary STATUS: writes OUT_DIR/summary.json from the steps so far
+  "$PY" - "$STEPS_JSON" "$OUT/summary.json" "$1" <<'PYEOF'
+import json, platform, sys
+steps = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+json.dump({"status": sys.argv[3], "host": platform.node(), "steps": steps},
+          open(sys.argv[2], "w"), indent=2)
+PYEOF
+}
+
+# step NAME TIMEOUT_S COMMAND...: runs it, logs it, records it; stops the run when it fails.
+step() {
+  local name=$1 limit=$2; shift 2
+  echo "== $name"
+  local start end rc
+  start=$(date +%s.%N)
+  # A fresh bash per step (timeout cannot run a shell function): the functions and settings
+  # are exported below.
+  timeout --kill-after=10 "$limit" bash -c '"$@"' step "$@" > "$OUT/$name.log" 2>&1
+  rc=$?
+  end=$(date +%s.%N)
+  local seconds
+  seconds=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')
+  local detail=""
+  [ -f "$OUT/$name.detail" ] && detail=$(cat "$OUT/$name.detail")
+  "$PY" -c 'import json,sys; print(json.dumps({"step": sys.argv[1], "rc": int(sys.argv[2]), "seconds": float(sys.argv[3]), "detail": sys.argv[4]}))' \
+    "$name" "$rc" "$seconds" "$detail" >> "$STEPS_JSON"
+  if [ "$rc" -ne 0 ]; then
+    echo "FAILED: $name (exit $rc after ${seconds}s; ${limit}s allowed); the end of $OUT/$name.log:"
+    tail -n 40 "$OUT/$name.log"
+    summary failed
+    exit 1
+  fi
+  echo "   ok in ${seconds}s${detail:+: $detail}"
+  summary running
+}
+
+unpack() {
+  rm -rf "$PREFIX" && mkdir -p "$PREFIX"
+  ls "$KIT"/debs/*.deb >/dev/null || { echo "no kit at $KIT: run make gpu-kit first"; return 1; }
+  for deb in "$KIT"/debs/*.deb; do
+    if command -v dpkg-deb >/dev/null; then
+      dpkg-deb -x "$deb" "$PREFIX" || return 1
+    else  # a host without dpkg: a .deb is an ar archive holding data.tar.xz
+      "$PY" - "$deb" "$PREFIX" <<'PYEOF' || return 1
+import io, sys, tarfile
+data = open(sys.argv[1], "rb").read()
+assert data[:8] == b"!<arch>\n", "not a .deb"
+pos = 8
+while pos < len(data):
+    name, size = data[pos:pos + 16].decode().strip(), int(data[pos + 48:pos + 58])
+    body = data[pos + 60:pos + 60 + size]
+    if name.startswith("data.tar"):
+        tarfile.open(fileobj=io.BytesIO(body)).extractall(sys.argv[2])
+    pos += 60 + size + (size % 2)
+PYEOF
+    fi
+  done
+  echo "kit unpacked into $PREFIX: $(ls "$KIT"/debs | wc -l) packages"
+}
+
+configure_and_build() {
+  local torch_prefix arch=$PREFIX/usr/lib/x86_64-linux-gnu
+  torch_prefix=$("$PY" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)') || return 1
+  "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+  cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$torch_prefix;$PREFIX/usr" -DDDPL_PYTHON="$PY" \
+    -Dspdlog_DIR="$arch/cmake/spdlog" -Dfmt_DIR="$arch/cmake/fmt" \
+    -Dnlohmann_json_DIR="$PREFIX/usr/share/cmake/nlohmann_json" \
+    -DDDPL_GLOO_INCLUDE="$PREFIX/usr/include" \
+    -DDDPL_LIBDW_INCLUDE="$PREFIX/usr/include" -DDDPL_LIBDW="$arch/libdw.so" \
+    -DDDPL_WITH_GRPC=OFF -DDDPL_WITH_MPI=OFF -DDDPL_HEADER_ONLY_LOGGING=ON \
+    -DDDPL_BUILD_TESTS=OFF -DDDPL_BUILD_BENCH=OFF -DDDPL_BUILD_GPU_CHECKS=ON || return 1
+  cmake --build "$BUILD" -j"$JOBS" --target launch worker_rank ddp_resnet
+}
+
+LAUNCH=$BUILD/bin/launch
+GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+
+check_gpus() {
+  [ "$GPUS" -ge 1 ] || { echo "torch sees no GPU"; return 1; }
+  local lines
+  lines=$("$LAUNCH" --nproc-per-node=gpu --no-python /bin/sh -c 'echo "rank $RANK of $WORLD_SIZE"') || return 1
+  echo "$lines"
+  [ "$(grep -c "of $GPUS\$" <<< "$lines")" -eq "$GPUS" ] || { echo "expected $GPUS ranks"; return 1; }
+  local warn
+  warn=$("$LAUNCH" --nproc-per-node=$((GPUS + 1)) --no-python /bin/true 2>&1) || return 1
+  grep -q "NCCL refuses two ranks on one GPU" <<< "$warn" || { echo "$warn"; echo "no warning"; return 1; }
+  echo "$GPUS GPU(s): one rank each; the two-ranks-on-one-GPU warning fires" > "$OUT/gpus.detail"
+}
+
+check_nccl() {
+  local n=$GPUS scenario
+  for scenario in equivalence equivalence_nosync equivalence_batchnorm overlap; do
+    # NCCL refuses two ranks on one GPU: one GPU gives a one-rank group, where overlap means nothing.
+    [ "$scenario" = overlap ] && [ "$n" -lt 2 ] && continue
+    echo "-- $scenario on $n rank(s)"
+    DDPL_BACKEND=nccl "$LAUNCH" --nproc-per-node="$n" --no-python "$BUILD/tests/worker_rank" "$scenario" || return 1
+  done
+  echo "DDP equivalence (plain, no_sync, BatchNorm) and overlap over NCCL on $n rank(s)" > "$OUT/nccl.detail"
+}
+
+check_train() {
+  "$LAUNCH" --nproc-per-node=gpu "$BUILD/bin/ddp_resnet" --model resnet18 --classes 10 \
+    --train-size 20000 --test-size 2000 --epochs 3 --batch-size 128 --amp bf16 --channels-last \
+    --cudnn-benchmark --backend nccl --checkpoint-dir '' --progress lines \
+    --summary-json "$OUT/train.json" || return 1
+  "$PY" - "$OUT/train.json" > "$OUT/train.detail" <<'PYEOF'
+import json, sys
+s = json.load(open(sys.argv[1]))
+chance = 1.0 / s["classes"]
+assert s["backend"] == "nccl" and s["device"].startswith("cuda"), s
+assert s["final_top1"] > 2 * chance, f"top-1 {s['final_top1']:.3f} is not off chance {chance:.3f}"
+print(f"top-1 {s['final_top1']:.3f} (chance {chance:.2f}), {s['images_per_second']:.0f} images/s on {s['world_size']} GPU(s)")
+PYEOF
+}
+
+check_throughput() {
+  local batch=64 steps=40
+  "$LAUNCH" --nproc-per-node=gpu "$BUILD/bin/ddp_resnet" --model resnet50 --width 64 \
+    --image-size 224 --classes 1000 --train-size $((batch * GPUS * (steps + 10))) --test-size 64 \
+    --epochs 1 --batch-size $batch --amp bf16 --channels-last --cudnn-benchmark --backend nccl \
+    --checkpoint-dir '' --progress off --summary-json "$OUT/throughput_cpp.json" || return 1
+  "$(dirname "$PY")/torchrun" --standalone --nproc-per-node="$GPUS" "$ROOT/tests/gpu/resnet50_ddp.py" \
+    --batch-size $batch --steps $steps --warmup 10 | tail -n 1 > "$OUT/throughput_python.json" || return 1
+  "$PY" - "$OUT/throughput_cpp.json" "$OUT/throughput_python.json" > "$OUT/throughput.detail" <<'PYEOF'
+import json, sys
+cpp = json.load(open(sys.argv[1]))["images_per_second"]
+py = json.load(open(sys.argv[2]))["images_per_second"]
+print(f"ResNet-50 bf16: ddp_resnet {cpp:.0f} images/s, PyTorch DDP {py:.0f} images/s, ratio {cpp / py:.2f}x")
+PYEOF
+}
+
+check_scaler() {
+  local pattern=ffiffffiiffffif
+  "$BUILD/tests/worker_rank" scaler "$pattern" cuda > "$OUT/scaler_cpp.json" || return 1
+  "$PY" "$ROOT/tests/unit/worker_reference.py" scaler "$pattern" cuda > "$OUT/scaler_python.json" || return 1
+  "$PY" - "$OUT/scaler_cpp.json" "$OUT/scaler_python.json" > "$OUT/scaler.detail" <<'PYEOF'
+import json, sys
+cpp, py = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert len(cpp) == len(py)
+for i, (c, p) in enumerate(zip(cpp, py)):
+    assert c["stepped"] == p["stepped"] and c["scale"] == p["scale"] and abs(c["param"] - p["param"]) < 1e-6, (i, c, p)
+print(f"{len(cpp)} fp16 steps on CUDA: same skips, scales and parameters as torch.amp.GradScaler")
+PYEOF
+}
+
+export -f unpack configure_and_build check_gpus check_nccl check_train check_throughput check_scaler
+export ROOT OUT PY KIT PREFIX BUILD JOBS LAUNCH GPUS
+step unpack 60 unpack
+step build 420 configure_and_build
+if [ "${DDPL_GPU_BUILD_ONLY:-0}" = 1 ]; then  # scripts/gpu_kit_check.sh: the build alone
+  summary built
+  echo "built from the kit: $BUILD"
+  exit 0
+fi
+step gpus 60 check_gpus
+step nccl 240 check_nccl
+step train 240 check_train
+step throughput 300 check_throughput
+step scaler 60 check_scaler
+summary passed
+echo "all GPU checks passed: $OUT/summary.json"
