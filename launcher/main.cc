@@ -17,6 +17,7 @@
 #include "ddpl/config.h"
 #include "launcher/agent.h"
 #include "launcher/cli.h"
+#include "launcher/doctor_command.h"
 #include "launcher/embedded_store.h"
 #include "launcher/gpu.h"
 #include "launcher/grpc_plugin.h"
@@ -149,6 +150,10 @@ int main(int argc, char** argv) {
   if (argc == 3 && (std::string(argv[1]) == "stacks" || std::string(argv[1]) == "status") &&
       std::filesystem::is_directory(argv[2]))
     return controlRequest(argv[2], argv[1]);
+  // `launch doctor`: a program of that name runs as `launch ./doctor` or `launch -- doctor`.
+  if (argc >= 2 && std::string(argv[1]) == "doctor")
+    return runDoctorCommand(std::vector<std::string>(argv + 2, argv + argc), env,
+                            environmentPython(env));
   ParseResult parsed;
   try {
     parsed = parseCommandLine(std::vector<std::string>(argv + 1, argv + argc), env);
