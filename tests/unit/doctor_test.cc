@@ -2,6 +2,7 @@
 // and /sys roots, a fake Python that prints a chosen torch configuration), and `launch doctor`
 // itself, on this machine and against the fake NVML.
 #include "launcher/doctor.h"
+#include "launcher/manifest.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -14,6 +15,7 @@
 #include <regex>
 #include <set>
 
+#include "common/errors.h"
 #include "tests/common/subprocess.h"
 
 using namespace ddpl::launcher;
@@ -335,6 +337,93 @@ TEST(DoctorCommand, FakeDriverBadGpuAndBogusInterfaceFailWithExitOne) {
       << r.out;
   EXPECT_THAT(r.out, HasSubstr("failure(s)"));
   fs::remove_all(dir);
+}
+
+}  // namespace
+
+// ---- The run manifest and preflight.
+namespace {
+
+TEST(Manifest, SecretsAreMaskedAndDiffPutsTheDriverFirst) {
+  ddpl::launcher::ManifestFacts f;
+  f.version = "0.1.0";
+  f.env = {{"HF_TOKEN", "hf_abc"}, {"aws_secret_access_key", "x"}, {"DB_PASSWORD", "p"},
+           {"GCP_CREDENTIALS", "c"}, {"MY_API_KEY", "k"}, {"LR", "0.1"}};
+  f.nproc = 4;
+  f.options.nnodes_min = f.options.nnodes_max = 2;
+  auto a = nlohmann::json::parse(manifestJson(f));
+  for (const char* k : {"HF_TOKEN", "aws_secret_access_key", "DB_PASSWORD", "GCP_CREDENTIALS",
+                        "MY_API_KEY"})
+    EXPECT_EQ(a["environment"][k], kMasked) << k;
+  EXPECT_EQ(a["environment"]["LR"], "0.1");
+  EXPECT_EQ(a["world_size"], 8);
+  for (const char* k : {"launch_version", "command_line", "options", "host", "cpus", "gpus",
+                        "python", "git", "environment"})
+    EXPECT_TRUE(a.contains(k)) << k;
+  nlohmann::json b = a;
+  b["environment"]["LR"] = "0.2";
+  b["gpus"] = {{"driver", "550.54.15"}};
+  a["gpus"] = {{"driver", "535.104.05"}};
+  auto d = diffManifests(a.dump(), b.dump());
+  ASSERT_EQ(d.size(), 2u) << ::testing::PrintToString(d);
+  EXPECT_EQ(d[0], "gpus.driver: 535.104.05 -> 550.54.15");
+  EXPECT_EQ(d[1], "environment LR: 0.1 -> 0.2");
+  EXPECT_TRUE(diffManifests(a.dump(), a.dump()).empty());
+  EXPECT_THROW(diffManifests("{", a.dump()), ddpl::InvalidArgument);
+}
+
+
+
+}  // namespace
+namespace {
+
+// A real run: manifest.json beside the logs with the secret masked; the probe child fills in
+// git and the interpreter's torch; manifest-diff of two runs names the changed variable.
+TEST(ManifestEndToEnd, LaunchWritesItAndDiffFindsAChangedVariable) {
+  std::string dir = ddpl::testing::makeTempDir("manifest_e2e");
+  auto runWith = [&](const std::string& id, const std::string& value) {
+    ddpl::testing::RunOptions o;
+    o.env = {{"PYTHON_EXEC", DDPL_PYTHON}, {"MY_SECRET_TOKEN", "hunter2"}, {"CHANGED", value}};
+    o.cwd = DDPL_SOURCE_DIR;
+    o.timeout = std::chrono::seconds(120);
+    // The worker stays until the probe is done: the probe is killed with the run.
+    auto r = ddpl::testing::run(
+        {kLaunch, "--log-dir", dir, "--rdzv-id", id,
+         std::string(DDPL_SOURCE_DIR) + "/tests/integration/programs/wait_for_manifest.py",
+         dir + "/" + id + "/manifest.json"},
+        o);
+    EXPECT_EQ(r.exit_code, 0) << r.all();
+    return dir + "/" + id;
+  };
+  std::string a = runWith("a", "1"), b = runWith("b", "2");
+  auto m = nlohmann::json::parse(ddpl::testing::readFile(a + "/manifest.json"));
+  EXPECT_EQ(m["environment"]["MY_SECRET_TOKEN"], kMasked);
+  EXPECT_EQ(ddpl::testing::readFile(a + "/manifest.json").find("hunter2"), std::string::npos);
+  EXPECT_EQ(m["world_size"], 1);
+  EXPECT_TRUE(m["gpus"].is_object()) << m.dump(2);
+  EXPECT_TRUE(m["git"].is_object() || m["git"] == "not a repository") << m.dump(2);
+  ASSERT_TRUE(m["python"].is_object()) << m.dump(2);
+  EXPECT_NE(m["python"]["torch"], kNotProbed) << m.dump(2);
+  auto r = ddpl::testing::run({kLaunch, "manifest-diff", a, b});
+  EXPECT_EQ(r.exit_code, 1) << r.all();
+  EXPECT_THAT(r.out, HasSubstr("environment CHANGED: 1 -> 2"));
+  fs::remove_all(dir);
+}
+
+TEST(Preflight, StrictStopsANodeWithAFatalFindingWarnLetsItRun) {
+  ddpl::testing::RunOptions o;
+  o.env = {{"NCCL_SOCKET_IFNAME", "nosuchif0"}};
+  auto strict = ddpl::testing::run({kLaunch, "--preflight=strict", "/bin/true"}, o);
+  EXPECT_EQ(strict.exit_code, 1) << strict.all();
+  EXPECT_THAT(strict.err, HasSubstr("NCCL_SOCKET_IFNAME: 'nosuchif0' selects no interface"));
+  EXPECT_THAT(strict.err, HasSubstr("--preflight=strict: not starting"));
+  EXPECT_THAT(strict.err, ::testing::Not(HasSubstr("starting 1 worker")));
+  auto warn = ddpl::testing::run({kLaunch, "/bin/true"}, o);
+  EXPECT_EQ(warn.exit_code, 0) << warn.all();
+  EXPECT_THAT(warn.err, HasSubstr("preflight: fail"));
+  auto off = ddpl::testing::run({kLaunch, "--preflight=off", "/bin/true"}, o);
+  EXPECT_EQ(off.exit_code, 0) << off.all();
+  EXPECT_THAT(off.err, ::testing::Not(HasSubstr("preflight")));
 }
 
 }  // namespace
