@@ -179,10 +179,13 @@ int runManifestProbe(const std::string& path, const std::string& nvml_library) {
     save();
 
     std::string cwd = j.value("cwd", ".");
+    // --no-optional-locks: this probe is killed with the run, and a `git status` killed while
+    // refreshing the index would leave the user's repository locked (index.lock).
     std::string out;
     if (captureOutput({"git", "-C", cwd, "rev-parse", "HEAD"}, 30, &out) == 0) {
       std::string commit = trimmed(out);
-      bool dirty = captureOutput({"git", "-C", cwd, "status", "--porcelain"}, 60, &out) == 0 &&
+      bool dirty = captureOutput({"git", "--no-optional-locks", "-C", cwd, "status", "--porcelain"}, 60,
+                                 &out) == 0 &&
                    !trimmed(out).empty();
       j["git"] = {{"commit", commit}, {"dirty", dirty}};
     } else {
