@@ -368,6 +368,16 @@ const std::vector<Flag>& flags() {
        "",
        "with --launcher=mpi: print the mpirun command and exit",
        [](auto& f, auto& v, auto& o) { o.dry_run = parseBool(f, v); }},
+      {{"--preflight"}, true, "off|warn|strict",
+       "before joining the rendezvous, run the fast checks of `launch doctor` (driver, GPUs, "
+       "CUDA_VISIBLE_DEVICES, NCCL/Gloo interfaces, /dev/shm, limits, disk, endpoints): warn "
+       "(default) reports problems, strict also stops this node on a failed check, off skips "
+       "them. In a multi-node job rank 0 prints every node's findings in one table",
+       [](auto& f, auto& v, auto& o) {
+         if (v != "off" && v != "warn" && v != "strict")
+           throw UsageError(fmt::format("{}: '{}' is not off, warn or strict", f, v));
+         o.preflight = v;
+       }},
       {{"--log-level"},
        true,
        "LEVEL",
@@ -785,7 +795,13 @@ std::string helpText() {
       "code (128+N when it died of signal N), 124 when a hung rank ended the job\n"
       "(--hang-timeout), 128+N when launch itself was stopped by signal N, and 2 for bad\n"
       "options.\n\nexample:\n"
-      "  launch --standalone --nproc-per-node=4 train.py --epochs 10\n";
+      "  launch --standalone --nproc-per-node=4 train.py --epochs 10\n"
+      "\nother commands:\n"
+      "  launch doctor [--json] [--python PATH] [PROGRAM]   check this machine for a job\n"
+      "                                                     (launch doctor --help)\n"
+      "  launch manifest-diff A B     what differs between two runs' manifest.json (each run\n"
+      "                               writes one beside its logs: <log-dir>/<run_id>/)\n"
+      "  launch status|stacks RUN_DIR  ask a running job for its status or its stacks\n";
   return out;
 }
 

@@ -11,12 +11,18 @@
 #include <memory>
 #include <random>
 
+#include <fmt/format.h>
+
 #include "common/errors.h"
 #include "common/log.h"
 #include "common/parse.h"
 #include "ddpl/config.h"
 #include "launcher/agent.h"
 #include "launcher/cli.h"
+#include "launcher/doctor_command.h"
+#include "launcher/manifest.h"
+#include "launcher/numa.h"
+#include "launcher/preflight.h"
 #include "launcher/embedded_store.h"
 #include "launcher/gpu.h"
 #include "launcher/grpc_plugin.h"
@@ -144,11 +150,17 @@ int runMpiRankShim(int argc, char** argv, const Environment& env) {
 int main(int argc, char** argv) {
   Environment env = ddpl::processEnvironment();
   if (argc >= 2 && std::string(argv[1]) == kMpiRankShimFlag) return runMpiRankShim(argc, argv, env);
+  if (argc == 4 && std::string(argv[1]) == kManifestProbeFlag) return runManifestProbe(argv[2], argv[3]);
+  if (argc == 4 && std::string(argv[1]) == "manifest-diff") return runManifestDiff(argv[2], argv[3]);
   // `launch stacks|status RUN_DIR`; a program of that name still runs when no such directory
   // exists.
   if (argc == 3 && (std::string(argv[1]) == "stacks" || std::string(argv[1]) == "status") &&
       std::filesystem::is_directory(argv[2]))
     return controlRequest(argv[2], argv[1]);
+  // `launch doctor`: a program of that name runs as `launch ./doctor` or `launch -- doctor`.
+  if (argc >= 2 && std::string(argv[1]) == "doctor")
+    return runDoctorCommand(std::vector<std::string>(argv + 2, argv + argc), env,
+                            environmentPython(env));
   ParseResult parsed;
   try {
     parsed = parseCommandLine(std::vector<std::string>(argv + 1, argv + argc), env);
@@ -241,6 +253,25 @@ int main(int argc, char** argv) {
         ddpl::log::info("--numa-binding: local rank {} on CPUs {}, memory of NUMA node(s) {}", lr,
                         formatCpuList(cfg.numa[lr].cpus), formatCpuList(cfg.numa[lr].mem_nodes));
     }
+    if (o.preflight != "off") {
+      // Before the rendezvous: a node that cannot run the job says so before anyone waits on it.
+      auto findings = runPreflight(o, env, cfg.nproc);
+      auto problems = preflightProblems(cfg.host, findings);
+      bool fatal = o.preflight == "strict" && anyFailed(findings);
+      for (const auto& p : problems)
+        if (fatal && p.rfind("fail", 0) == 0) ddpl::log::error("preflight: {}", p);
+        else ddpl::log::warn("preflight: {}", p);
+      if (fatal) {
+        ddpl::log::error("preflight: a failed check on {} and --preflight=strict: not starting "
+                         "(launch doctor gives the full report)", cfg.host);
+        return 1;
+      }
+    }
+    ManifestFacts manifest{DDPL_VERSION, std::vector<std::string>(argv, argv + argc), o, env,
+                           cfg.run_id, cfg.host, cfg.nproc, usableCpus(),
+                           std::filesystem::current_path().string(),
+                           cfg.command.size() > 1 && cfg.command[1] == "-u" ? cfg.command[0] : ""};
+    std::string temp_dir = std::filesystem::temp_directory_path().string();
     cfg.base_env = std::move(env);
     cfg.options = o;
     becomeSubreaper();
@@ -259,6 +290,19 @@ int main(int argc, char** argv) {
     int code;
     {
       Agent agent(std::move(cfg), *rdzv);
+      // Beside the logs; a run without --log-dir has its logs removed at exit, so its manifest
+      // goes to the temporary directory instead, and the path is said.
+      std::string path = o.log_dir.empty()
+                             ? fmt::format("{}/ddpl-manifest-{}-{}.json", temp_dir,
+                                           manifest.run_id, getpid())
+                             : agent.runLogDir() + "/manifest.json";
+      try {
+        std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+        startManifest(manifest, path, "/proc/self/exe", kDefaultNvmlLibrary);
+        if (o.log_dir.empty()) ddpl::log::info("run manifest: {}", path);
+      } catch (const std::exception& e) {
+        ddpl::log::warn("no run manifest: {}", e.what());
+      }
       code = agent.run();
     }
     if (store || o.elastic()) {

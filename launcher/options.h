@@ -121,6 +121,11 @@ struct LaunchOptions {
   std::string mpi_args;             // passed through to mpirun, split like a shell
   bool dry_run = false;             // print the mpirun command and exit 0
 
+  // --preflight (launcher/preflight.h): the fast doctor checks before joining the rendezvous.
+  // off | warn (report, run anyway) | strict (a failed check stops this node before any
+  // worker starts).
+  std::string preflight = "warn";
+
   // What the parser accepted but the user should hear about (keys without effect here, unknown
   // --rdzv-conf keys): main logs them once logging is up.
   std::vector<std::string> warnings;

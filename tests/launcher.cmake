@@ -70,3 +70,9 @@ ddpl_add_test(NAME launcher_metrics_test
   SOURCES integration/metrics_test.cc LIBS ddpl_metrics ddpl_launcher ddpl_test_util LABELS integration TIMEOUT 90)
 add_dependencies(launcher_metrics_test fake_nvml launch)
 target_compile_definitions(launcher_metrics_test PRIVATE FAKE_NVML="$<TARGET_FILE:fake_nvml>")
+
+# launch doctor: checks against the fake NVML, fake /proc and /sys roots and a fake Python.
+ddpl_add_test(NAME launcher_doctor_test
+  SOURCES unit/doctor_test.cc LIBS ddpl_launcher ddpl_test_util LABELS unit TIMEOUT 90)
+add_dependencies(launcher_doctor_test fake_nvml launch)
+target_compile_definitions(launcher_doctor_test PRIVATE FAKE_NVML="$<TARGET_FILE:fake_nvml>")

@@ -1,0 +1,67 @@
+#pragma once
+// The run manifest (manifest.json beside a run's logs): what ran, where, with what, so that
+// "it worked on that machine" can be answered by `launch manifest-diff A B`.
+//
+// Written in two steps so that nothing slow sits on the start-up path: launch writes the fast
+// facts (its version, the command line, resolved options, the masked environment, host, CPUs)
+// before the workers start, then a child of its own (`launch __manifest-probe`) adds the slow
+// ones (GPUs and driver, the interpreter's torch/CUDA/cuDNN/NCCL, git, the hash of the
+// installed packages) and replaces the file. What the child has not finished when the run
+// ends reads "not probed".
+#include <string>
+#include <vector>
+
+#include "launcher/options.h"
+#include "launcher/worker_spec.h"
+
+namespace ddpl::launcher {
+
+inline constexpr const char* kManifestProbeFlag = "__manifest-probe";
+inline constexpr const char* kNotProbed = "not probed";
+inline constexpr const char* kMasked = "<masked>";
+
+// Names containing TOKEN, KEY, SECRET, PASSWORD or CREDENTIAL (any case) get kMasked values.
+Environment maskEnvironment(const Environment& env);
+
+struct ManifestFacts {
+  std::string version;  // launch's
+  std::vector<std::string> command_line;
+  LaunchOptions options;
+  Environment env;  // masked here, whatever the caller passes
+  std::string run_id;
+  std::string host;
+  int nproc = 1;
+  int cpus = 0;
+  std::string cwd;
+  std::string python;  // the workers' interpreter; empty: not a Python program
+};
+
+// The fast manifest, as JSON text.
+std::string manifestJson(const ManifestFacts& facts);
+
+// Writes `text` to `path` through a temporary file and a rename: a reader (or a second writer
+// killed half way) never sees half a manifest. Throws ddpl::Error naming the path.
+void writeFileAtomically(const std::string& path, const std::string& text);
+
+// Writes the fast manifest to `path` and starts the probe child (`self_exe __manifest-probe
+// PATH NVML_LIBRARY`, output to /dev/null, signals unblocked) without waiting for it. Returns
+// its pid, or -1 when it could not start (the manifest then keeps "not probed"). Throws
+// ddpl::Error when the manifest cannot be written.
+int startManifest(const ManifestFacts& facts, const std::string& path, const std::string& self_exe,
+                  const std::string& nvml_library);
+
+// The child's work: reads `path`, adds the slow facts, writes it back. Returns 0, or 1 with
+// the reason on stderr.
+int runManifestProbe(const std::string& path, const std::string& nvml_library);
+
+// What differs between two manifests (JSON texts), most consequential first: driver, CUDA,
+// torch, GPU model, world size, packages, code, then the environment and the rest. One line a
+// difference: "torch: 2.4.0 -> 2.5.1". Throws ddpl::InvalidArgument for text that is not a
+// manifest.
+std::vector<std::string> diffManifests(const std::string& a, const std::string& b);
+
+// `launch manifest-diff A B` (files or run directories holding manifest.json): prints the
+// differences; 0 when there are none, 1 when there are, 2 when a manifest cannot be read.
+int runManifestDiff(const std::string& a, const std::string& b);
+
+}  // namespace ddpl::launcher
