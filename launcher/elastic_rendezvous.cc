@@ -9,6 +9,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
+#include <regex>
 #include <set>
 #include <thread>
 #include <tuple>
@@ -113,6 +114,15 @@ class ElasticRendezvous : public RendezvousHandler {
     stopHealth();
     if (joiner_.joinable()) joiner_.join();
     watch_.reset();
+  }
+
+  void publishPreflight(const std::string& report) override {
+    try {
+      int64_t id = store_->add("preflight/count", 1);
+      store_->set(fmt::format("preflight/{}", id), rdzv::toBytes(report));
+    } catch (const std::exception& e) {
+      log::warn("cannot publish this node's preflight to the job: {}", e.what());
+    }
   }
 
   void publishStatus(const std::string& line) override {
@@ -399,6 +409,7 @@ class ElasticRendezvous : public RendezvousHandler {
     log::info("round {}: node {}/{} ({} nodes, world size {}), ranks {}..{}", a.round,
               a.group_rank, a.group_world_size, a.group_world_size, a.world_size, a.rank_offset,
               a.rank_offset + a.local_world_size - 1);
+    if (a.group_rank == 0) logPreflightTable();
     return w;
   }
 
@@ -410,6 +421,33 @@ class ElasticRendezvous : public RendezvousHandler {
       client_->leave(c_.run_id, c_.node_id);
     } catch (const std::exception& e) {
       log::warn("leaving the rendezvous: {}", e.what());
+    }
+  }
+
+  // Group rank 0: the nodes' preflight reports published since the last table, as one table;
+  // each report is taken once (a node that joins later shows in a later round's table).
+  void logPreflightTable() {
+    try {
+      int64_t n = store_->add("preflight/count", 0);
+      std::string table;
+      int problems = 0, reports = 0;
+      for (int64_t id = preflight_shown_ + 1; id <= n; ++id) {
+        std::string key = fmt::format("preflight/{}", id);
+        if (!store_->check({key})) continue;  // being written: the next table has it
+        std::string r = rdzv::toString(store_->get(key, kHealthCallTimeout));
+        problems += r.find("\n") != std::string::npos;
+        ++reports;
+        table += "\n  " + std::regex_replace(r, std::regex("\n"), "\n    ");
+        preflight_shown_ = id;
+      }
+      if (reports == 0) return;
+      if (problems > 0)
+        log::warn("preflight of the job, {} node(s) reporting, {} with findings:{}", reports,
+                  problems, table);
+      else
+        log::info("preflight of the job, {} node(s) reporting, all ok:{}", reports, table);
+    } catch (const std::exception& e) {
+      log::debug("no preflight table: {}", e.what());
     }
   }
 
@@ -497,6 +535,7 @@ class ElasticRendezvous : public RendezvousHandler {
   std::string status_;
   StacksRequested stacks_requested_;
   std::set<int64_t> mine_;  // requests this node made: not answered by itself
+  int64_t preflight_shown_ = 0;  // the last preflight report in a table (group rank 0)
 };
 
 }  // namespace

@@ -253,15 +253,17 @@ int main(int argc, char** argv) {
         ddpl::log::info("--numa-binding: local rank {} on CPUs {}, memory of NUMA node(s) {}", lr,
                         formatCpuList(cfg.numa[lr].cpus), formatCpuList(cfg.numa[lr].mem_nodes));
     }
+    // Before the rendezvous: a node that cannot run the job says so before anyone waits on it.
+    std::vector<Finding> findings;
+    bool preflight_fatal = false;
     if (o.preflight != "off") {
-      // Before the rendezvous: a node that cannot run the job says so before anyone waits on it.
-      auto findings = runPreflight(o, env, cfg.nproc);
+      findings = runPreflight(o, env, cfg.nproc);
       auto problems = preflightProblems(cfg.host, findings);
-      bool fatal = o.preflight == "strict" && anyFailed(findings);
+      preflight_fatal = o.preflight == "strict" && anyFailed(findings);
       for (const auto& p : problems)
-        if (fatal && p.rfind("fail", 0) == 0) ddpl::log::error("preflight: {}", p);
+        if (preflight_fatal && p.rfind("fail", 0) == 0) ddpl::log::error("preflight: {}", p);
         else ddpl::log::warn("preflight: {}", p);
-      if (fatal) {
+      if (preflight_fatal && !o.elastic()) {
         ddpl::log::error("preflight: a failed check on {} and --preflight=strict: not starting "
                          "(launch doctor gives the full report)", cfg.host);
         return 1;
@@ -281,6 +283,25 @@ int main(int argc, char** argv) {
     std::unique_ptr<RendezvousHandler> rdzv;
     if (o.elastic()) {
       rdzv = GrpcPlugin::get().makeElastic(elasticConfig(o, cfg.run_id, cfg.nproc, cfg.host));
+      if (o.preflight != "off") {
+        // Every node's findings reach group rank 0's job-wide table, a stopped node's too.
+        int failed = 0, warned = 0;
+        for (const auto& f : findings) {
+          failed += f.verdict == Verdict::kFail;
+          warned += f.verdict == Verdict::kWarn;
+        }
+        std::string report = fmt::format(
+            "{} (launch pid {}): {} check(s), {} warning(s), {} failure(s){}", cfg.host, getpid(),
+            findings.size(), warned, failed,
+            preflight_fatal ? "; STOPPED before joining (--preflight=strict)" : "");
+        for (const auto& p : preflightProblems(cfg.host, findings)) report += "\n" + p;
+        rdzv->publishPreflight(report);
+      }
+      if (preflight_fatal) {
+        ddpl::log::error("preflight: a failed check on {} and --preflight=strict: not joining "
+                         "(launch doctor gives the full report)", cfg.host);
+        return 1;
+      }
     } else {
       if (o.standalone) store = std::make_unique<EmbeddedStore>("127.0.0.1");
       rdzv = std::make_unique<LocalRendezvous>(cfg.run_id, cfg.nproc, o.master_addr,

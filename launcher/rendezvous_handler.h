@@ -60,6 +60,10 @@ class RendezvousHandler {
 
   virtual std::string describe() const = 0;
 
+  // This node's preflight (--preflight), before it joins: a few lines, for the job-wide table
+  // that group rank 0's agent logs when the round forms (issue 13). Bounded; never throws.
+  virtual void publishPreflight(const std::string& /*report*/) {}
+
   // ---- The job's health across nodes (issue 18). One node has nothing to share: the
   // defaults do nothing.
 

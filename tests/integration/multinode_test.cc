@@ -369,3 +369,49 @@ TEST_F(MultiNode, StatusAndOnDemandStacksCoverEveryNode) {
   EXPECT_EQ(a0->wait(60s).exit_code, 0);
   EXPECT_EQ(a1->wait(60s).exit_code, 0);
 }
+
+// Issue 13: preflight across nodes. Three agents (2 to 3 nodes); one is given a bogus
+// NCCL_SOCKET_IFNAME. Under --preflight=strict that node stops before joining, and group rank
+// 0's job-wide table names it; the other two form the job and finish. Under warn all three run
+// and the table shows the finding.
+TEST_F(MultiNode, PreflightTableNamesTheBadNodeStrictStopsItWarnLetsItRun) {
+  auto run3 = [&](const std::string& mode) {
+    std::vector<std::unique_ptr<Background>> agents;
+    for (int i = 0; i < 3; ++i) {
+      RunOptions o = env_;
+      if (i == 2) o.env["NCCL_SOCKET_IFNAME"] = "ddpl-no-such-nic";
+      std::vector<std::string> args = {kBin + "/launch", "--nnodes=2:3", "--nproc-per-node=1",
+                                       "--rdzv-backend=c10d", "--rdzv-endpoint=" + endpoint(),
+                                       "--rdzv-id=pf-" + mode, "--preflight=" + mode,
+                                       "--rdzv-conf=last_call_timeout=3", kEnvDump};
+      agents.push_back(std::make_unique<Background>(args, o));
+      // The host first, the bad node last, so that the table is the host's to print.
+      if (i == 0) {
+        EXPECT_TRUE(eventually([&] {
+          return agents[0]->outputSoFar().find("rendezvous") != std::string::npos;
+        }, 30s));
+      }
+    }
+    std::vector<RunResult> results;
+    for (auto& a : agents) results.push_back(a->wait(120s));
+    return results;
+  };
+  auto strict = run3("strict");
+  EXPECT_EQ(strict[2].exit_code, 1) << strict[2].all();
+  EXPECT_NE(strict[2].err.find("not joining"), std::string::npos) << strict[2].all();
+  EXPECT_EQ(strict[2].out.find("RANK="), std::string::npos) << "no worker may start there";
+  std::string all = strict[0].err + strict[1].err;
+  EXPECT_NE(all.find("preflight of the job"), std::string::npos) << all;
+  EXPECT_NE(all.find("STOPPED before joining (--preflight=strict)"), std::string::npos) << all;
+  EXPECT_NE(all.find("NCCL_SOCKET_IFNAME: 'ddpl-no-such-nic'"), std::string::npos) << all;
+  EXPECT_EQ(strict[0].exit_code, 0) << strict[0].all();
+  EXPECT_EQ(strict[1].exit_code, 0) << strict[1].all();
+
+  auto warn = run3("warn");
+  for (auto& r : warn) EXPECT_EQ(r.exit_code, 0) << r.all();
+  std::string logs = warn[0].err + warn[1].err + warn[2].err;
+  EXPECT_NE(logs.find("preflight of the job, 3 node(s) reporting, 1 with findings"),
+            std::string::npos)
+      << logs;
+  EXPECT_EQ(logs.find("STOPPED"), std::string::npos) << logs;
+}
