@@ -12,7 +12,9 @@
 install(TARGETS launch RUNTIME DESTINATION bin COMPONENT runtime)
 foreach(target rdzv-server ddpl_launch_grpc ddpl_launch_metrics)
   if(TARGET ${target})
-    install(TARGETS ${target} RUNTIME DESTINATION bin LIBRARY DESTINATION lib COMPONENT runtime)
+    # COMPONENT after each kind: it applies to the artifact kind it follows only.
+    install(TARGETS ${target} RUNTIME DESTINATION bin COMPONENT runtime
+            LIBRARY DESTINATION lib COMPONENT runtime)
   endif()
 endforeach()
 
@@ -46,7 +48,8 @@ install(TARGETS ${DDPL_EXPORTED_LIBS} EXPORT ddplaunchTargets
 # alone, so a header that needs one not listed here fails it.
 install(FILES
   worker/amp.h worker/checkpoint.h worker/ddp.h worker/error_report.h worker/heartbeat.h
-  worker/log_bridge.h worker/sampler.h worker/session.h worker/store_adapter.h
+  worker/log_bridge.h worker/native_trace.h worker/sampler.h worker/session.h
+  worker/store_adapter.h
   DESTINATION include/ddplaunch/worker COMPONENT dev)
 install(FILES common/environment.h common/errors.h
   DESTINATION include/ddplaunch/common COMPONENT dev)

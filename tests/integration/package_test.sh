@@ -24,13 +24,13 @@ version=$(sed -n 's/^CMAKE_PROJECT_VERSION:STATIC=//p' "$BUILD/CMakeCache.txt")
   || fail "package file name $(basename "$deb")"
 
 files=$(dpkg-deb -c "$deb" | grep -v '^d' | awk '{print $6}' | sort | tr '\n' ' ')
-expected="./usr/bin/launch ./usr/bin/rdzv-server ./usr/lib/libddpl_launch_grpc.so "
+expected="./usr/bin/launch ./usr/bin/rdzv-server ./usr/lib/libddpl_launch_grpc.so ./usr/lib/libddpl_launch_metrics.so "
 [ "$files" = "$expected" ] || fail "package holds [$files], expected [$expected]"
 
 [ "$(dpkg-deb -f "$deb" Package)" = ddplaunch ] || fail "package name $(dpkg-deb -f "$deb" Package)"
 [ "$(dpkg-deb -f "$deb" Version)" = "$version" ] || fail "version $(dpkg-deb -f "$deb" Version), not $version"
 depends=$(dpkg-deb -f "$deb" Depends)
-for lib in libc6 'libgrpc++' libprotobuf libspdlog libfmt; do
+for lib in libc6 'libgrpc++' libprotobuf libspdlog libfmt libprometheus-cpp-pull; do
   echo "$depends" | grep -q "$lib" || fail "Depends lacks $lib: $depends"
 done
 if echo "$depends" | grep -qi torch; then fail "Depends names torch: $depends"; fi
