@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 #include <memory>
 #include <random>
 
@@ -256,7 +257,13 @@ int main(int argc, char** argv) {
     // Before the rendezvous: a node that cannot run the job says so before anyone waits on it.
     std::vector<Finding> findings;
     bool preflight_fatal = false;
-    if (o.preflight != "off") {
+    if (o.preflight == "warn" && !o.elastic()) {
+      // Nothing waits on its verdict on one node: off the start-up path, beside the workers.
+      std::thread([o, env, nproc = cfg.nproc, host = cfg.host] {
+        for (const auto& p : preflightProblems(host, runPreflight(o, env, nproc)))
+          ddpl::log::warn("preflight: {}", p);
+      }).detach();
+    } else if (o.preflight != "off") {
       findings = runPreflight(o, env, cfg.nproc);
       auto problems = preflightProblems(cfg.host, findings);
       preflight_fatal = o.preflight == "strict" && anyFailed(findings);
@@ -317,9 +324,11 @@ int main(int argc, char** argv) {
                              ? fmt::format("{}/ddpl-manifest-{}-{}.json", temp_dir,
                                            manifest.run_id, getpid())
                              : agent.runLogDir() + "/manifest.json";
+      std::unique_ptr<ManifestWriter> manifest_writer;
       try {
         std::filesystem::create_directories(std::filesystem::path(path).parent_path());
-        startManifest(manifest, path, "/proc/self/exe", kDefaultNvmlLibrary);
+        manifest_writer = std::make_unique<ManifestWriter>(manifest, path, "/proc/self/exe",
+                                                           kDefaultNvmlLibrary);
         if (o.log_dir.empty()) ddpl::log::info("run manifest: {}", path);
       } catch (const std::exception& e) {
         ddpl::log::warn("no run manifest: {}", e.what());
