@@ -22,7 +22,7 @@ endif()
 if(TARGET ddpl_rdzv_server)
   ddpl_add_test(NAME rdzv_fault_test
                 SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fault/rdzv_fault_test.cc
-                LIBS ddpl_rdzv_client ddpl_rdzv_server LABELS fault)
+                LIBS ddpl_rdzv_client ddpl_rdzv_server ddpl_test_util LABELS fault)
   add_dependencies(rdzv_fault_test rdzv-server)
 endif()
 if(TARGET ddpl_rdzv_server)

@@ -57,6 +57,9 @@ std::string readFile(const std::string& path);
 
 // A port on 127.0.0.1 that was free a moment ago (bound to port 0, read back, closed).
 int freeLoopbackPort();
+// A TCP connection to 127.0.0.1:port that sends nothing (an idle or hostile peer); -1 when
+// it cannot connect.
+int connectLoopback(int port);
 std::string makeTempDir(const std::string& prefix);
 
 }  // namespace ddpl::testing

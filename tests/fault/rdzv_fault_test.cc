@@ -22,6 +22,7 @@
 #include "common/errors.h"
 #include "rendezvous/grpc_store.h"
 #include "rendezvous/rendezvous_client.h"
+#include "tests/common/subprocess.h"
 #include "rendezvous/server.h"
 
 namespace ddpl::rdzv {
@@ -33,18 +34,6 @@ using ::testing::HasSubstr;
 
 const std::string kServerBin = std::string(DDPL_BIN_DIR) + "/rdzv-server";
 
-int rawConnect(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
 
 void sendAll(int fd, const std::string& data) {
   size_t done = 0;
@@ -76,12 +65,12 @@ TEST(RdzvFaultTest, GarbageOnThePortLeavesTheServerServingOthers) {
       std::string("\x16\x03\x01\x02\x00\x01\x00\x01\xfc", 9) + noise.substr(0, 512),  // TLS hello
       std::string(1 << 20, '\xff'),
   };
-  int idle = rawConnect(server.port());  // a connection that never says anything
+  int idle = ddpl::testing::connectLoopback(server.port());  // a connection that never says anything
   ASSERT_GE(idle, 0);
   std::vector<std::thread> attackers;
   for (const auto& p : payloads)
     attackers.emplace_back([&, p] {
-      int fd = rawConnect(server.port());
+      int fd = ddpl::testing::connectLoopback(server.port());
       if (fd < 0) return;
       sendAll(fd, p);
       close(fd);

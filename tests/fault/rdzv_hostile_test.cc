@@ -350,19 +350,6 @@ TEST(HostileClientTest, ThousandUnauthenticatedConnectionsUnder1024FilesLeaveRoo
 }
 
 namespace {
-// A TCP connection that sends nothing: it holds a slot of the server and no call.
-int rawConnect(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
 
 // True once the server has closed the connection (EOF or reset).
 bool closedByServer(int fd) {
@@ -382,7 +369,7 @@ TEST(HostileClientTest, ConnectionCapHoldsAndSilentPeersMakeRoomForRealClients) 
   o.connections.max_connections = 20;
   RendezvousServer server(o);
   std::vector<int> silent;
-  for (int i = 0; i < 50; ++i) silent.push_back(rawConnect(server.port()));
+  for (int i = 0; i < 50; ++i) silent.push_back(ddpl::testing::connectLoopback(server.port()));
   EXPECT_TRUE(eventually([&] { return server.stats().connections_accepted == 50; }, seconds(5)));
   EXPECT_LE(server.stats().connections, 20);
   EXPECT_EQ(server.stats().connections_evicted, 30);
@@ -414,7 +401,7 @@ TEST(HostileClientTest, ConnectionCapHoldsAndSilentPeersMakeRoomForRealClients) 
   for (int i = 30; i < 50; ++i)
     EXPECT_TRUE(eventually([&] { return closedByServer(silent[i]); }, seconds(5))) << i;
   // Now all 20 are authorized: a 21st is closed on arrival and the others keep working.
-  int extra = rawConnect(server.port());
+  int extra = ddpl::testing::connectLoopback(server.port());
   EXPECT_TRUE(eventually([&] { return closedByServer(extra); }, seconds(5)));
   EXPECT_EQ(server.stats().connections_rejected, 1);
   for (auto& ch : clients) {
