@@ -26,6 +26,11 @@ ddpl_add_test(NAME multinode_test
   SOURCES integration/multinode_test.cc LIBS ddpl_test_util LABELS integration TIMEOUT 300)
 add_dependencies(multinode_test launch rdzv-server)
 
+# --rdzv-backend=etcd against real etcd servers the test starts (skipped without etcd).
+ddpl_add_test(NAME etcd_rendezvous_test
+  SOURCES integration/etcd_rendezvous_test.cc LIBS ddpl_test_util LABELS integration TIMEOUT 600)
+add_dependencies(etcd_rendezvous_test launch)
+
 # deploy/: manifests agree with the binaries' flags.
 add_test(NAME deploy_manifests_test
   COMMAND ${DDPL_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/deploy_manifests_test.py ${CMAKE_BINARY_DIR}/bin)

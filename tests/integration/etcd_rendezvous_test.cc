@@ -1,0 +1,308 @@
+// `launch --rdzv-backend=etcd` against a real etcd (Debian's etcd-server) that each test starts
+// on loopback ports of its own, with its data in a temporary directory: agents form rounds,
+// re-form when one is SIGKILLed, SIGTERMed or arrives late, jobs sharing one etcd stay apart
+// and leave no key behind, bad credentials and unreachable endpoints fail clearly.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <regex>
+#include <thread>
+
+#include "tests/common/subprocess.h"
+
+namespace fs = std::filesystem;
+using namespace ddpl::testing;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+const std::string kBin = DDPL_BIN_DIR;
+const std::string kElastic = std::string(DDPL_SOURCE_DIR) + "/tests/python/elastic_gloo.py";
+const char* kEtcd = "/usr/bin/etcd";
+const char* kEtcdctl = "/usr/bin/etcdctl";
+
+int count(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (size_t p = text.find(needle); p != std::string::npos; p = text.find(needle, p + 1)) ++n;
+  return n;
+}
+
+int stepOf(const std::string& ckpt_dir) {
+  std::string s = readFile(ckpt_dir + "/step");
+  return s.empty() ? 0 : std::stoi(s);
+}
+
+// An etcd cluster of `members` on free loopback ports (etcd cannot bind port 0).
+class EtcdCluster {
+ public:
+  explicit EtcdCluster(int members) : dir_(makeTempDir("etcd")) {
+    for (int i = 0; i < members; ++i) {
+      client_.push_back(freeLoopbackPort());
+      peer_.push_back(freeLoopbackPort());
+    }
+    std::string initial;
+    for (int i = 0; i < members; ++i)
+      initial += (i ? "," : "") + name(i) + "=http://127.0.0.1:" + std::to_string(peer_[i]);
+    for (int i = 0; i < members; ++i) {
+      std::string c = "http://127.0.0.1:" + std::to_string(client_[i]);
+      std::string p = "http://127.0.0.1:" + std::to_string(peer_[i]);
+      procs_.push_back(std::make_unique<Background>(std::vector<std::string>{
+          kEtcd, "--name", name(i), "--data-dir", dir_ + "/" + name(i), "--listen-client-urls", c,
+          "--advertise-client-urls", c, "--listen-peer-urls", p, "--initial-advertise-peer-urls",
+          p, "--initial-cluster", initial, "--initial-cluster-token", "t" + std::to_string(client_[0]),
+          "--heartbeat-interval", "100", "--election-timeout", "1000", "--log-level", "warn"}));
+    }
+    healthy_ = eventually([&] { return ctl({"endpoint", "health", "--cluster"}).exit_code == 0; }, 30s);
+  }
+  ~EtcdCluster() {
+    procs_.clear();  // SIGKILLs whatever still runs
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  bool healthy() const { return healthy_; }
+  std::string endpoints() const {
+    std::string out;
+    for (size_t i = 0; i < client_.size(); ++i)
+      out += (i ? "," : "") + std::string("127.0.0.1:") + std::to_string(client_[i]);
+    return out;
+  }
+  RunResult ctl(std::vector<std::string> args, const std::string& endpoints = "") {
+    std::vector<std::string> argv = {kEtcdctl, "--endpoints=" + (endpoints.empty() ? this->endpoints() : endpoints),
+                                     "--dial-timeout=2s", "--command-timeout=5s"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    RunOptions o;
+    o.env = {{"ETCDCTL_API", "3"}};
+    o.timeout = 20s;
+    return run(argv, o);
+  }
+  // Keys under `prefix` (as root when auth is on).
+  std::string keys(const std::string& prefix, std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {"get", "--prefix", prefix, "--keys-only"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return ctl(args).out;
+  }
+  int leader() {
+    for (size_t i = 0; i < client_.size(); ++i) {
+      auto r = ctl({"endpoint", "status", "-w", "fields"}, "127.0.0.1:" + std::to_string(client_[i]));
+      std::smatch m1, m2;
+      std::regex member("\"MemberID\" : (\\d+)"), leader("\"Leader\" : (\\d+)");
+      if (std::regex_search(r.out, m1, member) && std::regex_search(r.out, m2, leader) &&
+          m1[1] == m2[1])
+        return static_cast<int>(i);
+    }
+    return -1;
+  }
+  void kill9(int i) { kill(procs_[i]->pid(), SIGKILL); }
+
+ private:
+  static std::string name(int i) { return "m" + std::to_string(i); }
+  std::string dir_;
+  std::vector<int> client_, peer_;
+  std::vector<std::unique_ptr<Background>> procs_;
+  bool healthy_ = false;
+};
+
+class EtcdRendezvous : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (access(kEtcd, X_OK) != 0 || access(kEtcdctl, X_OK) != 0)
+      GTEST_SKIP() << "etcd is not installed (make setup installs Debian's etcd-server)";
+    ckpt_ = makeTempDir("etcd-elastic");
+    env_.env = {{"PYTHON_EXEC", DDPL_PYTHON}, {"CKPT_DIR", ckpt_}, {"TOTAL_STEPS", "40"},
+                {"STEP_SECONDS", "0.15"}, {"OMP_NUM_THREADS", "1"}};
+  }
+  void start(int members = 1) {
+    etcd_ = std::make_unique<EtcdCluster>(members);
+    ASSERT_TRUE(etcd_->healthy()) << "etcd did not become healthy";
+  }
+  std::unique_ptr<Background> agent(const std::string& nnodes, std::vector<std::string> extra = {},
+                                    const std::string& job = "job", RunOptions* env = nullptr) {
+    std::vector<std::string> args = {kBin + "/launch", "--nnodes=" + nnodes, "--nproc-per-node=1",
+                                     "--rdzv-backend=etcd", "--rdzv-endpoint=" + etcd_->endpoints(),
+                                     "--rdzv-id=" + job};
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.push_back(kElastic);
+    return std::make_unique<Background>(args, env ? *env : env_);
+  }
+  std::unique_ptr<EtcdCluster> etcd_;
+  std::string ckpt_;
+  RunOptions env_;
+};
+
+}  // namespace
+
+TEST_F(EtcdRendezvous, ThreeAgentsFormOneWorldFinishAndLeaveNoKeys) {
+  start();
+  std::vector<std::unique_ptr<Background>> agents;
+  for (int i = 0; i < 3; ++i) agents.push_back(agent("3"));
+  std::string all;
+  for (auto& a : agents) {
+    auto r = a->wait(180s);
+    EXPECT_EQ(r.exit_code, 0) << r.all();
+    all += r.all();
+  }
+  for (int rank = 0; rank < 3; ++rank)
+    EXPECT_NE(all.find("done rank=" + std::to_string(rank) + " world=3 step=40"), std::string::npos)
+        << all;
+  EXPECT_EQ(etcd_->keys("/ddplaunch/"), "");
+}
+
+TEST_F(EtcdRendezvous, SigkilledAgentIsDroppedWithinTheLeaseTtlAndTheOthersFinish) {
+  start();
+  env_.env["TOTAL_STEPS"] = "80";
+  const std::vector<std::string> extra = {"--rdzv-conf=lease_ttl=3"};
+  auto a0 = agent("2:3", extra), a1 = agent("2:3", extra), a2 = agent("2:3", extra);
+  ASSERT_TRUE(eventually([&] { return stepOf(ckpt_) >= 5; }, 120s)) << a0->outputSoFar();
+  ASSERT_TRUE(eventually([&] { return a0->outputSoFar().find("world=3") != std::string::npos; }, 60s));
+  kill(a2->pid(), SIGKILL);
+  auto killed = Clock::now();
+  ASSERT_TRUE(eventually(
+      [&] { return (a0->outputSoFar() + a1->outputSoFar()).find("lease expired") != std::string::npos; },
+      30s));
+  auto noticed = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - killed);
+  // TTL 3s, and etcd checks for expired leases every 500 ms.
+  EXPECT_LE(noticed.count(), 3000 + 1500) << "noticed after " << noticed.count() << " ms";
+  auto r0 = a0->wait(180s), r1 = a1->wait(180s);
+  EXPECT_EQ(r0.exit_code, 0) << r0.all();
+  EXPECT_EQ(r1.exit_code, 0) << r1.all();
+  std::string both = r0.all() + r1.all();
+  EXPECT_EQ(count(both, "world=2 step=80"), 2) << both;
+  // Resumed from the checkpoint, and a membership change does not consume a restart.
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(both, m, std::regex("start rank=\\d world=2 step=(\\d+) restart=0")))
+      << both;
+  EXPECT_GE(std::stoi(m[1]), 5);
+  // The dead node's lease took its keys; the survivors took the rest.
+  EXPECT_EQ(etcd_->keys("/ddplaunch/"), "");
+}
+
+TEST_F(EtcdRendezvous, SigtermMakesAnAgentLeaveAtOnce) {
+  start();
+  env_.env["TOTAL_STEPS"] = "60";
+  // A long lease: the others must learn from the leave itself, not from the lease.
+  const std::vector<std::string> extra = {"--rdzv-conf=lease_ttl=60"};
+  auto a0 = agent("2:3", extra), a1 = agent("2:3", extra), a2 = agent("2:3", extra);
+  ASSERT_TRUE(eventually([&] { return stepOf(ckpt_) >= 5; }, 120s)) << a0->outputSoFar();
+  ASSERT_TRUE(eventually([&] { return a0->outputSoFar().find("world=3") != std::string::npos; }, 60s));
+  kill(a2->pid(), SIGTERM);
+  auto r2 = a2->wait(60s);
+  EXPECT_EQ(r2.exit_code, 128 + SIGTERM) << r2.all();
+  auto r0 = a0->wait(120s), r1 = a1->wait(120s);
+  EXPECT_EQ(r0.exit_code, 0) << r0.all();
+  EXPECT_EQ(r1.exit_code, 0) << r1.all();
+  std::string both = r0.all() + r1.all();
+  EXPECT_NE(both.find(" left"), std::string::npos) << both;
+  EXPECT_EQ(both.find("lease expired"), std::string::npos) << both;
+  EXPECT_EQ(count(both, "world=2 step=60"), 2) << both;
+  EXPECT_EQ(etcd_->keys("/ddplaunch/"), "");
+}
+
+TEST_F(EtcdRendezvous, LateAgentJoinsTheNextRound) {
+  start();
+  env_.env["TOTAL_STEPS"] = "60";
+  const std::vector<std::string> extra = {"--rdzv-conf=last_call_timeout=1"};
+  auto a0 = agent("2:3", extra), a1 = agent("2:3", extra);
+  ASSERT_TRUE(eventually([&] { return stepOf(ckpt_) >= 5; }, 120s)) << a0->outputSoFar();
+  auto a2 = agent("2:3", extra);
+  std::string all;
+  for (auto* a : {a0.get(), a1.get(), a2.get()}) {
+    auto r = a->wait(180s);
+    EXPECT_EQ(r.exit_code, 0) << r.all();
+    all += r.all();
+  }
+  EXPECT_NE(all.find("wants to join"), std::string::npos) << all;
+  EXPECT_EQ(count(all, "world=3 step=60"), 3) << all;
+  EXPECT_EQ(all.find("restarting the worker group"), std::string::npos) << all;
+}
+
+TEST_F(EtcdRendezvous, TwoJobsOnOneEtcdStayIsolatedAndLeaveNoKeys) {
+  start();
+  RunOptions env_b = env_;
+  env_b.env["CKPT_DIR"] = makeTempDir("etcd-elastic-b");
+  env_.env["TOTAL_STEPS"] = env_b.env["TOTAL_STEPS"] = "30";
+  // Same node count and etcd: a mix-up would give a world of 4 or a failed all_reduce.
+  auto a0 = agent("2", {}, "job-a"), a1 = agent("2", {}, "job-a");
+  auto b0 = agent("2", {}, "job-b", &env_b), b1 = agent("2", {}, "job-b", &env_b);
+  ASSERT_TRUE(eventually([&] { return etcd_->keys("/ddplaunch/job-b/").find("state") != std::string::npos; }, 60s));
+  EXPECT_NE(etcd_->keys("/ddplaunch/job-a/"), "");
+  std::string all;
+  for (auto* a : {a0.get(), a1.get(), b0.get(), b1.get()}) {
+    auto r = a->wait(180s);
+    EXPECT_EQ(r.exit_code, 0) << r.all();
+    all += r.all();
+  }
+  EXPECT_EQ(count(all, "world=2 step=30"), 4) << all;
+  EXPECT_EQ(count(all, "world=4"), 0) << all;
+  EXPECT_EQ(etcd_->keys("/ddplaunch/"), "");
+}
+
+TEST_F(EtcdRendezvous, CredentialsAreCheckedAndWrongOnesFailClearly) {
+  start();
+  ASSERT_EQ(etcd_->ctl({"user", "add", "root:s3cret"}).exit_code, 0);
+  ASSERT_EQ(etcd_->ctl({"auth", "enable"}).exit_code, 0);
+  std::string dir = makeTempDir("etcd-secrets");
+  {
+    std::ofstream(dir + "/good") << "s3cret\n";
+    std::ofstream(dir + "/bad") << "wrong\n";
+  }
+  env_.env["TOTAL_STEPS"] = "5";
+  // No credentials.
+  auto r = agent("1")->wait(60s);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.all().find("user="), std::string::npos) << r.all();
+  // Wrong password, from a file: named as such, and never printed.
+  r = agent("1", {"--rdzv-conf=user=root,password_file=" + dir + "/bad"})->wait(60s);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.all().find("authentication failed"), std::string::npos) << r.all();
+  EXPECT_NE(r.all().find("as user 'root'"), std::string::npos) << r.all();
+  EXPECT_EQ(r.all().find("wrong"), std::string::npos) << r.all();
+  // The right one: every call (KV, lease, watch) carries the token; two nodes form a round.
+  auto a0 = agent("2", {"--rdzv-conf=user=root,password_file=" + dir + "/good"});
+  RunOptions env_pw = env_;
+  env_pw.env["DDPL_ETCD_PASSWORD"] = "s3cret";
+  auto a1 = agent("2", {"--rdzv-conf=user=root"}, "job", &env_pw);
+  auto r0 = a0->wait(120s), r1 = a1->wait(120s);
+  EXPECT_EQ(r0.exit_code, 0) << r0.all();
+  EXPECT_EQ(r1.exit_code, 0) << r1.all();
+  EXPECT_EQ(count(r0.all() + r1.all(), "world=2 step=5"), 2) << r0.all() << r1.all();
+  EXPECT_EQ(etcd_->keys("/ddplaunch/", {"--user=root:s3cret"}), "");
+}
+
+TEST_F(EtcdRendezvous, UnreachableEtcdFailsWithinTheConnectTimeoutNamingEveryEndpoint) {
+  std::string a = "127.0.0.1:" + std::to_string(freeLoopbackPort());
+  std::string b = "127.0.0.1:" + std::to_string(freeLoopbackPort());
+  auto t0 = Clock::now();
+  auto r = run({kBin + "/launch", "--nnodes=2", "--rdzv-backend=etcd", "--rdzv-endpoint=" + a + "," + b,
+                "--rdzv-id=job", "--rdzv-conf=connect_timeout=2", "/bin/true"},
+               env_);
+  auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.all().find(a), std::string::npos) << r.all();
+  EXPECT_NE(r.all().find(b), std::string::npos) << r.all();
+  EXPECT_NE(r.all().find("within 2.0s"), std::string::npos) << r.all();
+  EXPECT_LT(took.count(), 5000) << r.all();
+}
+
+// The store of the job is etcd's: losing etcd's leader (a new one is elected in about a
+// second) must not stop the job, nor cost it a restart.
+TEST_F(EtcdRendezvous, EtcdLeaderSigkilledMidTrainingTheJobCarriesOn) {
+  start(3);
+  env_.env["TOTAL_STEPS"] = "60";
+  auto a0 = agent("2", {"--rdzv-conf=lease_ttl=5"}), a1 = agent("2", {"--rdzv-conf=lease_ttl=5"});
+  ASSERT_TRUE(eventually([&] { return stepOf(ckpt_) >= 5; }, 120s)) << a0->outputSoFar();
+  int leader = etcd_->leader();
+  ASSERT_GE(leader, 0);
+  etcd_->kill9(leader);
+  auto r0 = a0->wait(180s), r1 = a1->wait(180s);
+  EXPECT_EQ(r0.exit_code, 0) << r0.all();
+  EXPECT_EQ(r1.exit_code, 0) << r1.all();
+  std::string both = r0.all() + r1.all();
+  EXPECT_EQ(count(both, "world=2 step=60"), 2) << both;
+  EXPECT_EQ(count(both, "start rank=0"), 1) << both;  // one round, no re-formation
+  EXPECT_EQ(both.find("restarting the worker group"), std::string::npos) << both;
+}
