@@ -30,6 +30,8 @@ add_dependencies(multinode_test launch rdzv-server)
 ddpl_add_test(NAME etcd_rendezvous_test
   SOURCES integration/etcd_rendezvous_test.cc LIBS ddpl_test_util LABELS integration TIMEOUT 600)
 add_dependencies(etcd_rendezvous_test launch)
+ddpl_add_test(NAME etcd_client_test
+  SOURCES integration/etcd_client_test.cc LIBS ddpl_etcd_client ddpl_test_util LABELS integration TIMEOUT 120)
 
 # deploy/: manifests agree with the binaries' flags.
 add_test(NAME deploy_manifests_test

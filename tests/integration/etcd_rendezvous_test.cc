@@ -12,19 +12,19 @@
 #include <regex>
 #include <thread>
 
+#include "tests/common/etcd_cluster.h"
 #include "tests/common/subprocess.h"
 
 namespace fs = std::filesystem;
 using namespace ddpl::testing;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
+using ddpl::testing::EtcdCluster;
 
 namespace {
 
 const std::string kBin = DDPL_BIN_DIR;
 const std::string kElastic = std::string(DDPL_SOURCE_DIR) + "/tests/python/elastic_gloo.py";
-const char* kEtcd = "/usr/bin/etcd";
-const char* kEtcdctl = "/usr/bin/etcdctl";
 
 int count(const std::string& text, const std::string& needle) {
   int n = 0;
@@ -37,80 +37,10 @@ int stepOf(const std::string& ckpt_dir) {
   return s.empty() ? 0 : std::stoi(s);
 }
 
-// An etcd cluster of `members` on free loopback ports (etcd cannot bind port 0).
-class EtcdCluster {
- public:
-  explicit EtcdCluster(int members) : dir_(makeTempDir("etcd")) {
-    for (int i = 0; i < members; ++i) {
-      client_.push_back(freeLoopbackPort());
-      peer_.push_back(freeLoopbackPort());
-    }
-    std::string initial;
-    for (int i = 0; i < members; ++i)
-      initial += (i ? "," : "") + name(i) + "=http://127.0.0.1:" + std::to_string(peer_[i]);
-    for (int i = 0; i < members; ++i) {
-      std::string c = "http://127.0.0.1:" + std::to_string(client_[i]);
-      std::string p = "http://127.0.0.1:" + std::to_string(peer_[i]);
-      procs_.push_back(std::make_unique<Background>(std::vector<std::string>{
-          kEtcd, "--name", name(i), "--data-dir", dir_ + "/" + name(i), "--listen-client-urls", c,
-          "--advertise-client-urls", c, "--listen-peer-urls", p, "--initial-advertise-peer-urls",
-          p, "--initial-cluster", initial, "--initial-cluster-token", "t" + std::to_string(client_[0]),
-          "--heartbeat-interval", "100", "--election-timeout", "1000", "--log-level", "warn"}));
-    }
-    healthy_ = eventually([&] { return ctl({"endpoint", "health", "--cluster"}).exit_code == 0; }, 30s);
-  }
-  ~EtcdCluster() {
-    procs_.clear();  // SIGKILLs whatever still runs
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  bool healthy() const { return healthy_; }
-  std::string endpoints() const {
-    std::string out;
-    for (size_t i = 0; i < client_.size(); ++i)
-      out += (i ? "," : "") + std::string("127.0.0.1:") + std::to_string(client_[i]);
-    return out;
-  }
-  RunResult ctl(std::vector<std::string> args, const std::string& endpoints = "") {
-    std::vector<std::string> argv = {kEtcdctl, "--endpoints=" + (endpoints.empty() ? this->endpoints() : endpoints),
-                                     "--dial-timeout=2s", "--command-timeout=5s"};
-    argv.insert(argv.end(), args.begin(), args.end());
-    RunOptions o;
-    o.env = {{"ETCDCTL_API", "3"}};
-    o.timeout = 20s;
-    return run(argv, o);
-  }
-  // Keys under `prefix` (as root when auth is on).
-  std::string keys(const std::string& prefix, std::vector<std::string> extra = {}) {
-    std::vector<std::string> args = {"get", "--prefix", prefix, "--keys-only"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    return ctl(args).out;
-  }
-  int leader() {
-    for (size_t i = 0; i < client_.size(); ++i) {
-      auto r = ctl({"endpoint", "status", "-w", "fields"}, "127.0.0.1:" + std::to_string(client_[i]));
-      std::smatch m1, m2;
-      std::regex member("\"MemberID\" : (\\d+)"), leader("\"Leader\" : (\\d+)");
-      if (std::regex_search(r.out, m1, member) && std::regex_search(r.out, m2, leader) &&
-          m1[1] == m2[1])
-        return static_cast<int>(i);
-    }
-    return -1;
-  }
-  void kill9(int i) { kill(procs_[i]->pid(), SIGKILL); }
-
- private:
-  static std::string name(int i) { return "m" + std::to_string(i); }
-  std::string dir_;
-  std::vector<int> client_, peer_;
-  std::vector<std::unique_ptr<Background>> procs_;
-  bool healthy_ = false;
-};
-
 class EtcdRendezvous : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (access(kEtcd, X_OK) != 0 || access(kEtcdctl, X_OK) != 0)
+    if (!EtcdCluster::installed())
       GTEST_SKIP() << "etcd is not installed (make setup installs Debian's etcd-server)";
     ckpt_ = makeTempDir("etcd-elastic");
     env_.env = {{"PYTHON_EXEC", DDPL_PYTHON}, {"CKPT_DIR", ckpt_}, {"TOTAL_STEPS", "40"},
