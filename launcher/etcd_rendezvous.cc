@@ -11,7 +11,10 @@
 //                             (SIGKILL, power loss) or at once when the node revokes it
 //   P failures, last_failure  the job-wide restart count and the last root cause
 //   P round/<n>/...           master_port (published by group rank 0), the exit barrier's
-//                             done/end, and gone (the last node gone deletes all of P)
+//                             done/end, gone (the last node gone deletes all of P), and
+//                             ping/<node>, pong/<node>/<peer>: a node whose workers failed
+//                             asks the others to prove they are alive (roundStillCurrent)
+//   P status/, stacks/        the job's health across nodes (launch status, launch stacks)
 #include "launcher/etcd_rendezvous.h"
 
 #include <fmt/format.h>
@@ -21,7 +24,9 @@
 #include <condition_variable>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <set>
+#include <tuple>
 #include <thread>
 
 #include "common/errors.h"
@@ -108,6 +113,14 @@ struct RoundState {
   }
 };
 
+// The health thread publishes this node's status this often (a node summary, not a message
+// per step).
+constexpr milliseconds kStatusEvery{std::chrono::seconds(5)};
+
+double unixSeconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 std::string seconds(milliseconds d) { return fmt::format("{:.0f}s", d.count() / 1000.0); }
 
 bool isLoopback(const std::string& host) {
@@ -136,6 +149,7 @@ class EtcdRendezvous : public RendezvousHandler {
   }
 
   ~EtcdRendezvous() override {
+    stopHealth();
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
@@ -163,25 +177,51 @@ class EtcdRendezvous : public RendezvousHandler {
   }
 
   bool roundStillCurrent() override {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!current_) return true;
-    int64_t round = current_->round;
-    if (ended_round_ >= round) return false;
-    if (current_->group_world_size <= 1) return true;
+    std::optional<WorldAssignment> cur;
+    std::vector<std::string> members;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!current_) return true;
+      if (ended_round_ >= current_->round) return false;
+      cur = current_;
+      members = members_;
+    }
+    if (cur->group_world_size <= 1) return true;
     // A worker that failed may have failed of another node's death (its peers' connections
-    // broke), which etcd tells only when that node's lease expires: give the round that long
-    // to end before counting a failure of the job.
-    bool ended = cv_.wait_for(lock, lease_ttl_ + std::chrono::seconds(2),
-                              [&] { return ended_round_ >= round || stop_; });
-    if (ended) return false;
-    lock.unlock();
+    // broke), which etcd tells only when that node's lease expires. Rather than wait out the
+    // TTL on every failure, ask the other members to prove they are alive: each answers from
+    // its round watch within milliseconds. All answer: a real failure, counted now. One does
+    // not (killed, stopped, cut off): its lease expires within the TTL and the round ends,
+    // which is a membership change, not a failure of the job.
     try {
+      std::string probe = std::to_string(etcd_->add(key("probes"), 1));
+      std::string answers = fmt::format("{}round/{}/pong/{}/", p_, cur->round, c_.node_id);
+      int64_t rev = etcd_->put(fmt::format("{}round/{}/ping/{}", p_, cur->round, c_.node_id), probe);
+      auto deadline = Clock::now() + lease_ttl_ + std::chrono::seconds(2);
+      while (true) {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (ended_round_ >= cur->round) return false;
+        }
+        std::set<std::string> alive;
+        for (const auto& kv : etcd_->getPrefix(answers, &rev))
+          if (kv.value == probe) alive.insert(kv.key.substr(answers.size()));
+        bool all = std::all_of(members.begin(), members.end(), [&](const std::string& m) {
+          return m == c_.node_id || alive.count(m);
+        });
+        if (all) return true;
+        auto now = Clock::now();
+        if (now >= deadline) break;
+        // Short waits: the round's end arrives through the round watch, not this one.
+        etcd_->waitForEvent(answers, etcdPrefixEnd(answers), rev + 1,
+                            std::min(milliseconds(500), std::chrono::duration_cast<milliseconds>(deadline - now)));
+      }
       auto kv = etcd_->get(key("state"));
       if (!kv) return false;
       RoundState s = RoundState::decode(key("state"), kv->value);
-      return s.round == round && s.complete && s.has(c_.node_id);
+      return s.round == cur->round && s.complete && s.has(c_.node_id);
     } catch (const std::exception& e) {
-      log::debug("cannot tell whether round {} is current ({}): counting the failure", round,
+      log::debug("cannot tell whether round {} is current ({}): counting the failure", cur->round,
                  e.what());
       return true;
     }
@@ -207,7 +247,7 @@ class EtcdRendezvous : public RendezvousHandler {
 
   bool finish(bool success) override {
     finishing_ = true;  // members leaving after the job is done end nothing
-    watch_.reset();
+    stopHealth();  // nothing is published for a node on its way out
     bool job_ok = true;
     if (success && current_) {
       try {
@@ -226,6 +266,9 @@ class EtcdRendezvous : public RendezvousHandler {
         log::warn("exit barrier: {}", e.what());
       }
     }
+    // Kept through the barrier to answer other nodes' probes (roundStillCurrent): a node done
+    // here is alive, whatever its workers' state.
+    watch_.reset();
     leaveQuietly(fmt::format("node {} left", c_.node_id));
     if (current_) {
       try {
@@ -247,6 +290,91 @@ class EtcdRendezvous : public RendezvousHandler {
   }
 
   std::string describe() const override { return "etcd at " + etcd_->endpoints() + " under " + p_; }
+
+  // ---- Job health across nodes, as the gRPC backend keeps it, under P status/ and stacks/.
+
+  void publishStatus(const std::string& line) override {
+    std::lock_guard<std::mutex> lock(health_mu_);
+    status_ = line;
+  }
+
+  std::vector<std::string> otherNodesStatus() override {
+    auto [me, nodes, round] = position();
+    std::vector<std::string> out;
+    std::map<int, std::string> by_rank;
+    try {
+      for (const auto& kv : etcd_->getPrefix(key("status/")))
+        by_rank[std::atoi(kv.key.substr(key("status/").size()).c_str())] = kv.value;
+    } catch (const std::exception& e) {
+      return {fmt::format("cannot read the other nodes' status from etcd: {}", e.what())};
+    }
+    for (int r = 0; r < nodes; ++r) {
+      if (r == me) continue;
+      auto it = by_rank.find(r);
+      // "<round>\n<host>\n<unix time>\n<line>"
+      const std::string v = it == by_rank.end() ? "" : it->second;
+      auto a = v.find('\n'), b = v.find('\n', a + 1), c = v.find('\n', b + 1);
+      if (c == std::string::npos || v.substr(0, a) != std::to_string(round)) {
+        out.push_back(fmt::format("node {}: no status published in round {} yet", r, round));
+        continue;
+      }
+      double age = unixSeconds() - std::strtod(v.substr(b + 1, c - b - 1).c_str(), nullptr);
+      out.push_back(fmt::format("node {} ({}): {} ({:.0f}s ago)", r, v.substr(a + 1, b - a - 1),
+                                v.substr(c + 1), std::max(0.0, age)));
+    }
+    return out;
+  }
+
+  void setStacksRequestedCallback(StacksRequested requested) override {
+    std::lock_guard<std::mutex> lock(health_mu_);
+    stacks_requested_ = std::move(requested);
+  }
+
+  int64_t requestStacks(const std::string& why) override {
+    auto [me, nodes, round] = position();
+    if (nodes <= 1) return 0;
+    try {
+      int64_t id = etcd_->add(key("stacks/next"), 1);
+      {
+        std::lock_guard<std::mutex> lock(health_mu_);
+        mine_.insert(id);
+      }
+      etcd_->put(fmt::format("{}stacks/{}", p_, id), why);
+      return id;
+    } catch (const std::exception& e) {
+      log::warn("cannot ask the other nodes for their stacks: {}", e.what());
+      return 0;
+    }
+  }
+
+  void answerStacks(int64_t id, const std::string& answer) override {
+    auto [me, nodes, round] = position();
+    try {
+      etcd_->put(fmt::format("{}stacks/{}/{}", p_, id, me), answer);
+    } catch (const std::exception& e) {
+      log::warn("cannot answer request {} for stacks: {}", id, e.what());
+    }
+  }
+
+  StacksAnswers stacksAnswers(int64_t id) override {
+    auto [me, nodes, round] = position();
+    StacksAnswers out;
+    if (id <= 0) return out;
+    std::map<int, std::string> answers;
+    std::string prefix = fmt::format("{}stacks/{}/", p_, id);
+    try {
+      for (const auto& kv : etcd_->getPrefix(prefix))
+        answers[std::atoi(kv.key.substr(prefix.size()).c_str())] = kv.value;
+    } catch (const std::exception& e) {
+      log::debug("stacks of request {}: {}", id, e.what());
+    }
+    for (int r = 0; r < nodes; ++r) {
+      if (r == me) continue;
+      if (auto it = answers.find(r); it != answers.end()) out.answers.push_back(it->second);
+      else out.missing.push_back(r);
+    }
+    return out;
+  }
 
  private:
   std::string key(const std::string& k) const { return p_ + k; }
@@ -421,6 +549,7 @@ class EtcdRendezvous : public RendezvousHandler {
       left_ = false;
     }
     startWatch(s, rev);
+    startHealth();
     w.restart_count = static_cast<int>(etcd_->add(key("failures"), 0));
     // Workers bootstrap through a TCPStore that rank 0 hosts (MASTER_ADDR:MASTER_PORT, as
     // torchrun's static rendezvous): group rank 0 picks the port on its machine and tells the
@@ -466,11 +595,28 @@ class EtcdRendezvous : public RendezvousHandler {
     std::vector<std::string> members;
     for (const auto& n : s.nodes) members.push_back(n.id);
     std::string state_key = key("state"), members_prefix = fmt::format("{}members/{}/", p_, round);
+    std::string ping_prefix = fmt::format("{}round/{}/ping/", p_, round);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      members_ = members;
+    }
     watch_ = etcd_->watch(
         p_, etcdPrefixEnd(p_), rev + 1,
-        [this, round, members, state_key, members_prefix](const std::vector<EtcdEvent>& events) {
-          if (finishing_) return;
+        [this, round, members, state_key, members_prefix, ping_prefix](const std::vector<EtcdEvent>& events) {
           for (const auto& ev : events) {
+            // Another member asks whether this node is alive: answering is the proof.
+            if (ev.type == EtcdEvent::Type::kPut && ev.kv.key.rfind(ping_prefix, 0) == 0) {
+              std::string asker = ev.kv.key.substr(ping_prefix.size());
+              if (asker == c_.node_id) continue;
+              try {
+                etcd_->put(fmt::format("{}round/{}/pong/{}/{}", p_, round, asker, c_.node_id),
+                           ev.kv.value);
+              } catch (const std::exception& e) {
+                log::warn("answering node {}'s liveness probe: {}", asker, e.what());
+              }
+              continue;
+            }
+            if (finishing_) continue;
             if (ev.kv.key == state_key) {
               if (ev.type == EtcdEvent::Type::kDelete) {
                 roundEnded(round, "the job's rendezvous state was deleted from etcd");
@@ -610,6 +756,83 @@ class EtcdRendezvous : public RendezvousHandler {
     }
   }
 
+  // This node's group rank, the round's number of nodes and the round; (-1, 0, -1) before
+  // the first round.
+  std::tuple<int, int, int64_t> position() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!current_) return {-1, 0, -1};
+    return {current_->group_rank, current_->group_world_size, current_->round};
+  }
+
+  void startHealth() {
+    std::lock_guard<std::mutex> lock(health_mu_);
+    if (health_.joinable()) return;
+    health_ = std::thread([this] { healthLoop(); });
+  }
+
+  void stopHealth() {
+    {
+      std::lock_guard<std::mutex> lock(health_mu_);
+      health_stop_ = true;
+    }
+    health_cv_.notify_all();
+    if (health_.joinable()) health_.join();
+    stacks_watch_.reset();
+  }
+
+  // Publishes this node's status every few seconds and hands other nodes' requests for stacks
+  // to the agent as soon as etcd pushes them (a watch on stacks/, not a poll). Errors (etcd
+  // electing a leader) are retried on the next turn: health is best effort, never fatal.
+  void healthLoop() {
+    int64_t next = -1;  // the next request id to look for
+    auto published = Clock::time_point{};
+    std::unique_lock<std::mutex> lock(health_mu_);
+    while (!health_stop_) {
+      std::string line = status_;
+      StacksRequested requested = stacks_requested_;
+      stacks_poked_ = false;
+      lock.unlock();
+      bool more = false;
+      try {
+        if (next < 0) {
+          int64_t rev = 0;
+          auto kv = etcd_->get(key("stacks/next"), &rev);
+          next = (kv ? std::atoll(kv->value.c_str()) : 0) + 1;  // earlier requests are over
+          stacks_watch_ = etcd_->watch(
+              key("stacks/"), etcdPrefixEnd(key("stacks/")), rev + 1,
+              [this](const std::vector<EtcdEvent>&) {
+                std::lock_guard<std::mutex> l(health_mu_);
+                stacks_poked_ = true;
+                health_cv_.notify_all();
+              },
+              [](const std::string& why) { log::debug("job health: {}", why); });
+        }
+        auto [me, nodes, round] = position();
+        auto now = Clock::now();
+        if (!line.empty() && me >= 0 && now - published >= kStatusEvery) {
+          etcd_->put(fmt::format("{}status/{}", p_, me),
+                     fmt::format("{}\n{}\n{:.3f}\n{}", round, log::hostname(), unixSeconds(), line));
+          published = now;
+        }
+        if (auto kv = etcd_->get(fmt::format("{}stacks/{}", p_, next))) {
+          bool own;
+          {
+            std::lock_guard<std::mutex> l(health_mu_);
+            own = mine_.count(next) > 0;
+          }
+          if (!own && requested) requested(next, kv->value);
+          ++next;
+          more = true;  // another may follow at once
+        }
+      } catch (const std::exception& e) {
+        log::debug("job health: {}", e.what());
+      }
+      lock.lock();
+      if (!more)
+        health_cv_.wait_for(lock, kStatusEvery, [this] { return health_stop_ || stacks_poked_; });
+    }
+  }
+
   ElasticConfig c_;
   std::chrono::seconds lease_ttl_;
   std::unique_ptr<EtcdClient> etcd_;
@@ -622,10 +845,19 @@ class EtcdRendezvous : public RendezvousHandler {
   bool stop_ = false;
   int64_t lease_ = 0;
   std::optional<WorldAssignment> current_;
+  std::vector<std::string> members_;  // node ids of the current round
   int64_t ended_round_ = -1;
   bool left_ = false;
   std::atomic<bool> finishing_{false}, job_done_{false};
   std::string cached_failure_;
+  std::mutex health_mu_;  // guards the health thread's state below
+  std::condition_variable health_cv_;
+  std::thread health_;
+  bool health_stop_ = false, stacks_poked_ = false;
+  std::string status_;
+  StacksRequested stacks_requested_;
+  std::set<int64_t> mine_;  // requests this node made: not answered by itself
+  std::unique_ptr<EtcdWatch> stacks_watch_;
 };
 
 }  // namespace
