@@ -25,6 +25,8 @@ namespace {
 
 const std::string kBin = DDPL_BIN_DIR;
 const std::string kElastic = std::string(DDPL_SOURCE_DIR) + "/tests/python/elastic_gloo.py";
+const std::string kFailRank = std::string(DDPL_SOURCE_DIR) + "/tests/integration/programs/fail_rank.sh";
+const std::string kEnvDump = std::string(DDPL_SOURCE_DIR) + "/tests/integration/programs/env_dump.sh";
 
 int count(const std::string& text, const std::string& needle) {
   int n = 0;
@@ -51,12 +53,13 @@ class EtcdRendezvous : public ::testing::Test {
     ASSERT_TRUE(etcd_->healthy()) << "etcd did not become healthy";
   }
   std::unique_ptr<Background> agent(const std::string& nnodes, std::vector<std::string> extra = {},
-                                    const std::string& job = "job", RunOptions* env = nullptr) {
+                                    const std::string& job = "job", RunOptions* env = nullptr,
+                                    const std::string& program = kElastic) {
     std::vector<std::string> args = {kBin + "/launch", "--nnodes=" + nnodes, "--nproc-per-node=1",
                                      "--rdzv-backend=etcd", "--rdzv-endpoint=" + etcd_->endpoints(),
                                      "--rdzv-id=" + job};
     args.insert(args.end(), extra.begin(), extra.end());
-    args.push_back(kElastic);
+    args.push_back(program);
     return std::make_unique<Background>(args, env ? *env : env_);
   }
   std::unique_ptr<EtcdCluster> etcd_;
@@ -235,4 +238,78 @@ TEST_F(EtcdRendezvous, EtcdLeaderSigkilledMidTrainingTheJobCarriesOn) {
   EXPECT_EQ(count(both, "world=2 step=60"), 2) << both;
   EXPECT_EQ(count(both, "start rank=0"), 1) << both;  // one round, no re-formation
   EXPECT_EQ(both.find("restarting the worker group"), std::string::npos) << both;
+}
+
+TEST_F(EtcdRendezvous, FewerThanMinNodesFailEveryAgentAfterTheJoinTimeout) {
+  start();
+  auto t0 = Clock::now();
+  auto a0 = agent("3", {"--rdzv-conf=join_timeout=2"}, "job", nullptr, kEnvDump);
+  auto a1 = agent("3", {"--rdzv-conf=join_timeout=2"}, "job", nullptr, kEnvDump);
+  auto r0 = a0->wait(60s), r1 = a1->wait(60s);
+  EXPECT_NE(r0.exit_code, 0) << r0.all();
+  EXPECT_NE(r1.exit_code, 0) << r1.all();
+  EXPECT_NE(r0.all().find("2/3 nodes joined"), std::string::npos) << r0.all();
+  EXPECT_LT(Clock::now() - t0, 20s);
+  EXPECT_EQ(etcd_->keys("/ddplaunch/job/members/"), "");  // nobody holds a place
+}
+
+TEST_F(EtcdRendezvous, WorkerFailureRestartsEveryNodeAndCountsPerJob) {
+  start();
+  env_.env.insert({{"FAIL_RANK", "1"}, {"FAILS", "1"}, {"SLEEP", "0.5"}});
+  const std::vector<std::string> extra = {"--max-restarts=1", "--rdzv-conf=exit_barrier_timeout=30"};
+  auto a0 = agent("2", extra, "job", nullptr, kFailRank), a1 = agent("2", extra, "job", nullptr, kFailRank);
+  auto r0 = a0->wait(120s), r1 = a1->wait(120s);
+  EXPECT_EQ(r0.exit_code, 0) << r0.all();
+  EXPECT_EQ(r1.exit_code, 0) << r1.all();
+  // TORCHELASTIC_RESTART_COUNT is the job's, not each agent's: both ranks ran attempt 1.
+  std::string both = r0.out + r1.out;
+  EXPECT_NE(both.find("rank 0 done in attempt 1"), std::string::npos) << both;
+  EXPECT_NE(both.find("rank 1 done in attempt 1"), std::string::npos) << both;
+  EXPECT_EQ(etcd_->keys("/ddplaunch/"), "");
+}
+
+TEST_F(EtcdRendezvous, FailureElsewhereIsReportedOnEveryNodeAndTheJobLeavesNoKeys) {
+  start();
+  env_.env.insert({{"FAIL_RANK", "1"}, {"FAILS", "9"}, {"FAIL_CODE", "7"}, {"SLEEP", "300"}});
+  auto a0 = agent("2", {}, "job", nullptr, kFailRank), a1 = agent("2", {}, "job", nullptr, kFailRank);
+  auto r0 = a0->wait(120s), r1 = a1->wait(120s);
+  std::string both = r0.err + r1.err;
+  EXPECT_TRUE((r0.exit_code == 7 && r1.exit_code == 1) || (r0.exit_code == 1 && r1.exit_code == 7))
+      << r0.all() << r1.all();
+  EXPECT_NE(both.find("the job failed on another node; root cause: host"), std::string::npos)
+      << both;
+  EXPECT_NE(both.find("exit code 7"), std::string::npos) << both;
+  // A failed job's count must not outlive it: the same id runs again from zero.
+  EXPECT_EQ(etcd_->keys("/ddplaunch/"), "");
+}
+
+// `launch status` and `launch stacks` on one node reach the other node through etcd.
+TEST_F(EtcdRendezvous, StatusAndOnDemandStacksCoverEveryNode) {
+  start();
+  std::string logs0 = makeTempDir("etcd-st0"), logs1 = makeTempDir("etcd-st1");
+  std::string out = makeTempDir("etcd-st-out");
+  env_.env.insert({{"OUT_DIR", out}});
+  const std::string wait = std::string(DDPL_SOURCE_DIR) + "/tests/integration/programs/wait_for_file.py";
+  auto a0 = agent("2", {"--nproc-per-node=2", "--log-dir", logs0}, "job", nullptr, wait);
+  auto a1 = agent("2", {"--nproc-per-node=2", "--log-dir", logs1}, "job", nullptr, wait);
+  ASSERT_TRUE(eventually([&] {
+    for (int r = 0; r < 4; ++r)
+      if (readFile(out + "/ready." + std::to_string(r)) != "ready") return false;
+    return true;
+  }, 90s)) << a0->outputSoFar() << a1->outputSoFar();
+  RunResult status;
+  EXPECT_TRUE(eventually([&] {
+    status = run({kBin + "/launch", "status", logs0 + "/job"});
+    return status.out.find("no status published") == std::string::npos &&
+           count(status.out, "2/2 ranks up") == 2;
+  }, 30s)) << status.all();
+  auto stacks = run({kBin + "/launch", "stacks", logs0 + "/job"});
+  EXPECT_EQ(stacks.exit_code, 0) << stacks.all();
+  EXPECT_NE(stacks.out.find("2 stack(s) saved in " + logs1 + "/job/snapshots/"), std::string::npos)
+      << stacks.out;
+  EXPECT_EQ(count(stacks.out, "wait_here"), 4) << stacks.out;
+  std::ofstream(out + "/go") << "go";
+  EXPECT_EQ(a0->wait(60s).exit_code, 0);
+  EXPECT_EQ(a1->wait(60s).exit_code, 0);
+  EXPECT_EQ(etcd_->keys("/ddplaunch/"), "");
 }
