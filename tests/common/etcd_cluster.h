@@ -25,6 +25,21 @@ struct EtcdTls {
   bool client_cert_auth = false;
 };
 
+// A CA and one certificate for 127.0.0.1, good for both ends (server and client auth), made
+// with the openssl CLI in `dir`; nothing when openssl cannot make them.
+inline std::optional<EtcdTls> makeTestTls(const std::string& dir, bool client_cert_auth) {
+  std::string script =
+      "set -e; cd " + dir +
+      "; openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=test-ca -keyout ca.key "
+      "-out ca.pem 2>/dev/null; openssl req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 "
+      "-keyout node.key -out node.csr 2>/dev/null; printf "
+      "'subjectAltName=IP:127.0.0.1\\nextendedKeyUsage=serverAuth,clientAuth\\n' > ext; openssl "
+      "x509 -req -in node.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 -extfile ext -out "
+      "node.pem 2>/dev/null";
+  if (run({"/bin/sh", "-c", script}).exit_code != 0) return std::nullopt;
+  return EtcdTls{dir + "/ca.pem", dir + "/node.pem", dir + "/node.key", client_cert_auth};
+}
+
 // An etcd cluster of `members` on free loopback ports (etcd cannot bind port 0).
 class EtcdCluster {
  public:

@@ -141,18 +141,9 @@ TEST_F(EtcdClientTest, ADeadEndpointIsSkipped) {
 
 TEST_F(EtcdClientTest, TlsWithClientCertificatesAndNoneRefused) {
   std::string dir = makeTempDir("etcd-tls");
-  // A CA, and one certificate for 127.0.0.1 good for both ends (server and client auth).
-  std::string script =
-      "set -e; cd " + dir +
-      "; openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=test-ca -keyout ca.key "
-      "-out ca.pem 2>/dev/null; openssl req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 "
-      "-keyout node.key -out node.csr 2>/dev/null; printf "
-      "'subjectAltName=IP:127.0.0.1\\nextendedKeyUsage=serverAuth,clientAuth\\n' > ext; openssl "
-      "x509 -req -in node.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 -extfile ext -out "
-      "node.pem 2>/dev/null";
-  auto r = run({"/bin/sh", "-c", script});
-  if (r.exit_code != 0) GTEST_SKIP() << "openssl could not make test certificates: " << r.all();
-  EtcdTls tls{dir + "/ca.pem", dir + "/node.pem", dir + "/node.key", true};
+  auto made = makeTestTls(dir, true);
+  if (!made) GTEST_SKIP() << "openssl could not make test certificates";
+  EtcdTls tls = *made;
   EtcdCluster etcd(1, tls);
   ASSERT_TRUE(etcd.healthy());
   EtcdOptions o = options(etcd);

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <memory>
 #include <regex>
 #include <thread>
@@ -48,8 +49,8 @@ class EtcdRendezvous : public ::testing::Test {
     env_.env = {{"PYTHON_EXEC", DDPL_PYTHON}, {"CKPT_DIR", ckpt_}, {"TOTAL_STEPS", "40"},
                 {"STEP_SECONDS", "0.15"}, {"OMP_NUM_THREADS", "1"}};
   }
-  void start(int members = 1) {
-    etcd_ = std::make_unique<EtcdCluster>(members);
+  void start(int members = 1, std::optional<ddpl::testing::EtcdTls> tls = std::nullopt) {
+    etcd_ = std::make_unique<EtcdCluster>(members, tls);
     ASSERT_TRUE(etcd_->healthy()) << "etcd did not become healthy";
   }
   std::unique_ptr<Background> agent(const std::string& nnodes, std::vector<std::string> extra = {},
@@ -98,6 +99,7 @@ TEST_F(EtcdRendezvous, SigkilledAgentIsDroppedWithinTheLeaseTtlAndTheOthersFinis
       [&] { return (a0->outputSoFar() + a1->outputSoFar()).find("lease expired") != std::string::npos; },
       30s));
   auto noticed = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - killed);
+  std::cout << "SIGKILLed node dropped after " << noticed.count() << " ms (lease TTL 3 s)\n";
   // TTL 3s, and etcd checks for expired leases every 500 ms.
   EXPECT_LE(noticed.count(), 3000 + 1500) << "noticed after " << noticed.count() << " ms";
   auto r0 = a0->wait(180s), r1 = a1->wait(180s);
@@ -312,4 +314,24 @@ TEST_F(EtcdRendezvous, StatusAndOnDemandStacksCoverEveryNode) {
   EXPECT_EQ(a0->wait(60s).exit_code, 0);
   EXPECT_EQ(a1->wait(60s).exit_code, 0);
   EXPECT_EQ(etcd_->keys("/ddplaunch/"), "");
+}
+
+// etcd with TLS and client certificates (--client-cert-auth), given as torchrun's keys.
+TEST_F(EtcdRendezvous, TlsWithClientCertificates) {
+  auto tls = ddpl::testing::makeTestTls(makeTempDir("etcd-tls"), true);
+  if (!tls) GTEST_SKIP() << "openssl could not make test certificates";
+  start(1, tls);
+  env_.env.insert({{"FAILS", "0"}, {"SLEEP", "0.2"}});
+  std::vector<std::string> extra = {"--rdzv-conf=protocol=https,cacert=" + tls->ca + ",cert=" +
+                                    tls->cert + ",key=" + tls->key};
+  auto a0 = agent("2", extra, "job", nullptr, kFailRank), a1 = agent("2", extra, "job", nullptr, kFailRank);
+  auto r0 = a0->wait(120s), r1 = a1->wait(120s);
+  EXPECT_EQ(r0.exit_code, 0) << r0.all();
+  EXPECT_EQ(r1.exit_code, 0) << r1.all();
+  EXPECT_EQ(count(r0.out + r1.out, "done in attempt 0"), 2) << r0.all() << r1.all();
+  // Without the client certificate etcd refuses the connection, and launch says where.
+  auto r = agent("2", {"--rdzv-conf=cacert=" + tls->ca + ",connect_timeout=2"}, "job2", nullptr,
+                 kFailRank)->wait(60s);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.all().find("no endpoint answered within 2.0s"), std::string::npos) << r.all();
 }
