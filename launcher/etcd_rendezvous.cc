@@ -117,6 +117,8 @@ struct RoundState {
 // per step).
 constexpr milliseconds kStatusEvery{std::chrono::seconds(5)};
 
+constexpr milliseconds kJoinWaitSlice{std::chrono::seconds(5)};
+
 double unixSeconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -506,7 +508,9 @@ class EtcdRendezvous : public RendezvousHandler {
       }
       auto until = deadline;
       if (last_call_round == s.round) until = std::min(until, last_call_at);
-      auto wait = std::chrono::duration_cast<milliseconds>(until - now) + milliseconds(1);
+      // In slices, so that a launcher shutting down is not held for the join timeout.
+      auto wait = std::min(std::chrono::duration_cast<milliseconds>(until - now) + milliseconds(1),
+                           kJoinWaitSlice);
       etcd_->waitForEvent(p_, etcdPrefixEnd(p_), rev + 1, wait);
     }
   }

@@ -335,3 +335,34 @@ TEST_F(EtcdRendezvous, TlsWithClientCertificates) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.all().find("no endpoint answered within 2.0s"), std::string::npos) << r.all();
 }
+
+// A node stopped (SIGSTOP) past its lease TTL is dropped; its worker dies when the others
+// re-form. Continued, it finds its lease expired and re-joins as a newcomer: no node uses a
+// restart (there are none to use here) and the job finishes on all three.
+TEST_F(EtcdRendezvous, StoppedNodeDroppedThenContinuedRejoinsWithoutARestart) {
+  start();
+  env_.env["TOTAL_STEPS"] = "150";
+  const std::vector<std::string> extra = {"--rdzv-conf=lease_ttl=3", "--max-restarts=0"};
+  auto a0 = agent("2:3", extra), a1 = agent("2:3", extra), a2 = agent("2:3", extra);
+  ASSERT_TRUE(eventually([&] { return stepOf(ckpt_) >= 5; }, 120s)) << a0->outputSoFar();
+  ASSERT_TRUE(eventually([&] { return a0->outputSoFar().find("world=3") != std::string::npos; }, 60s));
+  kill(a2->pid(), SIGSTOP);
+  bool reformed = eventually(
+      [&] {
+        std::string out = a0->outputSoFar() + a1->outputSoFar();
+        return out.find("lease expired") != std::string::npos &&
+               out.find("world=2 step=") != std::string::npos;
+      },
+      60s);
+  std::this_thread::sleep_for(1s);
+  kill(a2->pid(), SIGCONT);
+  ASSERT_TRUE(reformed) << a0->outputSoFar();
+  auto r0 = a0->wait(180s), r1 = a1->wait(180s), r2 = a2->wait(180s);
+  EXPECT_EQ(r0.exit_code, 0) << r0.all();
+  EXPECT_EQ(r1.exit_code, 0) << r1.all();
+  EXPECT_EQ(r2.exit_code, 0) << r2.all();
+  std::string all = r0.all() + r1.all() + r2.all();
+  EXPECT_EQ(all.find("restarting the worker group"), std::string::npos) << all;
+  EXPECT_EQ(count(all, "world=3 step=150"), 3) << all;
+  EXPECT_EQ(etcd_->keys("/ddplaunch/"), "");
+}
