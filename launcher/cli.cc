@@ -1,4 +1,5 @@
 #include "launcher/cli.h"
+#include "launcher/etcd_config.h"
 
 #include <fmt/format.h>
 
@@ -100,20 +101,23 @@ const std::vector<Flag>& flags() {
       {{"--rdzv-backend"},
        true,
        "NAME",
-       "static, c10d or ddpl (default static)",
+       "static, c10d or ddpl, etcd (default static)",
        [](auto& f, auto& v, auto& o) {
-         if (v != "static" && v != "c10d" && v != "ddpl")
+         if (v != "static" && v != "c10d" && v != "ddpl" && v != "etcd" && v != "etcd-v2")
            throw UsageError(fmt::format(
-               "{}: '{}' is not supported: use static, or c10d/ddpl for our gRPC rendezvous", f,
+               "{}: '{}' is not supported: use static, c10d/ddpl for our gRPC rendezvous, or etcd", f,
                v));
-         o.rdzv_backend = v;
+         // torchrun's two etcd backends speak etcd's v2 API; ours speaks v3 for both names.
+         o.rdzv_backend = v == "etcd-v2" ? "etcd" : v;
        }},
       {{"--rdzv-endpoint"},
        true,
        "HOST[:PORT]",
        "rendezvous service address (default port 29400; [IPv6]:PORT)",
        [](auto& f, auto& v, auto& o) {
-         if (!trim(v).empty()) parseHostPort(f, v, kDefaultRdzvPort);  // checked here, once
+         // checked here, once; etcd's lists and URLs by the etcd backend
+         if (!trim(v).empty() && v.find(',') == std::string::npos && v.find("://") == std::string::npos)
+           parseHostPort(f, v, kDefaultRdzvPort);
          o.rdzv_endpoint = trim(v);
        }},
       {{"--rdzv-id"},
@@ -488,12 +492,8 @@ RdzvConf parseRdzvConf(const std::string& v, std::vector<std::string>* warnings)
           fmt::format("--rdzv-conf {}={}: has no effect here (launch's store is its own gRPC "
                       "service, not a TCPStore)",
                       key, value));
-    else if (key == "protocol" || key == "cert" || key == "key" || key == "cacert" ||
-             key == "ssl_cert" || key == "ssl_cert_key" || key == "ca_cert" || key == "etcd_prefix")
-      warn(
-          fmt::format("--rdzv-conf {}: an etcd key, ignored (launch's backends are static and "
-                      "c10d/ddpl; for TLS use tls_ca_file)",
-                      key));
+    else if (isEtcdConfKey(key))
+      c.etcd[key] = value;  // checked by the etcd backend; ignored (with a warning) by the others
     else
       warn(fmt::format(
           "--rdzv-conf: unknown key '{}' ignored (known: join_timeout or timeout, "

@@ -14,6 +14,7 @@ namespace {
 using StartFn = void* (*)(const char*, int, const char*, int, char*, size_t);
 using StopFn = void (*)(void*);
 using ElasticFn = RendezvousHandler* (*)(const ElasticConfig*, int, char*, size_t);
+using EtcdFn = RendezvousHandler* (*)(const EtcdRendezvousConfig*, int, char*, size_t);
 
 int logLevel() { return static_cast<int>(log::logger().level()); }
 }  // namespace
@@ -62,6 +63,14 @@ void GrpcPlugin::stopStore(void* server) {
 std::unique_ptr<RendezvousHandler> GrpcPlugin::makeElastic(const ElasticConfig& config) {
   char buf[2048] = {0};
   RendezvousHandler* h = reinterpret_cast<ElasticFn>(symbol("ddpl_make_elastic_rendezvous"))(
+      &config, logLevel(), buf, sizeof(buf));
+  if (!h) throw NetworkError(buf);
+  return std::unique_ptr<RendezvousHandler>(h);
+}
+
+std::unique_ptr<RendezvousHandler> GrpcPlugin::makeEtcd(const EtcdRendezvousConfig& config) {
+  char buf[4096] = {0};
+  RendezvousHandler* h = reinterpret_cast<EtcdFn>(symbol("ddpl_make_etcd_rendezvous"))(
       &config, logLevel(), buf, sizeof(buf));
   if (!h) throw NetworkError(buf);
   return std::unique_ptr<RendezvousHandler>(h);

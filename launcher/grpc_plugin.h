@@ -5,6 +5,7 @@
 #include <string>
 
 #include "launcher/elastic_rendezvous.h"
+#include "launcher/etcd_rendezvous.h"
 
 namespace ddpl::launcher {
 
@@ -17,6 +18,7 @@ class GrpcPlugin {
   void* startStore(const std::string& host, int port, const std::string& token);
   void stopStore(void* server);
   std::unique_ptr<RendezvousHandler> makeElastic(const ElasticConfig& config);
+  std::unique_ptr<RendezvousHandler> makeEtcd(const EtcdRendezvousConfig& config);
 
   static std::string defaultPath();
 

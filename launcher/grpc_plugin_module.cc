@@ -7,6 +7,7 @@
 
 #include "common/log.h"
 #include "launcher/elastic_rendezvous.h"
+#include "launcher/etcd_rendezvous.h"
 #include "rendezvous/server.h"
 
 namespace {
@@ -49,6 +50,19 @@ ddpl_make_elastic_rendezvous(const ddpl::launcher::ElasticConfig* config, int lo
   try {
     initLog(log_level);
     return ddpl::launcher::makeElasticRendezvous(*config).release();
+  } catch (const std::exception& e) {
+    snprintf(error, error_len, "%s", e.what());
+    return nullptr;
+  }
+}
+
+// The same for the etcd backend (launcher/etcd_rendezvous.h).
+__attribute__((visibility("default"))) ddpl::launcher::RendezvousHandler*
+ddpl_make_etcd_rendezvous(const ddpl::launcher::EtcdRendezvousConfig* config, int log_level,
+                          char* error, size_t error_len) {
+  try {
+    initLog(log_level);
+    return ddpl::launcher::makeEtcdRendezvous(*config).release();
   } catch (const std::exception& e) {
     snprintf(error, error_len, "%s", e.what());
     return nullptr;

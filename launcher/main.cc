@@ -25,6 +25,7 @@
 #include "launcher/numa.h"
 #include "launcher/preflight.h"
 #include "launcher/embedded_store.h"
+#include "launcher/etcd_config.h"
 #include "launcher/gpu.h"
 #include "launcher/grpc_plugin.h"
 #include "launcher/local_rendezvous.h"
@@ -288,7 +289,13 @@ int main(int argc, char** argv) {
     // runs stay exactly like torchrun's static rendezvous.
     std::unique_ptr<EmbeddedStore> store;
     std::unique_ptr<RendezvousHandler> rdzv;
-    if (o.elastic()) {
+    if (o.rdzv_backend == "etcd") {
+      rdzv = GrpcPlugin::get().makeEtcd(etcdRendezvousConfig(
+          o, elasticConfig(o, cfg.run_id, cfg.nproc, cfg.host), cfg.base_env));
+    } else if (o.elastic()) {
+      if (!o.rdzv_conf.etcd.empty())
+        ddpl::log::warn("--rdzv-conf {}...: etcd keys, ignored by --rdzv-backend={}",
+                        o.rdzv_conf.etcd.begin()->first, o.rdzv_backend);
       rdzv = GrpcPlugin::get().makeElastic(elasticConfig(o, cfg.run_id, cfg.nproc, cfg.host));
       if (o.preflight != "off") {
         // Every node's findings reach group rank 0's job-wide table, a stopped node's too.

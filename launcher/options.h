@@ -60,6 +60,8 @@ struct RdzvConf {
   std::optional<bool> is_host;  // unset: host when the endpoint names this machine
   std::string token_file;
   std::string tls_ca_file;
+  // Keys only the etcd backend reads (launcher/etcd_config.h checks them), as given.
+  std::map<std::string, std::string> etcd;
 };
 
 // --numa-binding (torchrun 2.9's modes): which CPUs and memory each local rank is bound to.

@@ -15,7 +15,8 @@ PKGS=(build-essential cmake ninja-build ccache pkg-config file
       libopenmpi-dev openmpi-bin
       libgtest-dev libgmock-dev libbenchmark-dev
       openssl procps iproute2 psmisc elfutils tmux
-      slurmctld slurmd slurm-client munge)
+      slurmctld slurmd slurm-client munge
+      etcd-server etcd-client)
 
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi

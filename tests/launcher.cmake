@@ -4,6 +4,7 @@ target_include_directories(ddpl_test_util PUBLIC ${PROJECT_SOURCE_DIR})
 ddpl_add_test(NAME launcher_unit_test
   SOURCES unit/cli_test.cc unit/supervisor_test.cc unit/worker_spec_test.cc unit/output_test.cc
     unit/parse_test.cc unit/numa_test.cc unit/progress_test.cc unit/job_view_test.cc
+    unit/etcd_config_test.cc
   LIBS ddpl_launcher ddpl_test_util LABELS unit TIMEOUT 60)
 
 # Integration and fault tests run the real `launch` binary.
@@ -25,6 +26,13 @@ add_dependencies(launcher_integration_test store_client_program)
 ddpl_add_test(NAME multinode_test
   SOURCES integration/multinode_test.cc LIBS ddpl_test_util LABELS integration TIMEOUT 300)
 add_dependencies(multinode_test launch rdzv-server)
+
+# --rdzv-backend=etcd against real etcd servers the test starts (skipped without etcd).
+ddpl_add_test(NAME etcd_rendezvous_test
+  SOURCES integration/etcd_rendezvous_test.cc LIBS ddpl_test_util LABELS integration TIMEOUT 600)
+add_dependencies(etcd_rendezvous_test launch)
+ddpl_add_test(NAME etcd_client_test
+  SOURCES integration/etcd_client_test.cc LIBS ddpl_etcd_client ddpl_test_util LABELS integration TIMEOUT 120)
 
 # deploy/: manifests agree with the binaries' flags.
 add_test(NAME deploy_manifests_test

@@ -115,7 +115,7 @@ TEST(Cli, BadInputNamesTheFlag) {
   EXPECT_NE(usageError({"--shutdown-timeout=soon", "p"}).find("'soon'"), std::string::npos);
   EXPECT_NE(usageError({}).find("missing PROGRAM"), std::string::npos);
   EXPECT_NE(usageError({"--run-path", "p"}).find("not supported"), std::string::npos);
-  EXPECT_NE(usageError({"--rdzv-backend=etcd", "p"}).find("'etcd'"), std::string::npos);
+  EXPECT_NE(usageError({"--rdzv-backend=zookeeper", "p"}).find("'zookeeper'"), std::string::npos);
   EXPECT_NE(usageError({"--rdzv-conf=novalue", "p"}).find("key=value"), std::string::npos);
 }
 

@@ -1,0 +1,122 @@
+#pragma once
+// A small etcd v3 client over our own gRPC stack (proto/etcd/: etcd v3.4's API), for the etcd
+// rendezvous. Lives in the gRPC plugin; no gRPC in this header.
+//
+// Endpoints are tried in turn: a call that cannot reach one (or that one has no leader) moves
+// on to the next, within the call's deadline, so a cluster that loses a member (even its
+// leader) keeps serving. Errors name every endpoint tried.
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddpl::launcher {
+
+struct EtcdOptions {
+  std::vector<std::string> endpoints;  // host:port, at least one
+  // TLS when ca_file is set; cert_file and key_file: a client certificate (etcd's
+  // --client-cert-auth).
+  std::string ca_file, cert_file, key_file;
+  // etcd's user/password auth (Auth/Authenticate), when user is set.
+  std::string user, password;
+  std::chrono::milliseconds connect_timeout{std::chrono::seconds(10)};
+  std::chrono::milliseconds call_timeout{std::chrono::seconds(10)};
+};
+
+struct EtcdKv {
+  std::string key, value;
+  int64_t create_revision = 0, mod_revision = 0, version = 0, lease = 0;
+};
+
+struct EtcdEvent {
+  enum class Type { kPut, kDelete };
+  Type type = Type::kPut;
+  EtcdKv kv;  // for a delete: the key and the revision of the delete
+};
+
+// One comparison of a transaction (etcd's Compare): the key's mod revision, create revision
+// or value against `number` / `value`. A missing key has revision 0 and version 0.
+struct EtcdCompare {
+  enum class Target { kMod, kCreate, kVersion, kValue };
+  std::string key;
+  Target target = Target::kMod;
+  int64_t number = 0;
+  std::string value;
+  bool equal = true;  // false: NOT_EQUAL
+};
+
+struct EtcdOp {
+  enum class Kind { kPut, kDelete, kDeletePrefix };
+  Kind kind = Kind::kPut;
+  std::string key, value;
+  int64_t lease = 0;
+};
+
+struct EtcdTxnResult {
+  bool succeeded = false;
+  int64_t revision = 0;  // the store's revision after the transaction
+};
+
+// The end of etcd's range for every key that starts with `prefix`.
+std::string etcdPrefixEnd(const std::string& prefix);
+
+class EtcdWatch {
+ public:
+  virtual ~EtcdWatch() = default;  // stops the watch; no callback runs after it returns
+};
+
+class EtcdClient {
+ public:
+  // Checks that an endpoint answers (and authenticates) within connect_timeout. Throws
+  // NetworkError naming every endpoint tried and why, AuthError for wrong credentials,
+  // InvalidArgument for unreadable TLS files.
+  explicit EtcdClient(EtcdOptions options);
+  ~EtcdClient();
+  EtcdClient(const EtcdClient&) = delete;
+  EtcdClient& operator=(const EtcdClient&) = delete;
+
+  // `revision`: the store's revision at the read, for a watch that must miss nothing after.
+  std::optional<EtcdKv> get(const std::string& key, int64_t* revision = nullptr);
+  std::vector<EtcdKv> getPrefix(const std::string& prefix, int64_t* revision = nullptr);
+  int64_t put(const std::string& key, const std::string& value, int64_t lease = 0);
+  int64_t deletePrefix(const std::string& prefix);  // returns the number deleted
+  EtcdTxnResult txn(const std::vector<EtcdCompare>& compare, const std::vector<EtcdOp>& success,
+                    const std::vector<EtcdOp>& failure = {});
+  // Adds `delta` to the decimal counter at `key` (missing: 0) with compare-and-swap; returns
+  // the new value.
+  int64_t add(const std::string& key, int64_t delta);
+
+  // Returns the lease's id; etcd may raise a TTL below its minimum.
+  int64_t grantLease(std::chrono::seconds ttl);
+  void revokeLease(int64_t id);
+  // One keep-alive of the lease; returns its remaining TTL in seconds, 0 when it has expired.
+  int64_t keepAliveOnce(int64_t id);
+
+  // Events on [key, range_end) from `start_revision` on, delivered in order on a thread of the
+  // watch's own. A broken stream resumes on any endpoint from the revision after the last
+  // event; `failed` runs once (and no event after it) when no endpoint serves the watch
+  // within connect_timeout, or the revisions were compacted away.
+  std::unique_ptr<EtcdWatch> watch(const std::string& key, const std::string& range_end,
+                                   int64_t start_revision,
+                                   std::function<void(const std::vector<EtcdEvent>&)> events,
+                                   std::function<void(const std::string&)> failed);
+
+  // Blocks until an event on [key, range_end) at or after `start_revision`, or `timeout`.
+  // Returns false on timeout. Throws NetworkError when no endpoint serves the watch.
+  bool waitForEvent(const std::string& key, const std::string& range_end, int64_t start_revision,
+                    std::chrono::milliseconds timeout);
+
+  std::string endpoints() const;  // "a:2379, b:2379"
+  const EtcdOptions& options() const { return options_; }
+
+  struct Impl;
+
+ private:
+  EtcdOptions options_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ddpl::launcher
