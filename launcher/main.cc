@@ -297,6 +297,13 @@ int main(int argc, char** argv) {
         ddpl::log::warn("--rdzv-conf {}...: etcd keys, ignored by --rdzv-backend={}",
                         o.rdzv_conf.etcd.begin()->first, o.rdzv_backend);
       rdzv = GrpcPlugin::get().makeElastic(elasticConfig(o, cfg.run_id, cfg.nproc, cfg.host));
+    } else {
+      if (o.standalone) store = std::make_unique<EmbeddedStore>("127.0.0.1");
+      rdzv = std::make_unique<LocalRendezvous>(cfg.run_id, cfg.nproc, o.master_addr,
+                                               o.master_port, store.get(), o.node_rank,
+                                               o.nnodes_max);
+    }
+    if (o.elastic()) {  // several nodes, c10d or etcd
       if (o.preflight != "off") {
         // Every node's findings reach group rank 0's job-wide table, a stopped node's too.
         int failed = 0, warned = 0;
@@ -316,11 +323,6 @@ int main(int argc, char** argv) {
                          "(launch doctor gives the full report)", cfg.host);
         return 1;
       }
-    } else {
-      if (o.standalone) store = std::make_unique<EmbeddedStore>("127.0.0.1");
-      rdzv = std::make_unique<LocalRendezvous>(cfg.run_id, cfg.nproc, o.master_addr,
-                                               o.master_port, store.get(), o.node_rank,
-                                               o.nnodes_max);
     }
     int code;
     {
