@@ -164,6 +164,8 @@ struct Agent::Impl {
   bool nvml_tried = false;
   bool status_line = false, view_log = false;
   double next_view = 0, next_view_log = 0;
+  double first_group_started = 0;  // for cfg.after_start; 0: no group yet
+  size_t after_start_done = 0;      // how many of cfg.after_start have run (sorted by time)
   double next_straggler_check = 0;
   HangDetector hang;
   std::vector<uint64_t> output_seen;  // bytes of each local rank's output at the last tick
@@ -259,6 +261,8 @@ struct Agent::Impl {
       log::setConsoleWrapper([this](const std::function<void()>& write) {
         router.aroundConsoleWrite(write);
       });
+    std::sort(cfg.after_start.begin(), cfg.after_start.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
     rdzv.setRoundEndedCallback([this](int64_t round, std::string reason) {
       post(RoundEnd{round, std::move(reason)});
     });
@@ -412,6 +416,9 @@ struct Agent::Impl {
     for (const auto& w : workers)
       if (w.alive) progress.onStep(w.local_rank, stepOf(w), now, waitedOf(w));
     if (now >= next_view) updateView(now);  // also publishes the node's status for the job
+    while (first_group_started > 0 && after_start_done < cfg.after_start.size() &&
+           now - first_group_started >= cfg.after_start[after_start_done].first)
+      cfg.after_start[after_start_done++].second();
     if (now >= next_straggler_check) {
       next_straggler_check = now + 1;
       for (const auto& s : progress.newStragglers()) {
@@ -877,6 +884,7 @@ struct Agent::Impl {
     workers.assign(static_cast<size_t>(cfg.nproc), Worker{});
     progress.start(cfg.nproc, world.rank_offset, unixNow());
     view.start(unixNow());
+    if (first_group_started == 0) first_group_started = unixNow();
     if (metrics) metrics->setJob({attempt, world.world_size, cfg.options.max_restarts});
     hang.start(cfg.nproc, unixNow());
     output_seen.assign(static_cast<size_t>(cfg.nproc), 0);

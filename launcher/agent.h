@@ -2,6 +2,7 @@
 // The local agent: carries out the supervisor's decisions with real processes. Event driven:
 // one epoll loop over a signalfd (SIGCHLD and the handled signals), the workers' output pipes
 // and a timerfd for the shutdown grace period. Nothing polls.
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,6 +24,10 @@ struct AgentConfig {
   std::string host;
   std::vector<NumaPlacement> numa;  // per local rank (--numa-binding); empty: no binding
   std::string python_origin;  // "/path/python3 (why)" when PROGRAM runs under Python
+  // Each called once, on the agent's thread, when the job has run that many seconds: work
+  // that must not compete with the workers' start (single-node preflight, the run manifest's
+  // probe).
+  std::vector<std::pair<double, std::function<void()>>> after_start;
 };
 
 class Agent {

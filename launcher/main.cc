@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <thread>
 #include <memory>
 #include <random>
 
@@ -258,13 +257,7 @@ int main(int argc, char** argv) {
     // Before the rendezvous: a node that cannot run the job says so before anyone waits on it.
     std::vector<Finding> findings;
     bool preflight_fatal = false;
-    if (o.preflight == "warn" && !o.elastic()) {
-      // Nothing waits on its verdict on one node: off the start-up path, beside the workers.
-      std::thread([o, env, nproc = cfg.nproc, host = cfg.host] {
-        for (const auto& p : preflightProblems(host, runPreflight(o, env, nproc)))
-          ddpl::log::warn("preflight: {}", p);
-      }).detach();
-    } else if (o.preflight != "off") {
+    if (o.preflight != "off") {
       findings = runPreflight(o, env, cfg.nproc);
       auto problems = preflightProblems(cfg.host, findings);
       preflight_fatal = o.preflight == "strict" && anyFailed(findings);
@@ -326,6 +319,13 @@ int main(int argc, char** argv) {
     }
     int code;
     {
+      // The manifest's slow facts a few seconds into the job (the agent calls this), once the
+      // fast manifest is written below.
+      std::string manifest_path;
+      cfg.after_start.emplace_back(3.0, [&manifest_path] {
+        if (!manifest_path.empty())
+          startManifestProbe(manifest_path, "/proc/self/exe", kDefaultNvmlLibrary);
+      });
       Agent agent(std::move(cfg), *rdzv);
       // Beside the logs; a run without --log-dir has its logs removed at exit, so its manifest
       // goes to the temporary directory instead, and the path is said.
@@ -333,11 +333,10 @@ int main(int argc, char** argv) {
                              ? fmt::format("{}/ddpl-manifest-{}-{}.json", temp_dir,
                                            manifest.run_id, getpid())
                              : agent.runLogDir() + "/manifest.json";
-      std::unique_ptr<ManifestWriter> manifest_writer;
       try {
         std::filesystem::create_directories(std::filesystem::path(path).parent_path());
-        manifest_writer = std::make_unique<ManifestWriter>(manifest, path, "/proc/self/exe",
-                                                           kDefaultNvmlLibrary);
+        writeManifest(manifest, path);
+        manifest_path = path;
         if (o.log_dir.empty()) ddpl::log::info("run manifest: {}", path);
       } catch (const std::exception& e) {
         ddpl::log::warn("no run manifest: {}", e.what());

@@ -130,11 +130,6 @@ void writeFileAtomically(const std::string& path, const std::string& text) {
 }
 
 namespace {
-// The probe imports torch and runs git: seconds of CPU that would compete with the workers'
-// own start (on a 2-core machine it took launch's overhead from 10 to 14 ms). It starts this
-// long after the job, at the lowest priority; a shorter run records "not probed".
-constexpr auto kProbeDelay = std::chrono::seconds(3);
-
 void spawnProbe(const std::string& path, const std::string& self_exe,
                 const std::string& nvml_library) {
   posix_spawn_file_actions_t fa;
@@ -159,26 +154,13 @@ void spawnProbe(const std::string& path, const std::string& self_exe,
 }
 }  // namespace
 
-ManifestWriter::ManifestWriter(ManifestFacts facts, std::string path, std::string self_exe,
-                               std::string nvml_library) {
+void writeManifest(const ManifestFacts& facts, const std::string& path) {
   writeFileAtomically(path, manifestJson(facts));
-  // The thread inherits launch's blocked signals, so they still reach the agent's signalfd.
-  thread_ = std::thread([this, path = std::move(path), self_exe = std::move(self_exe),
-                         nvml_library = std::move(nvml_library)] {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (cv_.wait_for(lock, kProbeDelay, [this] { return stop_; })) return;  // the run ended
-    lock.unlock();
-    spawnProbe(path, self_exe, nvml_library);
-  });
 }
 
-ManifestWriter::~ManifestWriter() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  if (thread_.joinable()) thread_.join();  // the fast manifest is on disk when a run ends
+void startManifestProbe(const std::string& path, const std::string& self_exe,
+                        const std::string& nvml_library) {
+  spawnProbe(path, self_exe, nvml_library);
 }
 
 int runManifestProbe(const std::string& path, const std::string& nvml_library) {

@@ -8,10 +8,7 @@
 // ones (GPUs and driver, the interpreter's torch/CUDA/cuDNN/NCCL, git, the hash of the
 // installed packages) and replaces the file. What the child has not finished when the run
 // ends reads "not probed".
-#include <condition_variable>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "launcher/options.h"
@@ -46,25 +43,15 @@ std::string manifestJson(const ManifestFacts& facts);
 // killed half way) never sees half a manifest. Throws ddpl::Error naming the path.
 void writeFileAtomically(const std::string& path, const std::string& text);
 
-// The run's manifest: the fast facts written at once (throws ddpl::Error when they cannot be),
-// then, a few seconds later and from a thread of its own, the probe child (`self_exe __manifest-probe PATH NVML_LIBRARY`, output to /dev/null, signals
-// unblocked, lowest priority) that adds the slow ones and dies with launch. The destructor
-// (the end of the run) waits for the fast manifest and cancels a probe not started yet: a
-// run shorter than the delay keeps "not probed".
-class ManifestWriter {
- public:
-  ManifestWriter(ManifestFacts facts, std::string path, std::string self_exe,
-                 std::string nvml_library);
-  ~ManifestWriter();
-  ManifestWriter(const ManifestWriter&) = delete;
-  ManifestWriter& operator=(const ManifestWriter&) = delete;
+// Writes the fast manifest to `path`. Throws ddpl::Error when it cannot be written.
+void writeManifest(const ManifestFacts& facts, const std::string& path);
 
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  std::thread thread_;
-};
+// Starts the probe child (`self_exe __manifest-probe PATH NVML_LIBRARY`, output to /dev/null,
+// signals unblocked, lowest priority) that adds the slow facts to the manifest at `path` and
+// dies with launch; nothing waits for it. The agent calls it a few seconds into the job, so
+// that importing torch and running git never compete with the workers' own start.
+void startManifestProbe(const std::string& path, const std::string& self_exe,
+                        const std::string& nvml_library);
 
 // The child's work: reads `path`, adds the slow facts, writes it back. Returns 0, or 1 with
 // the reason on stderr.
