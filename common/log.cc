@@ -17,9 +17,11 @@ std::mutex g_mu;
 // log while static destructors run at exit, or hold a reference across a re-init.
 std::shared_ptr<spdlog::logger>* g_logger = nullptr;
 
-// The wrapper of setConsoleWrapper; leaked like the loggers, for the same reason.
+// The wrapper of setConsoleWrapper. One object for the process's life (never freed, like the
+// loggers, for the same reason), replaced in place under the lock: a line being written runs
+// its own copy.
 std::mutex g_wrap_mu;
-ConsoleWrapper* g_wrapper = nullptr;
+ConsoleWrapper* g_wrapper = new ConsoleWrapper();
 
 // stderr, with each line passed through the console wrapper when one is set.
 class WrappedStderrSink : public spdlog::sinks::base_sink<std::mutex> {
@@ -33,7 +35,7 @@ class WrappedStderrSink : public spdlog::sinks::base_sink<std::mutex> {
     ConsoleWrapper wrap;
     {
       std::lock_guard<std::mutex> lock(g_wrap_mu);
-      if (g_wrapper) wrap = *g_wrapper;
+      wrap = *g_wrapper;
     }
     if (wrap)
       wrap([&] {
@@ -93,8 +95,7 @@ spdlog::level::level_enum parseLevel(const std::string& name) {
 
 void setConsoleWrapper(ConsoleWrapper wrapper) {
   std::lock_guard<std::mutex> lock(g_wrap_mu);
-  // The old one is leaked, not freed: a line being written may still be running it.
-  g_wrapper = wrapper ? new ConsoleWrapper(std::move(wrapper)) : nullptr;
+  *g_wrapper = std::move(wrapper);
 }
 
 void setLevel(spdlog::level::level_enum level) { logger().set_level(level); }

@@ -3,7 +3,8 @@
 # build directory of their own configured without LibTorch:
 #   bash scripts/test_sanitized.sh asan   # AddressSanitizer + UndefinedBehaviorSanitizer, build-asan
 #   bash scripts/test_sanitized.sh tsan   # ThreadSanitizer, build-tsan
-# Left out: tests whose workers are Python programs importing torch (MultiNode, LaunchPython,
+# Left out: tests whose workers are Python programs importing torch (MultiNode, EtcdRendezvous,
+# LaunchPython,
 # the MPI job tests, the slurm/netns scripts) and the Python manifest check; they test no
 # more C++ than the ones kept and take minutes under a sanitizer on two cores.
 # TSan also leaves out the suites that run gRPC (the gRPC store and service, membership, TLS,
@@ -47,4 +48,4 @@ if [ ! -f "$BUILD_DIR/build.ninja" ]; then
 fi
 cmake --build "$BUILD_DIR" -j "$JOBS"
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j 2 --timeout 600 \
-  -E "^(MultiNode|LaunchPython|Mpi(Example|Failure|Launch|Worker))\\.|^(slurm_test|netns_test|deploy_manifests_test|wheel_test)\$${EXTRA_EXCLUDE:-}"
+  -E "^(MultiNode|EtcdRendezvous|LaunchPython|Mpi(Example|Failure|Launch|Worker))\\.|^(slurm_test|netns_test|deploy_manifests_test|wheel_test)\$${EXTRA_EXCLUDE:-}"
