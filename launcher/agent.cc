@@ -706,10 +706,11 @@ struct Agent::Impl {
         rank_metrics[i].cpu_percent = f.cpu_percent[i];
       metrics->update(rank_metrics);
     }
-    rdzv.publishStatus(view.logLine());
+    const std::string line = view.logLine();  // the node's status, for the job and the log
+    rdzv.publishStatus(line);
     if (status_line) router.setStatus(view.statusLine(SIZE_MAX));
     if (view_log && now >= next_view_log) {
-      if (next_view_log > 0) log::info("ranks: {}", view.logLine());
+      if (next_view_log > 0) log::info("ranks: {}", line);
       next_view_log = now + cfg.options.monitor_log_interval_sec;
     }
   }

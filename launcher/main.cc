@@ -256,10 +256,11 @@ int main(int argc, char** argv) {
     }
     // Before the rendezvous: a node that cannot run the job says so before anyone waits on it.
     std::vector<Finding> findings;
+    std::vector<std::string> problems;  // the findings that are not ok, one line each
     bool preflight_fatal = false;
     if (o.preflight != "off") {
       findings = runPreflight(o, env, cfg.nproc);
-      auto problems = preflightProblems(cfg.host, findings);
+      problems = preflightProblems(cfg.host, findings);
       preflight_fatal = o.preflight == "strict" && anyFailed(findings);
       for (const auto& p : problems)
         if (preflight_fatal && p.rfind("fail", 0) == 0) ddpl::log::error("preflight: {}", p);
@@ -308,7 +309,7 @@ int main(int argc, char** argv) {
             "{} (launch pid {}): {} check(s), {} warning(s), {} failure(s){}", cfg.host, getpid(),
             findings.size(), warned, failed,
             preflight_fatal ? "; STOPPED before joining (--preflight=strict)" : "");
-        for (const auto& p : preflightProblems(cfg.host, findings)) report += "\n" + p;
+        for (const auto& p : problems) report += "\n" + p;
         rdzv->publishPreflight(report);
       }
       if (preflight_fatal) {

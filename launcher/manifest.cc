@@ -17,7 +17,6 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
-#include <thread>
 
 #include "common/errors.h"
 #include "common/log.h"
@@ -129,9 +128,8 @@ void writeFileAtomically(const std::string& path, const std::string& text) {
   }
 }
 
-namespace {
-void spawnProbe(const std::string& path, const std::string& self_exe,
-                const std::string& nvml_library) {
+void startManifestProbe(const std::string& path, const std::string& self_exe,
+                        const std::string& nvml_library) {
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
@@ -152,15 +150,9 @@ void spawnProbe(const std::string& path, const std::string& self_exe,
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
 }
-}  // namespace
 
 void writeManifest(const ManifestFacts& facts, const std::string& path) {
   writeFileAtomically(path, manifestJson(facts));
-}
-
-void startManifestProbe(const std::string& path, const std::string& self_exe,
-                        const std::string& nvml_library) {
-  spawnProbe(path, self_exe, nvml_library);
 }
 
 int runManifestProbe(const std::string& path, const std::string& nvml_library) {

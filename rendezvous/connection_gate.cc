@@ -182,7 +182,6 @@ void ConnectionGate::stop() {
   conns_.clear();
   by_peer_.clear();
   by_grpc_fd_.clear();
-  stats_.open = 0;
 }
 
 void ConnectionGate::wake() {
@@ -285,7 +284,7 @@ void ConnectionGate::admit(int listen_fd, int fd) {
       if (c != conns_.end()) shutDownLocked(c->second);
       dropLocked(it->second);
     }
-    if (stats_.open >= options_.max_connections && !evictOneLocked()) {
+    if (static_cast<int64_t>(conns_.size()) >= options_.max_connections && !evictOneLocked()) {
       ++stats_.rejected_at_cap;
       lock.unlock();
       close(fd);
@@ -320,7 +319,6 @@ void ConnectionGate::admit(int listen_fd, int fd) {
     by_peer_[peer] = dup_fd;
     by_grpc_fd_[fd] = dup_fd;
     conns_.emplace(dup_fd, std::move(c));
-    ++stats_.open;
     ++stats_.accepted;
   }
   grpc::experimental::ExternalConnectionAcceptor::NewConnectionParameters p;
@@ -339,7 +337,6 @@ void ConnectionGate::dropLocked(int dup_fd) {
     by_grpc_fd_.erase(g);
   close(dup_fd);
   conns_.erase(it);
-  --stats_.open;
 }
 
 void ConnectionGate::shutDownLocked(Conn& c) {
@@ -357,16 +354,8 @@ bool ConnectionGate::evictOneLocked() {
   if (!oldest) return false;
   ++stats_.evicted;
   shutDownLocked(*oldest);
-  // It still counts until its HUP; the new one may come in now, one over the cap briefly.
-  --stats_.open;
-  int dup = oldest->dup_fd;
-  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, dup, nullptr);
-  if (auto p = by_peer_.find(oldest->peer); p != by_peer_.end() && p->second == dup)
-    by_peer_.erase(p);
-  if (auto g = by_grpc_fd_.find(oldest->grpc_fd); g != by_grpc_fd_.end() && g->second == dup)
-    by_grpc_fd_.erase(g);
-  close(dup);
-  conns_.erase(dup);
+  // Forgotten now rather than at its HUP, so that the newcomer fits under the cap at once.
+  dropLocked(oldest->dup_fd);
   return true;
 }
 
@@ -417,7 +406,9 @@ void ConnectionGate::noteCall(const std::string& peer, bool authorized) {
 
 GateStats ConnectionGate::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  GateStats s = stats_;
+  s.open = static_cast<int64_t>(conns_.size());
+  return s;
 }
 
 void ConnectionGate::warnRateLimited(const std::string& what) {

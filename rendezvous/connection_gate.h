@@ -33,7 +33,7 @@ struct GateOptions {
 };
 
 struct GateStats {
-  int64_t open = 0;              // connections held now
+  int64_t open = 0;              // connections held now (the table's size)
   int64_t accepted = 0;          // since start
   int64_t rejected_at_cap = 0;   // closed on arrival: the cap was reached by authorized peers
   int64_t evicted = 0;           // never-authorized connections closed to make room
