@@ -2,6 +2,10 @@
 ddpl_add_test(NAME worker_unit_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/worker_unit_test.cc
   LIBS ddpl_worker nlohmann_json::nlohmann_json LABELS worker TIMEOUT 120)
 target_precompile_headers(worker_unit_test REUSE_FROM ddpl_worker)
+ddpl_add_test(NAME worker_checkpoints_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/worker_checkpoints_test.cc
+  LIBS ddpl_worker LABELS worker TIMEOUT 120)
+target_precompile_headers(worker_checkpoints_test REUSE_FROM ddpl_worker)
 
 # worker_rank, the rank program every multi-process test starts, and the stripped library on
 # its stack: in a file of their own, as the GPU checks build them without the suite.

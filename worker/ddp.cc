@@ -120,8 +120,10 @@ struct DdpReducer::Impl {
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
   std::vector<uintptr_t> hookKeys;
 
-  std::mutex mu;
+  mutable std::mutex mu;
   bool requireSync = true;
+  uint64_t forwardsBegun = 0;
+  uint64_t forwardsEnded = 0;
   // Per backward:
   bool inBackward = false;
   std::vector<bool> ready;
@@ -139,7 +141,9 @@ struct DdpReducer::Impl {
   void finishBufferBroadcast();
   bool syncsBuffers() const;
   void onGradReady(size_t index);
+  void beginBackward();
   void launch(Bucket& bucket);
+  void launchZeros(Bucket& bucket);
   void finalize();
   double sinceStartUs() const {
     return std::chrono::duration<double, std::micro>(Clock::now() - start).count();
@@ -264,19 +268,7 @@ void DdpReducer::Impl::onGradReady(size_t index) {
   std::lock_guard<std::mutex> lock(mu);
   if (!requireSync || !options.communicate || worldSize == 1) return;
   if (!inBackward) {
-    inBackward = true;
-    start = Clock::now();
-    std::fill(ready.begin(), ready.end(), false);
-    readyCount = 0;
-    nextToLaunch = 0;
-    for (auto& b : buckets) {
-      b.pending = b.params.size();
-      b.launched = false;
-      b.work.reset();
-    }
-    current = IterationTrace{};
-    current.numGrads = params.size();
-    current.buckets.resize(buckets.size());
+    beginBackward();
     // Runs when this backward has finished: nothing may reach the optimizer unreduced.
     std::weak_ptr<bool> weak = alive;
     torch::autograd::Engine::get_default_engine().queue_callback([this, weak] {
@@ -293,6 +285,32 @@ void DdpReducer::Impl::onGradReady(size_t index) {
   while (nextToLaunch < buckets.size() && buckets[nextToLaunch].pending == 0) {
     launch(buckets[nextToLaunch++]);
   }
+}
+
+void DdpReducer::Impl::beginBackward() {
+  inBackward = true;
+  start = Clock::now();
+  std::fill(ready.begin(), ready.end(), false);
+  readyCount = 0;
+  nextToLaunch = 0;
+  for (auto& b : buckets) {
+    b.pending = b.params.size();
+    b.launched = false;
+    b.work.reset();
+  }
+  current = IterationTrace{};
+  current.numGrads = params.size();
+  current.buckets.resize(buckets.size());
+}
+
+void DdpReducer::Impl::launchZeros(Bucket& bucket) {
+  torch::NoGradGuard noGrad;
+  bucket.wire.zero_();
+  std::vector<at::Tensor> tensors{bucket.wire};
+  c10d::AllreduceOptions opts;
+  opts.timeout = options.timeout;
+  bucket.work = backend->allreduce(tensors, opts);
+  bucket.launched = true;
 }
 
 void DdpReducer::Impl::launch(Bucket& bucket) {
@@ -441,6 +459,7 @@ bool DdpReducer::Impl::syncsBuffers() const {
 
 void DdpReducer::beforeForward() {
   std::lock_guard<std::mutex> lock(impl_->mu);
+  ++impl_->forwardsBegun;
   if (!impl_->syncsBuffers()) return;
   // Not at the end of backward: the graph just run saved the running statistics, and writing
   // them in place would break a second backward through it (retain_graph).
@@ -450,6 +469,7 @@ void DdpReducer::beforeForward() {
 
 void DdpReducer::afterForward() {
   std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->forwardsEnded = impl_->forwardsBegun;
   if (!impl_->syncsBuffers() || !impl_->options.overlapBufferBroadcast) return;
   impl_->finishBufferBroadcast();  // a forward without beforeForward: one broadcast in flight at most
   impl_->startBufferBroadcast();
@@ -461,6 +481,47 @@ void DdpReducer::setRequireGradSync(bool sync) {
 }
 
 bool DdpReducer::requireGradSync() const { return impl_->requireSync; }
+
+uint64_t DdpReducer::forwardsBegun() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->forwardsBegun;
+}
+
+void DdpReducer::completeAbandonedPass(uint64_t begunBefore, bool sync) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Impl& im = *impl_;
+  const bool buffers = im.syncsBuffers();
+  const bool overlap = im.options.overlapBufferBroadcast;
+  if (im.forwardsBegun == begunBefore) {  // failed before its forward: what beforeForward does
+    ++im.forwardsBegun;
+    if (buffers) {
+      if (!overlap) im.startBufferBroadcast();
+      im.finishBufferBroadcast();
+    }
+  }
+  if (im.forwardsEnded < im.forwardsBegun) {  // failed inside its forward: what afterForward does
+    im.forwardsEnded = im.forwardsBegun;
+    if (buffers && overlap) {
+      im.finishBufferBroadcast();
+      im.startBufferBroadcast();
+    }
+  }
+  if (!sync || !im.options.communicate || im.worldSize == 1) {
+    im.inBackward = false;
+    return;
+  }
+  // A backward that threw never reaches its final callback (autograd drops it with the failed
+  // graph task), so the buckets it launched are still in flight: the rest go as zeros, in order.
+  if (!im.inBackward) im.beginBackward();
+  for (auto& bucket : im.buckets) {
+    if (!bucket.launched) im.launchZeros(bucket);
+  }
+  for (auto& bucket : im.buckets) {
+    bucket.work->wait(im.options.timeout);
+    bucket.work.reset();
+  }
+  im.inBackward = false;
+}
 
 IterationTrace DdpReducer::lastIteration() const {
   std::lock_guard<std::mutex> lock(impl_->mu);

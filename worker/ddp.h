@@ -62,6 +62,13 @@ struct IterationTrace {
 };
 
 // The type-independent part: bucketing, hooks, collectives.
+//
+// Threading: one training thread calls forward/backward and the methods here. The gradient hooks
+// run on autograd's threads (the caller's for CPU, the device threads for CUDA) and launch
+// collectives from there; they share state with the training thread under one mutex. The end of
+// each synchronised backward (an autograd final callback) waits for every bucket with
+// DdpOptions::timeout, so backward() returns only with averaged gradients or an exception.
+// Destroy the reducer on the training thread, after the last backward.
 class DdpReducer {
  public:
   DdpReducer(std::shared_ptr<torch::nn::Module> module, c10::intrusive_ptr<c10d::Backend> backend,
@@ -77,6 +84,17 @@ class DdpReducer {
 
   void setRequireGradSync(bool sync);
   bool requireGradSync() const;
+
+  // For recovering from an error inside one micro-batch (AutoBatch, worker/auto_batch.h). Every
+  // rank must issue the same collectives in the same order; a rank whose forward or backward
+  // threw has issued only some of a micro-batch's. forwardsBegun() counts beforeForward calls.
+  uint64_t forwardsBegun() const;
+  // Issues and waits for the collectives the other ranks issue for the rest of the micro-batch
+  // begun after forwardsBegun() was `begunBefore`: the buffer broadcast of its forward and, when
+  // `sync`, every bucket's all-reduce not yet launched (as zeros). Called with the current
+  // forwardsBegun(), it stands in for a whole micro-batch this rank skips. The gradients of the
+  // step are meaningless afterwards, on every rank: discard them.
+  void completeAbandonedPass(uint64_t begunBefore, bool sync);
 
   IterationTrace lastIteration() const;
   // Parameter names per bucket, bucket 0 first (reverse registration order).
