@@ -119,6 +119,29 @@ const std::vector<Flag>& flags() {
        [](Options& o, const std::string& f, const std::string& v) {
          o.accumulation = parseInteger(f, v, 1, 1024);
        }},
+      {"--auto-batch", false, "",
+       "on running out of device memory, all ranks switch to a smaller micro-batch with more "
+       "accumulation (same global batch) and run the step again",
+       [](Options& o, const std::string& f, const std::string& v) {
+         o.autoBatch = parseBool(f, v);
+       }},
+      {"--inject-oom", true, "STEP[:RANK[:forward|backward]]",
+       "testing --auto-batch: an out-of-memory error at optimizer step STEP (0-based) on RANK "
+       "(default 0; -1: all), raised midway through backward (default) or before the forward",
+       [](Options& o, const std::string& f, const std::string& v) {
+         std::vector<std::string> parts;
+         std::stringstream in(v);
+         for (std::string part; std::getline(in, part, ':');) parts.push_back(part);
+         if (parts.empty() || parts.size() > 3)
+           throw UsageError(f + ": '" + v + "' is not STEP[:RANK[:forward|backward]]");
+         o.injectOom.step = parseInteger(f, parts[0], 0, kMaxCount);
+         if (parts.size() > 1)
+           o.injectOom.rank = static_cast<int>(parseInteger(f, parts[1], -1, 1 << 20));
+         if (parts.size() > 2) {
+           o.injectOom.inBackward =
+               parseChoice<bool>(f, parts[2], {{"backward", true}, {"forward", false}});
+         }
+       }},
       {"--lr", true, "X", "peak learning rate (after warm-up)",
        [](Options& o, const std::string& f, const std::string& v) {
          o.lr = parseNumber(f, v, 0, 1e3);
@@ -266,6 +289,9 @@ Options parseOptions(const std::vector<std::string>& args) {
   if (options.minLr > options.lr) {
     throw UsageError("--min-lr: " + std::to_string(options.minLr) + " is above --lr " +
                      std::to_string(options.lr));
+  }
+  if (options.injectOom.step >= 0 && !options.autoBatch) {
+    throw UsageError("--inject-oom: tests --auto-batch, which is off (add --auto-batch)");
   }
   if (!options.dataDir.empty() && options.classes != kDefaultClasses) {
     throw UsageError(

@@ -55,6 +55,15 @@ struct Options {
   int epochs = kDefaultEpochs;
   int batchSize = kDefaultBatchSize;  // per rank, per micro-batch
   int accumulation = 1;               // micro-batches per optimizer step
+  // On a device out-of-memory error, every rank halves (or so) the micro-batch and doubles the
+  // accumulation, keeping the global batch: worker/auto_batch.h.
+  bool autoBatch = false;
+  // Testing --auto-batch: raise an out-of-memory error once at this optimizer step.
+  struct OomInjection {
+    int64_t step = -1;  // -1: none
+    int rank = 0;       // -1: every rank
+    bool inBackward = true;
+  } injectOom;
   double lr = kDefaultLr;
   double minLr = 0.0;
   double warmupEpochs = kDefaultWarmupEpochs;

@@ -7,12 +7,9 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <regex>
 
 #include "common/errors.h"
 #include "examples/ddp_resnet/cifar10.h"
@@ -21,7 +18,8 @@
 #include "examples/ddp_resnet/progress.h"
 #include "examples/ddp_resnet/resnet.h"
 #include "worker/amp.h"
-#include "worker/checkpoint.h"
+#include "worker/auto_batch.h"
+#include "worker/checkpoints.h"
 #include "worker/ddp.h"
 #include "worker/error_report.h"
 #include "worker/log_bridge.h"
@@ -32,7 +30,6 @@ namespace ddpl::example {
 namespace {
 
 namespace dw = ddpl::worker;
-namespace fs = std::filesystem;
 
 constexpr double kPi = 3.14159265358979323846;
 
@@ -86,80 +83,6 @@ uint64_t mix(uint64_t a, uint64_t b) {
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
   return z ^ (z >> 31);
 }
-
-// ckpt-step<N>.pt files, newest kept. Names carry the step so that "latest" is a listing, not a
-// pointer file that could itself be half-written.
-class CheckpointDir {
- public:
-  static constexpr const char* kRunIdFile = "run_id";
-
-  CheckpointDir(std::string dir, int keep) : dir_(std::move(dir)), keep_(keep) {}
-
-  bool enabled() const { return !dir_.empty(); }
-  const std::string& dir() const { return dir_; }
-
-  std::string pathFor(int64_t step) const {
-    char name[64];
-    std::snprintf(name, sizeof name, "ckpt-step%08lld.pt", static_cast<long long>(step));
-    return dir_ + "/" + name;
-  }
-
-  // Complete checkpoints, newest first. A writer killed mid-write leaves only a ".tmp.<pid>"
-  // file, which never matches.
-  std::vector<std::pair<int64_t, std::string>> list() const {
-    static const std::regex kName("ckpt-step([0-9]+)\\.pt");
-    std::vector<std::pair<int64_t, std::string>> found;
-    std::error_code ec;
-    for (const auto& entry : fs::directory_iterator(dir_, ec)) {
-      std::smatch m;
-      const std::string name = entry.path().filename().string();
-      if (std::regex_match(name, m, kName))
-        found.emplace_back(std::stoll(m[1]), entry.path().string());
-    }
-    std::sort(found.rbegin(), found.rend());
-    return found;
-  }
-
-  // Temporaries of writers killed mid-write: their processes are gone once we run again.
-  void removeTemporaries() const {
-    static const std::regex kTemp("ckpt-step[0-9]+\\.pt\\.tmp\\.[0-9]+");
-    std::error_code ec;
-    for (const auto& entry : fs::directory_iterator(dir_, ec)) {
-      if (std::regex_match(entry.path().filename().string(), kTemp)) fs::remove(entry.path(), ec);
-    }
-  }
-
-  void prune() const {
-    const auto all = list();
-    std::error_code ec;
-    for (size_t i = static_cast<size_t>(keep_); i < all.size(); ++i) fs::remove(all[i].second, ec);
-  }
-
-  // The job (TORCHELASTIC_RUN_ID) whose checkpoints these are.
-  std::string storedRunId() const {
-    std::ifstream in(dir_ + "/" + kRunIdFile);
-    std::string id;
-    std::getline(in, id);
-    return id;
-  }
-  void storeRunId(const std::string& id) const {
-    if (id.empty() || storedRunId() == id) return;
-    const std::string tmp = dir_ + "/" + kRunIdFile + ".tmp";
-    std::ofstream(tmp) << id << "\n";
-    fs::rename(tmp, dir_ + "/" + kRunIdFile);
-  }
-
-  size_t removeAll() const {
-    const auto all = list();
-    std::error_code ec;
-    for (const auto& [step, path] : all) fs::remove(path, ec);
-    return all.size();
-  }
-
- private:
-  std::string dir_;
-  int keep_;
-};
 
 at::Tensor allReduce(dw::Session& session, at::Tensor t, c10d::ReduceOp op = c10d::ReduceOp::SUM) {
   std::vector<at::Tensor> tensors{std::move(t)};
@@ -239,21 +162,191 @@ int64_t countParameters(torch::nn::Module& model) {
   return n;
 }
 
-// What the cleanup hook reports if training is cut short (signal, exception).
+// FNV-1a over every parameter's bytes: two runs that end with identical weights print the same
+// digest (the --auto-batch equivalence test compares them).
+std::string parameterDigest(torch::nn::Module& model) {
+  uint64_t h = 1469598103934665603ULL;
+  for (const auto& p : model.parameters()) {
+    const auto cpu = p.detach().to(torch::kCPU).contiguous();
+    const auto* bytes = static_cast<const unsigned char*>(cpu.data_ptr());
+    for (size_t i = 0, n = cpu.numel() * cpu.element_size(); i < n; ++i) {
+      h = (h ^ bytes[i]) * 1099511628211ULL;
+    }
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+// What the cleanup hook reports if training is cut short (signal, exception): it runs on the
+// session's signal thread while training goes on, so only atomics and the thread-safe
+// CheckpointManager::latest() are shared.
 struct RunState {
   std::atomic<int64_t> step{0};
   std::atomic<bool> finished{false};
-  std::mutex mu;
-  std::string lastCheckpoint;
 };
 
-int train(const Options& o, const dw::SessionOptions& sessionOptions,
-          const std::optional<Cifar10>& cifar) {
-  auto state = std::make_shared<RunState>();
-  std::shared_ptr<ProgressReporter> progress;
+// Where an epoch's figures go.
+struct EpochResult {
+  double trainLoss = 0;
+  std::optional<Evaluation> test;
+  double seconds = 0;
+};
 
-  // Process-wide switches go in before the first kernel runs.
-  dw::Session::Hook applySwitches = [&o](dw::Session&) {
+// One training run, in the order a reader follows it: the constructor sets up (session, data,
+// model, optimizer, checkpoints), resume() picks up where an earlier start left off, runEpoch()
+// trains and evaluates one epoch, summarize() reports. Users' own programs take the same shape.
+class Training {
+ public:
+  Training(const Options& o, const dw::SessionOptions& sessionOptions,
+           const std::optional<Cifar10>& cifar)
+      : o_(o),
+        sessionOptions_(sessionOptions),
+        session_(sessionOptions, {[&o](dw::Session&) { applySwitches(o); }}),
+        rank_(session_.rank()),
+        world_(session_.worldSize()),
+        device_(session_.device()),
+        plan_(makePlan(o, cifar ? cifar->train.count : o.trainSize, world_)),
+        progress_(std::make_shared<ProgressReporter>(o.progress, rank_ == 0, plan_.logEvery)),
+        checkpoints_(std::make_shared<dw::CheckpointManager>(
+            session_, dw::CheckpointPolicy{o.checkpointDir, o.keepCheckpoints, o.resume})) {
+    addStopReport();
+    loadData(cifar);
+    buildModel();
+    announce();
+  }
+
+  // Every rank continues from the same step (the library checks), inside its epoch.
+  void resume() {
+    const dw::ResumePoint point = checkpoints_->resume(refs_);
+    for (const auto& skipped : point.skippedTruncated) {
+      progress_->line("skipping checkpoint " + skipped +
+                      (point.path.empty() ? "; no complete checkpoint left: starting at step 0"
+                                          : "; resuming from the newest complete one instead"));
+    }
+    if (point.removedStale > 0) {
+      progress_->line("starting afresh: removed " + std::to_string(point.removedStale) +
+                      " checkpoint(s) of an earlier run from " + checkpoints_->directory().dir() +
+                      " (--resume continues from them instead)");
+    }
+    const std::string why =
+        point.reason == dw::ResumeReason::kResumeFlag ? "--resume" : point.reasonText;
+    startStep_ = point.progress.step;
+    resumedFrom_ = point.path;
+    if (startStep_ > 0 && point.progress.samplesSeen != startStep_ * plan_.globalBatch) {
+      // World size or batch changed (an elastic resize): the data order within an epoch
+      // depends on both, so pick up at the start of the interrupted epoch.
+      progress_->line("global batch changed since the checkpoint (" +
+                      std::to_string(point.progress.samplesSeen / startStep_) + " -> " +
+                      std::to_string(plan_.globalBatch) + "): continuing at the start of epoch " +
+                      std::to_string(point.progress.epoch + 1));
+      startStep_ = std::min<int64_t>(point.progress.epoch, o_.epochs) * plan_.stepsPerEpoch;
+    }
+    startStep_ = std::min(startStep_, plan_.totalSteps);
+    if (!resumedFrom_.empty()) {
+      progress_->line("resumed from " + resumedFrom_ + " at step " + std::to_string(startStep_) +
+                      "/" + std::to_string(plan_.totalSteps) + " (" + why + ")");
+    }
+    step_ = startStep_;
+    state_->step = step_;
+    startTraining();
+  }
+
+  bool done() const { return step_ >= plan_.totalSteps; }
+  int64_t epoch() const { return step_ / plan_.stepsPerEpoch; }
+
+  EpochResult runEpoch() {
+    const int64_t epoch = this->epoch();
+    const auto epochStart = std::chrono::steady_clock::now();
+    sampler_->setEpoch(epoch);
+    const auto indices = torch::tensor(sampler_->indices(), torch::kLong).to(device_);
+    model_->train();
+    const auto floatOnDevice = torch::TensorOptions().dtype(torch::kFloat).device(device_);
+    epochLoss_ = torch::zeros({}, floatOnDevice);
+    windowLoss_ = torch::zeros({}, floatOnDevice);
+    epochSteps_ = windowSteps_ = 0;
+
+    for (int64_t s = step_ - epoch * plan_.stepsPerEpoch; s < plan_.stepsPerEpoch; ++s) {
+      trainStep(epoch, s, indices);
+      reportProgress(epoch, s, epochStart);
+      if (o_.checkpointEvery > 0 && step_ % o_.checkpointEvery == 0 && s + 1 < plan_.stepsPerEpoch)
+        save(epoch);
+    }
+    trainSeconds_ += secondsSince(epochStart);
+
+    EpochResult result;
+    auto lossStats =
+        allReduce(session_,
+                  torch::stack({epochLoss_,
+                                torch::full({}, static_cast<float>(epochSteps_), floatOnDevice)}))
+            .cpu();
+    result.trainLoss = lossStats[0].item<double>() / std::max(1.0, lossStats[1].item<double>());
+    if ((epoch + 1) % o_.evalEvery == 0 || epoch + 1 == o_.epochs) {
+      result.test = evaluate(session_, *model_, data_, o_);
+      last_ = *result.test;
+    }
+    save(epoch + 1);
+    result.seconds = secondsSince(epochStart);
+    logEpoch(epoch, result);
+    return result;
+  }
+
+  int summarize() {
+    if (last_.images == 0) last_ = evaluate(session_, *model_, data_, o_);  // resumed at the end
+    state_->finished = true;
+    const double wall = secondsSince(runStart_);
+    const int64_t stepsRun = step_ - startStep_;
+    const double throughput =
+        static_cast<double>(stepsRun * plan_.globalBatch) / std::max(trainSeconds_, 1e-9);
+    std::string checkpoint = checkpoints_->latest();
+    progress_->line(
+        "finished: " + std::to_string(step_) + "/" + std::to_string(plan_.totalSteps) + " steps" +
+        (startStep_ > 0 ? " (" + std::to_string(stepsRun) + " in this run, resumed at " +
+                              std::to_string(startStep_) + ")"
+                        : "") +
+        " in " + formatDuration(wall) + " on " + std::to_string(world_) + " rank" +
+        (world_ > 1 ? "s" : "") + ", " + fixed(throughput, 0) + " images/s");
+    progress_->line("final test top-1: " + percent(last_.top1) + " on " +
+                    std::to_string(last_.images) + " images (chance " +
+                    percent(1.0 / static_cast<double>(data_.classes)) + ")");
+    progress_->line(checkpoint.empty() ? "checkpoint: none (--checkpoint-dir '')"
+                                       : "checkpoint: " + checkpoint);
+    const std::string digest = parameterDigest(*model_);  // every rank: it reads no collective
+    if (rank_ == 0 && !o_.summaryJson.empty()) {
+      const auto& micro = autoBatch_->current();
+      nlohmann::json summary{{"model", toString(o_.model)},
+                             {"world_size", world_},
+                             {"backend", dw::toString(session_.backendKind())},
+                             {"device", device_.str()},
+                             {"epochs", o_.epochs},
+                             {"steps_per_epoch", plan_.stepsPerEpoch},
+                             {"total_steps", plan_.totalSteps},
+                             {"final_step", step_},
+                             {"start_step", startStep_},
+                             {"steps_this_run", stepsRun},
+                             {"resumed_from", resumedFrom_},
+                             {"restart_count", sessionOptions_.restartCount},
+                             {"global_batch", plan_.globalBatch},
+                             {"micro_batch", micro.microBatch},
+                             {"accumulation", micro.accumulation},
+                             {"oom_switches", autoBatch_->switches()},
+                             {"final_top1", last_.top1},
+                             {"final_test_loss", last_.loss},
+                             {"test_images", last_.images},
+                             {"classes", data_.classes},
+                             {"epoch_log", epochLog_},
+                             {"seconds", wall},
+                             {"images_per_second", throughput},
+                             {"checkpoint", checkpoint},
+                             {"parameter_digest", digest}};
+      std::ofstream(o_.summaryJson) << summary.dump(2) << "\n";
+    }
+    return 0;
+  }
+
+ private:
+  // Process-wide switches go in before the first kernel runs (a Session setup hook).
+  static void applySwitches(const Options& o) {
     if (o.threads > 0) torch::set_num_threads(o.threads);
     dw::PerformanceOptions perf;
     perf.cudnnBenchmark = o.cudnnBenchmark;
@@ -263,359 +356,229 @@ int train(const Options& o, const dw::SessionOptions& sessionOptions,
       perf.allowTf32Cudnn = true;
     }
     dw::applyPerformanceOptions(perf);
-  };
-  dw::Session session(sessionOptions, {applySwitches});
-  const int rank = session.rank();
-  const int world = session.worldSize();
-  const auto device = session.device();
-
-  // The plan was checked in main already (for a clean usage error); same numbers here.
-  const int64_t trainSize = cifar ? cifar->train.count : o.trainSize;
-  const Plan plan = makePlan(o, trainSize, world);
-  progress = std::make_shared<ProgressReporter>(o.progress, rank == 0, plan.logEvery);
-
-  session.addCleanupHook("progress", [state, progress, total = plan.totalSteps](dw::Session&) {
-    if (state->finished) return;
-    std::string checkpoint;
-    {
-      std::lock_guard<std::mutex> lock(state->mu);
-      checkpoint = state->lastCheckpoint;
-    }
-    progress->line(
-        "stopped at step " + std::to_string(state->step.load()) + "/" + std::to_string(total) +
-        (checkpoint.empty() ? "; no checkpoint written yet" : "; latest checkpoint " + checkpoint));
-  });
-
-  torch::manual_seed(o.seed);
-  Dataset data;
-  if (cifar) {
-    data = fromCifar10(*cifar, o.augment);
-  } else {
-    data = makeSynthetic({o.trainSize, o.testSize, o.imageSize, o.classes, o.dataSeed});
-  }
-  moveTo(data, device);
-
-  const bool imagenetStem = o.stem == StemKind::kImageNet ||
-                            (o.stem == StemKind::kAuto && data.train.images.size(2) >= 128);
-  auto model =
-      std::make_shared<ResNetImpl>(ResNetConfig{o.model, o.width, data.classes, imagenetStem});
-  model->to(device);
-  if (o.channelsLast) {
-    torch::NoGradGuard noGrad;
-    for (auto& p : model->parameters()) {
-      if (p.dim() == 4) p.set_data(p.data().contiguous(at::MemoryFormat::ChannelsLast));
-    }
   }
 
-  dw::DdpOptions ddpOptions;
-  ddpOptions.bucketBytes = static_cast<size_t>(o.bucketMb * 1024 * 1024);
-  ddpOptions.commHook = o.commHook == CommHookKind::kFp16   ? dw::CommHook::kFp16Compress
-                        : o.commHook == CommHookKind::kBf16 ? dw::CommHook::kBf16Compress
-                                                            : dw::CommHook::kNone;
-  ddpOptions.timeout = sessionOptions.collectiveTimeout;
+  static double secondsSince(std::chrono::steady_clock::time_point start) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
 
-  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(o.lr)
-                                                       .momentum(o.momentum)
-                                                       .weight_decay(o.weightDecay)
-                                                       .nesterov(o.nesterov));
-  dw::GradScalerOptions scalerOptions;
-  scalerOptions.enabled = o.amp == AmpMode::kFp16;
-  dw::GradScaler scaler(scalerOptions, session.backend());
+  void addStopReport() {
+    session_.addCleanupHook(
+        "progress", [state = state_, progress = progress_, checkpoints = checkpoints_,
+                     total = plan_.totalSteps](dw::Session&) {
+          if (state->finished) return;
+          const std::string checkpoint = checkpoints->latest();
+          progress->line("stopped at step " + std::to_string(state->step.load()) + "/" +
+                         std::to_string(total) +
+                         (checkpoint.empty() ? "; no checkpoint written yet"
+                                             : "; latest checkpoint " + checkpoint));
+        });
+  }
 
-  dw::TrainingProgress saved;
-  dw::CheckpointRefs refs{model.get(), &optimizer, scalerOptions.enabled ? &scaler : nullptr,
-                          &saved};
-  CheckpointDir checkpoints(o.checkpointDir, o.keepCheckpoints);
+  void loadData(const std::optional<Cifar10>& cifar) {
+    torch::manual_seed(o_.seed);
+    data_ = cifar
+                ? fromCifar10(*cifar, o_.augment)
+                : makeSynthetic({o_.trainSize, o_.testSize, o_.imageSize, o_.classes, o_.dataSeed});
+    moveTo(data_, device_);
+  }
 
-  progress->line("ddp_resnet: " + toString(o.model) + " (width " + std::to_string(o.width) + ", " +
-                 fixed(static_cast<double>(countParameters(*model)) / 1e6, 2) + "M parameters, " +
-                 (imagenetStem ? "ImageNet" : "CIFAR") + " stem) on " + std::to_string(world) +
-                 " rank" + (world > 1 ? "s" : "") + ", " + device.str() + "/" +
-                 dw::toString(session.backendKind()) +
-                 (o.amp != AmpMode::kOff ? ", amp " + toString(o.amp) : "") +
-                 (o.channelsLast ? ", channels-last" : ""));
-  progress->line("data: " + data.description);
-  progress->line(
-      "plan: " + std::to_string(o.epochs) + " epochs x " + std::to_string(plan.stepsPerEpoch) +
-      " steps, global batch " + std::to_string(plan.globalBatch) + " (" +
-      std::to_string(o.batchSize) + " per rank" +
-      (o.accumulation > 1 ? " x " + std::to_string(o.accumulation) + " accumulated" : "") +
-      "), lr " + fixed(o.lr, 4) + " with " + std::to_string(plan.warmupSteps) +
-      " warm-up steps then cosine decay" +
-      (checkpoints.enabled() ? "; checkpoints in " + checkpoints.dir() : "; no checkpoints"));
-
-  // Resume whenever this is the same job started again: after a restart (a worker failed) and
-  // after the group re-formed around a node that left or joined, which keeps the restart count
-  // but not the run id. A new job (another run id) starts afresh unless --resume says
-  // otherwise. Rank 0 decides, so that no rank reads the run id while rank 0 rewrites it.
-  int64_t startStep = 0;
-  std::string resumedFrom;
-  std::string resumeReason;
-  if (checkpoints.enabled()) {
-    int64_t decision = 0;  // 0: afresh, 1: --resume, 2: restart, 3: same run re-formed
-    if (rank == 0) {
-      fs::create_directories(checkpoints.dir());
-      checkpoints.removeTemporaries();
-      if (sessionOptions.restartCount > 0)
-        decision = 2;
-      else if (!sessionOptions.runId.empty() && checkpoints.storedRunId() == sessionOptions.runId)
-        decision = 3;
-      else if (o.resume)
-        decision = 1;
-    }
-    decision = allReduce(session,
-                         torch::tensor({decision},
-                                       torch::TensorOptions().dtype(torch::kLong).device(device)),
-                         c10d::ReduceOp::MAX)
-                   .item<int64_t>();
-    if (decision > 0) {
-      resumeReason = decision == 2   ? "restart " + std::to_string(sessionOptions.restartCount)
-                     : decision == 3 ? "run " + sessionOptions.runId + " started again"
-                                     : "--resume";
-      // Only the newest: writes are atomic, so it is complete. One that does not load is an
-      // error, not a reason to fall back: it belongs to another model or options, and a failed
-      // load has already overwritten part of the model.
-      const auto all = checkpoints.list();
-      if (!all.empty()) {
-        const std::string& path = all.front().second;
-        try {
-          // LibTorch's load replaces a tensor of another shape instead of refusing it.
-          std::vector<std::vector<int64_t>> shapes;
-          for (const auto& t : model->named_parameters()) shapes.push_back(t.value().sizes().vec());
-          dw::loadCheckpoint(path, refs);
-          size_t i = 0;
-          for (const auto& t : model->named_parameters()) {
-            if (t.value().sizes().vec() != shapes[i++]) {
-              throw ddpl::InvalidArgument("parameter '" + t.key() + "' has shape " +
-                                          c10::str(t.value().sizes()) + " in the checkpoint but " +
-                                          c10::str(c10::IntArrayRef(shapes[i - 1])) +
-                                          " in this model");
-            }
-          }
-        } catch (const std::exception& e) {
-          const std::string what = e.what();
-          throw ddpl::InvalidArgument(
-              "cannot resume from " + path + " (" + resumeReason +
-              "): " + what.substr(0, what.find('\n')) +
-              "; was it written with another --model, --width or --amp? Use another "
-              "--checkpoint-dir, or start a new run without --resume");
-        }
-        startStep = saved.step;
-        resumedFrom = path;
-      }
-      if (startStep > 0 && saved.samplesSeen != startStep * plan.globalBatch) {
-        // World size or batch changed (an elastic resize): the data order within an epoch
-        // depends on both, so pick up at the start of the interrupted epoch.
-        const int64_t restart = std::min<int64_t>(saved.epoch, o.epochs) * plan.stepsPerEpoch;
-        progress->line("global batch changed since the checkpoint (" +
-                       std::to_string(saved.samplesSeen / std::max<int64_t>(1, startStep)) +
-                       " -> " + std::to_string(plan.globalBatch) +
-                       "): continuing at the start of epoch " + std::to_string(saved.epoch + 1));
-        startStep = restart;
-      }
-    } else if (rank == 0) {
-      if (const size_t removed = checkpoints.removeAll()) {
-        progress->line("starting afresh: removed " + std::to_string(removed) +
-                       " checkpoint(s) of an earlier run from " + checkpoints.dir() +
-                       " (--resume continues from them instead)");
+  void buildModel() {
+    imagenetStem_ = o_.stem == StemKind::kImageNet ||
+                    (o_.stem == StemKind::kAuto && data_.train.images.size(2) >= 128);
+    model_ = std::make_shared<ResNetImpl>(
+        ResNetConfig{o_.model, o_.width, data_.classes, imagenetStem_});
+    model_->to(device_);
+    if (o_.channelsLast) {
+      torch::NoGradGuard noGrad;
+      for (auto& p : model_->parameters()) {
+        if (p.dim() == 4) p.set_data(p.data().contiguous(at::MemoryFormat::ChannelsLast));
       }
     }
-    if (rank == 0) checkpoints.storeRunId(sessionOptions.runId);
+    optimizer_ =
+        std::make_unique<torch::optim::SGD>(model_->parameters(), torch::optim::SGDOptions(o_.lr)
+                                                                      .momentum(o_.momentum)
+                                                                      .weight_decay(o_.weightDecay)
+                                                                      .nesterov(o_.nesterov));
+    dw::GradScalerOptions scalerOptions;
+    scalerOptions.enabled = o_.amp == AmpMode::kFp16;
+    scaler_ = std::make_unique<dw::GradScaler>(scalerOptions, session_.backend());
+    refs_ = {model_.get(), optimizer_.get(), scalerOptions.enabled ? scaler_.get() : nullptr,
+             &saved_};
   }
-  // Every rank must continue from the same step; differing answers mean the directory is not
-  // shared between the nodes.
-  {
-    auto steps = allReduce(session,
-                           torch::tensor({startStep, -startStep},
-                                         torch::TensorOptions().dtype(torch::kLong).device(device)),
-                           c10d::ReduceOp::MAX)
-                     .cpu();
-    const int64_t most = steps[0].item<int64_t>(), least = -steps[1].item<int64_t>();
-    if (most != least) {
-      throw ddpl::Error("ranks resume from different steps (" + std::to_string(least) + " to " +
-                        std::to_string(most) + "; this rank: " + std::to_string(startStep) +
-                        "): --checkpoint-dir " + checkpoints.dir() +
-                        " must be one directory shared by all nodes");
+
+  void announce() {
+    progress_->line("ddp_resnet: " + toString(o_.model) + " (width " + std::to_string(o_.width) +
+                    ", " + fixed(static_cast<double>(countParameters(*model_)) / 1e6, 2) +
+                    "M parameters, " + (imagenetStem_ ? "ImageNet" : "CIFAR") + " stem) on " +
+                    std::to_string(world_) + " rank" + (world_ > 1 ? "s" : "") + ", " +
+                    device_.str() + "/" + dw::toString(session_.backendKind()) +
+                    (o_.amp != AmpMode::kOff ? ", amp " + toString(o_.amp) : "") +
+                    (o_.channelsLast ? ", channels-last" : ""));
+    progress_->line("data: " + data_.description);
+    progress_->line(
+        "plan: " + std::to_string(o_.epochs) + " epochs x " + std::to_string(plan_.stepsPerEpoch) +
+        " steps, global batch " + std::to_string(plan_.globalBatch) + " (" +
+        std::to_string(o_.batchSize) + " per rank" +
+        (o_.accumulation > 1 ? " x " + std::to_string(o_.accumulation) + " accumulated" : "") +
+        (o_.autoBatch ? ", smaller on running out of memory" : "") + "), lr " + fixed(o_.lr, 4) +
+        " with " + std::to_string(plan_.warmupSteps) + " warm-up steps then cosine decay" +
+        (checkpoints_->enabled() ? "; checkpoints in " + checkpoints_->directory().dir()
+                                 : "; no checkpoints"));
+  }
+
+  // After resume: DDP broadcasts rank 0's (resumed) weights as it starts.
+  void startTraining() {
+    dw::DdpOptions ddpOptions;
+    ddpOptions.bucketBytes = static_cast<size_t>(o_.bucketMb * 1024 * 1024);
+    ddpOptions.commHook = o_.commHook == CommHookKind::kFp16   ? dw::CommHook::kFp16Compress
+                          : o_.commHook == CommHookKind::kBf16 ? dw::CommHook::kBf16Compress
+                                                               : dw::CommHook::kNone;
+    ddpOptions.timeout = sessionOptions_.collectiveTimeout;
+    ddp_ = std::make_unique<dw::DistributedDataParallel<ResNetImpl>>(model_, session_.backend(),
+                                                                     ddpOptions);
+    sampler_ = std::make_unique<dw::DistributedSampler>(
+        data_.train.size(), rank_, world_,
+        dw::SamplerOptions{/*shuffle=*/true, o_.seed, /*dropLast=*/false});
+    if (sampler_->numSamples() != plan_.samplesPerRank) {
+      throw ddpl::Error("sampler gives " + std::to_string(sampler_->numSamples()) +
+                        " images per rank, plan expected " + std::to_string(plan_.samplesPerRank));
     }
-  }
-  startStep = std::min(startStep, plan.totalSteps);
-  if (!resumedFrom.empty()) {
-    progress->line("resumed from " + resumedFrom + " at step " + std::to_string(startStep) + "/" +
-                   std::to_string(plan.totalSteps) + " (" + resumeReason + ")");
-  }
-  state->step = startStep;
-
-  dw::DistributedDataParallel<ResNetImpl> ddp(model, session.backend(), ddpOptions);
-  dw::DistributedSampler sampler(data.train.size(), rank, world,
-                                 {/*shuffle=*/true, o.seed, /*dropLast=*/false});
-  if (sampler.numSamples() != plan.samplesPerRank) {
-    throw ddpl::Error("sampler gives " + std::to_string(sampler.numSamples()) +
-                      " images per rank, plan expected " + std::to_string(plan.samplesPerRank));
+    dw::AutoBatchOptions autoOptions;
+    autoOptions.enabled = o_.autoBatch;
+    autoOptions.inject = {o_.injectOom.step, o_.injectOom.rank, -1, o_.injectOom.inBackward};
+    autoBatch_ = std::make_unique<dw::AutoBatch>(
+        session_, *ddp_, dw::MicroBatching{o_.batchSize, o_.accumulation}, autoOptions);
+    runStart_ = std::chrono::steady_clock::now();
   }
 
-  const auto saveAt = [&](int64_t epoch, int64_t step) {
-    if (!checkpoints.enabled()) return;
-    progress->finishLine();  // the library logs the write: not onto the end of a progress bar
-    saved = {epoch, step, step * plan.globalBatch};
-    const std::string path = checkpoints.pathFor(step);
-    dw::saveCheckpoint(session, path, refs);
-    if (rank == 0) checkpoints.prune();
-    std::lock_guard<std::mutex> lock(state->mu);
-    state->lastCheckpoint = path;
-  };
-
-  const auto amp = ampType(o.amp);
-  const auto floatOnDevice = torch::TensorOptions().dtype(torch::kFloat).device(device);
-  int64_t step = startStep;
-  double trainSeconds = 0;
-  Evaluation last;
-  std::vector<nlohmann::json> epochLog;
-  const auto runStart = std::chrono::steady_clock::now();
-
-  for (int64_t epoch = step / plan.stepsPerEpoch; epoch < o.epochs; ++epoch) {
-    sampler.setEpoch(epoch);
-    const auto order = sampler.indices();
-    const auto indices = torch::tensor(order, torch::kLong).to(device);
-    model->train();
-    auto epochLoss = torch::zeros({}, floatOnDevice);
-    auto windowLoss = torch::zeros({}, floatOnDevice);
-    int64_t epochMicroBatches = 0, windowMicroBatches = 0;
-    auto epochStart = std::chrono::steady_clock::now();
-
-    for (int64_t s = step - epoch * plan.stepsPerEpoch; s < plan.stepsPerEpoch; ++s) {
-      const double lr = learningRate(o, plan, step);
-      for (auto& group : optimizer.param_groups())
-        static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr);
-      optimizer.zero_grad();
-      for (int m = 0; m < o.accumulation; ++m) {
-        const int64_t micro = s * o.accumulation + m;
-        const uint64_t augmentSeed = mix(mix(o.seed, static_cast<uint64_t>(epoch)),
-                                         static_cast<uint64_t>(micro * world + rank));
-        const Batch batch =
-            makeBatch(data, data.train, indices.narrow(0, micro * o.batchSize, o.batchSize),
-                      o.channelsLast, &augmentSeed);
-        // Only the last micro-batch of a step synchronises gradients.
-        std::optional<dw::NoSyncGuard> noSync;
-        if (m + 1 < o.accumulation) noSync.emplace(ddp.reducer());
-        at::Tensor loss;
-        {
-          std::optional<dw::AutocastScope> autocast;
-          if (amp) autocast.emplace(device.type(), amp);
-          loss = torch::nn::functional::cross_entropy(ddp.forward(batch.images), batch.labels);
-        }
-        const auto detached = loss.detach().to(torch::kFloat);
-        epochLoss += detached;
-        windowLoss += detached;
-        ++epochMicroBatches;
-        ++windowMicroBatches;
-        scaler.scale(loss / o.accumulation).backward();
+  // One optimizer step: the micro-batches (run again, smaller, if a rank ran out of memory),
+  // then the optimizer. Losses count only once the step has gone through.
+  void trainStep(int64_t epoch, int64_t s, const at::Tensor& indices) {
+    const double lr = learningRate(o_, plan_, step_);
+    for (auto& group : optimizer_->param_groups())
+      static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr);
+    lastLr_ = lr;
+    const auto amp = ampType(o_.amp);
+    at::Tensor stepLoss;
+    int64_t stepMicroBatches = 0;
+    do {
+      optimizer_->zero_grad();
+      stepLoss = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
+      stepMicroBatches = 0;
+    } while (!autoBatch_->step(step_, [&](int64_t m) {
+      const dw::MicroBatching& mb = autoBatch_->current();
+      const int64_t micro = s * mb.accumulation + m;
+      const uint64_t augmentSeed = mix(mix(o_.seed, static_cast<uint64_t>(epoch)),
+                                       static_cast<uint64_t>(micro * world_ + rank_));
+      const Batch batch =
+          makeBatch(data_, data_.train, indices.narrow(0, micro * mb.microBatch, mb.microBatch),
+                    o_.channelsLast, &augmentSeed);
+      at::Tensor loss;
+      {
+        std::optional<dw::AutocastScope> autocast;
+        if (amp) autocast.emplace(device_.type(), amp);
+        loss = torch::nn::functional::cross_entropy(ddp_->forward(batch.images), batch.labels);
       }
-      scaler.step(optimizer);
-      scaler.update();
-      state->step = ++step;
+      stepLoss += loss.detach().to(torch::kFloat) * static_cast<float>(mb.microBatch);
+      stepMicroBatches += mb.microBatch;
+      scaler_->scale(loss / mb.accumulation).backward();
+    }));
+    scaler_->step(*optimizer_);
+    scaler_->update();
+    state_->step = ++step_;
+    // Per-image mean, so that the figures do not depend on how the step was split.
+    const auto perBatch = stepLoss / static_cast<float>(stepMicroBatches);
+    epochLoss_ += perBatch;
+    windowLoss_ += perBatch;
+    ++epochSteps_;
+    ++windowSteps_;
+  }
 
-      if (progress->wantsUpdate(s + 1, plan.stepsPerEpoch)) {
-        const double elapsed =
-            trainSeconds +
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - epochStart).count();
-        const double stepsDone = static_cast<double>(step - startStep);
-        StepStats stats;
-        stats.epoch = static_cast<int>(epoch + 1);
-        stats.epochs = o.epochs;
-        stats.stepInEpoch = s + 1;
-        stats.stepsPerEpoch = plan.stepsPerEpoch;
-        stats.loss = windowLoss.item<double>() / static_cast<double>(windowMicroBatches);
-        stats.lr = lr;
-        stats.imagesPerSecond =
-            stepsDone * static_cast<double>(plan.globalBatch) / std::max(elapsed, 1e-9);
-        stats.etaSeconds =
-            static_cast<double>(plan.totalSteps - step) * elapsed / std::max(stepsDone, 1.0);
-        progress->update(stats);
-        windowLoss.zero_();
-        windowMicroBatches = 0;
-      }
-      if (o.checkpointEvery > 0 && step % o.checkpointEvery == 0 && s + 1 < plan.stepsPerEpoch)
-        saveAt(epoch, step);
+  void reportProgress(int64_t epoch, int64_t s, std::chrono::steady_clock::time_point epochStart) {
+    if (!progress_->wantsUpdate(s + 1, plan_.stepsPerEpoch)) return;
+    const double elapsed = trainSeconds_ + secondsSince(epochStart);
+    const double stepsDone = static_cast<double>(step_ - startStep_);
+    StepStats stats;
+    stats.epoch = static_cast<int>(epoch + 1);
+    stats.epochs = o_.epochs;
+    stats.stepInEpoch = s + 1;
+    stats.stepsPerEpoch = plan_.stepsPerEpoch;
+    stats.loss = windowLoss_.item<double>() / static_cast<double>(windowSteps_);
+    stats.lr = lastLr_;
+    stats.imagesPerSecond =
+        stepsDone * static_cast<double>(plan_.globalBatch) / std::max(elapsed, 1e-9);
+    stats.etaSeconds =
+        static_cast<double>(plan_.totalSteps - step_) * elapsed / std::max(stepsDone, 1.0);
+    progress_->update(stats);
+    windowLoss_.zero_();
+    windowSteps_ = 0;
+  }
+
+  void save(int64_t epoch) {
+    if (!checkpoints_->enabled()) return;
+    progress_->finishLine();  // the library logs the write: not onto the end of a progress bar
+    saved_ = {epoch, step_, step_ * plan_.globalBatch};
+    checkpoints_->save(refs_);
+  }
+
+  void logEpoch(int64_t epoch, const EpochResult& r) {
+    nlohmann::json entry{{"epoch", epoch + 1}, {"train_loss", r.trainLoss}};
+    std::string line = "epoch " + std::to_string(epoch + 1) + "/" + std::to_string(o_.epochs) +
+                       " done: train loss " + fixed(r.trainLoss, 4);
+    if (r.test) {
+      entry["test_top1"] = r.test->top1;
+      entry["test_loss"] = r.test->loss;
+      line += ", test loss " + fixed(r.test->loss, 4) + ", top-1 " + percent(r.test->top1) + " (" +
+              std::to_string(r.test->images) + " images)";
     }
-    trainSeconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - epochStart).count();
-
-    auto lossStats =
-        allReduce(session,
-                  torch::stack({epochLoss, torch::full({}, static_cast<float>(epochMicroBatches),
-                                                       floatOnDevice)}))
-            .cpu();
-    const double trainLoss =
-        lossStats[0].item<double>() / std::max(1.0, lossStats[1].item<double>());
-    nlohmann::json entry{{"epoch", epoch + 1}, {"train_loss", trainLoss}};
-    std::string line = "epoch " + std::to_string(epoch + 1) + "/" + std::to_string(o.epochs) +
-                       " done: train loss " + fixed(trainLoss, 4);
-    if ((epoch + 1) % o.evalEvery == 0 || epoch + 1 == o.epochs) {
-      last = evaluate(session, *model, data, o);
-      entry["test_top1"] = last.top1;
-      entry["test_loss"] = last.loss;
-      line += ", test loss " + fixed(last.loss, 4) + ", top-1 " + percent(last.top1) + " (" +
-              std::to_string(last.images) + " images)";
-    }
-    saveAt(epoch + 1, step);
-    line +=
-        ", " +
-        formatDuration(
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - epochStart).count());
-    progress->line(line);
-    epochLog.push_back(entry);
+    progress_->line(line + ", " + formatDuration(r.seconds));
+    epochLog_.push_back(entry);
   }
-  if (last.images == 0) last = evaluate(session, *model, data, o);  // resumed after the last step
 
-  state->finished = true;
-  const double wall =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - runStart).count();
-  const int64_t stepsRun = step - startStep;
-  const double throughput =
-      static_cast<double>(stepsRun * plan.globalBatch) / std::max(trainSeconds, 1e-9);
-  std::string checkpointPath;
-  {
-    std::lock_guard<std::mutex> lock(state->mu);
-    checkpointPath = state->lastCheckpoint;
-  }
-  progress->line("finished: " + std::to_string(step) + "/" + std::to_string(plan.totalSteps) +
-                 " steps" +
-                 (startStep > 0 ? " (" + std::to_string(stepsRun) + " in this run, resumed at " +
-                                      std::to_string(startStep) + ")"
-                                : "") +
-                 " in " + formatDuration(wall) + " on " + std::to_string(world) + " rank" +
-                 (world > 1 ? "s" : "") + ", " + fixed(throughput, 0) + " images/s");
-  progress->line("final test top-1: " + percent(last.top1) + " on " + std::to_string(last.images) +
-                 " images (chance " + percent(1.0 / static_cast<double>(data.classes)) + ")");
-  if (checkpointPath.empty()) checkpointPath = resumedFrom;  // resumed after the last step
-  progress->line(checkpointPath.empty() ? "checkpoint: none (--checkpoint-dir '')"
-                                        : "checkpoint: " + checkpointPath);
+  const Options& o_;
+  const dw::SessionOptions& sessionOptions_;
+  std::shared_ptr<RunState> state_ = std::make_shared<RunState>();
+  dw::Session session_;
+  const int rank_;
+  const int world_;
+  const c10::Device device_;
+  const Plan plan_;
+  std::shared_ptr<ProgressReporter> progress_;
+  // Shared with the cleanup hook, which the Session runs after this object's later members are
+  // gone; latest() touches nothing but its own string.
+  std::shared_ptr<dw::CheckpointManager> checkpoints_;
 
-  if (rank == 0 && !o.summaryJson.empty()) {
-    nlohmann::json summary{{"model", toString(o.model)},
-                           {"world_size", world},
-                           {"backend", dw::toString(session.backendKind())},
-                           {"device", device.str()},
-                           {"epochs", o.epochs},
-                           {"steps_per_epoch", plan.stepsPerEpoch},
-                           {"total_steps", plan.totalSteps},
-                           {"final_step", step},
-                           {"start_step", startStep},
-                           {"steps_this_run", stepsRun},
-                           {"resumed_from", resumedFrom},
-                           {"restart_count", sessionOptions.restartCount},
-                           {"global_batch", plan.globalBatch},
-                           {"final_top1", last.top1},
-                           {"final_test_loss", last.loss},
-                           {"test_images", last.images},
-                           {"classes", data.classes},
-                           {"epoch_log", epochLog},
-                           {"seconds", wall},
-                           {"images_per_second", throughput},
-                           {"checkpoint", checkpointPath}};
-    std::ofstream(o.summaryJson) << summary.dump(2) << "\n";
-  }
-  return 0;
+  Dataset data_;
+  bool imagenetStem_ = false;
+  std::shared_ptr<ResNetImpl> model_;
+  std::unique_ptr<torch::optim::SGD> optimizer_;
+  std::unique_ptr<dw::GradScaler> scaler_;
+  dw::TrainingProgress saved_;
+  dw::CheckpointRefs refs_;
+
+  std::unique_ptr<dw::DistributedDataParallel<ResNetImpl>> ddp_;
+  std::unique_ptr<dw::DistributedSampler> sampler_;
+  std::unique_ptr<dw::AutoBatch> autoBatch_;
+
+  int64_t startStep_ = 0;
+  int64_t step_ = 0;
+  std::string resumedFrom_;
+  double trainSeconds_ = 0;
+  double lastLr_ = 0;
+  at::Tensor epochLoss_, windowLoss_;
+  int64_t epochSteps_ = 0, windowSteps_ = 0;
+  Evaluation last_;
+  std::vector<nlohmann::json> epochLog_;
+  std::chrono::steady_clock::time_point runStart_ = std::chrono::steady_clock::now();
+};
+
+int train(const Options& o, const dw::SessionOptions& sessionOptions,
+          const std::optional<Cifar10>& cifar) {
+  Training training(o, sessionOptions, cifar);
+  training.resume();
+  while (!training.done()) training.runEpoch();
+  return training.summarize();
 }
 
 // Errors found before the job starts still reach the launcher's failure report.

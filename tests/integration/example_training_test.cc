@@ -172,12 +172,111 @@ TEST_F(ExampleTraining, ResumingFromAnotherModelsCheckpointIsAClearError) {
   const auto error = nlohmann::json::parse(et::slurp(dir_ + "/error.json"));
   EXPECT_EQ(error["message"]["message"].get<std::string>(),
             "ddpl::InvalidArgument: cannot resume from " + dir_ +
-                "/ckpt/ckpt-step00000008.pt (--resume): parameter 'stem.conv.weight' has shape [4, "
-                "3, 3, 3] in the "
-                "checkpoint but [8, 3, 3, 3] in this model; was it written with another --model, "
-                "--width or --amp? "
-                "Use another --checkpoint-dir, or start a new run without --resume");
+                "/ckpt/ckpt-step00000008.pt (resume requested): parameter 'stem.conv.weight' has "
+                "shape [4, 3, 3, 3] in the checkpoint but [8, 3, 3, 3] in this model; the file is "
+                "complete, so it was written for another model or configuration (architecture, "
+                "width, dtype): use another checkpoint directory, or start a new run without "
+                "resuming");
   EXPECT_TRUE(fs::exists(dir_ + "/ckpt/ckpt-step00000008.pt"));  // left alone
+}
+
+// The resume rule's one exception to "newest only": a truncated newest checkpoint (damaged after
+// it was written) is named as truncated and the next older complete one is used.
+TEST_F(ExampleTraining, ATruncatedNewestCheckpointIsSkippedForTheNewestCompleteOne) {
+  const auto runJob = [&](int epochs, bool resume) {
+    std::vector<std::string> argv{et::trainer(), "--width", "4", "--train-size", "512",
+                                  "--test-size", "64", "--batch-size", "32", "--epochs",
+                                  std::to_string(epochs), "--checkpoint-dir", dir_ + "/ckpt",
+                                  "--checkpoint-every", "4", "--keep-checkpoints", "3",
+                                  "--summary-json", dir_ + "/summary.json"};
+    if (resume) argv.push_back("--resume");
+    return dt::run(argv, options());
+  };
+  auto r = runJob(1, false);  // 16 steps: checkpoints at 8, 12 and 16 are kept
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  const std::string newest = dir_ + "/ckpt/ckpt-step00000016.pt";
+  ASSERT_TRUE(fs::exists(newest));
+  fs::resize_file(newest, fs::file_size(newest) - 200);
+  r = runJob(2, true);
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_NE(r.out.find("skipping checkpoint " + newest + ": truncated: "), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("resumed from " + dir_ + "/ckpt/ckpt-step00000012.pt at step 12/32 (--resume)"),
+            std::string::npos)
+      << r.out;
+  const auto s = et::summary(dir_ + "/summary.json");
+  EXPECT_EQ(s["start_step"], 12);
+  EXPECT_EQ(s["final_step"], 32);
+}
+
+// --auto-batch: out of memory at the first step (midway through rank 1's backward, some buckets
+// already all-reduced), every rank switches from micro-batch 16 to 8 x 2 and the run ends with
+// weights bit for bit those of a run started at 8 x 2. A run at 16 x 1 ends elsewhere (BatchNorm
+// sees other batches), so the comparison can tell them apart.
+TEST_F(ExampleTraining, OutOfMemoryAtTheFirstStepSwitchesEveryRankToTheSmallerMicroBatch) {
+  const auto job = [&](const std::string& tag, const std::vector<std::string>& extra) {
+    std::vector<std::string> args{"--width", "8", "--train-size", "512", "--test-size", "64",
+                                  "--epochs", "1", "--lr", "0.1", "--checkpoint-dir", "",
+                                  "--summary-json", dir_ + "/" + tag + ".json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto r = launch(args);
+    EXPECT_EQ(r.exit_code, 0) << r.all();
+    return std::make_pair(r, et::summary(dir_ + "/" + tag + ".json"));
+  };
+  const auto [switched, s1] =
+      job("switched", {"--batch-size", "16", "--auto-batch", "--inject-oom", "0:1:backward"});
+  const auto [small, s2] = job("small", {"--batch-size", "8", "--accumulation", "2"});
+  const auto [big, s3] = job("big", {"--batch-size", "16"});
+  ASSERT_FALSE(s1.empty() || s2.empty() || s3.empty());
+  EXPECT_EQ(s1["oom_switches"], 1);
+  EXPECT_EQ(s1["micro_batch"], 8);
+  EXPECT_EQ(s1["accumulation"], 2);
+  EXPECT_EQ(s2["oom_switches"], 0);
+  EXPECT_EQ(s1["global_batch"], 32);
+  EXPECT_EQ(s2["global_batch"], 32);
+  EXPECT_EQ(s1["final_step"], s2["final_step"]);
+  EXPECT_EQ(s1["parameter_digest"], s2["parameter_digest"]);
+  EXPECT_NE(s3["parameter_digest"], s2["parameter_digest"]);
+  const std::string line =
+      "rank 1 ran out of device memory at step 0 with micro-batch 16 x 1 accumulated: every rank "
+      "continues with micro-batch 8 x 2 accumulated, global batch 32 unchanged; step 0 runs again";
+  const std::string all = switched.all();
+  const auto at = all.find(line);
+  EXPECT_NE(at, std::string::npos) << all;
+  EXPECT_EQ(all.find(line, at + 1), std::string::npos) << "said more than once:\n" << all;
+}
+
+// Mid-run, at the first step of epoch 2: wherever the error strikes (before rank 0's forward,
+// midway through rank 1's backward, on both ranks at once), the abandoned step leaves nothing
+// behind, so the runs end with the same weights; a run that never switched ends elsewhere.
+// (Not compared with a run resumed from a checkpoint at 8 x 2: a resumed process is not bit for
+// bit a continued one even without any switch, on this CPU build.)
+TEST_F(ExampleTraining, OutOfMemoryMidRunEndsTheSameWhereverItStruck) {
+  const auto job = [&](const std::string& tag, const std::vector<std::string>& extra) {
+    std::vector<std::string> args{"--width", "8", "--train-size", "512", "--test-size", "64",
+                                  "--lr", "0.1", "--epochs", "2", "--batch-size", "16",
+                                  "--checkpoint-dir", "", "--summary-json",
+                                  dir_ + "/" + tag + ".json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto r = launch(args);
+    EXPECT_EQ(r.exit_code, 0) << r.all();
+    return et::summary(dir_ + "/" + tag + ".json");
+  };
+  // 256 images per rank, 16 steps an epoch: step 16 opens epoch 2.
+  const auto forward0 = job("forward0", {"--auto-batch", "--inject-oom", "16:0:forward"});
+  const auto backward1 = job("backward1", {"--auto-batch", "--inject-oom", "16:1:backward"});
+  const auto both = job("both", {"--auto-batch", "--inject-oom", "16:-1:backward"});
+  const auto never = job("never", {"--auto-batch"});
+  ASSERT_FALSE(forward0.empty() || backward1.empty() || both.empty() || never.empty());
+  for (const auto* s : {&forward0, &backward1, &both}) {
+    EXPECT_EQ((*s)["oom_switches"], 1);
+    EXPECT_EQ((*s)["micro_batch"], 8);
+    EXPECT_EQ((*s)["final_step"], 32);
+  }
+  EXPECT_EQ(never["oom_switches"], 0);
+  EXPECT_EQ(forward0["parameter_digest"], backward1["parameter_digest"]);
+  EXPECT_EQ(forward0["parameter_digest"], both["parameter_digest"]);
+  EXPECT_NE(forward0["parameter_digest"], never["parameter_digest"]);
 }
 
 // The other architecture and the switches on CPU: bottleneck blocks behind the ImageNet stem,
