@@ -1,7 +1,9 @@
 // A user's training program, from ddplaunch's installed headers alone: a linear model on random
-// data, trained a few steps with DistributedDataParallel, then checkpointed and read back.
-// Every rank prints one line the consumer test checks (equal weights on all ranks show that the
-// gradients were averaged: each rank starts from its own seed and sees its own shard).
+// data, trained a few steps with DistributedDataParallel under AutoBatch (an out-of-memory error
+// injected at step 3 on rank 1 switches both ranks from micro-batch 32 to 16 x 2), checkpointed
+// through a CheckpointManager, then checkpointed to a file and read back. Every rank prints one
+// line the consumer test checks (equal weights on all ranks show that the gradients were
+// averaged: each rank starts from its own seed and sees its own shard).
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -12,7 +14,9 @@
 #include "common/errors.h"
 #include "rendezvous/store.h"
 #include "worker/amp.h"
+#include "worker/auto_batch.h"
 #include "worker/checkpoint.h"
+#include "worker/checkpoints.h"
 #include "worker/ddp.h"
 #include "worker/error_report.h"
 #include "worker/heartbeat.h"
@@ -38,19 +42,32 @@ int main(int argc, char** argv) {
     const auto y = x.mm(torch::randn({8, 1}));
     dw::DistributedSampler sampler(x.size(0), session.rank(), session.worldSize());
     dw::TrainingProgress progress;
+    const dw::CheckpointRefs refs{model.get(), &optimizer, nullptr, &progress};
+    dw::CheckpointManager checkpoints(session, {checkpointPath + ".d", 2, /*resume=*/false});
+    checkpoints.resume(refs);  // a new run: nothing to load
+    dw::AutoBatchOptions autoOptions;
+    autoOptions.inject = {/*step=*/3, /*rank=*/1};
+    dw::AutoBatch autoBatch(session, ddp, {sampler.numSamples(), 1}, autoOptions);
     double firstLoss = 0, loss = 0;
     for (int64_t step = 0; step < 8; ++step) {
       sampler.setEpoch(step);
       const auto index = torch::tensor(sampler.indices());
-      optimizer.zero_grad();
-      auto l = torch::mse_loss(ddp(x.index_select(0, index)), y.index_select(0, index));
-      l.backward();
+      do {
+        optimizer.zero_grad();
+        loss = 0;
+      } while (!autoBatch.step(step, [&](int64_t m) {
+        const auto& mb = autoBatch.current();
+        const auto part = index.narrow(0, m * mb.microBatch, mb.microBatch);
+        auto l = torch::mse_loss(ddp(x.index_select(0, part)), y.index_select(0, part));
+        (l / mb.accumulation).backward();
+        loss += l.item<double>() / static_cast<double>(mb.accumulation);
+      }));
       optimizer.step();
-      loss = l.item<double>();
       if (step == 0) firstLoss = loss;
       progress.step = step + 1;
     }
-    dw::saveCheckpoint(session, checkpointPath, {model.get(), &optimizer, nullptr, &progress});
+    checkpoints.save(refs);
+    dw::saveCheckpoint(session, checkpointPath, refs);
 
     auto reloaded = std::make_shared<torch::nn::LinearImpl>(8, 1);
     dw::TrainingProgress reloadedProgress;
@@ -59,9 +76,15 @@ int main(int argc, char** argv) {
         !torch::equal(reloaded->weight, model->weight) || reloadedProgress.step != progress.step) {
       throw ddpl::Error("checkpoint " + checkpointPath + " does not hold the trained model");
     }
-    std::printf("consumer rank %d/%d: %lld steps, loss %.4f -> %.4f, weights %.6f\n",
+    if (checkpoints.latest() != checkpointPath + ".d/ckpt-step00000008.pt" ||
+        !dw::checkpointDefect(checkpoints.latest()).empty()) {
+      throw ddpl::Error("CheckpointManager wrote '" + checkpoints.latest() + "'");
+    }
+    std::printf("consumer rank %d/%d: %lld steps, loss %.4f -> %.4f, micro-batch %lld x %lld, "
+                "weights %.6f\n",
                 session.rank(), session.worldSize(), static_cast<long long>(progress.step),
-                firstLoss, loss,
+                firstLoss, loss, static_cast<long long>(autoBatch.current().microBatch),
+                static_cast<long long>(autoBatch.current().accumulation),
                 model->weight.sum().item<double>() + model->bias.sum().item<double>());
     return 0;
   });
