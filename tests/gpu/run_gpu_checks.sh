@@ -17,6 +17,9 @@
 #   throughput  ddp_resnet's ResNet-50 (224x224 synthetic, bf16, channels-last) against the same
 #               network in PyTorch's own DDP under torchrun, images/s side by side
 #   scaler      the C++ GradScaler in fp16 on CUDA against torch.amp.GradScaler, step by step
+#   autobatch   a real CUDA out-of-memory error: ddp_resnet --auto-batch with a ResNet-50 micro-
+#               batch of 4096 224x224 images (hundreds of GB of activations in fp32) must shrink
+#               until it fits and finish the step with the global batch unchanged
 # Budget (16 cores, one H200): about 3 minutes of build, 4 of checks; each step has a timeout.
 set -uo pipefail
 OUT=${1:?usage: bash tests/gpu/run_gpu_checks.sh OUT_DIR}
@@ -178,7 +181,23 @@ print(f"{len(cpp)} fp16 steps on CUDA: same skips, scales and parameters as torc
 PYEOF
 }
 
-export -f unpack configure_and_build check_gpus check_nccl check_train check_throughput check_scaler
+check_autobatch() {
+  local batch=4096
+  "$LAUNCH" --nproc-per-node=1 "$BUILD/bin/ddp_resnet" --model resnet50 --width 64 \
+    --image-size 224 --classes 10 --train-size $batch --test-size 64 --epochs 1 \
+    --batch-size $batch --auto-batch --backend nccl --checkpoint-dir '' --progress lines \
+    --summary-json "$OUT/autobatch.json" || return 1
+  "$PY" - "$OUT/autobatch.json" "$batch" > "$OUT/autobatch.detail" <<'PYEOF'
+import json, sys
+s, batch = json.load(open(sys.argv[1])), int(sys.argv[2])
+assert s["oom_switches"] >= 1, f"micro-batch {batch} did not run out of memory: {s}"
+assert s["micro_batch"] * s["accumulation"] == batch and s["global_batch"] == batch, s
+assert s["final_step"] == s["total_steps"] == 1, s
+print(f"out of memory at micro-batch {batch}: {s['oom_switches']} switch(es) to {s['micro_batch']} x {s['accumulation']}, step completed")
+PYEOF
+}
+
+export -f unpack configure_and_build check_gpus check_nccl check_train check_throughput check_scaler check_autobatch
 export ROOT OUT PY KIT PREFIX BUILD JOBS LAUNCH GPUS
 step unpack 60 unpack
 step build 420 configure_and_build
@@ -192,5 +211,6 @@ step nccl 240 check_nccl
 step train 240 check_train
 step throughput 300 check_throughput
 step scaler 60 check_scaler
+step autobatch 180 check_autobatch
 summary passed
 echo "all GPU checks passed: $OUT/summary.json"
