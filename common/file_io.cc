@@ -87,7 +87,8 @@ std::string atomicWriteTempPath(const std::string& path) {
   return path + ".tmp." + std::to_string(::getpid());
 }
 
-void writeFileAtomically(const std::string& path, const std::function<void(const FileSink&)>& produce,
+void writeFileAtomically(const std::string& path,
+                         const std::function<void(const FileSink&)>& produce,
                          const AtomicWriteOptions& options) {
   const std::string tmpPath = atomicWriteTempPath(path);
   const int fd = ::open(tmpPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, options.mode);
@@ -100,7 +101,8 @@ void writeFileAtomically(const std::string& path, const std::function<void(const
   // complete-looking but empty file.
   if (options.durable && ::fsync(tmp.fd()) != 0) fail(path, "fsync", tmpPath, errno);
   if (const int e = tmp.close()) fail(path, "close", tmpPath, e);
-  if (::rename(tmpPath.c_str(), path.c_str()) != 0) fail(path, "rename", tmpPath + " to " + path, errno);
+  if (::rename(tmpPath.c_str(), path.c_str()) != 0)
+    fail(path, "rename", tmpPath + " to " + path, errno);
   tmp.release();
   // Make the rename itself durable. The new file is in place already, so a directory that cannot
   // be opened (execute-only) or synced (some file systems) is not a failed write.
@@ -114,7 +116,8 @@ void writeFileAtomically(const std::string& path, const std::function<void(const
 
 void writeFileAtomically(const std::string& path, std::string_view contents,
                          const AtomicWriteOptions& options) {
-  writeFileAtomically(path, [&](const FileSink& sink) { sink(contents.data(), contents.size()); }, options);
+  writeFileAtomically(
+      path, [&](const FileSink& sink) { sink(contents.data(), contents.size()); }, options);
 }
 
 }  // namespace ddpl

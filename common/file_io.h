@@ -41,7 +41,8 @@ struct AtomicWriteOptions {
 // an exception thrown by `produce` also removes it and propagates unchanged. One writer per path
 // per process at a time (the temporary's name is per process). A directory that cannot be
 // synced after the rename is not a failure: the new file is in place by then.
-void writeFileAtomically(const std::string& path, const std::function<void(const FileSink&)>& produce,
+void writeFileAtomically(const std::string& path,
+                         const std::function<void(const FileSink&)>& produce,
                          const AtomicWriteOptions& options = {});
 void writeFileAtomically(const std::string& path, std::string_view contents,
                          const AtomicWriteOptions& options = {});

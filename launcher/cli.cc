@@ -750,7 +750,8 @@ ParseResult parseCommandLine(const std::vector<std::string>& args,
   if (o.launcher != "mpi" && (!o.hostfile.empty() || !o.mpi_args.empty() || o.dry_run))
     throw UsageError("--hostfile, --mpi-args and --dry-run go with --launcher=mpi");
   if (o.signals_to_handle.empty())
-    o.signals_to_handle.assign(std::begin(defaults::kStopSignals), std::end(defaults::kStopSignals));
+    o.signals_to_handle.assign(std::begin(defaults::kStopSignals),
+                               std::end(defaults::kStopSignals));
   if (o.standalone && (o.nnodes_min != 1 || o.nnodes_max != 1))
     throw UsageError(fmt::format("--standalone runs one node, but --nnodes={}:{} was given",
                                  o.nnodes_min, o.nnodes_max));

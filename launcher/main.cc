@@ -199,7 +199,8 @@ int main(int argc, char** argv) {
     } else {
       const auto from_env = ddpl::rdzv::rdzvTokenFromEnvironment(env, "launch");
       // Logging is not up yet; the warning goes where a usage error would.
-      if (!from_env.warning.empty()) std::fprintf(stderr, "launch: warning: %s\n", from_env.warning.c_str());
+      if (!from_env.warning.empty())
+        std::fprintf(stderr, "launch: warning: %s\n", from_env.warning.c_str());
       if (from_env.token) o.rdzv_token = *from_env.token;
     }
   } catch (const UsageError& e) {

@@ -282,7 +282,8 @@ MpiJob planMpiJob(const LaunchOptions& o, const Environment& env, std::optional<
           flag));
   }
   MpiJob job;
-  if (auto it = env.find(envvar::kMpirun); it != env.end() && !it->second.empty()) job.mpirun = it->second;
+  if (auto it = env.find(envvar::kMpirun); it != env.end() && !it->second.empty())
+    job.mpirun = it->second;
   job.hosts = o.hostfile.empty() ? std::vector<HostfileEntry>{{"localhost", std::nullopt, std::nullopt, 0}}
                                  : readHostfile(o.hostfile);
   job.nproc_per_node = nproc;

@@ -57,7 +57,8 @@ struct RdzvConf {
   double join_timeout_sec = defaults::kJoinTimeout.count();
   double last_call_timeout_sec = defaults::kLastCallTimeout.count();
   double read_timeout_sec = 60;
-  double heartbeat_timeout_sec = defaults::kHeartbeatWindow.count();  // when this agent hosts the service
+  double heartbeat_timeout_sec =
+      defaults::kHeartbeatWindow.count();  // when this agent hosts the service
   double exit_barrier_timeout_sec = 300;
   std::optional<bool> is_host;  // unset: host when the endpoint names this machine
   std::string token_file;

@@ -179,7 +179,8 @@ int main(int argc, char** argv) {
     if (!token_file.empty()) {
       o.token = rdzv::readTokenFile(token_file);
     } else {
-      const rdzv::EnvironmentToken env = rdzv::rdzvTokenFromEnvironment(processEnvironment(), "rdzv-server");
+      const rdzv::EnvironmentToken env =
+          rdzv::rdzvTokenFromEnvironment(processEnvironment(), "rdzv-server");
       if (!env.warning.empty()) log::warn("{}", env.warning);
       if (env.token) o.token = *env.token;
     }

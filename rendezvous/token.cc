@@ -49,12 +49,14 @@ EnvironmentToken rdzvTokenFromEnvironment(const Environment& env, const std::str
   EnvironmentToken out;
   if (current) {
     if (current->empty())
-      throw InvalidArgument(fmt::format("{} is set but empty: unset it or give a token", envvar::kRdzvToken));
+      throw InvalidArgument(
+          fmt::format("{} is set but empty: unset it or give a token", envvar::kRdzvToken));
     out.token = *current;
     if (legacy && !legacy->empty() && *legacy != *current && !value(envvar::kStoreAddr)) {
-      out.warning = fmt::format("{}: {} and {} are both set and differ; using {} ({} is the old name)", program,
-                                envvar::kRdzvToken, envvar::kLegacyRdzvToken, envvar::kRdzvToken,
-                                envvar::kLegacyRdzvToken);
+      out.warning =
+          fmt::format("{}: {} and {} are both set and differ; using {} ({} is the old name)",
+                      program, envvar::kRdzvToken, envvar::kLegacyRdzvToken, envvar::kRdzvToken,
+                      envvar::kLegacyRdzvToken);
     }
     return out;
   }
@@ -62,7 +64,8 @@ EnvironmentToken rdzvTokenFromEnvironment(const Environment& env, const std::str
   if (!legacy || legacy->empty() || value(envvar::kStoreAddr)) return out;
   out.token = *legacy;
   out.warning = fmt::format(
-      "{}: the rendezvous token comes from {}, the old name; set {} instead (the one name launch and "
+      "{}: the rendezvous token comes from {}, the old name; set {} instead (the one name launch "
+      "and "
       "rdzv-server both read; {} is what launch sets for each worker)",
       program, envvar::kLegacyRdzvToken, envvar::kRdzvToken, envvar::kStoreToken);
   return out;

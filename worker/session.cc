@@ -121,7 +121,6 @@ std::string toString(BackendKind kind) {
   return "?";
 }
 
-
 SessionOptions SessionOptions::fromEnvironment() {
   const Environment env = processEnvironment();
   SessionOptions o = fromEnvironment(env);
@@ -159,11 +158,13 @@ SessionOptions SessionOptions::fromEnvironment(const Environment& env) {
   // glibc's own malloc settings (MALLOC_*_ env or GLIBC_TUNABLES) are the user's choice: ours
   // would override them, so they turn the tuning off unless DDPL_RETAIN_FREED_MEMORY says on.
   const std::string tunables = lookup(env, "GLIBC_TUNABLES", "");
-  const bool userMallocSettings = isSet(env, "MALLOC_MMAP_THRESHOLD_") || isSet(env, "MALLOC_TRIM_THRESHOLD_") ||
-                                  tunables.find("glibc.malloc.mmap_threshold") != std::string::npos ||
-                                  tunables.find("glibc.malloc.trim_threshold") != std::string::npos;
+  const bool userMallocSettings =
+      isSet(env, "MALLOC_MMAP_THRESHOLD_") || isSet(env, "MALLOC_TRIM_THRESHOLD_") ||
+      tunables.find("glibc.malloc.mmap_threshold") != std::string::npos ||
+      tunables.find("glibc.malloc.trim_threshold") != std::string::npos;
   const std::string retain = lookup(env, envvar::kRetainFreedMemory, "");
-  o.retainFreedMemory = retain.empty() ? !userMallocSettings : ddpl::parseBool(envvar::kRetainFreedMemory, retain);
+  o.retainFreedMemory =
+      retain.empty() ? !userMallocSettings : ddpl::parseBool(envvar::kRetainFreedMemory, retain);
   if (o.worldSize < 1 && !o.mpiBootstrap) {
     throw InvalidArgument("WORLD_SIZE must be >= 1, got " + std::to_string(o.worldSize));
   }

@@ -109,7 +109,8 @@ static std::string errorWritingUnprivileged(const std::string& path, const std::
   ::close(fds[0]);
   int status = 0;
   ::waitpid(pid, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return "child failed: status " + std::to_string(status);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    return "child failed: status " + std::to_string(status);
   return message;
 }
 
@@ -146,7 +147,8 @@ TEST_F(FileIo, FileSizeLimitFailsMidWriteAndRemovesTheTemporary) {
   }
   ::setrlimit(RLIMIT_FSIZE, &saved);
   ::signal(SIGXFSZ, previous);
-  EXPECT_THAT(message, HasSubstr("cannot write " + path + ": write " + ddpl::atomicWriteTempPath(path)));
+  EXPECT_THAT(message,
+              HasSubstr("cannot write " + path + ": write " + ddpl::atomicWriteTempPath(path)));
   EXPECT_THAT(message, HasSubstr("(errno " + std::to_string(EFBIG) + ")"));
   EXPECT_EQ(read(path), "old");
   EXPECT_EQ(names(), std::vector<std::string>{"big"});

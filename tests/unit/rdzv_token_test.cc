@@ -15,7 +15,8 @@ TEST(RdzvToken, CanonicalNameIsReadQuietly) {
   EXPECT_EQ(*t.token, "s3cret");
   EXPECT_EQ(t.warning, "");
   // The same value under both names is not worth a warning.
-  t = rdzvTokenFromEnvironment({{"DDPL_RDZV_TOKEN", "s3cret"}, {"DDPL_STORE_TOKEN", "s3cret"}}, "launch");
+  t = rdzvTokenFromEnvironment({{"DDPL_RDZV_TOKEN", "s3cret"}, {"DDPL_STORE_TOKEN", "s3cret"}},
+                               "launch");
   EXPECT_EQ(*t.token, "s3cret");
   EXPECT_EQ(t.warning, "");
 }
@@ -30,7 +31,8 @@ TEST(RdzvToken, OldNameIsAcceptedWithAWarningNamingBoth) {
 }
 
 TEST(RdzvToken, BothSetAndDifferentTheCanonicalWinsWithAWarning) {
-  auto t = rdzvTokenFromEnvironment({{"DDPL_RDZV_TOKEN", "new"}, {"DDPL_STORE_TOKEN", "old"}}, "launch");
+  auto t =
+      rdzvTokenFromEnvironment({{"DDPL_RDZV_TOKEN", "new"}, {"DDPL_STORE_TOKEN", "old"}}, "launch");
   EXPECT_EQ(*t.token, "new");
   EXPECT_THAT(t.warning, HasSubstr("DDPL_RDZV_TOKEN and DDPL_STORE_TOKEN are both set and differ"));
 }
@@ -38,8 +40,8 @@ TEST(RdzvToken, BothSetAndDifferentTheCanonicalWinsWithAWarning) {
 TEST(RdzvToken, InsideAWorkerTheOldNameIsTheWorkersTokenNotOurs) {
   // launch sets DDPL_STORE_ADDR with DDPL_STORE_TOKEN for its workers: a launch or server started
   // from a worker must not take that job's store token for its own secret.
-  auto t = rdzvTokenFromEnvironment({{"DDPL_STORE_TOKEN", "job"}, {"DDPL_STORE_ADDR", "10.0.0.1:29400"}},
-                                    "launch");
+  auto t = rdzvTokenFromEnvironment(
+      {{"DDPL_STORE_TOKEN", "job"}, {"DDPL_STORE_ADDR", "10.0.0.1:29400"}}, "launch");
   EXPECT_FALSE(t.token);
   EXPECT_EQ(t.warning, "");
 }
