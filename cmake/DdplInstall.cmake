@@ -52,7 +52,7 @@ install(FILES
   worker/log_bridge.h worker/native_trace.h worker/sampler.h worker/session.h
   worker/store_adapter.h
   DESTINATION include/ddplaunch/worker COMPONENT dev)
-install(FILES common/environment.h common/errors.h
+install(FILES common/defaults.h common/environment.h common/errors.h
   DESTINATION include/ddplaunch/common COMPONENT dev)
 install(FILES rendezvous/store.h DESTINATION include/ddplaunch/rendezvous COMPONENT dev)
 

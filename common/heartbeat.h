@@ -12,9 +12,11 @@
 //   hb >= 0 and os.pwrite(hb, waited_us.to_bytes(8, "little"), 8)
 #include <cstddef>
 
+#include "common/defaults.h"
+
 namespace ddpl {
 
-inline constexpr const char* kHeartbeatFdEnv = "DDPL_HEARTBEAT_FD";
+inline constexpr const char* kHeartbeatFdEnv = envvar::kHeartbeatFd;
 inline constexpr size_t kHeartbeatBytes = 64;
 // Offsets of the little-endian 64-bit fields: the step count, and (optional) the microseconds
 // spent so far waiting inside collectives, which lets launch tell a rank that is slow from the

@@ -29,6 +29,7 @@
 #include <thread>
 #include <variant>
 
+#include "common/defaults.h"
 #include "common/errors.h"
 #include "common/log.h"
 #include "launcher/cli.h"
@@ -829,7 +830,9 @@ struct Agent::Impl {
   static std::vector<int> stopSignals(const LaunchOptions& o) {
     std::vector<int> out;
     for (int s : o.signals_to_handle)
-      if (s == SIGTERM || s == SIGINT || s == SIGHUP || s == SIGQUIT) out.push_back(s);
+      if (std::find(std::begin(defaults::kStopSignals), std::end(defaults::kStopSignals), s) !=
+          std::end(defaults::kStopSignals))
+        out.push_back(s);
     return out;
   }
 

@@ -16,6 +16,9 @@
 namespace ddpl::launcher {
 namespace {
 
+// The defaults the --help texts below state.
+static_assert(defaults::kRdzvPort == 29400, "update launch's --help text for --rdzv-endpoint");
+
 std::string trim(const std::string& s) {
   auto b = s.find_first_not_of(" \t");
   auto e = s.find_last_not_of(" \t");
@@ -746,7 +749,9 @@ ParseResult parseCommandLine(const std::vector<std::string>& args,
 
   if (o.launcher != "mpi" && (!o.hostfile.empty() || !o.mpi_args.empty() || o.dry_run))
     throw UsageError("--hostfile, --mpi-args and --dry-run go with --launcher=mpi");
-  if (o.signals_to_handle.empty()) o.signals_to_handle = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
+  if (o.signals_to_handle.empty())
+    o.signals_to_handle.assign(std::begin(defaults::kStopSignals),
+                               std::end(defaults::kStopSignals));
   if (o.standalone && (o.nnodes_min != 1 || o.nnodes_max != 1))
     throw UsageError(fmt::format("--standalone runs one node, but --nnodes={}:{} was given",
                                  o.nnodes_min, o.nnodes_max));

@@ -28,7 +28,7 @@ namespace {
 using std::chrono::milliseconds;
 
 std::pair<std::string, int> splitEndpoint(const std::string& endpoint) {
-  HostPort hp = parseHostPort("rendezvous endpoint", endpoint, 29400);
+  HostPort hp = parseHostPort("rendezvous endpoint", endpoint, defaults::kRdzvPort);
   return {hp.host, hp.port};
 }
 

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "common/defaults.h"
 #include "launcher/rendezvous_handler.h"
 
 namespace ddpl::launcher {
@@ -26,10 +27,10 @@ struct ElasticConfig {
   // kAuto: host the service when the endpoint names this machine and its port is free (the
   // first agent to bind it wins; the rest are clients).
   Host host = Host::kAuto;
-  std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};
-  std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};
+  std::chrono::milliseconds join_timeout{defaults::kJoinTimeout};
+  std::chrono::milliseconds last_call_timeout{defaults::kLastCallTimeout};
   std::chrono::milliseconds read_timeout{std::chrono::seconds(60)};  // connect + store calls
-  std::chrono::milliseconds heartbeat_window{std::chrono::seconds(30)};  // when hosting
+  std::chrono::milliseconds heartbeat_window{defaults::kHeartbeatWindow};  // when hosting
   std::chrono::milliseconds exit_barrier_timeout{std::chrono::seconds(300)};
 };
 

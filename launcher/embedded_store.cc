@@ -11,6 +11,7 @@
 #include <climits>
 #include <cstring>
 
+#include "common/defaults.h"
 #include "common/errors.h"
 #include "common/log.h"
 #include "launcher/grpc_plugin.h"
@@ -95,9 +96,9 @@ std::string EmbeddedStore::waitUntilServing() {
 std::map<std::string, std::string> EmbeddedStore::workerEnv(const std::string& run_id,
                                                             int attempt) {
   if (!starter_.joinable() && !server_) startInBackground();
-  return {{"DDPL_STORE_ADDR", endpoint_},
-          {"DDPL_STORE_TOKEN", token_},
-          {"DDPL_STORE_PREFIX", run_id + "/attempt_" + std::to_string(attempt) + "/"}};
+  return {{envvar::kStoreAddr, endpoint_},
+          {envvar::kStoreToken, token_},
+          {envvar::kStorePrefix, run_id + "/attempt_" + std::to_string(attempt) + "/"}};
 }
 
 }  // namespace ddpl::launcher

@@ -106,7 +106,7 @@ int resolveNproc(const NprocSpec& spec, const Environment& env) {
 // the wheel's entry point names it (DDPL_LAUNCH_PYTHON); a launch installed into a virtual
 // environment's bin/ finds it beside itself. Empty: none (python3 from PATH).
 std::string environmentPython(const Environment& env) {
-  if (auto it = env.find("DDPL_LAUNCH_PYTHON"); it != env.end() && !it->second.empty())
+  if (auto it = env.find(ddpl::envvar::kLaunchPython); it != env.end() && !it->second.empty())
     return it->second;
   char exe[4096];
   ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
@@ -196,9 +196,12 @@ int main(int argc, char** argv) {
     validateTopology(o);
     if (!o.rdzv_conf.token_file.empty()) {
       o.rdzv_token = ddpl::rdzv::readTokenFile(o.rdzv_conf.token_file);
-    } else if (auto t = env.find("DDPL_RDZV_TOKEN"); t != env.end()) {
-      if (t->second.empty()) return usage("DDPL_RDZV_TOKEN is set but empty: unset it or give a token");
-      o.rdzv_token = t->second;
+    } else {
+      const auto from_env = ddpl::rdzv::rdzvTokenFromEnvironment(env, "launch");
+      // Logging is not up yet; the warning goes where a usage error would.
+      if (!from_env.warning.empty())
+        std::fprintf(stderr, "launch: warning: %s\n", from_env.warning.c_str());
+      if (from_env.token) o.rdzv_token = *from_env.token;
     }
   } catch (const UsageError& e) {
     return usage(e.what());

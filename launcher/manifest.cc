@@ -19,6 +19,7 @@
 #include <sstream>
 
 #include "common/errors.h"
+#include "common/file_io.h"
 #include "common/log.h"
 #include "launcher/doctor.h"
 
@@ -114,18 +115,11 @@ std::string manifestJson(const ManifestFacts& f) {
   return j.dump(2) + "\n";
 }
 
-void writeFileAtomically(const std::string& path, const std::string& text) {
-  std::string tmp = fmt::format("{}.tmp.{}", path, getpid());
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) throw Error(fmt::format("cannot write '{}'", tmp));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw Error(fmt::format("cannot rename '{}' to '{}'", tmp, path));
-  }
+// Written through a temporary and a rename (common/file_io.h): a reader, or a second writer
+// killed half way, never sees half a manifest. Not synced: it is a diagnostic record written on
+// launch's start-up path, where an fsync costs milliseconds, and it is rewritten by every run.
+static void writeManifestText(const std::string& path, const std::string& text) {
+  writeFileAtomically(path, text, {.durable = false});
 }
 
 void startManifestProbe(const std::string& path, const std::string& self_exe,
@@ -152,7 +146,7 @@ void startManifestProbe(const std::string& path, const std::string& self_exe,
 }
 
 void writeManifest(const ManifestFacts& facts, const std::string& path) {
-  writeFileAtomically(path, manifestJson(facts));
+  writeManifestText(path, manifestJson(facts));
 }
 
 int runManifestProbe(const std::string& path, const std::string& nvml_library) {
@@ -162,7 +156,7 @@ int runManifestProbe(const std::string& path, const std::string& nvml_library) {
   setpriority(PRIO_PROCESS, 0, 19);  // never at the workers' expense
   try {
     json j = json::parse(readText(path));
-    auto save = [&] { writeFileAtomically(path, j.dump(2) + "\n"); };
+    auto save = [&] { writeManifestText(path, j.dump(2) + "\n"); };
 
     GpuFacts g = readGpuFacts(nvml_library);
     json gpus = {{"driver", g.driver ? g.driver_version : "none: " + g.why_none}};

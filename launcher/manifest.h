@@ -39,10 +39,6 @@ struct ManifestFacts {
 // The fast manifest, as JSON text.
 std::string manifestJson(const ManifestFacts& facts);
 
-// Writes `text` to `path` through a temporary file and a rename: a reader (or a second writer
-// killed half way) never sees half a manifest. Throws ddpl::Error naming the path.
-void writeFileAtomically(const std::string& path, const std::string& text);
-
 // Writes the fast manifest to `path`. Throws ddpl::Error when it cannot be written.
 void writeManifest(const ManifestFacts& facts, const std::string& path);
 

@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 
+#include "common/defaults.h"
 #include "common/log.h"
 #include "common/parse.h"
 #include "launcher/cli.h"
@@ -50,7 +51,7 @@ bool setsMapping(const std::vector<std::string>& args) {
   return false;
 }
 
-constexpr const char* kRanksPerHostEnv = "DDPL_MPI_RANKS_PER_HOST";
+constexpr const char* kRanksPerHostEnv = envvar::kMpiRanksPerHost;
 
 // mpirun starts this same binary on every host as the per-rank shim.
 std::string launchBinaryPath() {
@@ -250,7 +251,7 @@ Environment torchrunEnvFromMpi(const Environment& env, const std::string& error_
   setDefault("ROLE_NAME", "default");
   // The worker library would take RANK and WORLD_SIZE for a torchrun launch and bootstrap
   // through MASTER_ADDR's TCPStore; under mpirun it bootstraps through MPI, as before the shim.
-  setDefault("DDPL_BOOTSTRAP", "mpi");
+  setDefault(envvar::kBootstrap, "mpi");
   if (auto it = env.find(kRanksPerHostEnv); it != env.end() && !env.count("GROUP_RANK")) {
     int64_t begin = 0, group = 0;
     for (const auto& count : splitList(it->second, ',')) {
@@ -281,7 +282,8 @@ MpiJob planMpiJob(const LaunchOptions& o, const Environment& env, std::optional<
           flag));
   }
   MpiJob job;
-  if (auto it = env.find("DDPL_MPIRUN"); it != env.end() && !it->second.empty()) job.mpirun = it->second;
+  if (auto it = env.find(envvar::kMpirun); it != env.end() && !it->second.empty())
+    job.mpirun = it->second;
   job.hosts = o.hostfile.empty() ? std::vector<HostfileEntry>{{"localhost", std::nullopt, std::nullopt, 0}}
                                  : readHostfile(o.hostfile);
   job.nproc_per_node = nproc;

@@ -7,11 +7,13 @@
 #include <string>
 #include <vector>
 
+#include "common/defaults.h"
+
 namespace ddpl::launcher {
 
-inline constexpr int kDefaultMasterPort = 29500;
-inline constexpr int kDefaultRdzvPort = 29400;
-inline constexpr double kDefaultShutdownTimeoutSec = 30.0;
+inline constexpr int kDefaultMasterPort = defaults::kMasterPort;
+inline constexpr int kDefaultRdzvPort = defaults::kRdzvPort;
+inline constexpr double kDefaultShutdownTimeoutSec = defaults::kShutdownTimeout.count();
 inline constexpr double kDefaultMonitorIntervalSec = 0.1;
 
 // The live view: a status line on a terminal (kLive), a periodic log line (kLog), or the one
@@ -52,10 +54,11 @@ enum class TargetKind {
 
 // Typed --rdzv-conf (torchrun's keys plus ours), validated by the parser.
 struct RdzvConf {
-  double join_timeout_sec = 600;
-  double last_call_timeout_sec = 30;
+  double join_timeout_sec = defaults::kJoinTimeout.count();
+  double last_call_timeout_sec = defaults::kLastCallTimeout.count();
   double read_timeout_sec = 60;
-  double heartbeat_timeout_sec = 30;  // when this agent hosts the service
+  double heartbeat_timeout_sec =
+      defaults::kHeartbeatWindow.count();  // when this agent hosts the service
   double exit_barrier_timeout_sec = 300;
   std::optional<bool> is_host;  // unset: host when the endpoint names this machine
   std::string token_file;

@@ -24,18 +24,6 @@ constexpr char kLineUp[] = "\x1b[1A";
 
 }  // namespace
 
-void writeAll(int fd, const char* data, size_t len) {
-  while (len > 0) {
-    ssize_t n = write(fd, data, len);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return;
-    }
-    data += n;
-    len -= static_cast<size_t>(n);
-  }
-}
-
 std::string expandPrefix(const std::string& tmpl, const std::string& role, int local_rank,
                          int global_rank) {
   const std::pair<std::string, std::string> vars[] = {{"role_name", role},

@@ -10,6 +10,8 @@
 #include <mutex>
 #include <string>
 
+#include "common/file_io.h"
+
 namespace ddpl::launcher {
 
 enum class StreamKind { kStdout, kStderr };
@@ -117,8 +119,8 @@ class OutputRouter {
   mutable std::recursive_mutex console_mu_;
 };
 
-// write(2) until done; gives up silently on a closed console (EPIPE) so that a vanished
-// terminal never stops supervision.
-void writeAll(int fd, const char* data, size_t len);
+// write(2) until done (common/file_io.h). Callers here ignore its error: a closed console
+// (EPIPE) must never stop supervision.
+using ddpl::writeAll;
 
 }  // namespace ddpl::launcher

@@ -11,9 +11,11 @@
 
 #include <string>
 
+#include "common/defaults.h"
+
 namespace ddpl::launcher {
 
-inline constexpr const char* kMarkerEnv = "DDPL_LAUNCH_ID";
+inline constexpr const char* kMarkerEnv = envvar::kLaunchId;
 
 class Watchdog {
  public:

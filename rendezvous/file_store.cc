@@ -12,6 +12,7 @@
 #include <map>
 
 #include "common/errors.h"
+#include "common/file_io.h"
 #include "rendezvous/kv_space.h"
 
 namespace ddpl::rdzv {
@@ -59,12 +60,9 @@ class FileStore::Locked {
       out.append(reinterpret_cast<const char*>(v.data()), v.size());
     }
     if (ftruncate(fs_.fd_, 0) != 0) throw StoreError(sysError("truncate", fs_.path_));
-    size_t done = 0;
-    while (done < out.size()) {
-      ssize_t n = pwrite(fs_.fd_, out.data() + done, out.size() - done, static_cast<off_t>(done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) throw StoreError(sysError("write", fs_.path_));
-      done += static_cast<size_t>(n);
+    if (const int e = pwriteAll(fs_.fd_, out.data(), out.size(), 0)) {
+      errno = e;
+      throw StoreError(sysError("write", fs_.path_));
     }
   }
 

@@ -9,7 +9,10 @@
 #include <string>
 #include <thread>
 
+#include "common/defaults.h"
+#include "common/environment.h"
 #include "common/errors.h"
+#include "common/file_io.h"
 #include "common/log.h"
 #include "common/parse.h"
 #include "ddpl/config.h"
@@ -17,6 +20,10 @@
 #include "rendezvous/token.h"
 
 namespace {
+
+// The defaults kUsage states.
+static_assert(ddpl::defaults::kRdzvPort == 29400 && ddpl::defaults::kHeartbeatWindow.count() == 30,
+              "update rdzv-server's --help text");
 
 constexpr char kUsage[] = R"(usage: rdzv-server [options]
 
@@ -26,8 +33,10 @@ Serves the ddplaunch rendezvous (membership rounds) and key-value store over gRP
   --port N                 port (default 29400; 0 picks a free one, see --port-file)
   --port-file PATH         write the bound port to PATH once serving
   --token-file PATH        require this shared token on every call (unreadable or empty
-                           file: exit 1). Without it, DDPL_STORE_TOKEN is used if set;
-                           with neither the server warns that anyone may call it
+                           file: exit 1). Without it, DDPL_RDZV_TOKEN is used if set
+                           (the name launch reads too; the old DDPL_STORE_TOKEN is still
+                           accepted, with a warning); with neither the server warns that
+                           anyone may call it
   --tls-cert PATH          server certificate (PEM); with --tls-key enables TLS
   --tls-key PATH           server private key (PEM)
   --tls-client-ca PATH     require client certificates signed by this CA (PEM)
@@ -79,7 +88,7 @@ int64_t parseInt(const std::string& flag, const std::string& v, int64_t lo, int6
 int main(int argc, char** argv) {
   using namespace ddpl;
   rdzv::ServerOptions o;
-  o.port = 29400;
+  o.port = defaults::kRdzvPort;
   std::string token_file, port_file, level = "info";
   static const std::map<std::string, bool> kTakesValue = {{"--host", true},
                                                           {"--port", true},
@@ -169,21 +178,24 @@ int main(int argc, char** argv) {
   try {
     if (!token_file.empty()) {
       o.token = rdzv::readTokenFile(token_file);
-    } else if (const char* env = std::getenv("DDPL_STORE_TOKEN"); env && *env) {
-      o.token = env;
+    } else {
+      const rdzv::EnvironmentToken env =
+          rdzv::rdzvTokenFromEnvironment(processEnvironment(), "rdzv-server");
+      if (!env.warning.empty()) log::warn("{}", env.warning);
+      if (env.token) o.token = *env.token;
     }
     // Signals go to one thread that stops the server; block them before any thread exists.
     sigset_t set;
     sigemptyset(&set);
-    for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&set, s);
+    for (int s : defaults::kStopSignals) sigaddset(&set, s);
     pthread_sigmask(SIG_BLOCK, &set, nullptr);
 
     rdzv::RendezvousServer server(o);
     if (!port_file.empty()) {
-      std::string tmp = port_file + ".tmp";
-      std::ofstream(tmp) << server.port() << "\n";
-      if (std::rename(tmp.c_str(), port_file.c_str()) != 0)
-        throw InvalidArgument(fmt::format("cannot write port file {}", port_file));
+      // Whole or absent for whoever polls it; not synced, it is stale after a reboot anyway.
+      AtomicWriteOptions quick;
+      quick.durable = false;
+      writeFileAtomically(port_file, std::to_string(server.port()) + "\n", quick);
     }
     int received = 0;
     std::thread stopper([&] {

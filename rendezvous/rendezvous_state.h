@@ -36,9 +36,9 @@ namespace ddpl::rdzv {
 
 using TimePoint = Clock::time_point;
 
-inline constexpr Duration kDefaultJoinTimeout{std::chrono::seconds(600)};
-inline constexpr Duration kDefaultLastCallTimeout{std::chrono::seconds(30)};
-inline constexpr Duration kDefaultHeartbeatWindow{std::chrono::seconds(30)};
+inline constexpr Duration kDefaultJoinTimeout{defaults::kJoinTimeout};
+inline constexpr Duration kDefaultLastCallTimeout{defaults::kLastCallTimeout};
+inline constexpr Duration kDefaultHeartbeatWindow{defaults::kHeartbeatWindow};
 // How long a run with nobody in it (every node left, was evicted or gave up) is kept before
 // it is forgotten with its keys; a node joining within that time finds it as it was.
 inline constexpr Duration kDefaultRunRetention{std::chrono::minutes(10)};

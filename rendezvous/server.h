@@ -85,6 +85,19 @@ struct ServerStats {
   int64_t refused_peers_closed = 0;  // closed after a call refused for its token  // runs examined by the state machine's timers (work, see tests)
 };
 
+// Threading contract:
+// - Serving needs no thread of the caller's: the constructor returns once the server listens, and
+//   the calls are served on threads the server owns (gRPC's callback threads; one timer thread
+//   for deadlines, evictions and the stats line; one connection-gate thread that accepts). No
+//   callback into the embedding program ever runs on them: state is reached only through
+//   the network API or the methods below.
+// - port(), endpoint() and stats() are safe from any thread at any time while the object lives.
+// - shutdown() is idempotent and safe from any thread except one of the server's own (a gRPC
+//   callback would wait for itself); a second caller returns only once the first has finished,
+//   so whoever returns from shutdown() may destroy the server. wait() blocks any number of
+//   threads until then. Do not call shutdown() from a signal handler: block the signals and
+//   sigwait on a thread of your own (rdzv-server's main.cc does so).
+// - The destructor calls shutdown(); no other thread may still be using the object when it runs.
 class RendezvousServer {
  public:
   // Validates the options and starts serving. Throws ddpl::InvalidArgument for bad options

@@ -9,13 +9,15 @@
 #include <string>
 #include <vector>
 
+#include "common/defaults.h"
+
 namespace ddpl::rdzv {
 
 using Bytes = std::vector<uint8_t>;
 using Clock = std::chrono::steady_clock;
 using Duration = std::chrono::milliseconds;
 
-inline constexpr Duration kDefaultStoreTimeout{std::chrono::seconds(300)};
+inline constexpr Duration kDefaultStoreTimeout{defaults::kStoreTimeout};
 
 inline Bytes toBytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
 inline std::string toString(const Bytes& b) { return std::string(b.begin(), b.end()); }

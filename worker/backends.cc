@@ -10,8 +10,6 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/cuda.h>
 
-#include <cstdlib>
-
 #include "common/errors.h"
 
 namespace ddpl::worker::detail {
@@ -43,12 +41,9 @@ c10::intrusive_ptr<c10d::Backend> makeNcclBackend(const BackendSpec& spec) {
   c10::cuda::set_device(static_cast<c10::DeviceIndex>(spec.localRank));
   auto options = c10d::ProcessGroupNCCL::Options::create();
   options->timeout = spec.timeout;
-  // Async error handling makes a timed-out collective abort the communicator and raise,
-  // instead of hanging in the kernel (pytorch#111646). ProcessGroupNCCL reads it from the
-  // environment only; respect a value the user or launcher chose.
-  if (std::getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING") == nullptr) {
-    ::setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1", 0);
-  }
+  // Async error handling (TORCH_NCCL_ASYNC_ERROR_HANDLING) is read by ProcessGroupNCCL from the
+  // environment only; SessionOptions::fromEnvironment() puts its default there, in main, before
+  // any thread starts. Nothing here touches the environment.
   return c10::make_intrusive<c10d::ProcessGroupNCCL>(spec.store, spec.rank, spec.worldSize, options);
 #else
   (void)spec;

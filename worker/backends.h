@@ -20,7 +20,8 @@ struct BackendSpec {
 
 c10::intrusive_ptr<c10d::Backend> makeGlooBackend(const BackendSpec& spec);
 
-// Binds cuda:localRank and creates ProcessGroupNCCL with async error handling. Throws
+// Binds cuda:localRank and creates ProcessGroupNCCL (its async error handling comes from the
+// environment; see SessionOptions::fromEnvironment). Throws
 // BackendError when this build or machine has no NCCL/CUDA.
 c10::intrusive_ptr<c10d::Backend> makeNcclBackend(const BackendSpec& spec);
 

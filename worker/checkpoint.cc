@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "common/errors.h"
+#include "common/file_io.h"
 #include "worker/log_bridge.h"
 #include "worker/amp.h"
 #include "worker/session.h"
@@ -17,12 +18,6 @@ namespace ddpl::worker {
 namespace {
 
 constexpr int64_t kFormatVersion = 1;
-
-std::string directoryOf(const std::string& path) {
-  const auto slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
 
 [[noreturn]] void fail(const std::string& what, const std::string& path) {
   throw Error("checkpoint " + path + ": " + what + ": " + std::strerror(errno));
@@ -53,55 +48,24 @@ void saveCheckpoint(const std::string& path, const CheckpointRefs& parts) {
     archive.write("progress/samples_seen", c10::IValue(parts.progress->samplesSeen));
   }
 
-  // Same directory as the target, so rename() is atomic; unique per process so two writers
-  // never share a temporary.
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail("cannot create " + tmp, path);
-  bool ok = true;
-  int savedErrno = 0;
-  try {
+  // The archive's writer is called from inside miniz (C code): an exception must not cross it.
+  // Nor may it report a short write: LibTorch's zip writer then fails in its destructor, which
+  // terminates the process (seen with a full disk, LibTorch 2.9). So the first failed write is
+  // kept, the rest of the archive is accepted and dropped, and the error is thrown here, where
+  // writeFileAtomically removes the temporary.
+  std::exception_ptr writeError;
+  writeFileAtomically(path, [&](const FileSink& sink) {
     archive.save_to([&](const void* data, size_t size) -> size_t {
-      const char* p = static_cast<const char*>(data);
-      size_t done = 0;
-      while (done < size) {
-        const ssize_t n = ::write(fd, p + done, size - done);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-          ok = false;
-          savedErrno = errno;
-          return done;
-        }
-        done += static_cast<size_t>(n);
+      if (writeError) return size;
+      try {
+        sink(data, size);
+      } catch (...) {
+        writeError = std::current_exception();
       }
-      return done;
+      return size;
     });
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  // Data on disk before the name points at it: otherwise a crash after rename could leave a
-  // complete-looking but empty file.
-  if (ok && ::fsync(fd) != 0) { ok = false; savedErrno = errno; }
-  ::close(fd);
-  if (!ok) {
-    ::unlink(tmp.c_str());
-    errno = savedErrno;
-    fail("writing " + tmp, path);
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    ::unlink(tmp.c_str());
-    errno = e;
-    fail("rename", path);
-  }
-  // Make the rename itself durable.
-  const int dir = ::open(directoryOf(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir >= 0) {
-    ::fsync(dir);
-    ::close(dir);
-  }
+    if (writeError) std::rethrow_exception(writeError);
+  });
   wlog::info("checkpoint written: " + path);
 }
 

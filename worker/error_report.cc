@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <typeinfo>
 
+#include "common/file_io.h"
 #include "worker/log_bridge.h"
 
 namespace ddpl::worker {
@@ -87,25 +88,11 @@ std::string errorFileJson(const ErrorRecord& record) {
 
 void writeErrorFile(const std::string& path, const ErrorRecord& record) {
   if (path.empty()) return;
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const std::string text = errorFileJson(record);
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    wlog::error("cannot write error file " + path + ": " + std::strerror(errno));
-    return;
-  }
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    done += static_cast<size_t>(n);
-  }
-  ::fsync(fd);
-  ::close(fd);
-  if (done != text.size() || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    wlog::error("cannot write error file " + path);
-    ::unlink(tmp.c_str());
+  // Called from the terminate handler too: a file that cannot be written is logged, not thrown.
+  try {
+    writeFileAtomically(path, errorFileJson(record));
+  } catch (const std::exception& e) {
+    wlog::error(std::string("error file: ") + e.what());
   }
 }
 

@@ -38,6 +38,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "common/file_io.h"
+
 namespace ddpl::worker {
 namespace {
 
@@ -214,14 +216,7 @@ nlohmann::json resolveOne(Dwfl* dwfl, size_t index, uintptr_t address) {
 }
 
 bool writeAll(int fd, const std::string& text) {
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    done += static_cast<size_t>(n);
-  }
-  return true;
+  return ddpl::writeAll(fd, text.data(), text.size()) == 0;
 }
 
 std::string jsonLine(const nlohmann::json& j) {

@@ -58,7 +58,7 @@ bool isSet(const Environment& env, const std::string& name) { return !lookup(env
 // An MPI launcher started us (worker/mpi_env.h): rank and sizes come from its variables, and any
 // torchrun variable also present (`launch --launcher=mpi` exports WORLD_SIZE) must agree.
 void applyMpiLaunch(SessionOptions& o, const Environment& env) {
-  const BootstrapMode mode = parseBootstrapMode(lookup(env, "DDPL_BOOTSTRAP", "auto"));
+  const BootstrapMode mode = parseBootstrapMode(lookup(env, envvar::kBootstrap, "auto"));
   const bool hasRank = isSet(env, "RANK"), hasWorld = isSet(env, "WORLD_SIZE");
   std::optional<MpiLaunch> launch;
   // Both torchrun variables win over MPI's: `launch` or torchrun may itself run under mpirun.
@@ -100,7 +100,8 @@ void applyMpiLaunch(SessionOptions& o, const Environment& env) {
   o.masterPort = parseInt(env, "MASTER_PORT", 0);
 }
 
-constexpr int kHandledSignals[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+// The launcher's stop signals, and SIGUSR1/2, which `launch --signals-to-handle` may forward.
+constexpr int kExtraHandledSignals[] = {SIGUSR1, SIGUSR2};
 
 }  // namespace
 
@@ -120,8 +121,20 @@ std::string toString(BackendKind kind) {
   return "?";
 }
 
-
-SessionOptions SessionOptions::fromEnvironment() { return fromEnvironment(processEnvironment()); }
+SessionOptions SessionOptions::fromEnvironment() {
+  const Environment env = processEnvironment();
+  SessionOptions o = fromEnvironment(env);
+  // ProcessGroupNCCL reads its error handling from the environment only (LibTorch 2.9 has no
+  // Options field for it), so the default has to be put there, once, in main before any thread
+  // reads the environment: setenv racing a getenv in another thread is undefined behaviour.
+  // Async error handling makes a timed-out collective abort the communicator and raise instead
+  // of hanging in the kernel (pytorch#111646); 1 is what torchrun and launch export. A value the
+  // user or launcher chose, under either name, is kept.
+  if (!env.count(kNcclAsyncErrorHandlingEnv) && !env.count(kLegacyNcclAsyncErrorHandlingEnv)) {
+    ::setenv(kNcclAsyncErrorHandlingEnv, kDefaultNcclAsyncErrorHandling, 0);
+  }
+  return o;
+}
 
 SessionOptions SessionOptions::fromEnvironment(const Environment& env) {
   SessionOptions o;
@@ -137,11 +150,21 @@ SessionOptions SessionOptions::fromEnvironment(const Environment& env) {
   o.restartCount = parseInt(env, "TORCHELASTIC_RESTART_COUNT", 0);
   o.runId = lookup(env, "TORCHELASTIC_RUN_ID", "");
   o.errorFile = lookup(env, "TORCHELASTIC_ERROR_FILE", "");
-  o.storeAddr = lookup(env, "DDPL_STORE_ADDR", "");
-  o.storeToken = lookup(env, "DDPL_STORE_TOKEN", "");
-  o.storePrefix = lookup(env, "DDPL_STORE_PREFIX", "");
-  o.backend = parseBackendKind(lookup(env, "DDPL_BACKEND", "auto"));
+  o.storeAddr = lookup(env, envvar::kStoreAddr, "");
+  o.storeToken = lookup(env, envvar::kStoreToken, "");
+  o.storePrefix = lookup(env, envvar::kStorePrefix, "");
+  o.backend = parseBackendKind(lookup(env, envvar::kBackend, "auto"));
   o.glooInterface = lookup(env, "GLOO_SOCKET_IFNAME", "");
+  // glibc's own malloc settings (MALLOC_*_ env or GLIBC_TUNABLES) are the user's choice: ours
+  // would override them, so they turn the tuning off unless DDPL_RETAIN_FREED_MEMORY says on.
+  const std::string tunables = lookup(env, "GLIBC_TUNABLES", "");
+  const bool userMallocSettings =
+      isSet(env, "MALLOC_MMAP_THRESHOLD_") || isSet(env, "MALLOC_TRIM_THRESHOLD_") ||
+      tunables.find("glibc.malloc.mmap_threshold") != std::string::npos ||
+      tunables.find("glibc.malloc.trim_threshold") != std::string::npos;
+  const std::string retain = lookup(env, envvar::kRetainFreedMemory, "");
+  o.retainFreedMemory =
+      retain.empty() ? !userMallocSettings : ddpl::parseBool(envvar::kRetainFreedMemory, retain);
   if (o.worldSize < 1 && !o.mpiBootstrap) {
     throw InvalidArgument("WORLD_SIZE must be >= 1, got " + std::to_string(o.worldSize));
   }
@@ -343,6 +366,7 @@ Session::Session(SessionOptions options, std::vector<Hook> setupHooks) : impl_(s
   wlog::init(o.rank);
   heartbeat::open(o.heartbeatFd);
   if (o.retainFreedMemory) {
+    // Process-wide and never undone (SessionOptions::retainFreedMemory says why).
     mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest allowed value on 64-bit
     mallopt(M_TRIM_THRESHOLD, 256 << 20);
   }
@@ -352,7 +376,8 @@ Session::Session(SessionOptions options, std::vector<Hook> setupHooks) : impl_(s
     // inherit the mask and only our watcher receives them (cleanup cannot run in a handler).
     sigset_t set;
     sigemptyset(&set);
-    for (int sig : kHandledSignals) sigaddset(&set, sig);
+    for (int sig : defaults::kStopSignals) sigaddset(&set, sig);
+    for (int sig : kExtraHandledSignals) sigaddset(&set, sig);
     pthread_sigmask(SIG_BLOCK, &set, &impl_->previousMask);
     impl_->signalsBlocked = true;
     impl_->signalThread = std::thread([this, set] {

@@ -2,6 +2,7 @@
 // One rank of a job started by `launch`, torchrun or mpirun: reads the launcher's variables
 // (explicitly, through SessionOptions::fromEnvironment), connects to the store, binds the
 // device, creates the process group, and tears all of it down again on every way out.
+#include "common/defaults.h"
 #include "common/environment.h"
 #include <c10/core/Device.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -24,8 +25,14 @@ BackendKind parseBackendKind(const std::string& name);
 std::string toString(BackendKind kind);
 
 // Bounded by default so that a dead peer turns into an error, not a 30-minute hang.
-inline constexpr std::chrono::milliseconds kDefaultCollectiveTimeout{std::chrono::minutes(5)};
-inline constexpr std::chrono::milliseconds kDefaultStoreTimeout{std::chrono::minutes(5)};
+inline constexpr std::chrono::milliseconds kDefaultCollectiveTimeout{defaults::kCollectiveTimeout};
+inline constexpr std::chrono::milliseconds kDefaultStoreTimeout{defaults::kStoreTimeout};
+
+// ProcessGroupNCCL's error handling switch (it also honours the older NCCL_ASYNC_ERROR_HANDLING),
+// and the value SessionOptions::fromEnvironment() gives it when neither is set.
+inline constexpr const char kNcclAsyncErrorHandlingEnv[] = "TORCH_NCCL_ASYNC_ERROR_HANDLING";
+inline constexpr const char kLegacyNcclAsyncErrorHandlingEnv[] = "NCCL_ASYNC_ERROR_HANDLING";
+inline constexpr const char kDefaultNcclAsyncErrorHandling[] = "1";
 
 struct SessionOptions {
   int rank = 0;
@@ -33,7 +40,7 @@ struct SessionOptions {
   int localRank = 0;
   int localWorldSize = 1;
   std::string masterAddr = "127.0.0.1";
-  int masterPort = 29500;
+  int masterPort = defaults::kMasterPort;
   // TORCHELASTIC_USE_AGENT_STORE=True: the agent hosts the TCPStore; otherwise rank 0 does.
   bool agentHostsStore = false;
   int restartCount = 0;
@@ -53,10 +60,17 @@ struct SessionOptions {
   bool barrierOnExit = true;
   // Run cleanup hooks on SIGTERM/SIGINT/SIGHUP from the launcher, then die by that signal.
   bool handleSignals = true;
-  // Keep freed tensor memory in the process (glibc mallopt: no mmap for blocks under 32 MiB,
-  // no trimming under 256 MiB). With glibc's defaults a C++ training step returns its
-  // activations to the kernel and page-faults them back every step: measured 20-25% of a CPU
-  // step on the DDP benchmark (docs/benchmarks.md). A Python process happens not to suffer it.
+  // PROCESS-WIDE: keep freed memory in the process. The Session constructor calls glibc's
+  // mallopt (no mmap for blocks under 32 MiB, no trimming of the heap under 256 MiB); this
+  // changes every allocation of the whole process, not only LibTorch's, and stays in force after
+  // the Session is gone. On by default because a C++ training step otherwise returns its
+  // activations to the kernel and page-faults them back every step: measured 20-25% of a CPU step
+  // on the DDP benchmark (docs/benchmarks.md; a Python process happens not to suffer it). The
+  // cost is resident memory: up to 256 MiB of freed heap kept per process. Turn it off when
+  // several programs share the process's memory budget tightly, or when the program tunes malloc
+  // itself. fromEnvironment reads DDPL_RETAIN_FREED_MEMORY=1|0, and without it turns the tuning
+  // off when glibc's own settings are present (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, or
+  // the same in GLIBC_TUNABLES), which ours would override. No effect on other C libraries.
   bool retainFreedMemory = true;
   // Set when an MPI launcher (mpirun, srun) started this process without the torchrun
   // variables (worker/mpi_env.h): the session initialises MPI, takes rank and sizes from it,
@@ -71,17 +85,46 @@ struct SessionOptions {
   int heartbeatFd = -1;
 
   // Reads RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
-  // TORCHELASTIC_*, DDPL_STORE_*, DDPL_BACKEND, GLOO_SOCKET_IFNAME. Malformed numbers are an
+  // TORCHELASTIC_*, DDPL_STORE_*, DDPL_BACKEND, GLOO_SOCKET_IFNAME, DDPL_RETAIN_FREED_MEMORY
+  // (and the MALLOC_* / GLIBC_TUNABLES it defers to). Pure: it never changes the process and
+  // reads nothing but `env`. Malformed numbers and booleans are an
   // InvalidArgument naming the variable. Without RANK and WORLD_SIZE, an MPI launcher's
   // variables (OMPI_COMM_WORLD_*, PMI_*, PMIX_RANK, SLURM_*; DDPL_BOOTSTRAP=auto|env|mpi)
   // select the MPI bootstrap; RANK without WORLD_SIZE (or the reverse) outside an MPI launch,
   // or values that contradict MPI's, are an InvalidArgument.
   static SessionOptions fromEnvironment(const Environment& env);
-  // The same over this process's environment; call it in main, not in libraries.
+  // The same over this process's environment, and the one place the worker library touches it:
+  // call it at the top of main, before any thread starts (LibTorch's included). When neither
+  // TORCH_NCCL_ASYNC_ERROR_HANDLING nor NCCL_ASYNC_ERROR_HANDLING is set it sets the first to 1,
+  // as torchrun and launch do for their workers: ProcessGroupNCCL reads it only from the
+  // environment (no Options field in LibTorch 2.9), and with it a timed-out collective aborts
+  // the communicator and raises instead of hanging in the kernel. setenv is why "before any
+  // thread": it races any concurrent getenv. A program that builds its SessionOptions another
+  // way and wants this behaviour under mpirun sets the variable itself.
   static SessionOptions fromEnvironment();
 };
 
-
+// One rank's membership of the job, from construction to destruction (RAII): the store, the
+// process group and the device binding, and the cleanup hooks that run on every way out.
+//
+// Threading contract:
+// - Construct, use and destroy a Session on one thread (normally main's). The accessors and
+//   barrier() are not synchronised against destruction.
+// - With handleSignals (the default) the constructor blocks the stop signals in the calling
+//   thread before LibTorch starts any thread, so every thread created afterwards inherits the
+//   mask, and starts one watcher thread. Threads the program created BEFORE the Session keep
+//   their own masks and may receive those signals instead: create the Session first.
+// - On SIGTERM/SIGINT/SIGHUP/SIGQUIT/SIGUSR1/SIGUSR2 the cleanup hooks run ON THE WATCHER THREAD
+//   while the training thread goes on (it may be inside a collective, the optimiser step or a
+//   checkpoint write); then the process dies by that signal. Hooks must therefore be safe to run
+//   concurrently with the training loop: take the program's own locks, or only set flags and
+//   write files that the loop does not write. They run at most once, newest first, whichever
+//   of the signal or the destructor comes first; the other then finds nothing left to run.
+// - addCleanupHook may be called from any thread at any time; a hook added after cleanup started
+//   is not run.
+// - The mallopt tuning (SessionOptions::retainFreedMemory) is process-wide and outlives the
+//   Session; NCCL's error-handling variable is set by SessionOptions::fromEnvironment(), never
+//   by the Session.
 class Session {
  public:
   using Hook = std::function<void(Session&)>;

@@ -55,7 +55,9 @@ bool eventually(Pred pred, std::chrono::milliseconds timeout = std::chrono::seco
 
 std::string readFile(const std::string& path);
 
-// A port on 127.0.0.1 that was free a moment ago (bound to port 0, read back, closed).
+// A port on 127.0.0.1 that was free a moment ago and that no other test of this machine will be
+// given for 10 minutes (ctest -j): drawn below the ephemeral range, so that port-0 binds never
+// land on it, reserved by an O_EXCL file in /tmp/ddpl-test-ports, then checked by a bind.
 int freeLoopbackPort();
 // A TCP connection to 127.0.0.1:port that sends nothing (an idle or hostile peer); -1 when
 // it cannot connect.

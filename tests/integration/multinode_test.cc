@@ -65,6 +65,7 @@ class MultiNode : public ::testing::Test {
     return s;
   }
   int port_ = 0;
+  int runs_ = 0;
   std::string ckpt_;
   RunOptions env_;
 };
@@ -414,4 +415,50 @@ TEST_F(MultiNode, PreflightTableNamesTheBadNodeStrictStopsItWarnLetsItRun) {
             std::string::npos)
       << logs;
   EXPECT_EQ(logs.find("STOPPED"), std::string::npos) << logs;
+}
+
+// The rendezvous token has one name for both programs, DDPL_RDZV_TOKEN; the name rdzv-server
+// read before, DDPL_STORE_TOKEN, still works in both, with a warning naming the two.
+TEST_F(MultiNode, RdzvTokenHasOneNameForServerAndLaunchTheOldOneWarns) {
+  const std::string kNew = "set DDPL_RDZV_TOKEN instead";
+  auto one_node = [&](std::map<std::string, std::string> env) {
+    RunOptions o = env_;
+    o.unset_env = {"DDPL_RDZV_TOKEN", "DDPL_STORE_TOKEN", "DDPL_STORE_ADDR"};
+    for (auto& [k, v] : env) o.env[k] = v;
+    o.timeout = 90s;
+    return run({kBin + "/launch", "--nnodes=1", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                "--rdzv-endpoint=" + endpoint(), "--rdzv-id=token-" + std::to_string(++runs_),
+                "--rdzv-conf=join_timeout=20", kEnvDump},
+               o);
+  };
+  {
+    // The old name on the server side.
+    env_.unset_env = {"DDPL_RDZV_TOKEN", "DDPL_STORE_ADDR"};
+    env_.env["DDPL_STORE_TOKEN"] = "s3cret";
+    auto s = server();
+    env_.env.erase("DDPL_STORE_TOKEN");
+    EXPECT_TRUE(eventually([&] { return s->outputSoFar().find(kNew) != std::string::npos; }, 5s))
+        << s->outputSoFar();
+    auto good = one_node({{"DDPL_RDZV_TOKEN", "s3cret"}});
+    EXPECT_EQ(good.exit_code, 0) << good.all();
+    EXPECT_EQ(good.all().find(kNew), std::string::npos) << good.all();
+    // The old name on launch's side: accepted, with the warning.
+    auto old = one_node({{"DDPL_STORE_TOKEN", "s3cret"}});
+    EXPECT_EQ(old.exit_code, 0) << old.all();
+    EXPECT_NE(old.all().find(kNew), std::string::npos) << old.all();
+    // The token is really checked: a wrong one is refused.
+    auto wrong = one_node({{"DDPL_RDZV_TOKEN", "wrong"}});
+    EXPECT_NE(wrong.exit_code, 0) << wrong.all();
+    EXPECT_NE(wrong.all().find("token"), std::string::npos) << wrong.all();
+  }
+  {
+    // The new name on the server: no warning, and the old name on launch's side still works.
+    port_ = freeLoopbackPort();
+    env_.env["DDPL_RDZV_TOKEN"] = "fresh";
+    auto s = server();
+    env_.env.erase("DDPL_RDZV_TOKEN");
+    auto old = one_node({{"DDPL_STORE_TOKEN", "fresh"}});
+    EXPECT_EQ(old.exit_code, 0) << old.all();
+    EXPECT_EQ(s->outputSoFar().find(kNew), std::string::npos) << s->outputSoFar();
+  }
 }

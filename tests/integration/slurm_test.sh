@@ -31,7 +31,42 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+# The reservation tests/common/subprocess.cc's freeLoopbackPort makes, so that tests running in
+# parallel (ctest -j) never pick one port: below the ephemeral range (which port-0 binds of other
+# programs draw from), claimed by an O_EXCL file in /tmp/ddpl-test-ports, then checked by a bind.
+free_port() {
+  python3 - <<'PY'
+import os, random, socket, time
+lo = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+first, last = 10000, max(10000 + 1000, lo) - 1
+d = "/tmp/ddpl-test-ports"
+os.makedirs(d, mode=0o777, exist_ok=True)
+for _ in range(1000):
+    port = random.randint(first, last)
+    lock = os.path.join(d, str(port))
+    try:
+        if time.time() - os.stat(lock).st_mtime < 600:
+            continue
+        os.unlink(lock)
+    except FileNotFoundError:
+        pass
+    try:
+        os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+    except FileExistsError:
+        continue
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+    except OSError:
+        continue
+    finally:
+        s.close()
+    print(port)
+    break
+else:
+    raise SystemExit("no free loopback port below the ephemeral range after 1000 tries")
+PY
+}
 HOST="$(hostname -s)"
 mkdir -p "$DIR/state" "$DIR/spool"
 head -c 1024 /dev/urandom > "$DIR/munge.key"; chmod 400 "$DIR/munge.key"

@@ -5,7 +5,15 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <dirent.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -263,6 +271,107 @@ TEST(WorkerSessionOptions, ParsesLauncherEnvironmentExplicitly) {
   }
   EXPECT_THROW(dw::SessionOptions::fromEnvironment(dw::Environment{{"RANK", "2"}, {"WORLD_SIZE", "2"}}),
                ddpl::InvalidArgument);
+}
+
+TEST(WorkerSessionOptions, RetainFreedMemoryIsOnUnlessTheUserTunesMalloc) {
+  using E = dw::Environment;
+  EXPECT_TRUE(dw::SessionOptions::fromEnvironment(E{}).retainFreedMemory);
+  // glibc's own settings are the user's choice: ours would override them.
+  EXPECT_FALSE(dw::SessionOptions::fromEnvironment(E{{"MALLOC_MMAP_THRESHOLD_", "65536"}}).retainFreedMemory);
+  EXPECT_FALSE(dw::SessionOptions::fromEnvironment(E{{"MALLOC_TRIM_THRESHOLD_", "0"}}).retainFreedMemory);
+  EXPECT_FALSE(dw::SessionOptions::fromEnvironment(E{{"GLIBC_TUNABLES", "glibc.malloc.trim_threshold=0"}})
+                   .retainFreedMemory);
+  EXPECT_TRUE(dw::SessionOptions::fromEnvironment(E{{"GLIBC_TUNABLES", "glibc.malloc.tcache_count=0"}})
+                  .retainFreedMemory);
+  // DDPL_RETAIN_FREED_MEMORY says it outright, either way.
+  EXPECT_TRUE(dw::SessionOptions::fromEnvironment(
+                  E{{"MALLOC_MMAP_THRESHOLD_", "65536"}, {"DDPL_RETAIN_FREED_MEMORY", "1"}})
+                  .retainFreedMemory);
+  EXPECT_FALSE(dw::SessionOptions::fromEnvironment(E{{"DDPL_RETAIN_FREED_MEMORY", "0"}}).retainFreedMemory);
+  try {
+    dw::SessionOptions::fromEnvironment(E{{"DDPL_RETAIN_FREED_MEMORY", "maybe"}});
+    FAIL();
+  } catch (const ddpl::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("DDPL_RETAIN_FREED_MEMORY"), std::string::npos) << e.what();
+  }
+}
+
+// The library reads and writes no environment of its own accord: the explicit parser is pure,
+// and only the process-level fromEnvironment() (called in main) gives NCCL its error-handling
+// default, keeping a value already set under either of the names ProcessGroupNCCL reads.
+TEST(WorkerSessionOptions, OnlyTheProcessLevelParserSetsNcclErrorHandling) {
+  struct Saved {
+    std::optional<std::string> current, legacy;
+    Saved() {
+      if (const char* v = std::getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING")) current = v;
+      if (const char* v = std::getenv("NCCL_ASYNC_ERROR_HANDLING")) legacy = v;
+    }
+    ~Saved() {
+      current ? ::setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", current->c_str(), 1)
+              : ::unsetenv("TORCH_NCCL_ASYNC_ERROR_HANDLING");
+      legacy ? ::setenv("NCCL_ASYNC_ERROR_HANDLING", legacy->c_str(), 1) : ::unsetenv("NCCL_ASYNC_ERROR_HANDLING");
+    }
+  } saved;
+  auto value = []() -> std::string {
+    const char* v = std::getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING");
+    return v ? v : "<unset>";
+  };
+  ::unsetenv("TORCH_NCCL_ASYNC_ERROR_HANDLING");
+  ::unsetenv("NCCL_ASYNC_ERROR_HANDLING");
+  dw::SessionOptions::fromEnvironment(dw::Environment{});
+  EXPECT_EQ(value(), "<unset>");
+  dw::SessionOptions::fromEnvironment();
+  EXPECT_EQ(value(), dw::kDefaultNcclAsyncErrorHandling);
+  ::setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0", 1);
+  dw::SessionOptions::fromEnvironment();
+  EXPECT_EQ(value(), "0");
+  ::unsetenv("TORCH_NCCL_ASYNC_ERROR_HANDLING");
+  ::setenv("NCCL_ASYNC_ERROR_HANDLING", "2", 1);
+  dw::SessionOptions::fromEnvironment();
+  EXPECT_EQ(value(), "<unset>");
+}
+
+// A write that fails part way through the archive (EFBIG past RLIMIT_FSIZE, which binds root
+// too, as a full disk would): the error names the path and errno, crosses LibTorch's zip writer
+// as our error rather than its generic one, and leaves the previous checkpoint and no temporary.
+// (POSIX calls, not std::filesystem: LibTorch exports its own, ABI-incompatible copy of some of
+// it, and remove_all resolved there crashes.)
+TEST(WorkerCheckpoint, FailedWriteNamesThePathAndLeavesTheOldOneAndNoTemporary) {
+  const std::string dir = tempPath("ckpt-fail");
+  ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0) << std::strerror(errno);
+  const std::string path = dir + "/ckpt.pt";
+  torch::manual_seed(5);
+  auto model = torch::nn::Linear(2, 2);
+  dw::saveCheckpoint(path, {model.get()});
+  auto big = torch::nn::Linear(512, 512);  // 1 MiB of weights, past the limit below
+  rlimit saved{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &saved), 0);
+  auto* previous = ::signal(SIGXFSZ, SIG_IGN);
+  rlimit small = saved;
+  small.rlim_cur = 64 << 10;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  std::string message;
+  try {
+    dw::saveCheckpoint(path, {big.get()});
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  ::setrlimit(RLIMIT_FSIZE, &saved);
+  ::signal(SIGXFSZ, previous);
+  EXPECT_NE(message.find("cannot write " + path + ": write " + path + ".tmp."), std::string::npos) << message;
+  EXPECT_NE(message.find("errno " + std::to_string(EFBIG)), std::string::npos) << message;
+  std::vector<std::string> names;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (const dirent* e = ::readdir(d))
+      if (std::string(e->d_name) != "." && std::string(e->d_name) != "..") names.push_back(e->d_name);
+    ::closedir(d);
+  }
+  EXPECT_EQ(names, std::vector<std::string>{"ckpt.pt"});
+  auto other = torch::nn::Linear(2, 2);
+  EXPECT_TRUE(dw::loadCheckpoint(path, {other.get()}));
+  EXPECT_TRUE(torch::equal(other->weight, model->weight));
+  for (const auto& name : names) ::unlink((dir + "/" + name).c_str());
+  ::rmdir(dir.c_str());
 }
 
 TEST(WorkerNccl, SkipsCleanlyWithoutGpu) {
