@@ -12,6 +12,7 @@
 #include <regex>
 
 #include "common/errors.h"
+#include "common/file_io.h"
 #include "worker/session.h"
 
 namespace ddpl::worker {
@@ -195,13 +196,7 @@ std::string CheckpointDirectory::storedRunId() const {
 
 void CheckpointDirectory::storeRunId(const std::string& id) const {
   if (id.empty() || storedRunId() == id) return;
-  const std::string tmp = dir_ + "/" + kRunIdFile + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << id << "\n";
-    if (!out.flush()) throw Error("cannot write " + tmp);
-  }
-  fs::rename(tmp, dir_ + "/" + kRunIdFile);
+  writeFileAtomically(dir_ + "/" + kRunIdFile, id + "\n");
 }
 
 ResumeReason chooseResume(int restartCount, const std::string& runId,

@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/defaults.h"
+
 namespace ddpl::worker {
 
 inline constexpr size_t kDefaultFirstBucketBytes = size_t{1} << 20;   // small: starts comm early
@@ -44,7 +46,7 @@ struct DdpOptions {
   CommHook commHook = CommHook::kNone;
   // false: no collective at all (gradients stay local). Only for measuring overhead.
   bool communicate = true;
-  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  std::chrono::milliseconds timeout{defaults::kCollectiveTimeout};
 };
 
 // What happened in the last synchronised backward, for tests and profiling.
