@@ -107,8 +107,9 @@ class StoreStream : public grpc::ClientBidiReactor<pb::StoreRequest, pb::StoreRe
   }
 
   // Sends a ping (id 0) and waits for its answer: the token was accepted and the stream
-  // works end to end. On failure the stream is finished and the status says why.
-  grpc::Status handshake(Duration timeout) {
+  // works end to end; `max_value_bytes` gets the server's limit from it (left alone when the
+  // answer has none). On failure the stream is finished and the status says why.
+  grpc::Status handshake(Duration timeout, int64_t* max_value_bytes) {
     auto op = std::make_shared<PendingOp>();
     pb::StoreRequest ping;
     ping.set_id(0);
@@ -130,6 +131,7 @@ class StoreStream : public grpc::ClientBidiReactor<pb::StoreRequest, pb::StoreRe
     if (op->resp.has_error())
       return grpc::Status(static_cast<grpc::StatusCode>(op->resp.error().code()),
                           op->resp.error().message());
+    if (op->resp.ping().max_value_bytes() > 0) *max_value_bytes = op->resp.ping().max_value_bytes();
     return grpc::Status::OK;
   }
 
@@ -331,19 +333,21 @@ class GrpcStore : public Store {
         {o.endpoint, o.tls_ca_file, o.tls_cert_file, o.tls_key_file, kDefaultMaxValueBytes});
     stub_ = pb::Store::NewStub(channel_);
     auto start = Clock::now();
-    retryConnect(o.endpoint, o.connect_timeout, [&](Duration attempt_timeout) {
-      grpc::ClientContext ctx;
-      prepare(ctx, o_.token, attempt_timeout);
-      ctx.set_wait_for_ready(true);
-      pb::PingResponse resp;
-      auto s = stub_->Ping(&ctx, pb::PingRequest{}, &resp);
-      if (s.ok()) max_value_bytes_ = resp.max_value_bytes();
-      return s;
-    });
-    if (use_session_) {
-      auto left = std::chrono::ceil<Duration>(start + o.connect_timeout - Clock::now());
-      open(std::max(left, Duration(std::chrono::seconds(1))));
-    }
+    // The stream's handshake is the connect check (token, limits): one round trip where a
+    // unary Ping first cost another, and a unary call's set-up (issue 17: a rank's bootstrap).
+    if (use_session_) open(o.connect_timeout);
+    if (use_session_) return;
+    auto left = std::chrono::ceil<Duration>(start + o.connect_timeout - Clock::now());
+    retryConnect(o.endpoint, std::max(left, Duration(std::chrono::seconds(1))),
+                 [&](Duration attempt_timeout) {
+                   grpc::ClientContext ctx;
+                   prepare(ctx, o_.token, attempt_timeout);
+                   ctx.set_wait_for_ready(true);
+                   pb::PingResponse resp;
+                   auto s = stub_->Ping(&ctx, pb::PingRequest{}, &resp);
+                   if (s.ok()) max_value_bytes_ = resp.max_value_bytes();
+                   return s;
+                 });
   }
 
   // Operations still waiting (a get parked on the server, on another thread) fail with a
@@ -473,7 +477,7 @@ class GrpcStore : public Store {
       throw StoreError(fmt::format(
           "RESOURCE_EXHAUSTED: value for key '{}' is {} bytes; the server at {} accepts at most "
           "{} bytes",
-          key, value.size(), o_.endpoint, max_value_bytes_));
+          key, value.size(), o_.endpoint, max_value_bytes_.load()));
   }
 
   // What an error message calls the operation: "get 'nccl_id/0'", "wait 'a', 'b'".
@@ -632,7 +636,9 @@ class GrpcStore : public Store {
     std::shared_ptr<StoreStream> opened;
     retryConnect(o_.endpoint, timeout, [&](Duration attempt_timeout) {
       auto s = StoreStream::start(stub_.get(), o_.token, streams_, deferred_);
-      grpc::Status st = s->handshake(attempt_timeout);
+      int64_t limit = max_value_bytes_;
+      grpc::Status st = s->handshake(attempt_timeout, &limit);
+      if (st.ok()) max_value_bytes_ = limit;
       if (st.ok()) opened = std::move(s);
       if (st.error_code() == grpc::UNIMPLEMENTED) return grpc::Status::OK;
       return st;
@@ -672,7 +678,7 @@ class GrpcStore : public Store {
   GrpcStoreOptions o_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<pb::Store::Stub> stub_;
-  int64_t max_value_bytes_ = kDefaultMaxValueBytes;
+  std::atomic<int64_t> max_value_bytes_{kDefaultMaxValueBytes};  // the server's, from connecting
   std::atomic<bool> use_session_{true};
   std::atomic<uint64_t> next_id_{1};
   std::shared_ptr<DeferredError> deferred_ = std::make_shared<DeferredError>();
