@@ -20,7 +20,8 @@
 //               rank opens a socket to every other: N = 256 would need 65k sockets here.
 //
 // One line per run: impl=grpc|tcpstore mode=store|gloo ranks=N ms=<start to last rank done>
-// rank_p50_ms=<a rank's own time, median> errors=E.
+// rank_p50_ms=<a rank's own time, median> connect_p50_ms / connect_max_ms=<its store client's
+// construction> errors=E.
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -81,8 +82,11 @@ void storeBasedBarrier(c10d::Store& store, int world) {
   store.wait({key + ":last_worker"}, kTimeout);
 }
 
-void rank(Impl impl, Mode mode, const Host& h, const std::string& run, int r, int world) {
+void rank(Impl impl, Mode mode, const Host& h, const std::string& run, int r, int world,
+          double* connect_ms) {
+  auto start = Clock::now();
   auto base = connect(impl, h, run);
+  *connect_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   auto store = c10::make_intrusive<c10d::PrefixStore>("0", base);  // the default group's prefix
   if (mode == Mode::kStore) {
     storeBasedBarrier(*store, world);
@@ -102,7 +106,7 @@ void rank(Impl impl, Mode mode, const Host& h, const std::string& run, int r, in
 void runOnce(Impl impl, Mode mode, const Host& h, int world, int attempt) {
   std::string run = std::string(mode == Mode::kStore ? "store" : "gloo") + "-" +
                     std::to_string(world) + "-" + std::to_string(attempt);
-  std::vector<double> rank_ms(static_cast<size_t>(world));
+  std::vector<double> rank_ms(static_cast<size_t>(world)), connect_ms(rank_ms.size());
   std::atomic<int> errors{0};
   std::mutex mu;
   std::string first_error;
@@ -113,7 +117,7 @@ void runOnce(Impl impl, Mode mode, const Host& h, int world, int attempt) {
     threads.emplace_back([&, r] {
       auto start = Clock::now();
       try {
-        rank(impl, mode, h, run, r, world);
+        rank(impl, mode, h, run, r, world, &connect_ms[static_cast<size_t>(r)]);
       } catch (const std::exception& e) {
         if (errors++ == 0) {
           std::lock_guard<std::mutex> l(mu);
@@ -126,9 +130,13 @@ void runOnce(Impl impl, Mode mode, const Host& h, int world, int attempt) {
   for (auto& t : threads) t.join();
   double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   std::sort(rank_ms.begin(), rank_ms.end());
-  std::printf("impl=%s mode=%s ranks=%d ms=%.1f rank_p50_ms=%.1f errors=%d%s%s\n",
-              impl == Impl::kGrpc ? "grpc" : "tcpstore", mode == Mode::kStore ? "store" : "gloo",
-              world, ms, rank_ms[rank_ms.size() / 2], errors.load(),
+  std::sort(connect_ms.begin(), connect_ms.end());
+  std::printf(
+      "impl=%s mode=%s ranks=%d ms=%.1f rank_p50_ms=%.1f connect_p50_ms=%.1f "
+      "connect_max_ms=%.1f errors=%d%s%s\n",
+      impl == Impl::kGrpc ? "grpc" : "tcpstore", mode == Mode::kStore ? "store" : "gloo", world, ms,
+      rank_ms[rank_ms.size() / 2], connect_ms[connect_ms.size() / 2], connect_ms.back(),
+      errors.load(),
               first_error.empty() ? "" : " first_error=", first_error.substr(0, 300).c_str());
   std::fflush(stdout);
 }
