@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Rendezvous benchmarks side by side with torch.distributed.TCPStore (the pinned torch in
 # .venv). Usage: bash bench/rdzv_bench.sh [build-dir]   (figures: docs/bench-rendezvous.md)
+# `make bench` runs it on its own build (RelWithDebInfo, with LibTorch), which has all three
+# programs; the script builds those missing from an existing build directory.
 # Build the benchmarks optimised, as TCPStore is:
 #   cmake -S . -B build-rdzv-rel -G Ninja -DDDPL_WITH_TORCH=OFF -DCMAKE_BUILD_TYPE=Release
 #   cmake --build build-rdzv-rel -j2 --target rdzv_store_bench rdzv_scale_bench
@@ -13,6 +15,11 @@ PY="${DDPL_PYTHON:-.venv/bin/python}"
 ROUNDS="${ROUNDS:-200}"
 REPEAT="${REPEAT:-3}"
 BIN="$BUILD_DIR/bin"
+want="rdzv_store_bench rdzv_scale_bench"
+grep -q '^DDPL_WITH_TORCH:BOOL=ON' "$BUILD_DIR/CMakeCache.txt" 2>/dev/null && want+=" rdzv_bootstrap_bench"
+missing=""
+for b in $want; do [ -x "$BIN/$b" ] || missing+=" $b"; done
+[ -z "$missing" ] || cmake --build "$BUILD_DIR" --target $missing
 for b in rdzv_store_bench rdzv_scale_bench; do
   [ -x "$BIN/$b" ] || { echo "missing $BIN/$b: build with -DDDPL_BUILD_BENCH=ON" >&2; exit 1; }
 done
@@ -28,8 +35,8 @@ field() { sed -n "s/.*\b$1=\([0-9.]*\).*/\1/p" <<<"$2"; }
 median() { awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^ops_per_s=/) { split($i, a, "="); print a[2], $0 } }' |
   sort -n | awk '{ l[NR] = $0 } END { s = l[int((NR + 1) / 2)]; sub(/^[^ ]* /, "", s); print s }'; }
 
-echo "== rendezvous scale: N agents join one round (target: 4096 in < 2000 ms)"
-"$BIN/rdzv_scale_bench" --agents 64,256,1024,4096 2>/dev/null
+echo "== rendezvous scale: N agents join one round (targets: 4096 in < 1000 ms, 16384 in < 2000 ms)"
+"$BIN/rdzv_scale_bench" --agents "${AGENTS:-64,256,1024,4096,16384}" 2>/dev/null
 
 echo "== store: NCCL-bootstrap pattern (set, add, get, wait), $ROUNDS rounds, median of $REPEAT"
 printf '%-8s %12s %12s %8s %10s %10s %10s %10s\n' clients grpc_ops/s tcpstore_ops/s ratio \
@@ -47,3 +54,23 @@ for c in 1 16 64; do
     "$(awk -v a="$gt" -v b="$tt" 'BEGIN { printf "%.2f", a / b }')" \
     "$(field p50_us "$g")" "$(field p50_us "$t")" "$(field p99_us "$g")" "$(field p99_us "$t")"
 done
+
+# Process-group bootstrap through c10d (needs the LibTorch build: `make bench`'s build has it).
+if [ -x "$BIN/rdzv_bootstrap_bench" ]; then
+  echo "== process-group bootstrap: N rank threads, start to first completed barrier, $REPEAT runs each"
+  out=$("$BIN/rdzv_bootstrap_bench" --ranks "${RANKS:-8,64,256,1024}" --repeat "$REPEAT" 2>/dev/null |
+    grep '^impl=')
+  echo "$out"
+  printf '%-6s %6s %16s %16s %8s\n' mode ranks grpc_ms_median tcp_ms_median ratio
+  # Median over the runs of each side; ratio = TCPStore's time / ours (above 1: ours is faster).
+  awk '{ for (i = 1; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
+         k = f["mode"] " " f["ranks"]; v[k, f["impl"], ++n[k, f["impl"]]] = f["ms"]; keys[k] = 1 }
+       function med(k, impl,   m, i, j, t, a) {
+         m = n[k, impl]; for (i = 1; i <= m; i++) a[i] = v[k, impl, i]
+         for (i = 1; i <= m; i++) for (j = i + 1; j <= m; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
+         return a[int((m + 1) / 2)] }
+       END { for (k in keys) { split(k, p, " "); g = med(k, "grpc"); t = med(k, "tcpstore")
+             printf "%-6s %6s %16.1f %16.1f %8.2f\n", p[1], p[2], g, t, t / g } }' <<<"$out" | sort -k1,1 -k2n
+else
+  echo "(no $BIN/rdzv_bootstrap_bench: the process-group bootstrap benchmark needs -DDDPL_WITH_TORCH=ON)"
+fi

@@ -5,6 +5,8 @@
 //
 //   rdzv_store_bench --clients 64 --rounds 200 [--value-bytes 128] [--endpoint host:port]
 //                    [--unary]   (one unary call per operation instead of the Session stream)
+//                    [--confirmed-sets]   (every set waits for the server's answer)
+// Besides the totals it prints each operation's p50/p99 (the `op=` lines, on stderr).
 // Without --endpoint it embeds a server in this process, as TCPStore's master does in the
 // Python driver.
 #include <fmt/format.h>
@@ -25,11 +27,11 @@ using namespace ddpl::rdzv;
 int main(int argc, char** argv) {
   int clients = 16, rounds = 200, value_bytes = 128;
   std::string endpoint;
-  bool unary = false;
+  bool unary = false, confirmed_sets = false;
   for (int i = 1; i < argc; i += 2) {
     std::string a = argv[i];
-    if (a == "--unary") {
-      unary = true;
+    if (a == "--unary" || a == "--confirmed-sets") {
+      (a == "--unary" ? unary : confirmed_sets) = true;
       --i;
       continue;
     }
@@ -68,6 +70,7 @@ int main(int argc, char** argv) {
     o.endpoint = endpoint;
     o.prefix = "bench/";
     o.use_session = !unary;
+    o.quiet_sets = !confirmed_sets;
     stores.push_back(connectGrpcStore(o));
   }
   Bytes value(static_cast<size_t>(value_bytes), 0xab);
@@ -103,15 +106,23 @@ int main(int argc, char** argv) {
   go = true;
   for (auto& t : threads) t.join();
   double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  auto pct = [](const std::vector<double>& v, double p) {
+    return v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
+  };
+  const char* names[] = {"set", "add", "get", "wait"};
+  for (size_t op = 0; op < 4; ++op) {  // latencies are stored set, add, get, wait per round
+    std::vector<double> v;
+    for (auto& l : lat)
+      for (size_t i = op; i < l.size(); i += 4) v.push_back(l[i]);
+    std::sort(v.begin(), v.end());
+    std::fprintf(stderr, "op=%s p50_us=%.1f p99_us=%.1f\n", names[op], pct(v, 0.5), pct(v, 0.99));
+  }
   std::vector<double> all;
   for (auto& l : lat) all.insert(all.end(), l.begin(), l.end());
   std::sort(all.begin(), all.end());
-  auto pct = [&](double p) {
-    return all[std::min(all.size() - 1, static_cast<size_t>(p * all.size()))];
-  };
   std::printf(
       "impl=%s clients=%d rounds=%d ops=%zu secs=%.3f ops_per_s=%.0f p50_us=%.0f p99_us=%.0f\n",
-      unary ? "grpc-unary" : "grpc", clients, rounds, all.size(), secs, all.size() / secs,
-      pct(0.50), pct(0.99));
+      unary ? "grpc-unary" : (confirmed_sets ? "grpc-confirmed-sets" : "grpc"), clients, rounds,
+      all.size(), secs, all.size() / secs, pct(all, 0.50), pct(all, 0.99));
   return 0;
 }

@@ -38,6 +38,31 @@ struct StreamCount {
   int live = 0;
 };
 
+// The first failure of a quiet set (GrpcStoreOptions::quiet_sets), kept until the store's next
+// operation reports it. Shared by a GrpcStore and its streams.
+struct DeferredError {
+  std::mutex mu;
+  std::atomic<bool> any{false};  // lets the operations skip the lock while nothing failed
+  grpc::Status status;
+  std::string what;  // "set 'k'"
+
+  void record(grpc::Status s, std::string w) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (any.load()) return;  // the first one is the one to report
+    status = std::move(s);
+    what = std::move(w);
+    any = true;
+  }
+  bool take(grpc::Status* s, std::string* w) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!any.load()) return false;
+    *s = std::move(status);
+    *w = std::move(what);
+    any = false;
+    return true;
+  }
+};
+
 // One operation sent on a Session stream, waiting for its response.
 struct PendingOp {
   std::mutex mu;
@@ -67,8 +92,9 @@ struct PendingOp {
 class StoreStream : public grpc::ClientBidiReactor<pb::StoreRequest, pb::StoreResponse> {
  public:
   static std::shared_ptr<StoreStream> start(pb::Store::Stub* stub, const std::string& token,
-                                            std::shared_ptr<StreamCount> count) {
-    std::shared_ptr<StoreStream> s(new StoreStream(std::move(count)));
+                                            std::shared_ptr<StreamCount> count,
+                                            std::shared_ptr<DeferredError> deferred) {
+    std::shared_ptr<StoreStream> s(new StoreStream(std::move(count), std::move(deferred)));
     s->self_ = s;
     if (!token.empty()) s->ctx_->AddMetadata(kTokenHeader, token);
     // Waits for the channel to connect instead of failing at once; open() bounds the wait.
@@ -81,13 +107,14 @@ class StoreStream : public grpc::ClientBidiReactor<pb::StoreRequest, pb::StoreRe
   }
 
   // Sends a ping (id 0) and waits for its answer: the token was accepted and the stream
-  // works end to end. On failure the stream is finished and the status says why.
-  grpc::Status handshake(Duration timeout) {
+  // works end to end; `max_value_bytes` gets the server's limit from it (left alone when the
+  // answer has none). On failure the stream is finished and the status says why.
+  grpc::Status handshake(Duration timeout, int64_t* max_value_bytes) {
     auto op = std::make_shared<PendingOp>();
     pb::StoreRequest ping;
     ping.set_id(0);
     ping.mutable_ping();
-    if (!send(std::move(ping), op)) {
+    if (send(ping, op) != Sent::kYes) {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return done_; });
       return brokenStatus(final_);
@@ -104,6 +131,7 @@ class StoreStream : public grpc::ClientBidiReactor<pb::StoreRequest, pb::StoreRe
     if (op->resp.has_error())
       return grpc::Status(static_cast<grpc::StatusCode>(op->resp.error().code()),
                           op->resp.error().message());
+    if (op->resp.ping().max_value_bytes() > 0) *max_value_bytes = op->resp.ping().max_value_bytes();
     return grpc::Status::OK;
   }
 
@@ -122,16 +150,33 @@ class StoreStream : public grpc::ClientBidiReactor<pb::StoreRequest, pb::StoreRe
     }
   }
 
-  // False when the stream is already broken: the request was not sent.
-  bool send(pb::StoreRequest req, const std::shared_ptr<PendingOp>& op) {
+  enum class Sent { kYes, kBroken, kNoRoom };
+
+  // Sends `req` (moved from only when sent). `op` waits for the answer; without one the request
+  // goes quiet (a set: answered only if it fails), unless kMaxQuietSets are unconfirmed
+  // already (kNoRoom: nothing sent). kBroken: the stream broke before, nothing was sent.
+  Sent send(pb::StoreRequest& req, const std::shared_ptr<PendingOp>& op,
+            const std::string& quiet_what = {}) {
     std::unique_lock<std::mutex> lock(mu_);
-    if (broken_) return false;
-    pending_.emplace(req.id(), op);
+    if (broken_) return Sent::kBroken;
+    uint64_t seq = ++sent_seq_;
+    if (op) {
+      pending_.emplace(req.id(), Pending{op, seq});
+    } else {
+      if (quiet_.size() >= static_cast<size_t>(kMaxQuietSets)) return Sent::kNoRoom;
+      quiet_.push_back({seq, req.id(), quiet_what});
+      req.set_quiet(true);
+    }
     auto start = writes_.push(std::move(req), 0);
     lock.unlock();
     // Never under mu_: gRPC may run OnWriteDone on this thread before StartWrite returns.
     if (start.msg) StartWrite(start.msg);
-    return true;
+    return Sent::kYes;
+  }
+
+  bool hasUnconfirmed() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return !quiet_.empty();
   }
 
   // The operation stopped waiting (its deadline passed): a late response is dropped.
@@ -165,8 +210,20 @@ class StoreStream : public grpc::ClientBidiReactor<pb::StoreRequest, pb::StoreRe
       std::lock_guard<std::mutex> lock(mu_);
       auto it = pending_.find(resp_.id());
       if (it != pending_.end()) {
-        op = std::move(it->second);
+        op = std::move(it->second.op);
+        confirmLocked(it->second.seq);
         pending_.erase(it);
+      } else if (resp_.has_error()) {
+        // A quiet set the server refused (or a late answer to an operation that stopped
+        // waiting: not found among the quiet ones, dropped).
+        for (const auto& q : quiet_)
+          if (q.id == resp_.id()) {
+            deferred_->record(grpc::Status(static_cast<grpc::StatusCode>(resp_.error().code()),
+                                           resp_.error().message()),
+                              q.what);
+            confirmLocked(q.seq);
+            break;
+          }
       }
     }
     if (op) op->complete(grpc::Status::OK, &resp_);
@@ -191,7 +248,8 @@ class StoreStream : public grpc::ClientBidiReactor<pb::StoreRequest, pb::StoreRe
   }
 
   void OnDone(const grpc::Status& s) override {
-    std::unordered_map<uint64_t, std::shared_ptr<PendingOp>> pending;
+    std::unordered_map<uint64_t, Pending> pending;
+    grpc::Status why = brokenStatus(s);
     {
       std::lock_guard<std::mutex> lock(mu_);
       done_ = true;
@@ -199,15 +257,23 @@ class StoreStream : public grpc::ClientBidiReactor<pb::StoreRequest, pb::StoreRe
       final_ = s;
       pending.swap(pending_);
       writes_.abandon();
+      if (!quiet_.empty())
+        deferred_->record(
+            grpc::Status(why.error_code(),
+                         fmt::format("{}; the server had not confirmed it nor {} more set(s) "
+                                     "sent before it broke, which may not have been applied",
+                                     why.error_message(), quiet_.size() - 1)),
+            quiet_.front().what);
+      quiet_.clear();
     }
     cv_.notify_all();
-    grpc::Status why = brokenStatus(s);
-    for (auto& [id, op] : pending) op->complete(why, nullptr);
+    for (auto& [id, p] : pending) p.op->complete(why, nullptr);
     auto keep = std::move(self_);  // may delete this: nothing below touches members
   }
 
  private:
-  explicit StoreStream(std::shared_ptr<StreamCount> count) : count_(std::move(count)) {
+  StoreStream(std::shared_ptr<StreamCount> count, std::shared_ptr<DeferredError> deferred)
+      : count_(std::move(count)), deferred_(std::move(deferred)) {
     std::lock_guard<std::mutex> lock(count_->mu);
     ++count_->live;
   }
@@ -220,6 +286,12 @@ class StoreStream : public grpc::ClientBidiReactor<pb::StoreRequest, pb::StoreRe
   }
 
  private:
+  // Caller holds mu_. The server answered the request sent `seq`-th: it handled every earlier
+  // one of this stream, the quiet sets among them included.
+  void confirmLocked(uint64_t seq) {
+    while (!quiet_.empty() && quiet_.front().seq <= seq) quiet_.pop_front();
+  }
+
   // Caller holds mu_ through `lock`; releases it.
   void releaseHold(std::unique_lock<std::mutex>& lock) {
     if (!broken_ || writes_.writing() || hold_released_) return;
@@ -228,7 +300,17 @@ class StoreStream : public grpc::ClientBidiReactor<pb::StoreRequest, pb::StoreRe
     RemoveHold();
   }
 
+  struct Pending {
+    std::shared_ptr<PendingOp> op;
+    uint64_t seq;  // its place in the order of sending
+  };
+  struct Quiet {
+    uint64_t seq, id;
+    std::string what;
+  };
+
   std::shared_ptr<StreamCount> count_;
+  std::shared_ptr<DeferredError> deferred_;
   std::unique_ptr<grpc::ClientContext> ctx_ = std::make_unique<grpc::ClientContext>();
   pb::StoreResponse resp_;  // the read in flight; used only by the read loop
   std::mutex mu_;           // guards everything below; never held while calling into gRPC
@@ -238,7 +320,9 @@ class StoreStream : public grpc::ClientBidiReactor<pb::StoreRequest, pb::StoreRe
   bool done_ = false;
   grpc::Status final_;
   WriteQueue<pb::StoreRequest> writes_;
-  std::unordered_map<uint64_t, std::shared_ptr<PendingOp>> pending_;
+  std::unordered_map<uint64_t, Pending> pending_;
+  uint64_t sent_seq_ = 0;
+  std::deque<Quiet> quiet_;  // sent quiet, not yet confirmed; oldest first; <= kMaxQuietSets
   std::shared_ptr<StoreStream> self_;
 };
 
@@ -249,24 +333,27 @@ class GrpcStore : public Store {
         {o.endpoint, o.tls_ca_file, o.tls_cert_file, o.tls_key_file, kDefaultMaxValueBytes});
     stub_ = pb::Store::NewStub(channel_);
     auto start = Clock::now();
-    retryConnect(o.endpoint, o.connect_timeout, [&](Duration attempt_timeout) {
-      grpc::ClientContext ctx;
-      prepare(ctx, o_.token, attempt_timeout);
-      ctx.set_wait_for_ready(true);
-      pb::PingResponse resp;
-      auto s = stub_->Ping(&ctx, pb::PingRequest{}, &resp);
-      if (s.ok()) max_value_bytes_ = resp.max_value_bytes();
-      return s;
-    });
-    if (use_session_) {
-      auto left = std::chrono::ceil<Duration>(start + o.connect_timeout - Clock::now());
-      open(std::max(left, Duration(std::chrono::seconds(1))));
-    }
+    // The stream's handshake is the connect check (token, limits): one round trip where a
+    // unary Ping first cost another, and a unary call's set-up (issue 17: a rank's bootstrap).
+    if (use_session_) open(o.connect_timeout);
+    if (use_session_) return;
+    auto left = std::chrono::ceil<Duration>(start + o.connect_timeout - Clock::now());
+    retryConnect(o.endpoint, std::max(left, Duration(std::chrono::seconds(1))),
+                 [&](Duration attempt_timeout) {
+                   grpc::ClientContext ctx;
+                   prepare(ctx, o_.token, attempt_timeout);
+                   ctx.set_wait_for_ready(true);
+                   pb::PingResponse resp;
+                   auto s = stub_->Ping(&ctx, pb::PingRequest{}, &resp);
+                   if (s.ok()) max_value_bytes_ = resp.max_value_bytes();
+                   return s;
+                 });
   }
 
   // Operations still waiting (a get parked on the server, on another thread) fail with a
   // NetworkError; the destructor returns once they have left.
   ~GrpcStore() override {
+    flushQuiet();
     std::shared_ptr<StoreStream> s;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -297,6 +384,7 @@ class GrpcStore : public Store {
     auto* req = r.mutable_set();
     req->set_key(k(key));
     req->set_value(value.data(), value.size());
+    if (sendQuiet("set", key, r)) return;
     exec("set", key, o_.default_timeout, r);
   }
 
@@ -376,6 +464,7 @@ class GrpcStore : public Store {
       req->add_keys(k(keys[i]));
       req->add_values(values[i].data(), values[i].size());
     }
+    if (sendQuiet("multiSet", keys, r)) return;
     exec("multiSet", keys, o_.default_timeout, r);
   }
 
@@ -388,7 +477,7 @@ class GrpcStore : public Store {
       throw StoreError(fmt::format(
           "RESOURCE_EXHAUSTED: value for key '{}' is {} bytes; the server at {} accepts at most "
           "{} bytes",
-          key, value.size(), o_.endpoint, max_value_bytes_));
+          key, value.size(), o_.endpoint, max_value_bytes_.load()));
   }
 
   // What an error message calls the operation: "get 'nccl_id/0'", "wait 'a', 'b'".
@@ -419,8 +508,73 @@ class GrpcStore : public Store {
   pb::StoreResponse exec(const char* op, const Keys& keys, Duration timeout,
                          pb::StoreRequest& req) {
     Active active(this);
-    if (!use_session_) return unary(what(op, keys), timeout, req);
-    return session(what(op, keys), timeout, req);
+    std::string w = what(op, keys);
+    raiseDeferred(w);
+    if (!use_session_) return unary(w, timeout, req);
+    return session(w, timeout, req);
+  }
+
+  // ---- quiet sets (GrpcStoreOptions::quiet_sets) ----
+
+  // True when `req` went out quiet; false when it must be sent the ordinary way (quiet sets
+  // off, no Session stream, or kMaxQuietSets unconfirmed already).
+  template <typename Keys>
+  bool sendQuiet(const char* op, const Keys& keys, pb::StoreRequest& req) {
+    if (!o_.quiet_sets || !use_session_) return false;
+    Active active(this);
+    std::string w = what(op, keys);
+    raiseDeferred(w);
+    auto deadline = Clock::now() + saturatingAdd(o_.default_timeout, Duration::zero());
+    req.set_id(next_id_.fetch_add(1, std::memory_order_relaxed));
+    for (;;) {
+      auto stream = liveStream(w, deadline);
+      if (!stream) return false;  // the server lost Session (downgraded)
+      switch (stream->send(req, nullptr, w)) {
+        case StoreStream::Sent::kYes:
+          return true;
+        case StoreStream::Sent::kNoRoom:
+          return false;
+        case StoreStream::Sent::kBroken:
+          break;  // nothing was sent: try a new stream
+      }
+    }
+  }
+
+  // Throws the failure of an earlier quiet set, once.
+  void raiseDeferred(const std::string& op) {
+    if (!deferred_->any.load()) return;
+    grpc::Status s;
+    std::string earlier;
+    if (deferred_->take(&s, &earlier))
+      throwStatus(s, o_.endpoint,
+                  fmt::format("{} (sent earlier without waiting; reported by {})", earlier, op));
+  }
+
+  // Before the store goes: the quiet sets still unconfirmed must reach the server, so that a
+  // rank that sets its key and exits does not lose it. A ping's answer confirms them all.
+  void flushQuiet() {
+    std::shared_ptr<StoreStream> s;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      s = stream_;
+    }
+    if (s && s->hasUnconfirmed()) {
+      auto op = std::make_shared<PendingOp>();
+      pb::StoreRequest ping;
+      ping.set_id(next_id_.fetch_add(1, std::memory_order_relaxed));
+      ping.mutable_ping();
+      if (s->send(ping, op) == StoreStream::Sent::kYes) {
+        std::unique_lock<std::mutex> lock(op->mu);
+        if (!op->cv.wait_for(lock, kCloseWait, [&] { return op->done; }))
+          log::warn("store client for {}: sets not confirmed by the server within {}",
+                    o_.endpoint, describe(kCloseWait));
+      }
+    }
+    grpc::Status st;
+    std::string earlier;
+    if (deferred_->take(&st, &earlier))
+      log::warn("store client for {}: {} failed and no later operation reported it: {}: {}",
+                o_.endpoint, earlier, codeName(st.error_code()), st.error_message());
   }
 
   // ---- the Session stream (default) ----
@@ -436,7 +590,7 @@ class GrpcStore : public Store {
       if (!stream) return unary(op, timeout, req);  // the server lost Session (downgraded)
       // A stream that broke before the request went out: nothing was sent, so it is safe to
       // send it again on a new one.
-      if (stream->send(req, pending)) break;
+      if (stream->send(req, pending) == StoreStream::Sent::kYes) break;
     }
     std::unique_lock<std::mutex> lock(pending->mu);
     if (!pending->cv.wait_until(lock, deadline, [&] { return pending->done; })) {
@@ -481,8 +635,10 @@ class GrpcStore : public Store {
   std::shared_ptr<StoreStream> open(Duration timeout) {
     std::shared_ptr<StoreStream> opened;
     retryConnect(o_.endpoint, timeout, [&](Duration attempt_timeout) {
-      auto s = StoreStream::start(stub_.get(), o_.token, streams_);
-      grpc::Status st = s->handshake(attempt_timeout);
+      auto s = StoreStream::start(stub_.get(), o_.token, streams_, deferred_);
+      int64_t limit = max_value_bytes_;
+      grpc::Status st = s->handshake(attempt_timeout, &limit);
+      if (st.ok()) max_value_bytes_ = limit;
       if (st.ok()) opened = std::move(s);
       if (st.error_code() == grpc::UNIMPLEMENTED) return grpc::Status::OK;
       return st;
@@ -522,9 +678,10 @@ class GrpcStore : public Store {
   GrpcStoreOptions o_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<pb::Store::Stub> stub_;
-  int64_t max_value_bytes_ = kDefaultMaxValueBytes;
+  std::atomic<int64_t> max_value_bytes_{kDefaultMaxValueBytes};  // the server's, from connecting
   std::atomic<bool> use_session_{true};
   std::atomic<uint64_t> next_id_{1};
+  std::shared_ptr<DeferredError> deferred_ = std::make_shared<DeferredError>();
   std::mutex open_mu_;  // held while reopening the stream
   std::mutex mu_;       // guards the four below
   std::shared_ptr<StoreStream> stream_;

@@ -28,7 +28,19 @@ struct GrpcStoreOptions {
   // each). Off: one unary call per operation, which is also what happens with a server that
   // has no Session.
   bool use_session = true;
+  // set and multiSet on the Session stream return once the request is queued, without waiting
+  // for the server, as TCPStore's set does: the server answers them only when they fail, and
+  // handles a stream's requests in order, so every later operation of this store already sees
+  // the value. A set the server refused, or one a broken stream may have lost, makes the first
+  // operation of this store that starts after the store learnt it throw (naming the key and
+  // the server's reason; the operation itself is not sent), and the destructor
+  // waits (up to 10 s) for the server to confirm the sets still unconfirmed. At most
+  // kMaxQuietSets go unconfirmed; past that a set waits for its answer. Off: every set waits.
+  bool quiet_sets = true;
 };
+
+// Sets a store lets go unconfirmed before the next one waits for its answer (quiet_sets).
+inline constexpr int kMaxQuietSets = 1024;
 
 // Connects with bounded retry and jittered backoff: throws ddpl::NetworkError naming the
 // endpoint after connect_timeout, ddpl::AuthError at once for a wrong or missing token.

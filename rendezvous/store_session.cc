@@ -128,6 +128,11 @@ class StoreSession : public grpc::ServerBidiReactor<pb::StoreRequest, pb::StoreR
       }
     });
     if (answers_later) return;
+    // A quiet set is answered only when it fails: the client counts it confirmed by the answer
+    // to any later request of this stream (they are handled in order).
+    if (s.ok() && req.quiet() &&
+        (req.op_case() == pb::StoreRequest::kSet || req.op_case() == pb::StoreRequest::kMultiSet))
+      return;
     if (!known)
       s = grpc::Status(grpc::INVALID_ARGUMENT,
                        fmt::format("request {} names no operation this server knows", req.id()));

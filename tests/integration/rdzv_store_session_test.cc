@@ -338,6 +338,139 @@ class UnaryOnlyStore final : public PingingStore {
   std::atomic<int64_t> total{0};
 };
 
+// Issue 17: sets go quiet (answered only when they fail), as TCPStore's set goes unanswered.
+TEST(StoreSessionTest, QuietSetsAreAnsweredOnlyWhenTheyFail) {
+  ServerOptions so;
+  so.max_value_bytes = 1024;
+  RendezvousServer server(so);
+  RawSession s(server.endpoint());
+  ASSERT_TRUE(s.send(1, [](auto& r) {
+    r.set_quiet(true);
+    r.mutable_set()->set_key("ok");
+    r.mutable_set()->set_value("small");
+  }));
+  ASSERT_TRUE(s.send(2, [](auto& r) {
+    r.set_quiet(true);
+    r.mutable_set()->set_key("big");
+    r.mutable_set()->set_value(std::string(2048, 'x'));
+  }));
+  ASSERT_TRUE(s.send(3, [](auto& r) {
+    r.set_quiet(true);  // ignored: a check always answers
+    r.mutable_check()->add_keys("ok");
+  }));
+  auto refused = s.read();
+  EXPECT_EQ(refused.id(), 2u) << "the set that succeeded is not answered";
+  ASSERT_TRUE(refused.has_error());
+  EXPECT_EQ(refused.error().code(), grpc::RESOURCE_EXHAUSTED);
+  auto checked = s.read();
+  EXPECT_EQ(checked.id(), 3u);
+  EXPECT_TRUE(checked.check().all_present()) << "the quiet set was applied before the check";
+  s.ctx.TryCancel();
+}
+
+// A Session server that refuses every set, quiet or not, and answers the rest trivially.
+class RefusingStore final : public PingingStore {
+ public:
+  grpc::ServerBidiReactor<pb::StoreRequest, pb::StoreResponse>* Session(
+      grpc::CallbackServerContext*) override {
+    class Reactor : public grpc::ServerBidiReactor<pb::StoreRequest, pb::StoreResponse> {
+     public:
+      Reactor() { StartRead(&req_); }
+      void OnReadDone(bool ok) override {
+        if (!ok) return;  // OnCancel finishes
+        resp_.Clear();
+        resp_.set_id(req_.id());
+        if (req_.has_set()) {
+          resp_.mutable_error()->set_code(grpc::FAILED_PRECONDITION);
+          resp_.mutable_error()->set_message("no room for key " + req_.set().key());
+        } else if (req_.has_add()) {
+          resp_.mutable_add()->set_value(req_.add().delta());
+        } else {
+          resp_.mutable_ping();
+        }
+        StartWrite(&resp_);  // one at a time: the next read starts when it is written
+      }
+      void OnWriteDone(bool ok) override {
+        if (ok) StartRead(&req_);
+      }
+      void OnCancel() override { Finish(grpc::Status::CANCELLED); }
+      void OnDone() override { delete this; }
+
+     private:
+      pb::StoreRequest req_;
+      pb::StoreResponse resp_;
+    };
+    return new Reactor;
+  }
+};
+
+TEST(StoreSessionTest, RefusedQuietSetIsReportedOnceByALaterOperation) {
+  RefusingStore service;
+  FakeServer fake(&service);
+  auto store = connect(fake.endpoint());
+  store->set("k", toBytes("v"));  // returns before the server's answer
+  // Sent before the refusal came back; its own answer comes after it (one stream, in order).
+  EXPECT_EQ(store->add("n", 1), 1);
+  try {
+    store->add("m", 1);
+    FAIL() << "the refused set went unreported";
+  } catch (const StoreError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("set 'k'"));
+    EXPECT_THAT(e.what(), HasSubstr("no room for key k"));
+    EXPECT_THAT(e.what(), HasSubstr("reported by add 'm'"));
+    EXPECT_THAT(e.what(), HasSubstr(fake.endpoint()));
+  }
+  EXPECT_EQ(store->add("n", 5), 5) << "reported once; the store goes on";
+
+  GrpcStoreOptions o;
+  o.endpoint = fake.endpoint();
+  o.connect_timeout = seconds(10);
+  o.quiet_sets = false;
+  EXPECT_THROW(connectGrpcStore(o)->set("k", toBytes("v")), StoreError)
+      << "without quiet sets the set itself fails";
+}
+
+TEST(StoreSessionTest, QuietSetsReachTheServerBeforeTheStoreIsGone) {
+  RendezvousServer server(ServerOptions{});
+  constexpr int kKeys = 3 * kMaxQuietSets;  // past the bound some sets wait for their answer
+  {
+    auto store = connect(server.endpoint());
+    for (int i = 0; i < kKeys; ++i) store->set(fmt::format("k{}", i), toBytes("v"));
+  }  // a rank that sets its key and exits at once
+  auto reader = connect(server.endpoint());
+  std::vector<std::string> keys;
+  for (int i = 0; i < kKeys; ++i) keys.push_back(fmt::format("k{}", i));
+  EXPECT_TRUE(reader->check(keys));
+}
+
+TEST(StoreSessionTest, QuietSetsOnAStreamThatBreaksAreReported) {
+  SilentStore service;  // confirms nothing
+  auto fake = std::make_unique<FakeServer>(&service);
+  std::string endpoint = fake->endpoint();
+  GrpcStoreOptions o;
+  o.endpoint = endpoint;
+  o.connect_timeout = seconds(1);
+  auto store = connectGrpcStore(o);
+  store->set("k1", toBytes("v"));
+  store->set("k2", toBytes("v"));
+  ASSERT_TRUE(eventually([&] { return service.seen.load() == 3; }));  // ping, k1, k2
+  fake.reset();  // the stream breaks before the server confirmed them
+  // The first operation after the break may itself fail on the broken stream; by then the
+  // lost sets are recorded, and the next operation reports them.
+  std::string reported;
+  for (int attempt = 0; attempt < 2 && reported.empty(); ++attempt) {
+    try {
+      store->add("n", 1);
+      FAIL() << "no server: the add cannot succeed";
+    } catch (const NetworkError& e) {
+      if (std::string(e.what()).find("set 'k1'") != std::string::npos) reported = e.what();
+    }
+  }
+  EXPECT_THAT(reported, HasSubstr("1 more set(s)"));
+  EXPECT_THAT(reported, HasSubstr("may not have been applied"));
+  EXPECT_THAT(reported, HasSubstr(endpoint));
+}
+
 TEST(StoreSessionTest, ServersWithoutSessionGetUnaryCalls) {
   UnaryOnlyStore service;
   FakeServer fake(&service);

@@ -1,0 +1,188 @@
+// Process-group bootstrap as a user feels it (issue 17): N ranks, from the moment each rank
+// starts to the first barrier every rank has completed, with our store and with TCPStore, both
+// behind c10d's own classes (c10d::Store, c10d::PrefixStore, c10d::ProcessGroupGloo).
+//
+//   rdzv_bootstrap_bench [--ranks 8,64,256,1024] [--repeat 3] [--gloo-max 64]
+//
+// Ranks are threads of this process, each with its own store client (its own TCPStore socket;
+// its own GrpcStore, whose channels to one server share gRPC's one connection inside a
+// process). The store's host runs in this process too, started before the clock: the
+// launcher's agent (ours) or rank 0's TCPStore master (torch) is up before ranks start.
+// For each N and each store, interleaved, `repeat` runs:
+//
+//   mode=store  what init_process_group does on the store for an NCCL job: connect, the
+//               store-based barrier of init_process_group (TORCH_DIST_INIT_BARRIER=1: add,
+//               add 0, the last rank sets the key everyone waits for), then the unique-id
+//               exchange of the first NCCL collective (rank 0 sets 128 bytes, the others get
+//               them). The NCCL collective itself needs GPUs and does not touch the store.
+//   mode=gloo   (N <= --gloo-max) connect, a real c10d::ProcessGroupGloo over a PrefixStore
+//               (Gloo's full mesh is built through the store), then barrier()->wait(). Every
+//               rank opens a socket to every other: N = 256 would need 65k sockets here.
+//
+// One line per run: impl=grpc|tcpstore mode=store|gloo ranks=N ms=<start to last rank done>
+// rank_p50_ms=<a rank's own time, median> connect_p50_ms / connect_max_ms=<its store client's
+// construction> errors=E.
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <mutex>
+#include <thread>
+
+#include "common/parse.h"
+#include "rendezvous/grpc_store.h"
+#include "rendezvous/server.h"
+#include "worker/store_adapter.h"
+
+void benchLogWarningsOnly();  // rdzv_bootstrap_log.cc
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr std::chrono::milliseconds kTimeout{std::chrono::seconds(300)};
+
+enum class Impl { kGrpc, kTcp };
+enum class Mode { kStore, kGloo };
+
+// The host side, up before the ranks start.
+struct Host {
+  std::unique_ptr<ddpl::rdzv::RendezvousServer> server;
+  c10::intrusive_ptr<c10d::TCPStore> master;
+  std::string endpoint;
+  uint16_t port = 0;
+};
+
+c10::intrusive_ptr<c10d::Store> connect(Impl impl, const Host& h, const std::string& run) {
+  if (impl == Impl::kGrpc) {
+    ddpl::rdzv::GrpcStoreOptions o;
+    o.endpoint = h.endpoint;
+    o.prefix = run + "/";
+    return c10::make_intrusive<ddpl::worker::RdzvC10dStore>(
+        std::shared_ptr<ddpl::rdzv::Store>(ddpl::rdzv::connectGrpcStore(o)), kTimeout);
+  }
+  c10d::TCPStoreOptions o;
+  o.port = h.port;
+  o.isServer = false;
+  o.waitWorkers = false;
+  o.timeout = kTimeout;
+  auto s = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);
+  return c10::make_intrusive<c10d::PrefixStore>(run, s);
+}
+
+std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+
+// torch.distributed's _store_based_barrier, key for key.
+void storeBasedBarrier(c10d::Store& store, int world) {
+  const std::string key = "store_based_barrier_key:0";
+  store.add(key, 1);
+  if (store.add(key, 0) == world) store.set(key + ":last_worker", bytes("1"));
+  store.wait({key + ":last_worker"}, kTimeout);
+}
+
+void rank(Impl impl, Mode mode, const Host& h, const std::string& run, int r, int world,
+          double* connect_ms) {
+  auto start = Clock::now();
+  auto base = connect(impl, h, run);
+  *connect_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  auto store = c10::make_intrusive<c10d::PrefixStore>("0", base);  // the default group's prefix
+  if (mode == Mode::kStore) {
+    storeBasedBarrier(*store, world);
+    // ProcessGroupNCCL::broadcastUniqueNCCLID for the first collective.
+    if (r == 0)
+      store->set("0", std::vector<uint8_t>(128, 0x5a));
+    else
+      store->get("0");
+    return;
+  }
+  auto options = c10d::ProcessGroupGloo::Options::create(kTimeout);
+  options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, r, world, options);
+  pg->barrier()->wait(kTimeout);
+}
+
+void runOnce(Impl impl, Mode mode, const Host& h, int world, int attempt) {
+  std::string run = std::string(mode == Mode::kStore ? "store" : "gloo") + "-" +
+                    std::to_string(world) + "-" + std::to_string(attempt);
+  std::vector<double> rank_ms(static_cast<size_t>(world)), connect_ms(rank_ms.size());
+  std::atomic<int> errors{0};
+  std::mutex mu;
+  std::string first_error;
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(world));
+  auto t0 = Clock::now();
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      auto start = Clock::now();
+      try {
+        rank(impl, mode, h, run, r, world, &connect_ms[static_cast<size_t>(r)]);
+      } catch (const std::exception& e) {
+        if (errors++ == 0) {
+          std::lock_guard<std::mutex> l(mu);
+          first_error = e.what();
+        }
+      }
+      rank_ms[static_cast<size_t>(r)] =
+          std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    });
+  for (auto& t : threads) t.join();
+  double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  std::sort(rank_ms.begin(), rank_ms.end());
+  std::sort(connect_ms.begin(), connect_ms.end());
+  std::printf(
+      "impl=%s mode=%s ranks=%d ms=%.1f rank_p50_ms=%.1f connect_p50_ms=%.1f "
+      "connect_max_ms=%.1f errors=%d%s%s\n",
+      impl == Impl::kGrpc ? "grpc" : "tcpstore", mode == Mode::kStore ? "store" : "gloo", world, ms,
+      rank_ms[rank_ms.size() / 2], connect_ms[connect_ms.size() / 2], connect_ms.back(),
+      errors.load(),
+              first_error.empty() ? "" : " first_error=", first_error.substr(0, 300).c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int> sizes = {8, 64, 256, 1024};
+  int repeat = 3, gloo_max = 64;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string a = argv[i], v = argv[i + 1];
+    try {
+      if (a == "--ranks") {
+        sizes.clear();
+        for (const auto& x : ddpl::splitList(v, ','))
+          sizes.push_back(static_cast<int>(ddpl::parseInteger(a, x, 1, 1 << 16)));
+      } else if (a == "--repeat") {
+        repeat = static_cast<int>(ddpl::parseInteger(a, v, 1, 1000));
+      } else if (a == "--gloo-max") {
+        gloo_max = static_cast<int>(ddpl::parseInteger(a, v, 0, 1 << 16));
+      } else {
+        std::fprintf(stderr, "rdzv_bootstrap_bench: unknown flag %s\n", a.c_str());
+        return 2;
+      }
+    } catch (const ddpl::InvalidArgument& e) {
+      std::fprintf(stderr, "rdzv_bootstrap_bench: %s\n", e.what());
+      return 2;
+    }
+  }
+  benchLogWarningsOnly();
+  Host h;
+  h.server = std::make_unique<ddpl::rdzv::RendezvousServer>(ddpl::rdzv::ServerOptions{});
+  h.endpoint = h.server->endpoint();
+  c10d::TCPStoreOptions mo;
+  mo.port = 0;
+  mo.isServer = true;
+  mo.waitWorkers = false;
+  mo.timeout = kTimeout;
+  mo.useLibUV = true;
+  h.master = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", mo);
+  h.port = h.master->getPort();
+  for (int n : sizes)
+    for (Mode mode : {Mode::kStore, Mode::kGloo}) {
+      if (mode == Mode::kGloo && n > gloo_max) continue;
+      for (int a = 0; a < repeat; ++a)
+        for (Impl impl : {Impl::kGrpc, Impl::kTcp}) runOnce(impl, mode, h, n, a);
+    }
+  return 0;
+}
