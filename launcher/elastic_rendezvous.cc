@@ -299,8 +299,7 @@ class ElasticRendezvous : public MultiNodeRendezvous {
     roundAssigned(a.group_rank, a.group_world_size, a.round);
     int64_t round = a.round;
     watch_ = client_->watch(a, [this, round](const rdzv::RoundChange& ch) {
-      if (ended_)
-        ended_(round, ch.connection_lost ? "lost the rendezvous service at " + endpoint_ + ": " + ch.reason
+      endRound(round, ch.connection_lost ? "lost the rendezvous service at " + endpoint_ + ": " + ch.reason
                                          : ch.reason);
     });
 

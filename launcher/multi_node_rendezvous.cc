@@ -41,13 +41,44 @@ void MultiNodeRendezvous::startRendezvous(Done done) {
   beforeJoin();
   // Joining blocks until the round completes (up to the join timeout): a thread of its own,
   // so the agent keeps handling signals meanwhile.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_end_.reset();
+  }
   joiner_ = std::thread([this, done = std::move(done)] {
+    std::optional<WorldAssignment> w;
     try {
-      done(joinOnce(), "");
+      w = joinOnce();
     } catch (const std::exception& e) {
       done(std::nullopt, e.what());
+      return;
     }
+    done(w, "");
+    if (w) delivered(w->round);
   });
+}
+
+void MultiNodeRendezvous::delivered(int64_t round) {
+  std::optional<std::pair<int64_t, std::string>> end;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    delivered_round_ = round;
+    if (pending_end_ && pending_end_->first == round) end = pending_end_;
+    pending_end_.reset();
+  }
+  if (end && ended_) ended_(end->first, end->second);
+}
+
+void MultiNodeRendezvous::endRound(int64_t round, const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (round > delivered_round_) {
+      // Its join is still finishing: the agent would take this for news of an older round.
+      if (!pending_end_) pending_end_ = {round, why};
+      return;
+    }
+  }
+  if (ended_) ended_(round, why);
 }
 
 std::tuple<int, int, int64_t> MultiNodeRendezvous::position() {

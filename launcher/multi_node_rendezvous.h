@@ -15,8 +15,10 @@
 //   to the join timeout, plus the read timeout for MASTER_PORT; `done` runs on it, exactly
 //   once.
 // - RoundEnded runs on the backend's watch thread (gRPC: the round watch's stream; etcd: the
-//   round's watch or the keep-alive thread), at most once per round, possibly while the loop
-//   is inside another method: the callback must only post to the loop.
+//   round's watch or the keep-alive thread), possibly while the loop is inside another
+//   method: the callback must only post to the loop. It never runs for a round before that
+//   round's `done` has: a round that ends while its join is still finishing (the watch starts
+//   before `done` runs) is reported on the joiner thread right after `done`.
 // - StacksRequested runs on the health thread, which starts when the first round forms and
 //   stops in finish() (or the destructor). The health thread also publishes this node's
 //   status line every few seconds; its store calls are bounded by the backend's call timeout
@@ -102,6 +104,9 @@ class MultiNodeRendezvous : public RendezvousHandler {
   void logPreflightTable();
   // finish(): nothing is published for a node on its way out.
   void stopHealth();
+  // The round ended: calls RoundEnded now, or right after `done` if that round's join has
+  // not delivered it yet (see the contract above). Any thread.
+  void endRound(int64_t round, const std::string& why);
   // The derived destructor, first: its joinOnce() and JobKv must not run after it.
   void stopThreads();
   // This node's group rank, the round's number of nodes and the round; (-1, 0, -1) before the
@@ -111,6 +116,8 @@ class MultiNodeRendezvous : public RendezvousHandler {
   RoundEnded ended_;
 
  private:
+  void delivered(int64_t round);
+
   void healthLoop();
 
   std::string node_id_;
@@ -120,6 +127,8 @@ class MultiNodeRendezvous : public RendezvousHandler {
   std::condition_variable cv_;
   std::thread health_;
   bool health_stop_ = false, stacks_poked_ = false;
+  int64_t delivered_round_ = -1;                                // the last round whose `done` ran
+  std::optional<std::pair<int64_t, std::string>> pending_end_;  // ended before its `done`
   int rank_ = -1, nodes_ = 0;
   int64_t round_ = -1;
   std::string status_;
