@@ -402,7 +402,16 @@ class EtcdRendezvous : public MultiNodeRendezvous {
     ops.push_back({EtcdOp::Kind::kPut, seqKey(round), c_.node_id});
     if (!place_.empty() && place_ != joinKey(round, c_.node_id))
       ops.push_back({EtcdOp::Kind::kDelete, place_});
-    auto r = etcd_->txn({{key("state"), EtcdCompare::Target::kMod, srev}}, ops);
+    EtcdTxnResult r;
+    try {
+      r = etcd_->txn({{key("state"), EtcdCompare::Target::kMod, srev}}, ops);
+    } catch (const StoreError& e) {
+      // The lease expired (the agent was stopped past its TTL) and the keep-alive thread has
+      // not replaced it yet: replace it here, and try again.
+      if (std::string(e.what()).find("lease not found") == std::string::npos) throw;
+      renewLease(l);
+      return false;
+    }
     if (!r.succeeded) return false;
     place_ = joinKey(round, c_.node_id);
     place_round_ = round;
@@ -852,7 +861,7 @@ class EtcdRendezvous : public MultiNodeRendezvous {
       ended_round_ = round;
     }
     cv_.notify_all();
-    if (ended_) ended_(round, why);
+    endRound(round, why);
   }
 
   void leaveQuietly(const std::string& why) {
@@ -896,6 +905,20 @@ class EtcdRendezvous : public MultiNodeRendezvous {
     }
   }
 
+  // Replaces lease `expired` with a fresh one, once, whichever thread finds it gone first (the
+  // keep-alive thread, or the joiner whose transaction etcd refused for it).
+  int64_t renewLease(int64_t expired) {
+    std::lock_guard<std::mutex> renewing(renew_mu_);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (lease_ != expired) return lease_;
+    }
+    int64_t fresh = etcd_->grantLease(lease_ttl_);
+    std::lock_guard<std::mutex> lock(mu_);
+    lease_ = fresh;
+    return fresh;
+  }
+
   // Keeps this node's lease alive, three times per TTL so that one lost keep-alive (an etcd
   // member dying, an election) is not fatal. A lease that expired anyway (the agent was
   // stopped, or etcd unreachable for the TTL) means the others dropped this node: the round is
@@ -910,11 +933,10 @@ class EtcdRendezvous : public MultiNodeRendezvous {
       try {
         if (etcd_->keepAliveOnce(id) <= 0) {
           log::warn("this node's etcd lease {:x} expired: the other nodes dropped it", id);
-          int64_t fresh = etcd_->grantLease(lease_ttl_);
+          renewLease(id);
           std::optional<int64_t> round;
           {
             std::lock_guard<std::mutex> l(mu_);
-            lease_ = fresh;
             if (current_) round = current_->round;
           }
           if (round && !finishing_)
@@ -940,7 +962,8 @@ class EtcdRendezvous : public MultiNodeRendezvous {
   int64_t place_round_ = -1;  // the round of place_
   int64_t place_lease_ = 0;   // the lease place_ was written with
   std::optional<Clock::time_point> ended_since_;
-  std::mutex mu_;  // guards what follows
+  std::mutex renew_mu_;  // one lease renewal at a time
+  std::mutex mu_;        // guards what follows
   std::condition_variable cv_;
   bool stop_ = false;
   int64_t lease_ = 0;
