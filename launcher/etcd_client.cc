@@ -364,6 +364,11 @@ int64_t EtcdClient::add(const std::string& key, int64_t delta) {
     auto r = txn({{key, EtcdCompare::Target::kMod, kv ? kv->mod_revision : 0}},
                  {{EtcdOp::Kind::kPut, key, std::to_string(value + delta)}});
     if (r.succeeded) return value + delta;
+    // Lost to another writer: a short random pause, growing with the conflicts, so that
+    // writers racing for one counter do not retry in lockstep.
+    thread_local std::minstd_rand rng(std::random_device{}());
+    int cap = std::min(50, 2 * (i + 1));
+    std::this_thread::sleep_for(milliseconds(std::uniform_int_distribution<int>(0, cap)(rng)));
   }
   throw StoreError(fmt::format("etcd counter '{}': 1000 compare-and-swap conflicts in a row", key));
 }

@@ -311,6 +311,7 @@ class EtcdRendezvous : public MultiNodeRendezvous {
     bool job_ok = true;
     if (success && current_) {
       try {
+        watchPingsOnly();
         // A key per node and a count, not a shared counter: N nodes finishing together would
         // otherwise retry their compare-and-swap against each other.
         if (countAfterPut(roundKey("done/")) >= current_->group_world_size)
@@ -780,18 +781,7 @@ class EtcdRendezvous : public MultiNodeRendezvous {
             if (ended_round_ >= round) return;
           }
           for (const auto& ev : events) {
-            // Another member asks whether this node is alive: answering is the proof.
-            if (ev.type == EtcdEvent::Type::kPut && ev.kv.key.rfind(ping_prefix, 0) == 0) {
-              std::string asker = ev.kv.key.substr(ping_prefix.size());
-              if (asker == c_.node_id) continue;
-              try {
-                etcd_->put(fmt::format("{}round/{}/pong/{}/{}", p_, round, asker, c_.node_id),
-                           ev.kv.value);
-              } catch (const std::exception& e) {
-                log::warn("answering node {}'s liveness probe: {}", asker, e.what());
-              }
-              continue;
-            }
+            if (answerPing(round, ping_prefix, ev)) continue;
             if (finishing_) continue;
             if (ev.kv.key == state_key) {
               if (ev.type == EtcdEvent::Type::kDelete) {
@@ -830,6 +820,41 @@ class EtcdRendezvous : public MultiNodeRendezvous {
           }
         },
         [this, round](const std::string& why) { roundEnded(round, "lost etcd: " + why); });
+  }
+
+  // Another member asks whether this node is alive: answering is the proof. False: `ev` is
+  // no ping.
+  bool answerPing(int64_t round, const std::string& ping_prefix, const EtcdEvent& ev) {
+    if (ev.type != EtcdEvent::Type::kPut || ev.kv.key.rfind(ping_prefix, 0) != 0) return false;
+    std::string asker = ev.kv.key.substr(ping_prefix.size());
+    if (asker == c_.node_id) return true;
+    try {
+      etcd_->put(fmt::format("{}round/{}/pong/{}/{}", p_, round, asker, c_.node_id), ev.kv.value);
+    } catch (const std::exception& e) {
+      log::warn("answering node {}'s liveness probe: {}", asker, e.what());
+    }
+    return true;
+  }
+
+  // Through the exit barrier a node only answers pings: the round's end no longer matters to
+  // it, and watching the places would bring it every other node's leaving (N^2 events per
+  // job). The new watch starts before the old one stops, from the round's start: a ping is
+  // never missed, and one answered twice does no harm.
+  void watchPingsOnly() {
+    int64_t round, rev;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      round = current_->round;
+      rev = state_rev_;
+    }
+    std::string ping_prefix = fmt::format("{}round/{}/ping/", p_, round);
+    auto pings = etcd_->watch(
+        ping_prefix, etcdPrefixEnd(ping_prefix), rev + 1,
+        [this, round, ping_prefix](const std::vector<EtcdEvent>& events) {
+          for (const auto& ev : events) answerPing(round, ping_prefix, ev);
+        },
+        [](const std::string& why) { log::debug("liveness probes: {}", why); });
+    watch_ = std::move(pings);
   }
 
   // Ends complete round `round`, if its state is still the one written at `srev`: the next
