@@ -306,8 +306,9 @@ class EtcdRendezvous : public MultiNodeRendezvous {
   }
 
   bool finish(bool success) override {
-    finishing_ = true;  // members leaving after the job is done end nothing
+    finishing_ = true;  // members leaving after the job is done end nothing; a join gives up
     stopHealth();       // nothing is published for a node on its way out
+    waitForJoiner();    // place_ is the joiner's until then
     bool job_ok = true;
     if (success && current_) {
       try {
@@ -370,7 +371,7 @@ class EtcdRendezvous : public MultiNodeRendezvous {
   }
   void checkStop() {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stop_) throw Error("the launcher is shutting down");
+    if (stop_ || finishing_) throw Error("the launcher is shutting down");
   }
 
   // Puts <prefix><this node> and returns how many keys the prefix then holds. Puts are

@@ -36,6 +36,10 @@ void MultiNodeRendezvous::stopThreads() {
   if (joiner_.joinable()) joiner_.join();
 }
 
+void MultiNodeRendezvous::waitForJoiner() {
+  if (joiner_.joinable()) joiner_.join();
+}
+
 void MultiNodeRendezvous::startRendezvous(Done done) {
   if (joiner_.joinable()) joiner_.join();
   beforeJoin();

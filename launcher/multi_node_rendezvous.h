@@ -23,6 +23,9 @@
 //   stops in finish() (or the destructor). The health thread also publishes this node's
 //   status line every few seconds; its store calls are bounded by the backend's call timeout
 //   and it never throws or ends the job.
+// - finish() may come while a join still runs (a signal during the rendezvous): the etcd
+//   backend makes its joiner give up within one wait slice (5 s) and waits for it; the gRPC
+//   backend's join ends with its own timeouts.
 // - roundStillCurrent(), recordFailure(), jobFailure() and the health reads block for at most
 //   a few call timeouts (the etcd backend's roundStillCurrent up to the lease TTL + 2 s: it
 //   waits for the other nodes' answers); finish() up to the exit barrier timeout, plus (when
@@ -104,6 +107,9 @@ class MultiNodeRendezvous : public RendezvousHandler {
   void logPreflightTable();
   // finish(): nothing is published for a node on its way out.
   void stopHealth();
+  // finish(), when a join may still be running (a signal came during the rendezvous): waits
+  // for the joiner thread, which the backend has told to give up.
+  void waitForJoiner();
   // The round ended: calls RoundEnded now, or right after `done` if that round's join has
   // not delivered it yet (see the contract above). Any thread.
   void endRound(int64_t round, const std::string& why);
