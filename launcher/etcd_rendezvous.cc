@@ -512,7 +512,8 @@ class EtcdRendezvous : public MultiNodeRendezvous {
       oldest.limit = 1;
       oldest.keys_only = true;
       auto first = etcd_->range(oldest);
-      if (first.kvs.empty()) {  // even this node's place is gone (its lease expired): re-join
+      seen_joined_ = first.count;  // the whole range's, whatever the limit
+      if (first.kvs.empty()) {     // even this node's place is gone (its lease expired): re-join
         place_round_ = -1;
         continue;
       }
@@ -557,13 +558,14 @@ class EtcdRendezvous : public MultiNodeRendezvous {
   }
 
   [[noreturn]] void timedOut(const RoundState& s) {
-    int64_t joined = 0;
+    // The most seen while waiting: nodes timing out together give up their places one by one.
+    int64_t joined = seen_joined_;
     try {
       EtcdRange r;
       r.key = joinsPrefix(s.round);
       r.range_end = etcdPrefixEnd(r.key);
       r.count_only = true;
-      joined = etcd_->range(r).count;
+      joined = std::max(joined, etcd_->range(r).count);
     } catch (const std::exception&) {
     }
     givePlace();
@@ -604,6 +606,7 @@ class EtcdRendezvous : public MultiNodeRendezvous {
     if (stateRevision() != srev) return std::nullopt;  // closed (or moved on) before the read
     while (true) {
       checkStop();
+      seen_joined_ = static_cast<int64_t>(places.size());
       if (places.find(place_) == places.end()) return std::nullopt;  // lost this node's place
       // The first max nodes to take a place, by create revision; the rest wait for the next.
       std::vector<const EtcdKv*> order;
@@ -988,8 +991,9 @@ class EtcdRendezvous : public MultiNodeRendezvous {
   int64_t place_round_ = -1;  // the round of place_
   int64_t place_lease_ = 0;   // the lease place_ was written with
   std::optional<Clock::time_point> ended_since_;
-  std::mutex renew_mu_;  // one lease renewal at a time
-  std::mutex mu_;        // guards what follows
+  int64_t seen_joined_ = 0;  // places in the forming round, as last seen
+  std::mutex renew_mu_;      // one lease renewal at a time
+  std::mutex mu_;            // guards what follows
   std::condition_variable cv_;
   bool stop_ = false;
   int64_t lease_ = 0;
