@@ -8,12 +8,21 @@
    Gloo workers training; one whole node is SIGKILLed; time until both survivors' new workers
    start in a 2-node world), with each backend.
 
-torchrun's etcd backends cannot take part: they speak etcd's v2 API (etcd 3.4 serves it only
-with --enable-v2) through the python-etcd client, which the pinned environment does not have.
+3. For each etcd join, what it cost etcd (its own /metrics, before and after): gRPC calls by
+   method, watch events sent, bytes sent, per agent. These should not grow with N.
 
-  .venv/bin/python bench/etcd_bench.py --build build --agents 16 64 256 --rounds 3
+torchrun's etcd backend (`--rdzv-backend=etcd`, etcd's v2 API through the python-etcd client)
+runs against the same etcd, which the benchmark starts with --enable-v2 (v3 is unaffected), when
+--python-etcd names a folder holding python-etcd (it is not in the pinned environment:
+`pip install --target DIR python-etcd`), for N up to --torchrun-max (each torchrun agent is a
+Python process that imports torch: some 300 MB apiece).
+
+  .venv/bin/python -m pip install --target /tmp/pyetcd python-etcd
+  .venv/bin/python bench/etcd_bench.py --build build --agents 16 64 256 --rounds 3 \
+      --python-etcd /tmp/pyetcd
 """
 import argparse
+import collections
 import glob
 import os
 import shutil
@@ -24,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import recovery_bench  # noqa: E402  (the recovery scenario and its helpers)
@@ -45,7 +55,8 @@ def start_etcd(d):
          "--advertise-client-urls", f"http://127.0.0.1:{client}",
          "--listen-peer-urls", f"http://127.0.0.1:{peer}",
          "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-         "--initial-cluster", f"b=http://127.0.0.1:{peer}", "--log-level", "warn"],
+         "--initial-cluster", f"b=http://127.0.0.1:{peer}", "--log-level", "warn",
+         "--enable-v2"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 30
     while time.time() < deadline:
@@ -55,6 +66,21 @@ def start_etcd(d):
         time.sleep(0.1)
     proc.kill()
     sys.exit("etcd did not start")
+
+
+def etcd_counters(endpoint):
+    """etcd's own counters: gRPC calls started by method, watch events, bytes sent."""
+    out = {}
+    text = urllib.request.urlopen(f"http://{endpoint}/metrics", timeout=10).read().decode()
+    for line in text.splitlines():
+        if line.startswith("grpc_server_started_total{"):
+            method = line.split('grpc_method="')[1].split('"')[0]
+            out[method] = out.get(method, 0) + float(line.rsplit(" ", 1)[1])
+        elif line.startswith(("etcd_debugging_mvcc_events_total ",
+                              "etcd_network_client_grpc_sent_bytes_total ")):
+            name, value = line.split(" ")
+            out[name] = float(value)
+    return out
 
 
 def start_server(build):
@@ -67,15 +93,23 @@ def start_server(build):
     return proc, f"127.0.0.1:{port}"
 
 
-def join_n(build, backend, endpoint, n, job, timeout):
+def join_n(build, backend, endpoint, n, job, timeout, costs=None, python_etcd=None, conf=()):
     d = tempfile.mkdtemp(prefix="etcd-bench-")
+    before = etcd_counters(endpoint) if costs is not None else None
     env = dict(os.environ, MARK=d, OMP_NUM_THREADS="1")
-    cmd = [os.path.join(build, "bin", "launch"), f"--nnodes={n}", "--nproc-per-node=1",
-           f"--rdzv-backend={backend}", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={job}",
-           "--log-level=warn", "--monitor=off", "--preflight=off", "--no-python", "/bin/sh", "-c",
-           'date +%s.%N > "$MARK/$RANK"']
+    worker = ["/bin/sh", "-c", 'date +%s.%N > "$MARK/$RANK"']
+    if backend == "torchrun-etcd":
+        env["PYTHONPATH"] = python_etcd
+        cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), f"--nnodes={n}",
+               "--nproc-per-node=1", "--rdzv-backend=etcd", f"--rdzv-endpoint={endpoint}",
+               f"--rdzv-id={job}", "--no-python", *worker]
+    else:
+        cmd = [os.path.join(build, "bin", "launch"), f"--nnodes={n}", "--nproc-per-node=1",
+               f"--rdzv-backend={backend}", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={job}",
+               "--log-level=warn", "--monitor=off", "--preflight=off", *conf, "--no-python", *worker]
     t0 = time.time()
-    agents = [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    errors = open(os.path.join(d, "stderr"), "wb")  # kept: a failed join says why
+    agents = [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=errors,
                                start_new_session=True) for _ in range(n)]
     # One deadline for all: past it, the ones still running are stopped at once (waiting a
     # second for each would add N seconds to a job that did not form).
@@ -86,8 +120,20 @@ def join_n(build, backend, endpoint, n, job, timeout):
         if a.poll() is None:
             recovery_bench.kill_tree(a.pid)
             a.wait()
-    marks = [float(open(p).read()) for p in glob.glob(os.path.join(d, "*"))]
+    errors.close()
+    marks = [float(open(p).read()) for p in glob.glob(os.path.join(d, "*")) if "stderr" not in p]
+    if not ok or len(marks) != n:
+        # The agents' errors and warnings, most frequent first, without their timestamps.
+        lines = open(os.path.join(d, "stderr"), errors="replace").read().splitlines()
+        seen = collections.Counter(line.split("] ", 2)[-1][:100] for line in lines
+                                   if "[error]" in line or "[warning]" in line)
+        for text, count in seen.most_common(5):
+            print(f"    {backend} N={n}: {count} x {text}", flush=True)
     shutil.rmtree(d, ignore_errors=True)
+    if costs is not None:
+        after = etcd_counters(endpoint)
+        for k, v in after.items():
+            costs.setdefault(k, []).append((v - before.get(k, 0)) / n)
     if not ok or len(marks) != n:
         return None
     return max(marks) - t0
@@ -143,6 +189,10 @@ def main():
     ap.add_argument("--agents", type=int, nargs="*", default=[16, 64, 256])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=180)
+    ap.add_argument("--python-etcd", help="a folder holding python-etcd: adds torchrun's etcd backend")
+    ap.add_argument("--torchrun-max", type=int, default=16,
+                    help="the largest N torchrun's etcd backend is run at")
+    ap.add_argument("--etcd-conf", help="--rdzv-conf for our etcd backend's joins (lease_ttl=30,...)")
     ap.add_argument("--lease-ttl", type=int, nargs="*", default=[10, 3],
                     help="etcd lease TTLs for the recovery runs (10: the default)")
     args = ap.parse_args()
@@ -154,10 +204,17 @@ def main():
         print("rendezvous of N agents (first agent's start to the last worker's start), "
               f"{args.rounds} interleaved rounds, median (min-max):")
         for n in args.agents:
-            res = {k: [] for k in backends}
+            joins = dict(backends)
+            if args.python_etcd and n <= args.torchrun_max:
+                joins["torchrun etcd-v2"] = ("torchrun-etcd", etcd_ep)
+            res = {k: [] for k in joins}
+            costs = {}
             for r in range(args.rounds):
-                for name, (backend, ep) in backends.items():
-                    t = join_n(args.build, backend, ep, n, f"join-{n}-{r}-{name}", args.timeout)
+                for name, (backend, ep) in joins.items():
+                    t = join_n(args.build, backend, ep, n, f"join-{n}-{r}-{name}", args.timeout,
+                               costs if backend == "etcd" else None, args.python_etcd,
+                               (f"--rdzv-conf={args.etcd_conf}",)
+                               if backend == "etcd" and args.etcd_conf else ())
                     if t is not None:
                         res[name].append(t)
             line = f"  N={n:5d}"
@@ -165,6 +222,12 @@ def main():
                 line += (f"  {name} {statistics.median(v):6.2f} s ({min(v):.2f}-{max(v):.2f})"
                          if v else f"  {name} FAILED")
             print(line, flush=True)
+            names = {"Range": "Range", "Txn": "Txn", "Put": "Put", "Watch": "Watch streams",
+                     "LeaseKeepAlive": "keep-alives", "etcd_debugging_mvcc_events_total":
+                     "watch events", "etcd_network_client_grpc_sent_bytes_total": "bytes sent"}
+            print("           etcd's work per agent, whole job (median of the runs): " + ", ".join(
+                f"{label} {statistics.median(costs[k]):.1f}" for k, label in names.items()
+                if k in costs), flush=True)
         print(f"recovery after SIGKILL of one node of 3, {args.rounds} interleaved rounds:")
         variants = {"rdzv-server": ("c10d", server_ep, ())}
         for ttl in args.lease_ttl:

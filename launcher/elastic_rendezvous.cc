@@ -6,17 +6,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <atomic>
-#include <condition_variable>
 #include <mutex>
-#include <regex>
-#include <set>
-#include <thread>
-#include <tuple>
 
 #include "common/errors.h"
 #include "common/log.h"
 #include "common/parse.h"
+#include "launcher/multi_node_rendezvous.h"
 #include "launcher/ports.h"
 #include "rendezvous/grpc_store.h"
 #include "rendezvous/rendezvous_client.h"
@@ -36,18 +31,8 @@ std::pair<std::string, int> splitEndpoint(const std::string& endpoint) {
 // SIGKILLed never says goodbye, so this is bounded).
 constexpr milliseconds kHostLinger{std::chrono::seconds(30)};
 
-// The health thread: how often it looks for another node's request for stacks (one `check`
-// a second per node) and publishes this node's status (one `set` every 5 s: a node summary,
-// not a message per step).
-constexpr milliseconds kStacksPoll{std::chrono::seconds(1)};
-constexpr milliseconds kStatusEvery{std::chrono::seconds(5)};
-// Calls the agent makes for the user (`launch status`) or on a hang wait at most this long.
+// A health read (`launch status`, stacks) waits at most this long for one key.
 constexpr milliseconds kHealthCallTimeout{std::chrono::seconds(3)};
-
-double unixSeconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 bool isLoopback(const std::string& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
@@ -79,9 +64,53 @@ bool namesThisMachine(const std::string& host) {
   return local;
 }
 
-class ElasticRendezvous : public RendezvousHandler {
+// The job's health keys in the rendezvous service's store (under ddpl-agents/<run>/). The
+// service keeps no list and pushes nothing: lists are a counter and numbered keys, and the
+// health thread polls.
+class StoreJobKv : public JobKv {
  public:
-  explicit ElasticRendezvous(const ElasticConfig& c) : c_(c) {
+  explicit StoreJobKv(rdzv::Store* store) : store_(store) {}
+  int64_t add(const std::string& key, int64_t delta) override { return store_->add(key, delta); }
+  void set(const std::string& key, const std::string& value) override {
+    store_->set(key, rdzv::toBytes(value));
+  }
+  std::optional<std::string> get(const std::string& key) override {
+    if (!store_->check({key})) return std::nullopt;
+    return rdzv::toString(store_->get(key, kHealthCallTimeout));
+  }
+  void append(const std::string& list, const std::string& /*node*/,
+              const std::string& value) override {
+    int64_t id = store_->add(list + "/count", 1);
+    set(fmt::format("{}/{}", list, id), value);
+  }
+  std::vector<std::string> readNew(const std::string& list, int64_t* cursor) override {
+    std::vector<std::string> out;
+    int64_t n = store_->add(list + "/count", 0);
+    for (int64_t id = *cursor + 1; id <= n; ++id) {
+      auto v = get(fmt::format("{}/{}", list, id));
+      if (!v) continue;  // being written: the next read has it
+      out.push_back(*v);
+      *cursor = id;
+    }
+    return out;
+  }
+
+ private:
+  rdzv::Store* store_;
+};
+
+// Rounds through the gRPC rendezvous service (rdzv::RendezvousClient), job-wide facts and the
+// health view in its store. Threads, on top of multi_node_rendezvous.h's contract:
+// - the joiner thread blocks in RendezvousClient::join() (up to the join timeout) and then in
+//   the store for MASTER_PORT (up to the read timeout);
+// - RoundEnded runs on the RoundWatch's stream thread; roundStillCurrent() asks the service
+//   (one heartbeat, bounded by the read timeout);
+// - the health thread polls the store once a second (no push);
+// - when this agent hosts the service (server_), finish() keeps it up until the other nodes
+//   of the last round have left, at most kHostLinger more.
+class ElasticRendezvous : public MultiNodeRendezvous {
+ public:
+  explicit ElasticRendezvous(const ElasticConfig& c) : MultiNodeRendezvous(c.node_id), c_(c) {
     auto [host, port] = splitEndpoint(c_.endpoint);
     endpoint_ = fmt::format("{}:{}", host.find(':') != std::string::npos ? "[" + host + "]" : host,
                             port);
@@ -105,125 +134,15 @@ class ElasticRendezvous : public RendezvousHandler {
     // Job-wide facts every agent shares: the failure count and the last root cause.
     so.prefix = "ddpl-agents/" + c_.run_id + "/";
     store_ = rdzv::connectGrpcStore(so);
+    setKv(std::make_unique<StoreJobKv>(store_.get()));
     log::info("rendezvous {} ({}), run '{}', node '{}' at {}, {}:{} nodes", endpoint_,
               server_ ? "hosted by this agent" : "client", c_.run_id, c_.node_id, address_,
               c_.min_nodes, c_.max_nodes);
   }
 
   ~ElasticRendezvous() override {
-    stopHealth();
-    if (joiner_.joinable()) joiner_.join();
+    stopThreads();
     watch_.reset();
-  }
-
-  void publishPreflight(const std::string& report) override {
-    try {
-      int64_t id = store_->add("preflight/count", 1);
-      store_->set(fmt::format("preflight/{}", id), rdzv::toBytes(report));
-    } catch (const std::exception& e) {
-      log::warn("cannot publish this node's preflight to the job: {}", e.what());
-    }
-  }
-
-  void publishStatus(const std::string& line) override {
-    std::lock_guard<std::mutex> lock(health_mu_);
-    status_ = line;
-  }
-
-  std::vector<std::string> otherNodesStatus() override {
-    auto [me, nodes, round] = position();
-    std::vector<std::string> out;
-    auto deadline = std::chrono::steady_clock::now() + kHealthCallTimeout;
-    for (int r = 0; r < nodes; ++r) {
-      if (r == me) continue;
-      std::string key = fmt::format("status/{}", r);
-      try {
-        if (std::chrono::steady_clock::now() > deadline || !store_->check({key})) {
-          out.push_back(fmt::format("node {}: no status published yet", r));
-          continue;
-        }
-        // "<round>\n<host>\n<unix time>\n<line>"
-        std::string v = rdzv::toString(store_->get(key, kHealthCallTimeout));
-        auto a = v.find('\n'), b = v.find('\n', a + 1), c = v.find('\n', b + 1);
-        if (c == std::string::npos || v.substr(0, a) != std::to_string(round)) {
-          out.push_back(fmt::format("node {}: no status published in round {} yet", r, round));
-          continue;
-        }
-        double age = unixSeconds() - std::strtod(v.substr(b + 1, c - b - 1).c_str(), nullptr);
-        out.push_back(fmt::format("node {} ({}): {} ({:.0f}s ago)", r, v.substr(a + 1, b - a - 1),
-                                  v.substr(c + 1), std::max(0.0, age)));
-      } catch (const std::exception& e) {
-        out.push_back(fmt::format("node {}: cannot read its status: {}", r, e.what()));
-      }
-    }
-    return out;
-  }
-
-  void setStacksRequestedCallback(StacksRequested requested) override {
-    std::lock_guard<std::mutex> lock(health_mu_);
-    stacks_requested_ = std::move(requested);
-  }
-
-  int64_t requestStacks(const std::string& why) override {
-    auto [me, nodes, round] = position();
-    if (nodes <= 1) return 0;
-    try {
-      int64_t id = store_->add("stacks/next", 1);
-      {
-        std::lock_guard<std::mutex> lock(health_mu_);
-        mine_.insert(id);
-      }
-      store_->set(fmt::format("stacks/{}", id), rdzv::toBytes(why));
-      return id;
-    } catch (const std::exception& e) {
-      log::warn("cannot ask the other nodes for their stacks: {}", e.what());
-      return 0;
-    }
-  }
-
-  void answerStacks(int64_t id, const std::string& answer) override {
-    auto [me, nodes, round] = position();
-    try {
-      store_->set(fmt::format("stacks/{}/{}", id, me), rdzv::toBytes(answer));
-    } catch (const std::exception& e) {
-      log::warn("cannot answer request {} for stacks: {}", id, e.what());
-    }
-  }
-
-  StacksAnswers stacksAnswers(int64_t id) override {
-    auto [me, nodes, round] = position();
-    StacksAnswers out;
-    if (id <= 0) return out;
-    for (int r = 0; r < nodes; ++r) {
-      if (r == me) continue;
-      std::string key = fmt::format("stacks/{}/{}", id, r);
-      try {
-        if (store_->check({key})) {
-          out.answers.push_back(rdzv::toString(store_->get(key, kHealthCallTimeout)));
-          continue;
-        }
-      } catch (const std::exception& e) {
-        log::debug("stacks of node {}: {}", r, e.what());
-      }
-      out.missing.push_back(r);
-    }
-    return out;
-  }
-
-  void setRoundEndedCallback(RoundEnded ended) override { ended_ = std::move(ended); }
-
-  void startRendezvous(Done done) override {
-    if (joiner_.joinable()) joiner_.join();
-    watch_.reset();
-    // join() blocks until the round completes (up to the join timeout): a thread of its own,
-    // so the agent keeps handling signals meanwhile.
-    joiner_ = std::thread([this, done = std::move(done)] {
-      try {
-        done(joinOnce(), "");
-      } catch (const std::exception& e) {
-        done(std::nullopt, e.what());
-      }
-    });
   }
 
   bool roundStillCurrent() override {
@@ -320,6 +239,8 @@ class ElasticRendezvous : public RendezvousHandler {
   std::string describe() const override { return "elastic via " + endpoint_; }
 
  private:
+  void beforeJoin() override { watch_.reset(); }
+
   std::string roundKey(const std::string& what) const {
     return fmt::format("round/{}/{}", current_ ? current_->round : -1, what);
   }
@@ -350,7 +271,7 @@ class ElasticRendezvous : public RendezvousHandler {
     }
   }
 
-  std::optional<WorldAssignment> joinOnce() {
+  std::optional<WorldAssignment> joinOnce() override {
     // A node that stopped because another failed for good must not wait for a round that
     // will never form: the count tells, and the supervisor reports the failure.
     int failures = static_cast<int>(store_->add("failures", 0));
@@ -375,11 +296,10 @@ class ElasticRendezvous : public RendezvousHandler {
       current_ = a;
       left_ = false;
     }
-    startHealth();
+    roundAssigned(a.group_rank, a.group_world_size, a.round);
     int64_t round = a.round;
     watch_ = client_->watch(a, [this, round](const rdzv::RoundChange& ch) {
-      if (ended_)
-        ended_(round, ch.connection_lost ? "lost the rendezvous service at " + endpoint_ + ": " + ch.reason
+      endRound(round, ch.connection_lost ? "lost the rendezvous service at " + endpoint_ + ": " + ch.reason
                                          : ch.reason);
     });
 
@@ -424,118 +344,16 @@ class ElasticRendezvous : public RendezvousHandler {
     }
   }
 
-  // Group rank 0: the nodes' preflight reports published since the last table, as one table;
-  // each report is taken once (a node that joins later shows in a later round's table).
-  void logPreflightTable() {
-    try {
-      int64_t n = store_->add("preflight/count", 0);
-      std::string table;
-      int problems = 0, reports = 0;
-      for (int64_t id = preflight_shown_ + 1; id <= n; ++id) {
-        std::string key = fmt::format("preflight/{}", id);
-        if (!store_->check({key})) continue;  // being written: the next table has it
-        std::string r = rdzv::toString(store_->get(key, kHealthCallTimeout));
-        problems += r.find("\n") != std::string::npos;
-        ++reports;
-        table += "\n  " + std::regex_replace(r, std::regex("\n"), "\n    ");
-        preflight_shown_ = id;
-      }
-      if (reports == 0) return;
-      if (problems > 0)
-        log::warn("preflight of the job, {} node(s) reporting, {} with findings:{}", reports,
-                  problems, table);
-      else
-        log::info("preflight of the job, {} node(s) reporting, all ok:{}", reports, table);
-    } catch (const std::exception& e) {
-      log::debug("no preflight table: {}", e.what());
-    }
-  }
-
-  // This node's group rank, the round's number of nodes and the round; (-1, 0, -1) before
-  // the first round.
-  std::tuple<int, int, int64_t> position() {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!current_) return {-1, 0, -1};
-    return {current_->group_rank, current_->group_world_size, current_->round};
-  }
-
-  void startHealth() {
-    std::lock_guard<std::mutex> lock(health_mu_);
-    if (health_.joinable()) return;
-    health_ = std::thread([this] { healthLoop(); });
-  }
-
-  void stopHealth() {
-    {
-      std::lock_guard<std::mutex> lock(health_mu_);
-      health_stop_ = true;
-    }
-    health_cv_.notify_all();
-    if (health_.joinable()) health_.join();
-  }
-
-  // Publishes this node's status and hands other nodes' requests for stacks to the agent.
-  // Errors (the service restarting) are retried on the next turn: health is best effort and
-  // never ends the job.
-  void healthLoop() {
-    int64_t next = -1;  // the next request id to look for
-    auto published = std::chrono::steady_clock::time_point{};
-    std::unique_lock<std::mutex> lock(health_mu_);
-    while (!health_stop_) {
-      std::string line = status_;
-      StacksRequested requested = stacks_requested_;
-      lock.unlock();
-      try {
-        auto [me, nodes, round] = position();
-        if (next < 0) next = store_->add("stacks/next", 0) + 1;  // earlier requests are over
-        auto now = std::chrono::steady_clock::now();
-        if (!line.empty() && me >= 0 && now - published >= kStatusEvery) {
-          store_->set(fmt::format("status/{}", me),
-                      rdzv::toBytes(fmt::format("{}\n{}\n{:.3f}\n{}", round, log::hostname(),
-                                                unixSeconds(), line)));
-          published = now;
-        }
-        std::string key = fmt::format("stacks/{}", next);
-        if (store_->check({key})) {
-          std::string why = rdzv::toString(store_->get(key, kHealthCallTimeout));
-          bool own;
-          {
-            std::lock_guard<std::mutex> l(health_mu_);
-            own = mine_.count(next) > 0;
-          }
-          if (!own && requested) requested(next, why);
-          ++next;
-          lock.lock();
-          continue;  // another may follow at once
-        }
-      } catch (const std::exception& e) {
-        log::debug("job health: {}", e.what());
-      }
-      lock.lock();
-      health_cv_.wait_for(lock, kStacksPoll, [this] { return health_stop_; });
-    }
-  }
-
   ElasticConfig c_;
   std::string endpoint_, address_;
   std::unique_ptr<rdzv::RendezvousServer> server_;
   std::unique_ptr<rdzv::RendezvousClient> client_;
   std::unique_ptr<rdzv::Store> store_;
   std::unique_ptr<rdzv::RoundWatch> watch_;
-  std::thread joiner_;
-  RoundEnded ended_;
   std::mutex mu_;
   std::optional<rdzv::RoundAssignment> current_;
   bool left_ = false;
   std::string cached_failure_;
-  std::mutex health_mu_;  // guards the health thread's state below
-  std::condition_variable health_cv_;
-  std::thread health_;
-  bool health_stop_ = false;
-  std::string status_;
-  StacksRequested stacks_requested_;
-  std::set<int64_t> mine_;  // requests this node made: not answered by itself
-  int64_t preflight_shown_ = 0;  // the last preflight report in a table (group rank 0)
 };
 
 }  // namespace

@@ -35,7 +35,9 @@ struct ElasticConfig {
 };
 
 // Throws ddpl::NetworkError naming the endpoint when the service cannot be reached within
-// read_timeout, ddpl::AuthError for a wrong token.
+// read_timeout, ddpl::AuthError for a wrong token. Which threads call what, and what blocks
+// how long: launcher/multi_node_rendezvous.h (the contract of both multi-node backends) and
+// the class comment in elastic_rendezvous.cc.
 std::unique_ptr<RendezvousHandler> makeElasticRendezvous(const ElasticConfig& config);
 
 // The local address used to reach host:port (no packet is sent: a UDP connect picks the route).

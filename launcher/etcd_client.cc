@@ -260,6 +260,29 @@ std::vector<EtcdKv> EtcdClient::getPrefix(const std::string& prefix, int64_t* re
   return out;
 }
 
+EtcdRangeResult EtcdClient::range(const EtcdRange& r) {
+  pb::RangeRequest req;
+  req.set_key(r.key);
+  req.set_range_end(r.range_end);
+  req.set_limit(r.limit);
+  req.set_count_only(r.count_only);
+  req.set_keys_only(r.keys_only);
+  if (r.oldest_first) {
+    req.set_sort_order(pb::RangeRequest::ASCEND);
+    req.set_sort_target(pb::RangeRequest::CREATE);
+  }
+  req.set_min_mod_revision(r.min_mod_revision);
+  pb::RangeResponse resp;
+  impl_->invoke("Range", options_.call_timeout, [&](Endpoint& ep, grpc::ClientContext& ctx) {
+    return ep.kv->Range(&ctx, req, &resp);
+  });
+  EtcdRangeResult out;
+  out.count = resp.count();
+  out.revision = resp.header().revision();
+  for (const auto& kv : resp.kvs()) out.kvs.push_back(fromPb(kv));
+  return out;
+}
+
 int64_t EtcdClient::put(const std::string& key, const std::string& value, int64_t lease) {
   pb::PutRequest req;
   req.set_key(key);
@@ -290,7 +313,13 @@ EtcdTxnResult EtcdClient::txn(const std::vector<EtcdCompare>& compare,
   for (const auto& c : compare) {
     auto* pc = req.add_compare();
     pc->set_key(c.key);
-    pc->set_result(c.equal ? pb::Compare::EQUAL : pb::Compare::NOT_EQUAL);
+    switch (c.result) {
+      case EtcdCompare::Result::kEqual: pc->set_result(pb::Compare::EQUAL); break;
+      case EtcdCompare::Result::kNotEqual: pc->set_result(pb::Compare::NOT_EQUAL); break;
+      case EtcdCompare::Result::kLess: pc->set_result(pb::Compare::LESS); break;
+      case EtcdCompare::Result::kGreater: pc->set_result(pb::Compare::GREATER); break;
+    }
+    if (!c.range_end.empty()) pc->set_range_end(c.range_end);
     switch (c.target) {
       case EtcdCompare::Target::kMod:
         pc->set_target(pb::Compare::MOD);
@@ -335,6 +364,11 @@ int64_t EtcdClient::add(const std::string& key, int64_t delta) {
     auto r = txn({{key, EtcdCompare::Target::kMod, kv ? kv->mod_revision : 0}},
                  {{EtcdOp::Kind::kPut, key, std::to_string(value + delta)}});
     if (r.succeeded) return value + delta;
+    // Lost to another writer: a short random pause, growing with the conflicts, so that
+    // writers racing for one counter do not retry in lockstep.
+    thread_local std::minstd_rand rng(std::random_device{}());
+    int cap = std::min(50, 2 * (i + 1));
+    std::this_thread::sleep_for(milliseconds(std::uniform_int_distribution<int>(0, cap)(rng)));
   }
   throw StoreError(fmt::format("etcd counter '{}': 1000 compare-and-swap conflicts in a row", key));
 }
@@ -384,13 +418,12 @@ namespace {
 
 class WatchImpl : public EtcdWatch {
  public:
-  WatchImpl(EtcdClient::Impl* impl, std::string key, std::string range_end, int64_t start,
-            std::function<void(const std::vector<EtcdEvent>&)> events,
+  WatchImpl(EtcdClient::Impl* impl, std::vector<std::pair<std::string, std::string>> ranges,
+            int64_t start, std::function<void(const std::vector<EtcdEvent>&)> events,
             std::function<void(const std::string&)> failed)
       : impl_(impl),
-        key_(std::move(key)),
-        range_end_(std::move(range_end)),
-        next_(start),
+        ranges_(std::move(ranges)),
+        next_(ranges_.size(), start),
         events_(std::move(events)),
         failed_(std::move(failed)) {
     thread_ = std::thread([this] { run(); });
@@ -425,15 +458,22 @@ class WatchImpl : public EtcdWatch {
         ctx_ = &ctx;
       }
       auto stream = ep.watch->Watch(&ctx);
-      pb::WatchRequest req;
-      auto* c = req.mutable_create_request();
-      c->set_key(key_);
-      c->set_range_end(range_end_);
-      c->set_start_revision(next_);
+      // One watcher per range on the one stream, numbered by us (etcd 3.4's watch_id) so that
+      // each resumes from its own next revision: their events need not interleave in order.
+      bool written = true;
+      for (size_t w = 0; w < ranges_.size(); ++w) {
+        pb::WatchRequest req;
+        auto* c = req.mutable_create_request();
+        c->set_key(ranges_[w].first);
+        c->set_range_end(ranges_[w].second);
+        c->set_start_revision(next_[w]);
+        c->set_watch_id(static_cast<int64_t>(w));
+        written = written && stream->Write(req);
+      }
       pb::WatchResponse resp;
       std::string canceled;
       bool created = false;
-      if (stream->Write(req)) {
+      if (written) {
         while (stream->Read(&resp)) {
           if (resp.created()) {
             created = true;
@@ -454,7 +494,8 @@ class WatchImpl : public EtcdWatch {
             ev.type = e.type() == mvccpb::Event::DELETE ? EtcdEvent::Type::kDelete
                                                         : EtcdEvent::Type::kPut;
             ev.kv = fromPb(e.kv());
-            next_ = std::max(next_, e.kv().mod_revision() + 1);
+            auto w = static_cast<size_t>(resp.watch_id());
+            if (w < next_.size()) next_[w] = std::max(next_[w], e.kv().mod_revision() + 1);
             out.push_back(std::move(ev));
           }
           {
@@ -484,7 +525,7 @@ class WatchImpl : public EtcdWatch {
         return;
       }
       log::debug("etcd watch on '{}' broke ({}): resuming from revision {} on the next endpoint",
-                 key_, last_error, next_);
+                 ranges_.front().first, last_error, next_.front());
       ++i;
       std::this_thread::sleep_for(backoff);
       backoff = std::min(backoff * 2, milliseconds(1000));
@@ -492,8 +533,8 @@ class WatchImpl : public EtcdWatch {
   }
 
   EtcdClient::Impl* impl_;
-  std::string key_, range_end_;
-  int64_t next_;
+  std::vector<std::pair<std::string, std::string>> ranges_;
+  std::vector<int64_t> next_;  // per range
   std::function<void(const std::vector<EtcdEvent>&)> events_;
   std::function<void(const std::string&)> failed_;
   std::mutex mu_;
@@ -508,12 +549,25 @@ std::unique_ptr<EtcdWatch> EtcdClient::watch(
     const std::string& key, const std::string& range_end, int64_t start_revision,
     std::function<void(const std::vector<EtcdEvent>&)> events,
     std::function<void(const std::string&)> failed) {
-  return std::make_unique<WatchImpl>(impl_.get(), key, range_end, start_revision,
-                                     std::move(events), std::move(failed));
+  return watch({{key, range_end}}, start_revision, std::move(events), std::move(failed));
+}
+
+std::unique_ptr<EtcdWatch> EtcdClient::watch(
+    const std::vector<std::pair<std::string, std::string>>& ranges, int64_t start_revision,
+    std::function<void(const std::vector<EtcdEvent>&)> events,
+    std::function<void(const std::string&)> failed) {
+  return std::make_unique<WatchImpl>(impl_.get(), ranges, start_revision, std::move(events),
+                                     std::move(failed));
 }
 
 bool EtcdClient::waitForEvent(const std::string& key, const std::string& range_end,
                               int64_t start_revision, milliseconds timeout) {
+  return waitForEvent({{key, range_end}}, start_revision, timeout);
+}
+
+bool EtcdClient::waitForEvent(const std::vector<std::pair<std::string, std::string>>& ranges,
+                              int64_t start_revision, milliseconds timeout) {
+  const std::string& key = ranges.front().first;
   auto deadline = Clock::now() + timeout;
   size_t i = impl_->current.load();
   std::string last_error;
@@ -524,14 +578,18 @@ bool EtcdClient::waitForEvent(const std::string& key, const std::string& range_e
     std::string token = impl_->tokenNow();
     if (!token.empty()) ctx.AddMetadata("token", token);
     auto stream = ep.watch->Watch(&ctx);
-    pb::WatchRequest req;
-    auto* c = req.mutable_create_request();
-    c->set_key(key);
-    c->set_range_end(range_end);
-    c->set_start_revision(start_revision);
+    bool written = true;
+    for (const auto& [k, end] : ranges) {
+      pb::WatchRequest req;
+      auto* c = req.mutable_create_request();
+      c->set_key(k);
+      c->set_range_end(end);
+      c->set_start_revision(start_revision);
+      written = written && stream->Write(req);
+    }
     pb::WatchResponse resp;
     bool got = false;
-    if (stream->Write(req)) {
+    if (written) {
       while (stream->Read(&resp)) {
         // Compacted or cancelled: the caller re-reads the state, which is all it wants.
         if (resp.events_size() > 0 || resp.canceled()) {

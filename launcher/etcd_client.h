@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ddpl::launcher {
@@ -38,14 +39,34 @@ struct EtcdEvent {
 };
 
 // One comparison of a transaction (etcd's Compare): the key's mod revision, create revision
-// or value against `number` / `value`. A missing key has revision 0 and version 0.
+// or value against `number` / `value`. A missing key has revision 0 and version 0. With
+// range_end, every key in [key, range_end) must pass (etcd 3.3 on); an empty range passes.
 struct EtcdCompare {
   enum class Target { kMod, kCreate, kVersion, kValue };
+  enum class Result { kEqual, kNotEqual, kLess, kGreater };
   std::string key;
   Target target = Target::kMod;
   int64_t number = 0;
   std::string value;
-  bool equal = true;  // false: NOT_EQUAL
+  Result result = Result::kEqual;
+  std::string range_end;
+};
+
+// A read of [key, range_end) (range_end empty: the one key) with etcd's options, for reads
+// that must not grow with the number of keys: count only, keys only, the first created, or
+// only what changed since a revision.
+struct EtcdRange {
+  std::string key, range_end;
+  int64_t limit = 0;  // 0: no limit
+  bool count_only = false, keys_only = false;
+  bool oldest_first = false;     // sorted by create revision, ascending
+  int64_t min_mod_revision = 0;  // only keys modified at or after it
+};
+
+struct EtcdRangeResult {
+  std::vector<EtcdKv> kvs;
+  int64_t count = 0;     // keys in the range (all of them, whatever the limit and filters)
+  int64_t revision = 0;  // the store's revision at the read
 };
 
 struct EtcdOp {
@@ -81,6 +102,7 @@ class EtcdClient {
   // `revision`: the store's revision at the read, for a watch that must miss nothing after.
   std::optional<EtcdKv> get(const std::string& key, int64_t* revision = nullptr);
   std::vector<EtcdKv> getPrefix(const std::string& prefix, int64_t* revision = nullptr);
+  EtcdRangeResult range(const EtcdRange& r);
   int64_t put(const std::string& key, const std::string& value, int64_t lease = 0);
   int64_t deletePrefix(const std::string& prefix);  // returns the number deleted
   EtcdTxnResult txn(const std::vector<EtcdCompare>& compare, const std::vector<EtcdOp>& success,
@@ -103,11 +125,19 @@ class EtcdClient {
                                    int64_t start_revision,
                                    std::function<void(const std::vector<EtcdEvent>&)> events,
                                    std::function<void(const std::string&)> failed);
+  // The same on several ranges (one stream, one thread), each from `start_revision`.
+  std::unique_ptr<EtcdWatch> watch(const std::vector<std::pair<std::string, std::string>>& ranges,
+                                   int64_t start_revision,
+                                   std::function<void(const std::vector<EtcdEvent>&)> events,
+                                   std::function<void(const std::string&)> failed);
 
   // Blocks until an event on [key, range_end) at or after `start_revision`, or `timeout`.
   // Returns false on timeout. Throws NetworkError when no endpoint serves the watch.
   bool waitForEvent(const std::string& key, const std::string& range_end, int64_t start_revision,
                     std::chrono::milliseconds timeout);
+  // The same on several ranges at once (one stream): returns at the first event on any.
+  bool waitForEvent(const std::vector<std::pair<std::string, std::string>>& ranges,
+                    int64_t start_revision, std::chrono::milliseconds timeout);
 
   std::string endpoints() const;  // "a:2379, b:2379"
   const EtcdOptions& options() const { return options_; }

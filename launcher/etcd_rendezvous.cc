@@ -1,20 +1,36 @@
 // The etcd rendezvous: the rounds of rendezvous/rendezvous_state.h, kept in etcd instead of in
-// one process. No node hosts anything; every agent reads the round's state, changes it with a
-// compare-and-swap transaction on its mod revision (so of two agents racing, exactly one
-// wins and the other reads again), and learns of changes through a watch.
+// one process. No node hosts anything. Every change of the round's state is a transaction that
+// compares the state's mod revision (of two agents racing, exactly one wins); changes are
+// learnt through watches.
+//
+// Built to cost each agent a constant number of etcd operations per round, whatever the
+// number of agents (docs/benchmarks.md, "The etcd backend": one shared state key that every
+// joiner rewrote made joins O(N^2) conflicting transactions and O(N^2) re-reads, and 256
+// agents never formed):
+// - A joiner writes a key of its own, joins/<round>/<node>, in a transaction that only checks
+//   that the state is still the one it read: joiners never conflict with each other.
+// - One joiner, the one whose key is oldest (lowest create revision), counts the joiners and
+//   closes the round: a single transaction that writes the complete state, and succeeds only
+//   if no joiner came or went since its count (seq/<round>, which every join and leave
+//   touches, is compared). The others wait on two keys (the state, and that joiner's key, in
+//   case it goes) and are woken once, when the round completes.
+// - The nodes of a running round watch only the state, their round's joins/ and its pings.
 //
 // Keys, under P = <prefix>/<run_id>/:
-//   P state                   the round: number, phase (joining/complete), nodes (sorted by
-//                             node id: group ranks), nodes expected back, why the last ended
-//   P members/<round>/<node>  one per node of a round, attached to the node's lease: it
-//                             vanishes when the node's keep-alives stop for the lease's TTL
-//                             (SIGKILL, power loss) or at once when the node revokes it
+//   P state                   the round: number, phase (joining/complete), nodes (complete:
+//                             sorted by node id: group ranks), nodes expected back, why the
+//                             last round ended
+//   P joins/<round>/<node>    a node's place in a round (its nproc and address), attached to
+//                             the node's lease: it vanishes when the node's keep-alives stop
+//                             for the lease's TTL (SIGKILL, power loss) or at once when the
+//                             node revokes it
+//   P seq/<round>             touched by every join and leave of a forming round
 //   P failures, last_failure  the job-wide restart count and the last root cause
-//   P round/<n>/...           master_port (published by group rank 0), the exit barrier's
-//                             done/end, gone (the last node gone deletes all of P), and
-//                             ping/<node>, pong/<node>/<peer>: a node whose workers failed
-//                             asks the others to prove they are alive (roundStillCurrent)
-//   P status/, stacks/        the job's health across nodes (launch status, launch stacks)
+//   P round/<n>/...           master_port (published by group rank 0); the exit barrier's
+//                             done/<node> and end; gone/<node> (the last node gone deletes all
+//                             of P); ping/<node>, pong/<node>/<peer>: a node whose workers
+//                             failed asks the others to prove they are alive
+//   P status/, stacks/, preflight/   the job's health across nodes (multi_node_rendezvous.h)
 #include "launcher/etcd_rendezvous.h"
 
 #include <fmt/format.h>
@@ -22,16 +38,17 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <map>
+#include <random>
 #include <set>
-#include <tuple>
 #include <thread>
 
 #include "common/errors.h"
 #include "common/log.h"
 #include "common/parse.h"
+#include "launcher/multi_node_rendezvous.h"
 #include "launcher/ports.h"
 
 namespace ddpl::launcher {
@@ -50,7 +67,7 @@ struct NodeEntry {
 struct RoundState {
   int64_t round = 0;
   bool complete = false;
-  std::vector<NodeEntry> nodes;       // joiners, or the members of a complete round; by id
+  std::vector<NodeEntry> nodes;       // the members of a complete round, by id; else empty
   std::vector<std::string> expected;  // survivors of the previous round, expected back
   std::string reason;                 // why the previous round ended
   int min_nodes = 1, max_nodes = 1;
@@ -58,30 +75,14 @@ struct RoundState {
   bool has(const std::string& id) const {
     return std::any_of(nodes.begin(), nodes.end(), [&](const NodeEntry& n) { return n.id == id; });
   }
-  void add(NodeEntry n) {
-    nodes.push_back(std::move(n));
-    std::sort(nodes.begin(), nodes.end(),
-              [](const NodeEntry& a, const NodeEntry& b) { return a.id < b.id; });
-  }
-  void remove(const std::string& id) {
-    nodes.erase(std::remove_if(nodes.begin(), nodes.end(),
-                               [&](const NodeEntry& n) { return n.id == id; }),
-                nodes.end());
-  }
-  // The rules of rendezvous_state.h: at once when max nodes are in, or when every node
-  // expected back (and min) is; otherwise after the last call.
-  bool completesNow() const {
-    if (static_cast<int>(nodes.size()) >= max_nodes) return true;
-    if (expected.empty() || static_cast<int>(nodes.size()) < min_nodes) return false;
-    return std::all_of(expected.begin(), expected.end(), [&](const std::string& e) { return has(e); });
-  }
 
   std::string encode() const {
     json j;
     j["round"] = round;
     j["phase"] = complete ? "complete" : "joining";
     j["nodes"] = json::array();
-    for (const auto& n : nodes) j["nodes"].push_back({{"id", n.id}, {"nproc", n.nproc}, {"addr", n.addr}});
+    for (const auto& n : nodes)
+      j["nodes"].push_back({{"id", n.id}, {"nproc", n.nproc}, {"addr", n.addr}});
     j["expected"] = expected;
     j["reason"] = reason;
     j["min"] = min_nodes;
@@ -106,22 +107,30 @@ struct RoundState {
       s.max_nodes = j.at("max").get<int>();
       return s;
     } catch (const std::exception& e) {
-      throw StoreError(fmt::format("etcd key '{}' does not hold a rendezvous round ({}): another "
-                                   "program uses this prefix?",
-                                   key, e.what()));
+      throw StoreError(
+          fmt::format("etcd key '{}' does not hold a rendezvous round ({}): another "
+                      "program uses this prefix?",
+                      key, e.what()));
     }
   }
 };
 
-// The health thread publishes this node's status this often (a node summary, not a message
-// per step).
-constexpr milliseconds kStatusEvery{std::chrono::seconds(5)};
-
-constexpr milliseconds kJoinWaitSlice{std::chrono::seconds(5)};
-
-double unixSeconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+// A joiner's place: its nproc and address, written by itself.
+std::string encodeJoin(const NodeEntry& n) {
+  return json{{"nproc", n.nproc}, {"addr", n.addr}}.dump();
 }
+
+NodeEntry decodeJoin(const std::string& key, const std::string& id, const std::string& v) {
+  try {
+    json j = json::parse(v);
+    return {id, j.at("nproc").get<int>(), j.at("addr").get<std::string>()};
+  } catch (const std::exception& e) {
+    throw StoreError(fmt::format("etcd key '{}' does not hold a node's place ({})", key, e.what()));
+  }
+}
+
+// The longest a joiner waits without looking at whether the launcher is shutting down.
+constexpr milliseconds kJoinWaitSlice{std::chrono::seconds(5)};
 
 std::string seconds(milliseconds d) { return fmt::format("{:.0f}s", d.count() / 1000.0); }
 
@@ -129,14 +138,78 @@ bool isLoopback(const std::string& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
 }
 
-class EtcdRendezvous : public RendezvousHandler {
+// The job's health keys in etcd, under P.
+class EtcdJobKv : public JobKv {
+ public:
+  EtcdJobKv(EtcdClient* etcd, std::string p) : etcd_(etcd), p_(std::move(p)) {}
+  int64_t add(const std::string& key, int64_t delta) override {
+    return etcd_->add(p_ + key, delta);
+  }
+  void set(const std::string& key, const std::string& value) override {
+    etcd_->put(p_ + key, value);
+  }
+  std::optional<std::string> get(const std::string& key) override {
+    auto kv = etcd_->get(p_ + key);
+    if (!kv) return std::nullopt;
+    return kv->value;
+  }
+  // One key per node: no counter for every node to fight over.
+  void append(const std::string& list, const std::string& node, const std::string& value) override {
+    etcd_->put(p_ + list + "/" + node, value);
+  }
+  std::vector<std::string> readNew(const std::string& list, int64_t* cursor) override {
+    EtcdRange r;
+    r.key = p_ + list + "/";
+    r.range_end = etcdPrefixEnd(r.key);
+    r.min_mod_revision = *cursor + 1;
+    auto got = etcd_->range(r);
+    std::vector<std::string> out;
+    for (const auto& kv : got.kvs) out.push_back(kv.value);
+    *cursor = got.revision;
+    return out;
+  }
+  std::unique_ptr<Subscription> subscribe(const std::string& prefix,
+                                          std::function<void()> changed) override {
+    struct Watched : Subscription {
+      std::unique_ptr<EtcdWatch> watch;
+    };
+    int64_t rev = 0;
+    etcd_->get(p_ + prefix, &rev);
+    auto w = std::make_unique<Watched>();
+    w->watch = etcd_->watch(
+        p_ + prefix, etcdPrefixEnd(p_ + prefix), rev + 1,
+        [changed](const std::vector<EtcdEvent>&) { changed(); },
+        [](const std::string& why) { log::debug("job health: {}", why); });
+    return w;
+  }
+
+ private:
+  EtcdClient* etcd_;
+  std::string p_;
+};
+
+// Threads, on top of multi_node_rendezvous.h's contract:
+// - the joiner thread runs joinOnce(): etcd calls (each bounded by the call timeout) and
+//   watches in slices of at most kJoinWaitSlice, up to the join timeout; it alone touches
+//   place_*, until `done` ran (the agent's loop then uses them in recordFailure()/finish());
+// - the keep-alive thread renews the lease every TTL/3 and, when the lease expired anyway,
+//   ends the round (RoundEnded runs there);
+// - the round's watch thread (watch_) answers other nodes' pings and ends the round when the
+//   state moves on or a member's place vanishes (RoundEnded runs there; it may write one
+//   transaction first). watch_ is reset only from the agent's loop or the joiner, never from
+//   its own callback;
+// - mu_ guards what the three share (current_, members_, state_rev_, ended_round_, lease_).
+// roundStillCurrent() waits for the other members' answers up to the lease TTL + 2 s;
+// finish() up to the exit barrier timeout, then a few etcd calls.
+class EtcdRendezvous : public MultiNodeRendezvous {
  public:
   explicit EtcdRendezvous(const EtcdRendezvousConfig& c)
-      : c_(c.rounds), lease_ttl_(c.lease_ttl) {
+      : MultiNodeRendezvous(c.rounds.node_id), c_(c.rounds), lease_ttl_(c.lease_ttl) {
     etcd_ = std::make_unique<EtcdClient>(c.etcd);
     std::string prefix = c.prefix;
     while (!prefix.empty() && prefix.back() == '/') prefix.pop_back();
     p_ = prefix + "/" + c_.run_id + "/";
+    setKv(std::make_unique<EtcdJobKv>(etcd_.get(), p_));
     if (!c_.local_addr.empty()) {
       address_ = c_.local_addr;
     } else {
@@ -151,31 +224,14 @@ class EtcdRendezvous : public RendezvousHandler {
   }
 
   ~EtcdRendezvous() override {
-    stopHealth();
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
     }
     cv_.notify_all();
-    if (joiner_.joinable()) joiner_.join();
+    stopThreads();
     watch_.reset();
     if (keeper_.joinable()) keeper_.join();
-  }
-
-  void setRoundEndedCallback(RoundEnded ended) override { ended_ = std::move(ended); }
-
-  void startRendezvous(Done done) override {
-    if (joiner_.joinable()) joiner_.join();
-    watch_.reset();
-    // Joining blocks until the round completes (up to the join timeout): a thread of its
-    // own, so the agent keeps handling signals meanwhile.
-    joiner_ = std::thread([this, done = std::move(done)] {
-      try {
-        done(joinOnce(), "");
-      } catch (const std::exception& e) {
-        done(std::nullopt, e.what());
-      }
-    });
   }
 
   bool roundStillCurrent() override {
@@ -198,7 +254,8 @@ class EtcdRendezvous : public RendezvousHandler {
     try {
       std::string probe = std::to_string(etcd_->add(key("probes"), 1));
       std::string answers = fmt::format("{}round/{}/pong/{}/", p_, cur->round, c_.node_id);
-      int64_t rev = etcd_->put(fmt::format("{}round/{}/ping/{}", p_, cur->round, c_.node_id), probe);
+      int64_t rev =
+          etcd_->put(fmt::format("{}round/{}/ping/{}", p_, cur->round, c_.node_id), probe);
       auto deadline = Clock::now() + lease_ttl_ + std::chrono::seconds(2);
       while (true) {
         {
@@ -215,8 +272,9 @@ class EtcdRendezvous : public RendezvousHandler {
         auto now = Clock::now();
         if (now >= deadline) break;
         // Short waits: the round's end arrives through the round watch, not this one.
-        etcd_->waitForEvent(answers, etcdPrefixEnd(answers), rev + 1,
-                            std::min(milliseconds(500), std::chrono::duration_cast<milliseconds>(deadline - now)));
+        etcd_->waitForEvent(
+            answers, etcdPrefixEnd(answers), rev + 1,
+            std::min(milliseconds(500), std::chrono::duration_cast<milliseconds>(deadline - now)));
       }
       auto kv = etcd_->get(key("state"));
       if (!kv) return false;
@@ -248,13 +306,17 @@ class EtcdRendezvous : public RendezvousHandler {
   }
 
   bool finish(bool success) override {
-    finishing_ = true;  // members leaving after the job is done end nothing
-    stopHealth();  // nothing is published for a node on its way out
+    finishing_ = true;  // members leaving after the job is done end nothing; a join gives up
+    stopHealth();       // nothing is published for a node on its way out
+    waitForJoiner();    // place_ is the joiner's until then
     bool job_ok = true;
     if (success && current_) {
       try {
-        int64_t done = etcd_->add(roundKey("done"), 1);
-        if (done >= current_->group_world_size) etcd_->put(roundKey("end"), "done");
+        watchPingsOnly();
+        // A key per node and a count, not a shared counter: N nodes finishing together would
+        // otherwise retry their compare-and-swap against each other.
+        if (countAfterPut(roundKey("done/")) >= current_->group_world_size)
+          etcd_->put(roundKey("end"), "done");
         // Leaving ends the round for nodes still running, so wait for them: returns at once
         // when the last node is done or any node failed.
         auto end = waitForKey(roundKey("end"), c_.exit_barrier_timeout);
@@ -275,8 +337,7 @@ class EtcdRendezvous : public RendezvousHandler {
     if (current_) {
       try {
         cached_failure_ = jobFailure();  // read before the last node clears it
-        int64_t gone = etcd_->add(roundKey("gone"), 1);
-        if (gone >= current_->group_world_size) {
+        if (countAfterPut(roundKey("gone/")) >= current_->group_world_size) {
           // Every node of the job's last round is done with it: its keys must not outlive it
           // (a job re-run under the same id would start "already failed"). A node SIGKILLed
           // never gets here; its leased keys go with its lease, the rest stays.
@@ -293,96 +354,13 @@ class EtcdRendezvous : public RendezvousHandler {
 
   std::string describe() const override { return "etcd at " + etcd_->endpoints() + " under " + p_; }
 
-  // ---- Job health across nodes, as the gRPC backend keeps it, under P status/ and stacks/.
-
-  void publishStatus(const std::string& line) override {
-    std::lock_guard<std::mutex> lock(health_mu_);
-    status_ = line;
-  }
-
-  std::vector<std::string> otherNodesStatus() override {
-    auto [me, nodes, round] = position();
-    std::vector<std::string> out;
-    std::map<int, std::string> by_rank;
-    try {
-      for (const auto& kv : etcd_->getPrefix(key("status/")))
-        by_rank[std::atoi(kv.key.substr(key("status/").size()).c_str())] = kv.value;
-    } catch (const std::exception& e) {
-      return {fmt::format("cannot read the other nodes' status from etcd: {}", e.what())};
-    }
-    for (int r = 0; r < nodes; ++r) {
-      if (r == me) continue;
-      auto it = by_rank.find(r);
-      // "<round>\n<host>\n<unix time>\n<line>"
-      const std::string v = it == by_rank.end() ? "" : it->second;
-      auto a = v.find('\n'), b = v.find('\n', a + 1), c = v.find('\n', b + 1);
-      if (c == std::string::npos || v.substr(0, a) != std::to_string(round)) {
-        out.push_back(fmt::format("node {}: no status published in round {} yet", r, round));
-        continue;
-      }
-      double age = unixSeconds() - std::strtod(v.substr(b + 1, c - b - 1).c_str(), nullptr);
-      out.push_back(fmt::format("node {} ({}): {} ({:.0f}s ago)", r, v.substr(a + 1, b - a - 1),
-                                v.substr(c + 1), std::max(0.0, age)));
-    }
-    return out;
-  }
-
-  void setStacksRequestedCallback(StacksRequested requested) override {
-    std::lock_guard<std::mutex> lock(health_mu_);
-    stacks_requested_ = std::move(requested);
-  }
-
-  int64_t requestStacks(const std::string& why) override {
-    auto [me, nodes, round] = position();
-    if (nodes <= 1) return 0;
-    try {
-      int64_t id = etcd_->add(key("stacks/next"), 1);
-      {
-        std::lock_guard<std::mutex> lock(health_mu_);
-        mine_.insert(id);
-      }
-      etcd_->put(fmt::format("{}stacks/{}", p_, id), why);
-      return id;
-    } catch (const std::exception& e) {
-      log::warn("cannot ask the other nodes for their stacks: {}", e.what());
-      return 0;
-    }
-  }
-
-  void answerStacks(int64_t id, const std::string& answer) override {
-    auto [me, nodes, round] = position();
-    try {
-      etcd_->put(fmt::format("{}stacks/{}/{}", p_, id, me), answer);
-    } catch (const std::exception& e) {
-      log::warn("cannot answer request {} for stacks: {}", id, e.what());
-    }
-  }
-
-  StacksAnswers stacksAnswers(int64_t id) override {
-    auto [me, nodes, round] = position();
-    StacksAnswers out;
-    if (id <= 0) return out;
-    std::map<int, std::string> answers;
-    std::string prefix = fmt::format("{}stacks/{}/", p_, id);
-    try {
-      for (const auto& kv : etcd_->getPrefix(prefix))
-        answers[std::atoi(kv.key.substr(prefix.size()).c_str())] = kv.value;
-    } catch (const std::exception& e) {
-      log::debug("stacks of request {}: {}", id, e.what());
-    }
-    for (int r = 0; r < nodes; ++r) {
-      if (r == me) continue;
-      if (auto it = answers.find(r); it != answers.end()) out.answers.push_back(it->second);
-      else out.missing.push_back(r);
-    }
-    return out;
-  }
-
  private:
   std::string key(const std::string& k) const { return p_ + k; }
-  std::string memberKey(int64_t round, const std::string& node) const {
-    return fmt::format("{}members/{}/{}", p_, round, node);
+  std::string joinsPrefix(int64_t round) const { return fmt::format("{}joins/{}/", p_, round); }
+  std::string joinKey(int64_t round, const std::string& node) const {
+    return joinsPrefix(round) + node;
   }
+  std::string seqKey(int64_t round) const { return fmt::format("{}seq/{}", p_, round); }
   std::string roundKey(const std::string& what) const {
     return fmt::format("{}round/{}/{}", p_, current_ ? current_->round : -1, what);
   }
@@ -391,20 +369,20 @@ class EtcdRendezvous : public RendezvousHandler {
     std::lock_guard<std::mutex> lock(mu_);
     return lease_;
   }
-
-  // Puts the state if it is unchanged since `rev` (0: if it does not exist), with `extra`
-  // operations in the same transaction. False: another agent changed it first.
-  bool casState(int64_t rev, const RoundState& s, std::vector<EtcdOp> extra = {}) {
-    std::vector<EtcdOp> ops = {{EtcdOp::Kind::kPut, key("state"), s.encode()}};
-    ops.insert(ops.end(), extra.begin(), extra.end());
-    return etcd_->txn({{key("state"), EtcdCompare::Target::kMod, rev}}, ops).succeeded;
+  void checkStop() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_ || finishing_) throw Error("the launcher is shutting down");
   }
 
-  // My membership key of `round` (on my lease), and the removal of the one of the round before.
-  std::vector<EtcdOp> joinOps(int64_t round) {
-    std::vector<EtcdOp> ops = {{EtcdOp::Kind::kPut, memberKey(round, c_.node_id), "", lease()}};
-    if (round > 0) ops.push_back({EtcdOp::Kind::kDelete, memberKey(round - 1, c_.node_id)});
-    return ops;
+  // Puts <prefix><this node> and returns how many keys the prefix then holds. Puts are
+  // linearized: of nodes racing, the last to put counts them all.
+  int64_t countAfterPut(const std::string& prefix) {
+    etcd_->put(prefix + c_.node_id, "1");
+    EtcdRange r;
+    r.key = prefix;
+    r.range_end = etcdPrefixEnd(prefix);
+    r.count_only = true;
+    return etcd_->range(r).count;
   }
 
   void checkConfig(const RoundState& s) const {
@@ -415,7 +393,49 @@ class EtcdRendezvous : public RendezvousHandler {
           c_.run_id, s.min_nodes, s.max_nodes, c_.min_nodes, c_.max_nodes));
   }
 
-  std::optional<WorldAssignment> joinOnce() {
+  // Takes a place in forming round `round` if the state is still the one read at `srev`
+  // (0: there is none yet; then `open` is the state to create). Gives up the place held in
+  // another round in the same transaction. False: the state moved on first.
+  bool takePlace(int64_t round, int64_t srev, const RoundState* open = nullptr) {
+    int64_t l = lease();
+    std::vector<EtcdOp> ops;
+    if (open) ops.push_back({EtcdOp::Kind::kPut, key("state"), open->encode()});
+    ops.push_back({EtcdOp::Kind::kPut, joinKey(round, c_.node_id), encodeJoin(me()), l});
+    ops.push_back({EtcdOp::Kind::kPut, seqKey(round), c_.node_id});
+    if (!place_.empty() && place_ != joinKey(round, c_.node_id))
+      ops.push_back({EtcdOp::Kind::kDelete, place_});
+    EtcdTxnResult r;
+    try {
+      r = etcd_->txn({{key("state"), EtcdCompare::Target::kMod, srev}}, ops);
+    } catch (const StoreError& e) {
+      // The lease expired (the agent was stopped past its TTL) and the keep-alive thread has
+      // not replaced it yet: replace it here, and try again.
+      if (std::string(e.what()).find("lease not found") == std::string::npos) throw;
+      renewLease(l);
+      return false;
+    }
+    if (!r.succeeded) return false;
+    place_ = joinKey(round, c_.node_id);
+    place_round_ = round;
+    place_lease_ = l;
+    return true;
+  }
+
+  // Gives up the place held in a round that did not take this node (or that it leaves before
+  // it forms); touches the round's seq so that a count taken before does not close the round.
+  void givePlace() {
+    if (place_.empty()) return;
+    try {
+      etcd_->txn({}, {{EtcdOp::Kind::kDelete, place_},
+                      {EtcdOp::Kind::kPut, seqKey(place_round_), c_.node_id}});
+    } catch (const std::exception& e) {
+      log::warn("giving up this node's place in round {}: {}", place_round_, e.what());
+    }
+    place_.clear();
+    place_round_ = -1;
+  }
+
+  std::optional<WorldAssignment> joinOnce() override {
     // A node that stopped because another failed for good must not wait for a round that
     // will never form: the count tells, and the supervisor reports the failure.
     int failures = static_cast<int>(etcd_->add(key("failures"), 0));
@@ -425,16 +445,12 @@ class EtcdRendezvous : public RendezvousHandler {
       w.restart_count = failures;
       return w;
     }
-    auto start = Clock::now();
-    auto deadline = start + c_.join_timeout;
-    int64_t last_call_round = -1;
-    Clock::time_point last_call_at{};
+    auto deadline = Clock::now() + c_.join_timeout;
     bool told_full = false;
+    std::mt19937_64 rng(std::hash<std::string>{}(c_.node_id) ^
+                        Clock::now().time_since_epoch().count());
     while (true) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (stop_) throw Error("the launcher is shutting down");
-      }
+      checkStop();
       int64_t rev = 0;
       auto kv = etcd_->get(key("state"), &rev);
       if (!kv) {
@@ -442,47 +458,37 @@ class EtcdRendezvous : public RendezvousHandler {
         RoundState s;
         s.min_nodes = c_.min_nodes;
         s.max_nodes = c_.max_nodes;
-        s.add(me());
-        casState(0, s, joinOps(0));
+        takePlace(0, 0, &s);
         continue;
       }
       RoundState s = RoundState::decode(key("state"), kv->value);
       checkConfig(s);
       const int64_t srev = kv->mod_revision;
-      if (s.complete && s.has(c_.node_id)) return assigned(s, rev);
-      if (!s.complete) {
-        // Joiners whose lease expired (SIGKILLed while waiting) are dropped, so that they
-        // hold no place and the round does not wait for them.
-        std::set<std::string> alive;
-        for (const auto& m : etcd_->getPrefix(fmt::format("{}members/{}/", p_, s.round)))
-          alive.insert(m.key.substr(m.key.rfind('/') + 1));
-        RoundState next = s;
-        for (const auto& n : s.nodes)
-          if (!alive.count(n.id) && n.id != c_.node_id) next.remove(n.id);
-        bool in = s.has(c_.node_id);
-        if (!in && static_cast<int>(next.nodes.size()) < c_.max_nodes) {
-          next.add(me());
-          if (next.completesNow()) next.complete = true;
-          casState(srev, next, joinOps(next.round));
-          continue;
-        }
-        if (in) {
-          std::vector<EtcdOp> extra;
-          if (!alive.count(c_.node_id)) extra = joinOps(s.round);  // my key went with an old lease
-          if (last_call_round != s.round && static_cast<int>(next.nodes.size()) >= c_.min_nodes) {
-            last_call_round = s.round;
-            last_call_at = Clock::now() + c_.last_call_timeout;
-          }
-          if (static_cast<int>(next.nodes.size()) < c_.min_nodes) last_call_round = -1;
-          bool last_call_over = last_call_round == s.round && Clock::now() >= last_call_at;
-          if (next.completesNow() || last_call_over) next.complete = true;
-          if (next.complete || next.nodes.size() != s.nodes.size() || !extra.empty()) {
-            casState(srev, next, extra);
+      int64_t ended;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ended = ended_round_;
+      }
+      if (s.complete && s.has(c_.node_id) && s.round > ended) return assigned(s, srev);
+      if (s.complete) {
+        if (s.has(c_.node_id) || static_cast<int>(s.nodes.size()) >= c_.max_nodes) {
+          // Full, or the round this node just saw end and that its ender has yet to move on
+          // (one transaction away): wait for the state to change.
+          if (!s.has(c_.node_id)) {
+            if (place_round_ == s.round) givePlace();
+            if (!told_full) {
+              told_full = true;
+              log::info("round {} is full ({} nodes): waiting for the next one", s.round,
+                        s.nodes.size());
+            }
+          } else if (s.round <= ended && waitedOnEnded(s)) {
             continue;
           }
+          waitOrTimeout(deadline, {{key("state"), ""}}, rev, s);
+          continue;
         }
-      } else if (static_cast<int>(s.nodes.size()) < c_.max_nodes) {
-        // A complete round with room: end it, so that everyone re-joins with this node.
+        // A complete round with room: end it, and take a place in the next, in one
+        // transaction, so that everyone re-joins with this node.
         RoundState next;
         next.round = s.round + 1;
         next.min_nodes = c_.min_nodes;
@@ -490,49 +496,186 @@ class EtcdRendezvous : public RendezvousHandler {
         for (const auto& n : s.nodes) next.expected.push_back(n.id);
         next.reason = fmt::format("node {} wants to join (round {} has {}/{} nodes)", c_.node_id,
                                   s.round, s.nodes.size(), s.max_nodes);
-        next.add(me());
-        casState(srev, next, joinOps(next.round));
+        if (!takePlace(next.round, srev, &next)) backoff(rng);
         continue;
-      } else if (!told_full) {
-        told_full = true;
-        log::info("round {} is full ({} nodes): waiting for the next one", s.round, s.nodes.size());
       }
-      auto now = Clock::now();
-      if (now >= deadline) {
-        leaveJoining();
-        throw TimeoutError(fmt::format(
-            "timed out after {} waiting for round {} of run '{}' to form in etcd: {}/{} nodes "
-            "joined (--nnodes={}:{})",
-            seconds(c_.join_timeout), s.round, c_.run_id, s.nodes.size(), c_.min_nodes,
-            c_.min_nodes, c_.max_nodes));
+      // A forming round: take a place (once per round, and again if the lease that held it
+      // expired), then wait for it to complete, or close it if this node counts.
+      if (place_round_ != s.round || place_lease_ != lease()) {
+        if (!takePlace(s.round, srev)) backoff(rng);
+        continue;
       }
-      auto until = deadline;
-      if (last_call_round == s.round) until = std::min(until, last_call_at);
-      // In slices, so that a launcher shutting down is not held for the join timeout.
-      auto wait = std::min(std::chrono::duration_cast<milliseconds>(until - now) + milliseconds(1),
-                           kJoinWaitSlice);
-      etcd_->waitForEvent(p_, etcdPrefixEnd(p_), rev + 1, wait);
+      EtcdRange oldest;
+      oldest.key = joinsPrefix(s.round);
+      oldest.range_end = etcdPrefixEnd(oldest.key);
+      oldest.oldest_first = true;
+      oldest.limit = 1;
+      oldest.keys_only = true;
+      auto first = etcd_->range(oldest);
+      seen_joined_ = first.count;  // the whole range's, whatever the limit
+      if (first.kvs.empty()) {     // even this node's place is gone (its lease expired): re-join
+        place_round_ = -1;
+        continue;
+      }
+      if (first.kvs.front().key == place_) {
+        if (auto w = closeRound(s, srev, deadline)) return w;
+        continue;
+      }
+      // Woken when the state changes (the round completes) or the counting node goes.
+      waitOrTimeout(deadline, {{key("state"), ""}, {first.kvs.front().key, ""}}, rev, s);
     }
   }
 
-  // Gives up a place in a forming round (join timeout, or leaving before it completed).
-  void leaveJoining() {
+  // A complete round that this node saw end but whose state nobody moved on yet: the node that
+  // ended it (a leaving node, or the first member to see a death) writes the next state in
+  // one transaction. If the state does not move within a lease TTL, that node died in
+  // between: end the round here. True: moved it on.
+  bool waitedOnEnded(const RoundState& s) {
+    if (!ended_since_) ended_since_ = Clock::now();
+    if (Clock::now() - *ended_since_ < lease_ttl_) return false;
+    ended_since_.reset();
+    int64_t srev;
+    std::vector<std::string> members;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      srev = state_rev_;
+      members = members_;
+    }
+    return invalidate(s.round, srev, members, "", "round " + std::to_string(s.round) + " ended");
+  }
+
+  // Waits for an event on `ranges` after `rev`, for at most a slice, up to the join deadline;
+  // throws at the deadline.
+  void waitOrTimeout(Clock::time_point deadline,
+                     const std::vector<std::pair<std::string, std::string>>& ranges, int64_t rev,
+                     const RoundState& s, std::optional<Clock::time_point> until = std::nullopt) {
+    auto now = Clock::now();
+    if (now >= deadline) timedOut(s);
+    auto end = std::min(deadline, until.value_or(deadline));
+    auto wait = std::min(std::chrono::duration_cast<milliseconds>(end - now) + milliseconds(1),
+                         kJoinWaitSlice);
+    etcd_->waitForEvent(ranges, rev + 1, wait);
+  }
+
+  [[noreturn]] void timedOut(const RoundState& s) {
+    // The most seen while waiting: nodes timing out together give up their places one by one.
+    int64_t joined = seen_joined_;
     try {
-      for (int i = 0; i < 100; ++i) {
-        auto kv = etcd_->get(key("state"));
-        if (!kv) return;
-        RoundState s = RoundState::decode(key("state"), kv->value);
-        if (s.complete || !s.has(c_.node_id)) return;
-        s.remove(c_.node_id);
-        if (casState(kv->mod_revision, s, {{EtcdOp::Kind::kDelete, memberKey(s.round, c_.node_id)}}))
-          return;
+      EtcdRange r;
+      r.key = joinsPrefix(s.round);
+      r.range_end = etcdPrefixEnd(r.key);
+      r.count_only = true;
+      joined = std::max(joined, etcd_->range(r).count);
+    } catch (const std::exception&) {
+    }
+    givePlace();
+    throw TimeoutError(fmt::format(
+        "timed out after {} waiting for round {} of run '{}' to form in etcd: {}/{} nodes "
+        "joined (--nnodes={}:{})",
+        seconds(c_.join_timeout), s.round, c_.run_id, joined, c_.min_nodes, c_.min_nodes,
+        c_.max_nodes));
+  }
+
+  // Compare-and-swap conflicts are rare here (opening or ending a round), but when several
+  // nodes do it at once, they should not retry in lockstep.
+  void backoff(std::mt19937_64& rng) {
+    std::this_thread::sleep_for(milliseconds(std::uniform_int_distribution<int>(1, 20)(rng)));
+  }
+
+  // The counting node of forming round `s`: follows the places taken (its first read lists
+  // them, then only what changed since), and closes the round once the rules of
+  // rendezvous_state.h say so: at once when max nodes are in, or every node expected back
+  // (and min) is; otherwise when the last call ends. Returns the world once this node closed
+  // the round; nothing when the state moved on (or the counting moved to another node).
+  std::optional<WorldAssignment> closeRound(const RoundState& s, int64_t srev,
+                                            Clock::time_point deadline) {
+    const std::string prefix = joinsPrefix(s.round);
+    std::map<std::string, EtcdKv> places;  // by key
+    int64_t seen = 0;                      // the revision `places` is as of
+    std::optional<Clock::time_point> last_call_at;
+    auto readAll = [&] {
+      EtcdRange r;
+      r.key = prefix;
+      r.range_end = etcdPrefixEnd(prefix);
+      auto got = etcd_->range(r);
+      places.clear();
+      for (auto& kv : got.kvs) places[kv.key] = std::move(kv);
+      seen = got.revision;
+    };
+    readAll();
+    if (stateRevision() != srev) return std::nullopt;  // closed (or moved on) before the read
+    while (true) {
+      checkStop();
+      seen_joined_ = static_cast<int64_t>(places.size());
+      if (places.find(place_) == places.end()) return std::nullopt;  // lost this node's place
+      // The first max nodes to take a place, by create revision; the rest wait for the next.
+      std::vector<const EtcdKv*> order;
+      for (const auto& [k, kv] : places) order.push_back(&kv);
+      std::sort(order.begin(), order.end(), [](const EtcdKv* a, const EtcdKv* b) {
+        return a->create_revision < b->create_revision;
+      });
+      if (order.front()->key != place_) return std::nullopt;  // an older place: it counts
+      if (static_cast<int>(order.size()) > c_.max_nodes) order.resize(c_.max_nodes);
+      std::set<std::string> in;
+      for (const auto* kv : order) in.insert(kv->key.substr(prefix.size()));
+      int n = static_cast<int>(order.size());
+      bool now =
+          n >= c_.max_nodes || (!s.expected.empty() && n >= c_.min_nodes &&
+                                std::all_of(s.expected.begin(), s.expected.end(),
+                                            [&](const std::string& e) { return in.count(e) > 0; }));
+      if (n >= c_.min_nodes && !last_call_at) last_call_at = Clock::now() + c_.last_call_timeout;
+      if (n < c_.min_nodes) last_call_at.reset();
+      if (now || (last_call_at && Clock::now() >= *last_call_at)) {
+        RoundState done = s;
+        done.complete = true;
+        done.nodes.clear();
+        for (const auto* kv : order)
+          done.nodes.push_back(decodeJoin(kv->key, kv->key.substr(prefix.size()), kv->value));
+        std::sort(done.nodes.begin(), done.nodes.end(),
+                  [](const NodeEntry& a, const NodeEntry& b) { return a.id < b.id; });
+        // Only if the state is the one read and no node took or gave up a place since the
+        // count (a node's lease expiring is the one change that does not touch seq: see below).
+        auto r = etcd_->txn({{key("state"), EtcdCompare::Target::kMod, srev},
+                             {seqKey(s.round), EtcdCompare::Target::kMod, seen + 1, "",
+                              EtcdCompare::Result::kLess}},
+                            {{EtcdOp::Kind::kPut, key("state"), done.encode()}});
+        if (r.succeeded) {
+          log::debug("closed round {} with {} of {} node(s) that took a place", s.round, n,
+                     places.size());
+          return assigned(done, r.revision, true);
+        }
+        if (stateRevision() != srev) return std::nullopt;
+        // Places changed since the count: catch up below, without waiting.
+      } else {
+        waitOrTimeout(deadline, {{key("state"), ""}, {prefix, etcdPrefixEnd(prefix)}}, seen, s,
+                      last_call_at);
       }
-    } catch (const std::exception& e) {
-      log::warn("leaving the forming round: {}", e.what());
+      // What changed since `seen`: new and rewritten places (their revisions), and the count,
+      // which tells whether one went (a lease expired, a node left): then read them all.
+      EtcdRange r;
+      r.key = prefix;
+      r.range_end = etcdPrefixEnd(prefix);
+      r.min_mod_revision = seen + 1;
+      auto got = etcd_->range(r);
+      for (auto& kv : got.kvs) places[kv.key] = std::move(kv);
+      seen = got.revision;
+      if (got.count != static_cast<int64_t>(places.size())) readAll();
+      if (stateRevision() != srev) return std::nullopt;
     }
   }
 
-  std::optional<WorldAssignment> assigned(const RoundState& s, int64_t rev) {
+  // The state's mod revision (0: none), without its value (a complete round's lists every node).
+  int64_t stateRevision() {
+    EtcdRange r;
+    r.key = key("state");
+    r.keys_only = true;
+    auto got = etcd_->range(r);
+    return got.kvs.empty() ? 0 : got.kvs.front().mod_revision;
+  }
+
+  // `closed_here`: this node's transaction completed the round.
+  std::optional<WorldAssignment> assigned(const RoundState& s, int64_t state_rev,
+                                          bool closed_here = false) {
     WorldAssignment w;
     w.run_id = c_.run_id;
     w.round = s.round;
@@ -547,13 +690,38 @@ class EtcdRendezvous : public RendezvousHandler {
     }
     w.world_size = offset;
     w.master_addr = s.nodes.front().addr;
+    std::vector<std::string> members;
+    for (const auto& n : s.nodes) members.push_back(n.id);
     {
       std::lock_guard<std::mutex> lock(mu_);
       current_ = w;
+      members_ = members;
+      state_rev_ = state_rev;
       left_ = false;
     }
-    startWatch(s, rev);
-    startHealth();
+    ended_since_.reset();
+    // From the revision that completed the round: a member's place that vanished since then
+    // ends the round on every node, whenever each read the state.
+    startWatch(s.round, members, state_rev);
+    // A place that vanished between the count and the round's completion (a lease expiring
+    // touches no seq): the round cannot run; end it now. The closing node checks, once.
+    if (closed_here) {
+      EtcdRange r;
+      r.key = joinsPrefix(s.round);
+      r.range_end = etcdPrefixEnd(r.key);
+      r.keys_only = true;
+      std::set<std::string> alive;
+      for (const auto& kv : etcd_->range(r).kvs) alive.insert(kv.key.substr(r.key.size()));
+      for (const auto& m : members)
+        if (!alive.count(m)) {
+          std::string why =
+              fmt::format("node {} lost: its etcd lease expired as round {} formed", m, s.round);
+          invalidate(s.round, state_rev, members, m, why);
+          roundEnded(s.round, why);
+          break;
+        }
+    }
+    roundAssigned(w.group_rank, w.group_world_size, w.round);
     w.restart_count = static_cast<int>(etcd_->add(key("failures"), 0));
     // Workers bootstrap through a TCPStore that rank 0 hosts (MASTER_ADDR:MASTER_PORT, as
     // torchrun's static rendezvous): group rank 0 picks the port on its machine and tells the
@@ -566,15 +734,17 @@ class EtcdRendezvous : public RendezvousHandler {
     } else {
       auto v = waitForKey(port_key, c_.read_timeout);
       if (!v)
-        throw TimeoutError(fmt::format("node 0 of round {} did not publish MASTER_PORT under '{}' "
-                                       "within {}",
-                                       s.round, port_key, seconds(c_.read_timeout)));
+        throw TimeoutError(
+            fmt::format("node 0 of round {} did not publish MASTER_PORT under '{}' "
+                        "within {}",
+                        s.round, port_key, seconds(c_.read_timeout)));
       w.master_port = parsePort("MASTER_PORT published by node 0 under '" + port_key + "'", *v);
     }
     log::info("round {}: node {}/{} ({} nodes, world size {}), ranks {}..{}{}", w.round,
               w.group_rank, w.group_world_size, w.group_world_size, w.world_size, w.rank_offset,
               w.rank_offset + c_.local_world_size - 1,
               s.reason.empty() ? "" : " (after: " + s.reason + ")");
+    if (w.group_rank == 0) logPreflightTable();
     return w;
   }
 
@@ -587,39 +757,35 @@ class EtcdRendezvous : public RendezvousHandler {
       if (kv) return kv->value;
       auto now = Clock::now();
       if (now >= deadline) return std::nullopt;
-      etcd_->waitForEvent(k, "", rev + 1,
-                          std::chrono::duration_cast<milliseconds>(deadline - now) + milliseconds(1));
+      etcd_->waitForEvent(
+          k, "", rev + 1,
+          std::chrono::duration_cast<milliseconds>(deadline - now) + milliseconds(1));
     }
   }
 
+  void beforeJoin() override { watch_.reset(); }
+
   // The round's end, pushed by etcd: the state moving on (a node left, failed or wants in) or
-  // a member's key vanishing with its lease (the node stopped keeping it alive).
-  void startWatch(const RoundState& s, int64_t rev) {
-    int64_t round = s.round;
-    std::vector<std::string> members;
-    for (const auto& n : s.nodes) members.push_back(n.id);
-    std::string state_key = key("state"), members_prefix = fmt::format("{}members/{}/", p_, round);
+  // a member's place vanishing with its lease (the node stopped keeping it alive). Watches
+  // only the keys that can end the round, and the pings to answer.
+  void startWatch(int64_t round, const std::vector<std::string>& members, int64_t rev) {
+    std::string state_key = key("state"), places = joinsPrefix(round);
     std::string ping_prefix = fmt::format("{}round/{}/ping/", p_, round);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      members_ = members;
-    }
+    std::set<std::string> member_set(members.begin(), members.end());
     watch_ = etcd_->watch(
-        p_, etcdPrefixEnd(p_), rev + 1,
-        [this, round, members, state_key, members_prefix, ping_prefix](const std::vector<EtcdEvent>& events) {
+        {{state_key, ""},
+         {places, etcdPrefixEnd(places)},
+         {ping_prefix, etcdPrefixEnd(ping_prefix)}},
+        rev + 1,
+        [this, round, members, member_set, state_key, places,
+         ping_prefix](const std::vector<EtcdEvent>& events) {
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            // Over for this node: what follows (the others leaving it) is no news.
+            if (ended_round_ >= round) return;
+          }
           for (const auto& ev : events) {
-            // Another member asks whether this node is alive: answering is the proof.
-            if (ev.type == EtcdEvent::Type::kPut && ev.kv.key.rfind(ping_prefix, 0) == 0) {
-              std::string asker = ev.kv.key.substr(ping_prefix.size());
-              if (asker == c_.node_id) continue;
-              try {
-                etcd_->put(fmt::format("{}round/{}/pong/{}/{}", p_, round, asker, c_.node_id),
-                           ev.kv.value);
-              } catch (const std::exception& e) {
-                log::warn("answering node {}'s liveness probe: {}", asker, e.what());
-              }
-              continue;
-            }
+            if (answerPing(round, ping_prefix, ev)) continue;
             if (finishing_) continue;
             if (ev.kv.key == state_key) {
               if (ev.type == EtcdEvent::Type::kDelete) {
@@ -628,21 +794,30 @@ class EtcdRendezvous : public RendezvousHandler {
               }
               RoundState s = RoundState::decode(state_key, ev.kv.value);
               if (s.round != round) {
-                roundEnded(round, s.reason.empty() ? fmt::format("round {} ended", round) : s.reason);
+                roundEnded(round,
+                           s.reason.empty() ? fmt::format("round {} ended", round) : s.reason);
                 return;
               }
-            } else if (ev.type == EtcdEvent::Type::kDelete &&
-                       ev.kv.key.rfind(members_prefix, 0) == 0) {
-              std::string node = ev.kv.key.substr(members_prefix.size());
+            } else if (ev.type == EtcdEvent::Type::kDelete && ev.kv.key.rfind(places, 0) == 0) {
+              std::string node = ev.kv.key.substr(places.size());
+              if (!member_set.count(node)) continue;  // a node the round did not take
               if (node == c_.node_id) {
-                roundEnded(round, "this node's etcd lease expired (no keep-alive got through "
-                                  "within its TTL)");
+                roundEnded(round,
+                           "this node's etcd lease expired (no keep-alive got through "
+                           "within its TTL)");
                 return;
               }
-              std::string why = fmt::format(
-                  "node {} lost: its etcd lease expired (no keep-alive for {}s)", node,
-                  lease_ttl_.count());
-              invalidate(round, members, node, why);
+              std::string why =
+                  fmt::format("node {} lost: its etcd lease expired (no keep-alive for {}s)", node,
+                              lease_ttl_.count());
+              // One transaction moves the state on; the first member to see the loss wins,
+              // the others' compare fails at no further cost.
+              int64_t srev;
+              {
+                std::lock_guard<std::mutex> lock(mu_);
+                srev = state_rev_;
+              }
+              invalidate(round, srev, members, node, why);
               roundEnded(round, why);
               return;
             }
@@ -651,27 +826,60 @@ class EtcdRendezvous : public RendezvousHandler {
         [this, round](const std::string& why) { roundEnded(round, "lost etcd: " + why); });
   }
 
-  // Ends complete round `round` (if it still is the current one): the next round expects
-  // its members back, less `lost`.
-  void invalidate(int64_t round, const std::vector<std::string>& members, const std::string& lost,
-                  const std::string& why) {
+  // Another member asks whether this node is alive: answering is the proof. False: `ev` is
+  // no ping.
+  bool answerPing(int64_t round, const std::string& ping_prefix, const EtcdEvent& ev) {
+    if (ev.type != EtcdEvent::Type::kPut || ev.kv.key.rfind(ping_prefix, 0) != 0) return false;
+    std::string asker = ev.kv.key.substr(ping_prefix.size());
+    if (asker == c_.node_id) return true;
     try {
-      for (int i = 0; i < 100; ++i) {
-        auto kv = etcd_->get(key("state"));
-        if (!kv) return;
-        RoundState s = RoundState::decode(key("state"), kv->value);
-        if (s.round != round || !s.complete) return;  // someone else did it
-        RoundState next;
-        next.round = round + 1;
-        next.min_nodes = s.min_nodes;
-        next.max_nodes = s.max_nodes;
-        for (const auto& m : members)
-          if (m != lost) next.expected.push_back(m);
-        next.reason = why;
-        if (casState(kv->mod_revision, next)) return;
-      }
+      etcd_->put(fmt::format("{}round/{}/pong/{}/{}", p_, round, asker, c_.node_id), ev.kv.value);
+    } catch (const std::exception& e) {
+      log::warn("answering node {}'s liveness probe: {}", asker, e.what());
+    }
+    return true;
+  }
+
+  // Through the exit barrier a node only answers pings: the round's end no longer matters to
+  // it, and watching the places would bring it every other node's leaving (N^2 events per
+  // job). The new watch starts before the old one stops, from the round's start: a ping is
+  // never missed, and one answered twice does no harm.
+  void watchPingsOnly() {
+    int64_t round, rev;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      round = current_->round;
+      rev = state_rev_;
+    }
+    std::string ping_prefix = fmt::format("{}round/{}/ping/", p_, round);
+    auto pings = etcd_->watch(
+        ping_prefix, etcdPrefixEnd(ping_prefix), rev + 1,
+        [this, round, ping_prefix](const std::vector<EtcdEvent>& events) {
+          for (const auto& ev : events) answerPing(round, ping_prefix, ev);
+        },
+        [](const std::string& why) { log::debug("liveness probes: {}", why); });
+    watch_ = std::move(pings);
+  }
+
+  // Ends complete round `round`, if its state is still the one written at `srev`: the next
+  // round expects its members back, less `lost`. False: another node moved it on first.
+  bool invalidate(int64_t round, int64_t srev, const std::vector<std::string>& members,
+                  const std::string& lost, const std::string& why) {
+    RoundState next;
+    next.round = round + 1;
+    next.min_nodes = c_.min_nodes;
+    next.max_nodes = c_.max_nodes;
+    for (const auto& m : members)
+      if (m != lost) next.expected.push_back(m);
+    next.reason = why;
+    try {
+      return etcd_
+          ->txn({{key("state"), EtcdCompare::Target::kMod, srev}},
+                {{EtcdOp::Kind::kPut, key("state"), next.encode()}})
+          .succeeded;
     } catch (const std::exception& e) {
       log::warn("ending round {} in etcd: {}", round, e.what());
+      return false;
     }
   }
 
@@ -682,30 +890,28 @@ class EtcdRendezvous : public RendezvousHandler {
       ended_round_ = round;
     }
     cv_.notify_all();
-    if (ended_) ended_(round, why);
+    endRound(round, why);
   }
 
   void leaveQuietly(const std::string& why) {
     std::optional<WorldAssignment> cur;
+    std::vector<std::string> members;
+    int64_t srev;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (left_ || !current_) return;
       left_ = true;
       cur = current_;
+      members = members_;
+      srev = state_rev_;
     }
     watch_.reset();
-    if (!job_done_) {
-      // The others re-form at once instead of waiting out this node's lease.
-      auto kv = etcd_->get(key("state"));
-      if (kv) {
-        RoundState s = RoundState::decode(key("state"), kv->value);
-        std::vector<std::string> members;
-        for (const auto& n : s.nodes) members.push_back(n.id);
-        if (s.round == cur->round && s.complete) invalidate(cur->round, members, c_.node_id, why);
-      }
-    }
+    // The others re-form at once instead of waiting out this node's lease.
+    if (!job_done_) invalidate(cur->round, srev, members, c_.node_id, why);
     try {
-      etcd_->txn({}, {{EtcdOp::Kind::kDelete, memberKey(cur->round, c_.node_id)}});
+      if (!place_.empty()) etcd_->txn({}, {{EtcdOp::Kind::kDelete, place_}});
+      place_.clear();
+      place_round_ = -1;
     } catch (const std::exception& e) {
       log::warn("leaving the rendezvous: {}", e.what());
     }
@@ -728,6 +934,20 @@ class EtcdRendezvous : public RendezvousHandler {
     }
   }
 
+  // Replaces lease `expired` with a fresh one, once, whichever thread finds it gone first (the
+  // keep-alive thread, or the joiner whose transaction etcd refused for it).
+  int64_t renewLease(int64_t expired) {
+    std::lock_guard<std::mutex> renewing(renew_mu_);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (lease_ != expired) return lease_;
+    }
+    int64_t fresh = etcd_->grantLease(lease_ttl_);
+    std::lock_guard<std::mutex> lock(mu_);
+    lease_ = fresh;
+    return fresh;
+  }
+
   // Keeps this node's lease alive, three times per TTL so that one lost keep-alive (an etcd
   // member dying, an election) is not fatal. A lease that expired anyway (the agent was
   // stopped, or etcd unreachable for the TTL) means the others dropped this node: the round is
@@ -742,16 +962,16 @@ class EtcdRendezvous : public RendezvousHandler {
       try {
         if (etcd_->keepAliveOnce(id) <= 0) {
           log::warn("this node's etcd lease {:x} expired: the other nodes dropped it", id);
-          int64_t fresh = etcd_->grantLease(lease_ttl_);
+          renewLease(id);
           std::optional<int64_t> round;
           {
             std::lock_guard<std::mutex> l(mu_);
-            lease_ = fresh;
             if (current_) round = current_->round;
           }
           if (round && !finishing_)
-            roundEnded(*round, "this node's etcd lease expired (no keep-alive got through within "
-                               "its TTL)");
+            roundEnded(*round,
+                       "this node's etcd lease expired (no keep-alive got through within "
+                       "its TTL)");
         }
       } catch (const std::exception& e) {
         log::warn("etcd keep-alive: {}", e.what());
@@ -760,108 +980,30 @@ class EtcdRendezvous : public RendezvousHandler {
     }
   }
 
-  // This node's group rank, the round's number of nodes and the round; (-1, 0, -1) before
-  // the first round.
-  std::tuple<int, int, int64_t> position() {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!current_) return {-1, 0, -1};
-    return {current_->group_rank, current_->group_world_size, current_->round};
-  }
-
-  void startHealth() {
-    std::lock_guard<std::mutex> lock(health_mu_);
-    if (health_.joinable()) return;
-    health_ = std::thread([this] { healthLoop(); });
-  }
-
-  void stopHealth() {
-    {
-      std::lock_guard<std::mutex> lock(health_mu_);
-      health_stop_ = true;
-    }
-    health_cv_.notify_all();
-    if (health_.joinable()) health_.join();
-    stacks_watch_.reset();
-  }
-
-  // Publishes this node's status every few seconds and hands other nodes' requests for stacks
-  // to the agent as soon as etcd pushes them (a watch on stacks/, not a poll). Errors (etcd
-  // electing a leader) are retried on the next turn: health is best effort, never fatal.
-  void healthLoop() {
-    int64_t next = -1;  // the next request id to look for
-    auto published = Clock::time_point{};
-    std::unique_lock<std::mutex> lock(health_mu_);
-    while (!health_stop_) {
-      std::string line = status_;
-      StacksRequested requested = stacks_requested_;
-      stacks_poked_ = false;
-      lock.unlock();
-      bool more = false;
-      try {
-        if (next < 0) {
-          int64_t rev = 0;
-          auto kv = etcd_->get(key("stacks/next"), &rev);
-          next = (kv ? std::atoll(kv->value.c_str()) : 0) + 1;  // earlier requests are over
-          stacks_watch_ = etcd_->watch(
-              key("stacks/"), etcdPrefixEnd(key("stacks/")), rev + 1,
-              [this](const std::vector<EtcdEvent>&) {
-                std::lock_guard<std::mutex> l(health_mu_);
-                stacks_poked_ = true;
-                health_cv_.notify_all();
-              },
-              [](const std::string& why) { log::debug("job health: {}", why); });
-        }
-        auto [me, nodes, round] = position();
-        auto now = Clock::now();
-        if (!line.empty() && me >= 0 && now - published >= kStatusEvery) {
-          etcd_->put(fmt::format("{}status/{}", p_, me),
-                     fmt::format("{}\n{}\n{:.3f}\n{}", round, log::hostname(), unixSeconds(), line));
-          published = now;
-        }
-        if (auto kv = etcd_->get(fmt::format("{}stacks/{}", p_, next))) {
-          bool own;
-          {
-            std::lock_guard<std::mutex> l(health_mu_);
-            own = mine_.count(next) > 0;
-          }
-          if (!own && requested) requested(next, kv->value);
-          ++next;
-          more = true;  // another may follow at once
-        }
-      } catch (const std::exception& e) {
-        log::debug("job health: {}", e.what());
-      }
-      lock.lock();
-      if (!more)
-        health_cv_.wait_for(lock, kStatusEvery, [this] { return health_stop_ || stacks_poked_; });
-    }
-  }
-
   ElasticConfig c_;
   std::chrono::seconds lease_ttl_;
   std::unique_ptr<EtcdClient> etcd_;
   std::string p_, address_;
-  std::thread joiner_, keeper_;
+  std::thread keeper_;
   std::unique_ptr<EtcdWatch> watch_;
-  RoundEnded ended_;
-  std::mutex mu_;
+  // The joiner thread's own (then the agent's loop's, once the round formed: never both).
+  std::string place_;         // this node's place key, "" when none
+  int64_t place_round_ = -1;  // the round of place_
+  int64_t place_lease_ = 0;   // the lease place_ was written with
+  std::optional<Clock::time_point> ended_since_;
+  int64_t seen_joined_ = 0;  // places in the forming round, as last seen
+  std::mutex renew_mu_;      // one lease renewal at a time
+  std::mutex mu_;            // guards what follows
   std::condition_variable cv_;
   bool stop_ = false;
   int64_t lease_ = 0;
   std::optional<WorldAssignment> current_;
   std::vector<std::string> members_;  // node ids of the current round
+  int64_t state_rev_ = 0;             // the mod revision of the current round's complete state
   int64_t ended_round_ = -1;
   bool left_ = false;
   std::atomic<bool> finishing_{false}, job_done_{false};
   std::string cached_failure_;
-  std::mutex health_mu_;  // guards the health thread's state below
-  std::condition_variable health_cv_;
-  std::thread health_;
-  bool health_stop_ = false, stacks_poked_ = false;
-  std::string status_;
-  StacksRequested stacks_requested_;
-  std::set<int64_t> mine_;  // requests this node made: not answered by itself
-  std::unique_ptr<EtcdWatch> stacks_watch_;
 };
 
 }  // namespace

@@ -26,7 +26,9 @@ struct EtcdRendezvousConfig {
 };
 
 // Throws NetworkError naming every endpoint tried when etcd cannot be reached within
-// etcd.connect_timeout, AuthError for wrong credentials.
+// etcd.connect_timeout, AuthError for wrong credentials. Threads: as ElasticRendezvous's
+// (launcher/multi_node_rendezvous.h), plus a keep-alive thread; details at the class in
+// etcd_rendezvous.cc.
 std::unique_ptr<RendezvousHandler> makeEtcdRendezvous(const EtcdRendezvousConfig& config);
 
 }  // namespace ddpl::launcher

@@ -1,7 +1,9 @@
 #pragma once
 // The seam between supervision and membership. The agent asks for a world before each
 // attempt and learns when the world it runs in ends. One node uses LocalRendezvous; jobs of
-// several nodes use ElasticRendezvous (launcher/elastic_rendezvous.h, over the gRPC service).
+// several nodes use ElasticRendezvous (launcher/elastic_rendezvous.h, over the gRPC service)
+// or the etcd rendezvous (launcher/etcd_rendezvous.h); what those two share, and their
+// threading contract, is launcher/multi_node_rendezvous.h.
 #include <cstdint>
 #include <functional>
 #include <map>

@@ -80,7 +80,10 @@ std::shared_ptr<grpc::Channel> makeChannel(const ChannelSpec& spec) {
   // gRPC's own reconnect backoff grows to two minutes; ours is bounded by connect_timeout,
   // so keep the channel's short enough not to sit out our whole budget.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  // Not a backoff: gRPC gives each connection attempt (TCP and HTTP/2 handshakes) this long at
+  // least. At 100 ms, 64 agents starting at once on a busy machine had some attempts cut
+  // before etcd answered, every retry too, and the agent failed to connect (issue 14).
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 10000);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   // Our calls are not retried by gRPC (retryConnect does its own, bounded): without the
   // retry filter every call skips its bookkeeping and send-message copies.

@@ -7,7 +7,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <fstream>
 #include <thread>
 
@@ -161,4 +163,83 @@ TEST_F(EtcdClientTest, TlsWithClientCertificatesAndNoneRefused) {
   EtcdOptions plain = options(etcd);
   plain.connect_timeout = 2s;
   EXPECT_THROW(EtcdClient{plain}, ddpl::NetworkError);
+}
+
+// The reads and compares the etcd rendezvous counts places with (issue 14): what they return
+// must not depend on how many keys there are, and the "nothing changed since" compare must
+// fail on exactly the change it guards against.
+TEST_F(EtcdClientTest, RangesCountReadOnlyChangesAndGuardACount) {
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.healthy());
+  EtcdClient c(options(etcd));
+  c.put("/t/p/b", "1");
+  c.put("/t/p/a", "2");
+  int64_t seen = c.put("/t/p/c", "3");
+  c.put("/t/q", "outside");
+  EtcdRange all;
+  all.key = "/t/p/";
+  all.range_end = etcdPrefixEnd(all.key);
+
+  EtcdRange count = all;
+  count.count_only = true;
+  auto n = c.range(count);
+  EXPECT_EQ(n.count, 3);
+  EXPECT_TRUE(n.kvs.empty());
+
+  EtcdRange oldest = all;
+  oldest.oldest_first = true;
+  oldest.limit = 1;
+  oldest.keys_only = true;
+  auto first = c.range(oldest);
+  ASSERT_EQ(first.kvs.size(), 1u);
+  EXPECT_EQ(first.kvs[0].key, "/t/p/b");  // created first, though not first by name
+  EXPECT_EQ(first.kvs[0].value, "");
+
+  // Only what changed since `seen`, and still the count of the whole range: a key gone shows
+  // as a count below what the reader holds.
+  c.put("/t/p/d", "4");
+  c.txn({}, {{EtcdOp::Kind::kDelete, "/t/p/a"}});
+  EtcdRange since = all;
+  since.min_mod_revision = seen + 1;
+  auto changed = c.range(since);
+  ASSERT_EQ(changed.kvs.size(), 1u);
+  EXPECT_EQ(changed.kvs[0].key, "/t/p/d");
+  EXPECT_EQ(changed.count, 3);  // b, c, d
+
+  // "No change to the guard key after revision R": holds until someone touches it.
+  int64_t r = c.put("/t/seq", "x");
+  EtcdCompare unchanged{"/t/seq", EtcdCompare::Target::kMod, r + 1, "", EtcdCompare::Result::kLess};
+  EXPECT_TRUE(c.txn({unchanged}, {{EtcdOp::Kind::kPut, "/t/state", "closed"}}).succeeded);
+  c.put("/t/seq", "y");
+  EXPECT_FALSE(c.txn({unchanged}, {{EtcdOp::Kind::kPut, "/t/state", "closed again"}}).succeeded);
+}
+
+// One stream over several ranges: events of each arrive, and only theirs.
+TEST_F(EtcdClientTest, OneWatchOverSeveralRanges) {
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.healthy());
+  EtcdClient c(options(etcd));
+  int64_t rev = c.put("/t/other", "0");
+  std::mutex mu;
+  std::vector<std::string> keys;
+  auto w = c.watch({{"/t/state", ""}, {"/t/joins/", etcdPrefixEnd("/t/joins/")}}, rev + 1,
+                   [&](const std::vector<EtcdEvent>& evs) {
+                     std::lock_guard<std::mutex> lock(mu);
+                     for (const auto& e : evs) keys.push_back(e.kv.key);
+                   },
+                   [](const std::string&) {});
+  c.put("/t/other", "1");
+  c.put("/t/joins/a", "");
+  c.put("/t/state", "s");
+  ASSERT_TRUE(eventually([&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return keys.size() >= 2;
+  }, 10s));
+  std::this_thread::sleep_for(200ms);  // room for a wrong extra event to arrive
+  std::lock_guard<std::mutex> lock(mu);
+  std::sort(keys.begin(), keys.end());
+  EXPECT_EQ(keys, (std::vector<std::string>{"/t/joins/a", "/t/state"}));
+  // A wait over several ranges returns on an event in any of them.
+  EXPECT_TRUE(c.waitForEvent({{"/t/nothing", ""}, {"/t/state", ""}}, rev + 1, 2s));
+  EXPECT_FALSE(c.waitForEvent({{"/t/nothing", ""}}, rev + 1, 300ms));
 }

@@ -252,7 +252,7 @@ TEST_F(EtcdRendezvous, FewerThanMinNodesFailEveryAgentAfterTheJoinTimeout) {
   EXPECT_NE(r1.exit_code, 0) << r1.all();
   EXPECT_NE(r0.all().find("2/3 nodes joined"), std::string::npos) << r0.all();
   EXPECT_LT(Clock::now() - t0, 20s);
-  EXPECT_EQ(etcd_->keys("/ddplaunch/job/members/"), "");  // nobody holds a place
+  EXPECT_EQ(etcd_->keys("/ddplaunch/job/joins/"), "");  // nobody holds a place
 }
 
 TEST_F(EtcdRendezvous, WorkerFailureRestartsEveryNodeAndCountsPerJob) {
