@@ -1,5 +1,7 @@
 #include "launcher/elastic_rendezvous.h"
 
+#include "common/defaults.h"
+
 #include <arpa/inet.h>
 #include <fmt/format.h>
 #include <netdb.h>
@@ -323,9 +325,9 @@ class ElasticRendezvous : public MultiNodeRendezvous {
       w.master_port = parsePort("MASTER_PORT published by node 0 under '" + port_key + "'",
                                 rdzv::toString(store_->get(port_key, c_.read_timeout)));
     }
-    w.worker_env = {{"DDPL_STORE_ADDR", endpoint_},
-                    {"DDPL_STORE_TOKEN", c_.token},
-                    {"DDPL_STORE_PREFIX", a.store_prefix}};
+    w.worker_env = {{envvar::kStoreAddr, endpoint_},
+                    {envvar::kStoreToken, c_.token},
+                    {envvar::kStorePrefix, a.store_prefix}};
     log::info("round {}: node {}/{} ({} nodes, world size {}), ranks {}..{}", a.round,
               a.group_rank, a.group_world_size, a.group_world_size, a.world_size, a.rank_offset,
               a.rank_offset + a.local_world_size - 1);

@@ -1,5 +1,7 @@
 #include "launcher/etcd_config.h"
 
+#include "common/defaults.h"
+
 #include <fmt/format.h>
 
 #include "common/errors.h"
@@ -73,7 +75,7 @@ EtcdRendezvousConfig etcdRendezvousConfig(const LaunchOptions& o, const ElasticC
   if (std::string f = get({"password_file"}); !f.empty()) {
     if (c.etcd.user.empty()) throw UsageError("--rdzv-conf password_file needs user= too");
     c.etcd.password = rdzv::readTokenFile(f);
-  } else if (auto it = env.find("DDPL_ETCD_PASSWORD"); it != env.end() && !c.etcd.user.empty()) {
+  } else if (auto it = env.find(envvar::kEtcdPassword); it != env.end() && !c.etcd.user.empty()) {
     c.etcd.password = it->second;
   } else if (!c.etcd.user.empty()) {
     throw UsageError(fmt::format("--rdzv-conf user={} needs its password: password_file=FILE or "
