@@ -27,7 +27,6 @@ import glob
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,16 +38,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import recovery_bench  # noqa: E402  (the recovery scenario and its helpers)
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
 def start_etcd(d):
-    client, peer = free_port(), free_port()
+    client, peer = recovery_bench.free_port(), recovery_bench.free_port()
     proc = subprocess.Popen(
         ["etcd", "--name", "b", "--data-dir", os.path.join(d, "etcd"),
          "--listen-client-urls", f"http://127.0.0.1:{client}",
@@ -84,7 +75,7 @@ def etcd_counters(endpoint):
 
 
 def start_server(build):
-    port = free_port()
+    port = recovery_bench.free_port()
     proc = subprocess.Popen([os.path.join(build, "bin", "rdzv-server"), "--port", str(port),
                              "--log-level", "warn"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -6,6 +6,7 @@
 
 #include "common/errors.h"
 #include "worker/build_config.h"
+#include "worker/collectives.h"
 #include "worker/log_bridge.h"
 #include "worker/session.h"
 
@@ -57,16 +58,6 @@ AutoBatch::AutoBatch(Session& session, DdpReducer& reducer, torch::nn::Module& m
                           " and accumulation " + std::to_string(initial.accumulation) +
                           " must both be at least 1");
   }
-}
-
-int64_t AutoBatch::allReduce(int64_t value, bool max) {
-  std::vector<at::Tensor> t{
-      torch::tensor({value}, torch::TensorOptions().dtype(torch::kLong).device(session_.device()))};
-  c10d::AllreduceOptions opts;
-  opts.reduceOp = max ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
-  opts.timeout = session_.options().collectiveTimeout;
-  session_.backend()->allreduce(t, opts)->wait(opts.timeout);
-  return t[0].cpu().item<int64_t>();
 }
 
 void AutoBatch::runMicro(int64_t step, int64_t micro, bool sync,
@@ -139,11 +130,13 @@ bool AutoBatch::step(int64_t step, const std::function<void(int64_t micro)>& mic
       reducer_.completeAbandonedPass(before, sync);
     }
   }
-  const int64_t failures = allReduce(failed ? 1 : 0, /*max=*/false);
+  const int64_t failures =
+      detail::allReduceInts(session_, {failed ? 1 : 0}, c10d::ReduceOp::SUM)[0];
   if (failures == 0) return true;
 
   const int world = session_.worldSize();
-  const int64_t firstRank = -allReduce(failed ? -session_.rank() : -world, /*max=*/true);
+  const int64_t firstRank = -detail::allReduceInts(session_, {failed ? -session_.rank() : -world},
+                                                   c10d::ReduceOp::MAX)[0];
   {
     torch::NoGradGuard noGrad;
     for (auto& p : module_.parameters()) p.mutable_grad().reset();

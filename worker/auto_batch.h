@@ -81,7 +81,6 @@ class AutoBatch {
  private:
   void runMicro(int64_t step, int64_t micro, bool sync,
                 const std::function<void(int64_t)>& microStep);
-  int64_t allReduce(int64_t value, bool max);
 
   Session& session_;
   DdpReducer& reducer_;

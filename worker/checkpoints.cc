@@ -13,6 +13,7 @@
 
 #include "common/errors.h"
 #include "common/file_io.h"
+#include "worker/collectives.h"
 #include "worker/session.h"
 
 namespace ddpl::worker {
@@ -31,16 +32,6 @@ bool readAt(std::ifstream& in, uint64_t offset, unsigned char* out, size_t n) {
   in.seekg(static_cast<std::streamoff>(offset));
   in.read(reinterpret_cast<char*>(out), static_cast<std::streamsize>(n));
   return static_cast<size_t>(in.gcount()) == n;
-}
-
-int64_t allReduceMax(Session& session, int64_t value) {
-  std::vector<at::Tensor> t{
-      torch::tensor({value}, torch::TensorOptions().dtype(torch::kLong).device(session.device()))};
-  c10d::AllreduceOptions opts;
-  opts.reduceOp = c10d::ReduceOp::MAX;
-  opts.timeout = session.options().collectiveTimeout;
-  session.backend()->allreduce(t, opts)->wait(opts.timeout);
-  return t[0].cpu().item<int64_t>();
 }
 
 std::string reasonText(ResumeReason reason, const Session& session) {
@@ -224,7 +215,8 @@ ResumePoint CheckpointManager::resume(const CheckpointRefs& refs) {
         static_cast<int64_t>(chooseResume(session_.options().restartCount, session_.options().runId,
                                           dir_.storedRunId(), policy_.resume));
   }
-  point.reason = static_cast<ResumeReason>(allReduceMax(session_, decision));
+  point.reason = static_cast<ResumeReason>(
+      detail::allReduceInts(session_, {decision}, c10d::ReduceOp::MAX)[0]);
   point.reasonText = reasonText(point.reason, session_);
 
   if (point.reason == ResumeReason::kFresh) {
@@ -244,7 +236,8 @@ ResumePoint CheckpointManager::resume(const CheckpointRefs& refs) {
 
   // Rule 4: differing answers mean the directory is not one shared directory.
   const int64_t step = point.progress.step;
-  const int64_t most = allReduceMax(session_, step), least = -allReduceMax(session_, -step);
+  const auto extremes = detail::allReduceInts(session_, {step, -step}, c10d::ReduceOp::MAX);
+  const int64_t most = extremes[0], least = -extremes[1];
   if (most != least) {
     throw Error("ranks resume from different steps (" + std::to_string(least) + " to " +
                 std::to_string(most) + "; this rank: " + std::to_string(step) +
