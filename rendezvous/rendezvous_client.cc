@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
@@ -40,6 +41,7 @@ pb::JoinRequest toRequest(const JoinOptions& o) {
   r.set_join_timeout_ms(o.join_timeout.count());
   r.set_last_call_timeout_ms(o.last_call_timeout.count());
   r.set_include_members(o.include_members);
+  r.set_own_place_only(true);
   return r;
 }
 
@@ -51,20 +53,36 @@ RoundAssignment toAssignment(const JoinOptions& o, const pb::JoinResponse& r) {
   a.group_rank = r.group_rank();
   a.group_world_size = r.group_world_size();
   a.world_size = r.world_size();
-  a.local_world_sizes.assign(r.local_world_sizes().begin(), r.local_world_sizes().end());
-  int32_t offset = 0;
-  for (int32_t lws : a.local_world_sizes) {
-    a.rank_offsets.push_back(offset);
-    offset += lws;
+  auto inconsistent = [&](const std::string& what) {
+    return StoreError(fmt::format(
+        "join run '{}': the server's reply is inconsistent ({}: group rank {} of {} nodes, "
+        "rank offset {}, {} local workers, world size {})",
+        o.run_id, what, a.group_rank, a.group_world_size, r.rank_offset(), r.local_world_size(),
+        a.world_size));
+  };
+  if (a.group_world_size <= 0 || a.group_rank < 0 || a.group_rank >= a.group_world_size)
+    throw inconsistent("group rank out of range");
+  if (r.local_world_sizes_size() > 0) {
+    // The whole list (include_members, or a server that predates own_place_only).
+    a.local_world_sizes.assign(r.local_world_sizes().begin(), r.local_world_sizes().end());
+    int64_t offset = 0;
+    for (int32_t lws : a.local_world_sizes) {
+      if (lws <= 0) throw inconsistent("a node with no workers");
+      a.rank_offsets.push_back(static_cast<int32_t>(std::min<int64_t>(offset, INT32_MAX)));
+      offset += lws;
+    }
+    if (static_cast<int64_t>(a.local_world_sizes.size()) != a.group_world_size ||
+        offset != a.world_size)
+      throw inconsistent("the nodes' local world sizes do not add up");
+    a.rank_offset = a.rank_offsets[static_cast<size_t>(a.group_rank)];
+    a.local_world_size = a.local_world_sizes[static_cast<size_t>(a.group_rank)];
+  } else {
+    a.rank_offset = r.rank_offset();
+    a.local_world_size = r.local_world_size();
+    if (a.rank_offset < 0 || a.local_world_size <= 0 ||
+        static_cast<int64_t>(a.rank_offset) + a.local_world_size > a.world_size)
+      throw inconsistent("this node's ranks fall outside the world");
   }
-  if (a.group_rank < 0 || a.group_rank >= static_cast<int32_t>(a.local_world_sizes.size()) ||
-      offset != a.world_size)
-    throw StoreError(
-        fmt::format("join run '{}': the server's reply is inconsistent (group rank "
-                    "{} of {} nodes, world size {} vs {})",
-                    o.run_id, a.group_rank, a.local_world_sizes.size(), a.world_size, offset));
-  a.rank_offset = a.rank_offsets[a.group_rank];
-  a.local_world_size = a.local_world_sizes[a.group_rank];
   a.master_address = r.master_address();
   a.store_prefix = r.store_prefix();
   a.heartbeat_interval = Duration(r.heartbeat_interval_ms());

@@ -38,7 +38,7 @@ struct JoinOptions {
   int32_t max_nodes = 1;
   Duration join_timeout = kDefaultJoinTimeout;
   Duration last_call_timeout = kDefaultLastCallTimeout;
-  bool include_members = false;  // also fetch every node's id and address
+  bool include_members = false;  // also fetch every node's id, address and local world size
 };
 
 struct NodeInfo {
@@ -55,8 +55,10 @@ struct RoundAssignment {
   int32_t world_size = 0;   // all workers of all nodes
   int32_t rank_offset = 0;  // this node's first global rank
   int32_t local_world_size = 0;
-  std::vector<int32_t> local_world_sizes;  // by group rank
-  std::vector<int32_t> rank_offsets;       // by group rank
+  // By group rank, only when JoinOptions::include_members (O(N) per reply: a node needs only
+  // its own place, above).
+  std::vector<int32_t> local_world_sizes;
+  std::vector<int32_t> rank_offsets;
   std::string master_address;              // group rank 0's address
   std::string store_prefix;                // this run's and round's key namespace
   Duration heartbeat_interval{};

@@ -54,6 +54,7 @@ class JoinCall : public grpc::ServerUnaryReactor, public JoinWaiter {
       return;
     }
     include_members_ = req_->include_members();
+    lists_ = include_members_ || !req_->own_place_only();
     Effects fx;
     {
       std::lock_guard<std::mutex> lock(core_->mu);
@@ -76,8 +77,13 @@ class JoinCall : public grpc::ServerUnaryReactor, public JoinWaiter {
     resp_->set_group_rank(o.group_rank);
     resp_->set_group_world_size(static_cast<int32_t>(m.nodes.size()));
     resp_->set_world_size(m.world_size);
-    resp_->mutable_local_world_sizes()->Reserve(static_cast<int>(m.nodes.size()));
-    for (const auto& n : m.nodes) resp_->add_local_world_sizes(n.local_world_size);
+    const auto me = static_cast<size_t>(o.group_rank);
+    resp_->set_rank_offset(m.rank_offsets.at(me));
+    resp_->set_local_world_size(m.nodes.at(me).local_world_size);
+    if (lists_) {
+      resp_->mutable_local_world_sizes()->Reserve(static_cast<int>(m.nodes.size()));
+      for (const auto& n : m.nodes) resp_->add_local_world_sizes(n.local_world_size);
+    }
     resp_->set_master_address(m.nodes.front().address);
     resp_->set_store_prefix(fmt::format("{}/{}/", m.run_id, m.round));
     resp_->set_heartbeat_interval_ms(
@@ -118,6 +124,7 @@ class JoinCall : public grpc::ServerUnaryReactor, public JoinWaiter {
   const pb::JoinRequest* req_;
   pb::JoinResponse* resp_;
   bool include_members_ = false;
+  bool lists_ = true;  // every node's local world size, for clients that want (or predate) it
   JoinTicket ticket_ = 0;  // guarded by core_->mu
   std::atomic<int> refs_{2};
 };

@@ -17,7 +17,7 @@ endif()
 if(TARGET ddpl_rdzv_server)
   ddpl_add_test(NAME rdzv_membership_test
                 SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/integration/rdzv_membership_test.cc
-                LIBS ddpl_rdzv_client ddpl_rdzv_server LABELS integration)
+                LIBS ddpl_rdzv_client ddpl_rdzv_server ddpl_proto LABELS integration)
 endif()
 if(TARGET ddpl_rdzv_server)
   ddpl_add_test(NAME rdzv_fault_test

@@ -2,6 +2,7 @@
 // eviction and the errors a misconfigured node gets.
 #include <fmt/format.h>
 #include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -12,6 +13,7 @@
 #include <thread>
 
 #include "common/errors.h"
+#include "proto/rendezvous.grpc.pb.h"
 #include "rendezvous/rendezvous_client.h"
 #include "rendezvous/server.h"
 
@@ -92,6 +94,55 @@ TEST(MembershipTest, AgentsFormOneRoundWithConsistentRanks) {
   }
   EXPECT_EQ(a[0].rank_offset, 5);
   EXPECT_EQ(a[0].local_world_size, 2);
+}
+
+// Without include_members a reply carries only the node's own place, so it stays O(1) bytes
+// at any N; a client that predates own_place_only still gets every node's world size.
+TEST(MembershipTest, EachNodeGetsItsOwnPlaceWithoutTheWholeList) {
+  RendezvousServer server(ServerOptions{});
+  RendezvousClient client(clientOptions(server));
+  std::vector<std::future<RoundAssignment>> f;
+  int lws[] = {2, 4, 1};
+  const char* ids[] = {"c-node", "a-node", "b-node"};
+  for (int i = 0; i < 3; ++i) {
+    auto j = joinOptions("own", ids[i], 3, 3, lws[i]);
+    f.push_back(std::async(std::launch::async, [&client, j] { return client.join(j); }));
+  }
+  std::vector<RoundAssignment> a;
+  for (auto& x : f) a.push_back(x.get());
+  // a-node: ranks 0-3, b-node: 4, c-node: 5-6.
+  EXPECT_EQ(a[1].rank_offset, 0);
+  EXPECT_EQ(a[1].local_world_size, 4);
+  EXPECT_EQ(a[2].rank_offset, 4);
+  EXPECT_EQ(a[2].local_world_size, 1);
+  EXPECT_EQ(a[0].rank_offset, 5);
+  EXPECT_EQ(a[0].local_world_size, 2);
+  for (auto& x : a) {
+    EXPECT_EQ(x.world_size, 7);
+    EXPECT_EQ(x.group_world_size, 3);
+    EXPECT_TRUE(x.local_world_sizes.empty());
+    EXPECT_TRUE(x.rank_offsets.empty());
+    EXPECT_TRUE(x.members.empty());
+  }
+
+  namespace pb = ::ddpl::rendezvous::v1;
+  auto stub = pb::Rendezvous::NewStub(
+      grpc::CreateChannel(server.endpoint(), grpc::InsecureChannelCredentials()));
+  pb::JoinRequest req;
+  req.set_run_id("legacy");
+  req.set_node_id("n");
+  req.set_local_world_size(3);
+  req.set_min_nodes(1);
+  req.set_max_nodes(1);
+  req.set_join_timeout_ms(10000);
+  pb::JoinResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + seconds(10));
+  ASSERT_TRUE(stub->Join(&ctx, req, &resp).ok());
+  ASSERT_EQ(resp.local_world_sizes_size(), 1);
+  EXPECT_EQ(resp.local_world_sizes(0), 3);
+  EXPECT_EQ(resp.rank_offset(), 0);
+  EXPECT_EQ(resp.local_world_size(), 3);
 }
 
 TEST(MembershipTest, LeavingEndsTheRoundForOthersButNotTheRun) {
