@@ -20,6 +20,8 @@ def main():
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--rounds", type=int, default=200)
     p.add_argument("--value-bytes", type=int, default=128)
+    p.add_argument("--add-only", action="store_true",
+                   help="every operation an add: the round-trip floor (bench/grpc_floor_bench.cc)")
     a = p.parse_args()
     master = dist.TCPStore("127.0.0.1", 0, is_master=True, use_libuv=True,
                            timeout=timedelta(seconds=60), wait_for_workers=False)
@@ -34,6 +36,10 @@ def main():
         s, out = stores[c], lat[c]
         clk = time.perf_counter
         barrier.wait()
+        if a.add_only:
+            for _ in range(a.rounds):
+                t = clk(); s.add("bench/n", 1); out.append(clk() - t)
+            return
         for r in range(a.rounds):
             base = f"bench/r{r}/"
             t = clk(); s.set(base + str(c), value); out.append(clk() - t)

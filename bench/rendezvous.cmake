@@ -4,6 +4,9 @@ if(TARGET ddpl_rdzv_server)
   target_link_libraries(rdzv_store_bench PRIVATE ddpl_rdzv_client ddpl_rdzv_server)
   add_executable(rdzv_scale_bench ${CMAKE_CURRENT_SOURCE_DIR}/rdzv_scale_bench.cc)
   target_link_libraries(rdzv_scale_bench PRIVATE ddpl_rdzv_client ddpl_rdzv_server)
+  # The floor of a gRPC round trip here, with three server designs (docs/bench-rendezvous.md §7).
+  add_executable(grpc_floor_bench ${CMAKE_CURRENT_SOURCE_DIR}/grpc_floor_bench.cc)
+  target_link_libraries(grpc_floor_bench PRIVATE ddpl_proto)
 endif()
 # Process-group bootstrap through c10d with our store and with TCPStore (issue 17). Its log
 # set-up is a library of its own: spdlog's headers and LibTorch's (own fmt) do not mix.

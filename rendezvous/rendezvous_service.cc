@@ -124,7 +124,7 @@ class JoinCall : public grpc::ServerUnaryReactor, public JoinWaiter {
   const pb::JoinRequest* req_;
   pb::JoinResponse* resp_;
   bool include_members_ = false;
-  bool lists_ = true;  // every node's local world size, for clients that want (or predate) it
+  bool lists_ = true;      // every node's local world size, for clients that want (or predate) it
   JoinTicket ticket_ = 0;  // guarded by core_->mu
   std::atomic<int> refs_{2};
 };
