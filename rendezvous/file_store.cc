@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <sys/file.h>
 #include <sys/inotify.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -18,8 +19,13 @@
 namespace ddpl::rdzv {
 namespace {
 
-constexpr char kMagic[] = "DDPLFS1\n";
+constexpr char kMagic[] = "DDPLFS2\n";
+constexpr char kOldMagic[] = "DDPLFS1\n";
 constexpr size_t kMagicLen = sizeof(kMagic) - 1;
+// A frame: u32 length, then records. One frame per write, so that a write is all or nothing.
+// A record: u8 op, u32 key length, u32 value length, key, value.
+constexpr uint8_t kPut = 1, kErase = 2;
+constexpr size_t kRecordHeader = 9;
 
 std::string sysError(const std::string& what, const std::string& path) {
   return fmt::format("file store {}: {}: {}", path, what, std::strerror(errno));
@@ -36,37 +42,110 @@ uint32_t getU32(const std::string& in, size_t pos) {
   return v;
 }
 
+void putRecord(std::string& out, uint8_t op, const std::string& key, const Bytes& value) {
+  if (key.size() > UINT32_MAX || value.size() > UINT32_MAX)
+    throw InvalidArgument(fmt::format("file store: key '{}' or its value is over 4 GiB", key));
+  out.push_back(static_cast<char>(op));
+  putU32(out, static_cast<uint32_t>(key.size()));
+  putU32(out, static_cast<uint32_t>(value.size()));
+  out += key;
+  out.append(reinterpret_cast<const char*>(value.data()), value.size());
+}
 
 }  // namespace
 
 class FileStore::Locked {
  public:
   Locked(FileStore& fs, bool exclusive) : fs_(fs), lock_(fs.mu_) {
-    while (flock(fs_.fd_, exclusive ? LOCK_EX : LOCK_SH) != 0) {
-      if (errno != EINTR) throw StoreError(sysError("flock", fs_.path_));
+    for (;;) {
+      while (flock(fs_.fd_, exclusive ? LOCK_EX : LOCK_SH) != 0) {
+        if (errno != EINTR) throw StoreError(sysError("flock", fs_.path_));
+      }
+      // A compaction renames a new file over the path, so the file this lock is on may no
+      // longer be the store: then reopen the path and lock again.
+      struct stat held {
+      }, named{};
+      if (fstat(fs_.fd_, &held) != 0) throw StoreError(sysError("fstat", fs_.path_));
+      if (stat(fs_.path_.c_str(), &named) == 0) {
+        if (named.st_ino == held.st_ino && named.st_dev == held.st_dev) break;
+      } else if (errno != ENOENT) {
+        throw StoreError(sysError("stat", fs_.path_));
+      }
+      flock(fs_.fd_, LOCK_UN);
+      close(fs_.fd_);
+      fs_.fd_ = -1;
+      fs_.open();
     }
-    load();
+    try {
+      load();
+    } catch (...) {
+      flock(fs_.fd_, LOCK_UN);
+      throw;
+    }
   }
   ~Locked() { flock(fs_.fd_, LOCK_UN); }
 
-  std::map<std::string, Bytes>& data() { return data_; }
+  const std::map<std::string, Bytes>& data() const { return data_; }
 
-  void save() {
-    std::string out(kMagic, kMagicLen);
-    for (const auto& [k, v] : data_) {
-      putU32(out, static_cast<uint32_t>(k.size()));
-      putU32(out, static_cast<uint32_t>(v.size()));
-      out += k;
-      out.append(reinterpret_cast<const char*>(v.data()), v.size());
-    }
-    if (ftruncate(fs_.fd_, 0) != 0) throw StoreError(sysError("truncate", fs_.path_));
-    if (const int e = pwriteAll(fs_.fd_, out.data(), out.size(), 0)) {
+  void put(const std::string& key, const Bytes& value) {
+    putRecord(pending_, kPut, key, value);
+    data_[key] = value;
+  }
+  void erase(const std::string& key) {
+    putRecord(pending_, kErase, key, {});
+    data_.erase(key);
+  }
+
+  // Appends what put and erase recorded, as one frame, after the last complete one.
+  void commit() {
+    if (pending_.empty()) return;
+    if (pending_.size() > UINT32_MAX)
+      throw InvalidArgument(fmt::format("file store {}: one write over 4 GiB", fs_.path_));
+    std::string frame;
+    if (valid_ == 0) frame.assign(kMagic, kMagicLen);
+    putU32(frame, static_cast<uint32_t>(pending_.size()));
+    frame += pending_;
+    // A torn frame from a writer killed mid-write: it never returned, so nothing is lost.
+    if (size_ > valid_ && ftruncate(fs_.fd_, static_cast<off_t>(valid_)) != 0)
+      throw StoreError(sysError("truncate", fs_.path_));
+    if (const int e = pwriteAll(fs_.fd_, frame.data(), frame.size(), static_cast<off_t>(valid_))) {
       errno = e;
-      throw StoreError(sysError("write", fs_.path_));
+      const std::string msg = sysError("write", fs_.path_);
+      // Leave no torn frame behind for readers to skip: cut what this write put there.
+      if (ftruncate(fs_.fd_, static_cast<off_t>(valid_)) != 0) {
+      }
+      throw StoreError(msg);
     }
+    valid_ += frame.size();
+    size_ = valid_;
+    pending_.clear();
+    if (static_cast<int64_t>(valid_) >= fs_.options_.compact_bytes && valid_ > 2 * liveBytes())
+      compact();
   }
 
  private:
+  size_t liveBytes() const {
+    size_t n = kMagicLen + 4;
+    for (const auto& [k, v] : data_) n += kRecordHeader + k.size() + v.size();
+    return n;
+  }
+
+  // The live contents as a new file renamed over the path. Processes see the old log or the
+  // new one, whole. A failure (a full disk) only leaves the log long: the write succeeded.
+  void compact() {
+    std::string out(kMagic, kMagicLen), records;
+    for (const auto& [k, v] : data_) putRecord(records, kPut, k, v);
+    putU32(out, static_cast<uint32_t>(records.size()));
+    out += records;
+    AtomicWriteOptions o;
+    o.mode = 0600;
+    o.durable = false;  // bootstrap state: a process crash must not tear it, a reboot ends it
+    try {
+      writeFileAtomically(fs_.path_, out, o);
+    } catch (const Error&) {
+    }
+  }
+
   void load() {
     std::string in;
     char buf[65536];
@@ -79,32 +158,63 @@ class FileStore::Locked {
       in.append(buf, static_cast<size_t>(n));
       off += n;
     }
-    if (in.empty()) return;  // a new store
+    size_ = in.size();
+    if (in.size() < kMagicLen) {
+      // A new store, or one whose first write was torn.
+      if (!in.empty() && std::string(kMagic, in.size()) != in)
+        throw StoreError(fmt::format("file store {}: not a ddplaunch store file", fs_.path_));
+      return;
+    }
+    if (in.compare(0, kMagicLen, kOldMagic) == 0)
+      throw StoreError(fmt::format(
+          "file store {}: written by an older ddplaunch (format 1); remove the file", fs_.path_));
     if (in.compare(0, kMagicLen, kMagic) != 0)
       throw StoreError(fmt::format("file store {}: not a ddplaunch store file", fs_.path_));
     size_t pos = kMagicLen;
-    while (pos < in.size()) {
-      if (in.size() - pos < 8)
-        throw StoreError(fmt::format("file store {}: truncated at byte {}", fs_.path_, pos));
-      uint32_t kl = getU32(in, pos), vl = getU32(in, pos + 4);
-      pos += 8;
-      if (in.size() - pos < static_cast<size_t>(kl) + vl)
-        throw StoreError(fmt::format("file store {}: truncated at byte {}", fs_.path_, pos));
-      std::string key = in.substr(pos, kl);
-      pos += kl;
-      data_[key] = Bytes(in.begin() + static_cast<std::ptrdiff_t>(pos),
-                         in.begin() + static_cast<std::ptrdiff_t>(pos + vl));
-      pos += vl;
+    valid_ = pos;
+    auto corrupt = [&](size_t at) {
+      return StoreError(fmt::format("file store {}: corrupt record at byte {}", fs_.path_, at));
+    };
+    while (in.size() - pos >= 4) {
+      const size_t len = getU32(in, pos);
+      if (in.size() - pos - 4 < len) break;  // torn: its writer died mid-write
+      const size_t end = pos + 4 + len;
+      size_t r = pos + 4;
+      while (r < end) {
+        if (end - r < kRecordHeader) throw corrupt(r);
+        const auto op = static_cast<uint8_t>(in[r]);
+        const size_t kl = getU32(in, r + 1), vl = getU32(in, r + 5);
+        if (end - r - kRecordHeader < kl || end - r - kRecordHeader - kl < vl) throw corrupt(r);
+        std::string key = in.substr(r + kRecordHeader, kl);
+        const auto v = in.begin() + static_cast<std::ptrdiff_t>(r + kRecordHeader + kl);
+        if (op == kPut)
+          data_[key] = Bytes(v, v + static_cast<std::ptrdiff_t>(vl));
+        else if (op == kErase)
+          data_.erase(key);
+        else
+          throw corrupt(r);
+        r += kRecordHeader + kl + vl;
+      }
+      pos = end;
+      valid_ = pos;
     }
   }
 
   FileStore& fs_;
   std::lock_guard<std::mutex> lock_;
   std::map<std::string, Bytes> data_;
+  std::string pending_;  // records of this write, not yet in the file
+  size_t valid_ = 0;     // end of the last complete frame (0: nothing, not even the magic)
+  size_t size_ = 0;      // the file's length as read
 };
 
-FileStore::FileStore(std::string path) : path_(std::move(path)) {
-  fd_ = open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+FileStore::FileStore(std::string path, FileStoreOptions options)
+    : path_(std::move(path)), options_(options) {
+  open();
+}
+
+void FileStore::open() {
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (fd_ < 0) throw StoreError(sysError("open", path_));
 }
 
@@ -114,16 +224,16 @@ FileStore::~FileStore() {
 
 void FileStore::set(const std::string& key, const Bytes& value) {
   Locked l(*this, true);
-  l.data()[key] = value;
-  l.save();
+  l.put(key, value);
+  l.commit();
 }
 
 int64_t FileStore::add(const std::string& key, int64_t delta) {
   Locked l(*this, true);
   auto it = l.data().find(key);
   int64_t v = addCounter(key, it == l.data().end() ? 0 : parseCounter(key, it->second), delta);
-  l.data()[key] = toBytes(std::to_string(v));
-  l.save();
+  l.put(key, toBytes(std::to_string(v)));
+  l.commit();
   return v;
 }
 
@@ -132,13 +242,11 @@ Bytes FileStore::compareSet(const std::string& key, const Bytes& expected, const
   auto it = l.data().find(key);
   if (it == l.data().end()) {
     if (!expected.empty()) return expected;
-    l.data()[key] = desired;
-    l.save();
-    return desired;
+  } else if (it->second != expected) {
+    return it->second;
   }
-  if (it->second != expected) return it->second;
-  it->second = desired;
-  l.save();
+  l.put(key, desired);
+  l.commit();
   return desired;
 }
 
@@ -151,8 +259,11 @@ bool FileStore::check(const std::vector<std::string>& keys) {
 
 bool FileStore::deleteKey(const std::string& key) {
   Locked l(*this, true);
-  bool existed = l.data().erase(key) > 0;
-  if (existed) l.save();
+  bool existed = l.data().count(key) > 0;
+  if (existed) {
+    l.erase(key);
+    l.commit();
+  }
   return existed;
 }
 
@@ -166,8 +277,8 @@ void FileStore::multiSet(const std::vector<std::string>& keys, const std::vector
     throw InvalidArgument(
         fmt::format("multiSet: {} keys but {} values", keys.size(), values.size()));
   Locked l(*this, true);
-  for (size_t i = 0; i < keys.size(); ++i) l.data()[keys[i]] = values[i];
-  l.save();
+  for (size_t i = 0; i < keys.size(); ++i) l.put(keys[i], values[i]);
+  l.commit();
 }
 
 std::vector<Bytes> FileStore::waitFor(const std::vector<std::string>& keys, Duration timeout,
@@ -180,10 +291,16 @@ std::vector<Bytes> FileStore::waitFor(const std::vector<std::string>& keys, Dura
     int fd;
     ~Closer() { close(fd); }
   } closer{ino};
-  if (inotify_add_watch(ino, path_.c_str(), IN_MODIFY | IN_CLOSE_WRITE | IN_ATTRIB) < 0)
-    throw StoreError(sysError("inotify_add_watch", path_));
   auto deadline = Clock::now() + timeout;
   for (;;) {
+    // Again on every pass: after a compaction the path names a new file, and a watch follows
+    // the file it was added on (the old one's rename-over wakes us: IN_ATTRIB).
+    if (inotify_add_watch(ino, path_.c_str(),
+                          IN_MODIFY | IN_CLOSE_WRITE | IN_ATTRIB | IN_DELETE_SELF) < 0) {
+      if (errno != ENOENT) throw StoreError(sysError("inotify_add_watch", path_));
+      Locked recreate(*this, false);  // removed under us: the path is the store, open it anew
+      continue;
+    }
     std::vector<std::string> missing;
     {
       Locked l(*this, false);

@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <limits>
@@ -138,7 +140,8 @@ TEST_P(StoreConformance, SetGetRoundTripsOpaqueBytes) {
 
 TEST_P(StoreConformance, GetBlocksUntilAnotherThreadSets) {
   std::atomic<bool> about_to_block{false};
-  std::thread setter = setWhenBlocked(about_to_block, [&] { store_->set("late", toBytes("here")); });
+  std::thread setter =
+      setWhenBlocked(about_to_block, [&] { store_->set("late", toBytes("here")); });
   about_to_block = true;
   EXPECT_EQ(toString(store_->get("late", seconds(20))), "here");
   setter.join();
@@ -275,16 +278,23 @@ INSTANTIATE_TEST_SUITE_P(AllStores, StoreConformance, ::testing::ValuesIn(backen
                          });
 
 // The file store's point: processes that share nothing but a path.
-TEST(FileStoreTest, ProcessesShareOneFile) {
+// Run twice: with the default compaction threshold, and compacting on nearly every write, so
+// that the two processes keep finding the file renamed under their locks.
+class FileStoreSharing : public ::testing::TestWithParam<int64_t> {};
+INSTANTIATE_TEST_SUITE_P(Compaction, FileStoreSharing, ::testing::Values(1 << 20, 64));
+
+TEST_P(FileStoreSharing, ProcessesShareOneFile) {
   auto path = tempPath("fork");
+  FileStoreOptions fo;
+  fo.compact_bytes = GetParam();
   {
-    FileStore parent(path);
+    FileStore parent(path, fo);
     pid_t pid = fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
       int code = 0;
       try {
-        FileStore child(path);
+        FileStore child(path, fo);
         child.wait({"from_parent"}, seconds(20));
         for (int i = 0; i < 200; ++i) child.add("count", 1);
         child.set("from_child", toBytes("hi"));
@@ -300,8 +310,111 @@ TEST(FileStoreTest, ProcessesShareOneFile) {
     waitpid(pid, &status, 0);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     EXPECT_EQ(parent.add("count", 0), 400) << "flock must make add atomic across processes";
+    EXPECT_EQ(parent.numKeys(), 3);
+  }
+  // 400 adds and two sets appended some 12 KB of log; compaction keeps it near the live size.
+  if (GetParam() < 1024) EXPECT_LT(std::filesystem::file_size(path), 1024u);
+  std::filesystem::remove(path);
+}
+
+std::string readFile(const std::string& path) {
+  std::string out;
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
+  std::fclose(f);
+  return out;
+}
+
+// What a writer killed in the middle of a write leaves: the start of a frame.
+TEST(FileStoreTest, ATornLastWriteIsIgnoredAndCutByTheNextWrite) {
+  auto path = tempPath("torn");
+  {
+    FileStore fs(path);
+    fs.set("a", toBytes("1"));
+    fs.set("b", toBytes("2"));
+  }
+  const auto whole = readFile(path).size();
+  {
+    std::FILE* f = std::fopen(path.c_str(), "ab");
+    const unsigned char torn[] = {100, 0, 0, 0, 1, 1, 0, 0, 0, 50, 0, 0, 0, 'c'};
+    std::fwrite(torn, 1, sizeof(torn), f);
+    std::fclose(f);
+  }
+  FileStore fs(path);
+  EXPECT_EQ(fs.numKeys(), 2);
+  EXPECT_EQ(toString(fs.get("b", seconds(1))), "2");
+  EXPECT_FALSE(fs.check({"c"}));
+  fs.set("c", toBytes("3"));
+  const auto after = readFile(path).size();
+  EXPECT_EQ(after, whole + 4 + 9 + 2) << "the torn bytes were cut before the new frame";
+  FileStore other(path);
+  EXPECT_EQ(toString(other.get("c", seconds(1))), "3");
+  EXPECT_EQ(other.numKeys(), 3);
+  std::filesystem::remove(path);
+}
+
+// SIGKILL a process at random points while it writes large values (and compacts): every
+// write it reported done is still there, and the file always loads.
+TEST(FileStoreTest, AWriterKilledMidWriteLosesNothingItReported) {
+  auto path = tempPath("killed");
+  FileStoreOptions fo;
+  fo.compact_bytes = 4 << 20;
+  {
+    FileStore fs(path, fo);
+    fs.set("sentinel", toBytes("kept"));
+  }
+  for (int round = 0; round < 8; ++round) {
+    int fds[2];
+    ASSERT_EQ(pipe(fds), 0);
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      close(fds[0]);
+      try {
+        FileStore child(path, fo);
+        Bytes value(512 * 1024, static_cast<uint8_t>(round));
+        for (uint32_t i = 0;; ++i) {
+          std::memcpy(value.data(), &i, sizeof(i));
+          child.set(fmt::format("big{}", i % 4), value);
+          if (write(fds[1], &i, sizeof(i)) != sizeof(i)) _exit(1);
+        }
+      } catch (...) {
+        _exit(2);
+      }
+    }
+    close(fds[1]);
+    std::this_thread::sleep_for(milliseconds(20 + 37 * round));
+    kill(pid, SIGKILL);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "the writer failed on its own: " << status;
+    uint32_t i = 0, last = 0;
+    bool any = false;
+    while (read(fds[0], &i, sizeof(i)) == sizeof(i)) {
+      last = i;
+      any = true;
+    }
+    close(fds[0]);
+    FileStore fs(path, fo);
+    EXPECT_EQ(toString(fs.get("sentinel", seconds(1))), "kept") << "round " << round;
+    if (any) {
+      Bytes v = fs.get(fmt::format("big{}", last % 4), seconds(1));
+      ASSERT_EQ(v.size(), 512u * 1024);
+      uint32_t seen = 0;
+      std::memcpy(&seen, v.data(), sizeof(seen));
+      EXPECT_GE(seen, last) << "a write reported done was lost (round " << round << ")";
+      EXPECT_EQ(seen % 4, last % 4);
+    }
   }
   std::filesystem::remove(path);
+  // A writer killed mid-compaction leaves its temporary ("<path>.tmp.<pid>").
+  const std::string stale = std::filesystem::path(path).filename().string() + ".tmp.";
+  for (const auto& e :
+       std::filesystem::directory_iterator(std::filesystem::path(path).parent_path()))
+    if (e.path().filename().string().rfind(stale, 0) == 0) std::filesystem::remove(e.path());
 }
 
 TEST(FileStoreTest, CorruptFileIsAStoreErrorNamingThePath) {
