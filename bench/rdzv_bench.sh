@@ -15,12 +15,12 @@ PY="${DDPL_PYTHON:-.venv/bin/python}"
 ROUNDS="${ROUNDS:-200}"
 REPEAT="${REPEAT:-3}"
 BIN="$BUILD_DIR/bin"
-want="rdzv_store_bench rdzv_scale_bench"
+want="rdzv_store_bench rdzv_scale_bench grpc_floor_bench"
 grep -q '^DDPL_WITH_TORCH:BOOL=ON' "$BUILD_DIR/CMakeCache.txt" 2>/dev/null && want+=" rdzv_bootstrap_bench"
 missing=""
 for b in $want; do [ -x "$BIN/$b" ] || missing+=" $b"; done
 [ -z "$missing" ] || cmake --build "$BUILD_DIR" --target $missing
-for b in rdzv_store_bench rdzv_scale_bench; do
+for b in rdzv_store_bench rdzv_scale_bench grpc_floor_bench; do
   [ -x "$BIN/$b" ] || { echo "missing $BIN/$b: build with -DDDPL_BUILD_BENCH=ON" >&2; exit 1; }
 done
 bt=$(sed -n 's/^CMAKE_BUILD_TYPE:STRING=//p' "$BUILD_DIR/CMakeCache.txt" 2>/dev/null || true)
@@ -53,6 +53,34 @@ for c in 1 16 64; do
   printf '%-8s %12s %12s %8s %10s %10s %10s %10s\n' "$c" "$gt" "$tt" \
     "$(awk -v a="$gt" -v b="$tt" 'BEGIN { printf "%.2f", a / b }')" \
     "$(field p50_us "$g")" "$(field p50_us "$t")" "$(field p99_us "$g")" "$(field p99_us "$t")"
+done
+
+# What any gRPC store could reach here: a Session stream whose server answers at once, against
+# TCPStore's add (docs/bench-rendezvous.md §7). One op at a time per client.
+echo "== gRPC round-trip floor (no store behind it) vs TCPStore add, median of $REPEAT"
+printf '%-8s %-9s %-7s %12s %12s %8s %10s %10s\n' clients server conn grpc_ops/s tcp_add_ops/s \
+  ratio grpc_p50us tcp_p50us
+for c in 1 16 64; do
+  ops=$((20000 / c))
+  ts=""
+  for _ in $(seq "$REPEAT"); do
+    ts+=$("$PY" bench/rdzv_tcpstore_bench.py --clients "$c" --rounds "$ops" --add-only |
+      grep impl=) || { echo "TCPStore --add-only failed at $c clients" >&2; exit 1; }
+    ts+=$'\n'
+  done
+  t=$(median <<<"$ts"); tt=$(field ops_per_s "$t")
+  for mode in callback:shared sync:shared async:shared; do
+    gs=""
+    for _ in $(seq "$REPEAT"); do
+      gs+=$("$BIN/grpc_floor_bench" --server "${mode%%:*}" --connection "${mode##*:}" \
+        --clients "$c" --ops "$ops") || { echo "grpc_floor_bench failed: $mode, $c clients" >&2; exit 1; }
+      gs+=$'\n'
+    done
+    g=$(median <<<"$gs"); gt=$(field ops_per_s "$g")
+    printf '%-8s %-9s %-7s %12s %12s %8s %10s %10s\n' "$c" "${mode%%:*}" "${mode##*:}" "$gt" "$tt" \
+      "$(awk -v a="$gt" -v b="$tt" 'BEGIN { printf "%.2f", a / b }')" \
+      "$(field p50_us "$g")" "$(field p50_us "$t")"
+  done
 done
 
 # Process-group bootstrap through c10d (needs the LibTorch build: `make bench`'s build has it).
