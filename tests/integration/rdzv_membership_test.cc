@@ -64,19 +64,27 @@ struct ChangeLatch {
   }
 };
 
-TEST(MembershipTest, AgentsFormOneRoundWithConsistentRanks) {
-  RendezvousServer server(ServerOptions{});
-  RendezvousClient client(clientOptions(server));
+// c-node (2 workers), a-node (4) and b-node (1) join one round of `run` at once; their
+// assignments in that order.
+std::vector<RoundAssignment> joinThree(RendezvousClient& client, const std::string& run,
+                                       bool include_members) {
   std::vector<std::future<RoundAssignment>> f;
   int lws[] = {2, 4, 1};
   const char* ids[] = {"c-node", "a-node", "b-node"};
   for (int i = 0; i < 3; ++i) {
-    auto j = joinOptions("job", ids[i], 3, 3, lws[i]);
-    j.include_members = true;
+    auto j = joinOptions(run, ids[i], 3, 3, lws[i]);
+    j.include_members = include_members;
     f.push_back(std::async(std::launch::async, [&client, j] { return client.join(j); }));
   }
   std::vector<RoundAssignment> a;
   for (auto& x : f) a.push_back(x.get());
+  return a;
+}
+
+TEST(MembershipTest, AgentsFormOneRoundWithConsistentRanks) {
+  RendezvousServer server(ServerOptions{});
+  RendezvousClient client(clientOptions(server));
+  auto a = joinThree(client, "job", /*include_members=*/true);
   // Ranks follow sorted node ids: a-node (4 workers), b-node (1), c-node (2).
   EXPECT_EQ(a[1].group_rank, 0);
   EXPECT_EQ(a[2].group_rank, 1);
@@ -101,15 +109,7 @@ TEST(MembershipTest, AgentsFormOneRoundWithConsistentRanks) {
 TEST(MembershipTest, EachNodeGetsItsOwnPlaceWithoutTheWholeList) {
   RendezvousServer server(ServerOptions{});
   RendezvousClient client(clientOptions(server));
-  std::vector<std::future<RoundAssignment>> f;
-  int lws[] = {2, 4, 1};
-  const char* ids[] = {"c-node", "a-node", "b-node"};
-  for (int i = 0; i < 3; ++i) {
-    auto j = joinOptions("own", ids[i], 3, 3, lws[i]);
-    f.push_back(std::async(std::launch::async, [&client, j] { return client.join(j); }));
-  }
-  std::vector<RoundAssignment> a;
-  for (auto& x : f) a.push_back(x.get());
+  auto a = joinThree(client, "own", /*include_members=*/false);
   // a-node: ranks 0-3, b-node: 4, c-node: 5-6.
   EXPECT_EQ(a[1].rank_offset, 0);
   EXPECT_EQ(a[1].local_world_size, 4);
