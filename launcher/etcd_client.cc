@@ -235,7 +235,9 @@ EtcdClient::EtcdClient(EtcdOptions options) : options_(std::move(options)), impl
   req.set_key("/");
   req.set_count_only(true);
   pb::RangeResponse resp;
-  auto check = [&](Endpoint& ep, grpc::ClientContext& ctx) { return ep.kv->Range(&ctx, req, &resp); };
+  auto check = [&](Endpoint& ep, grpc::ClientContext& ctx) {
+    return ep.kv->Range(&ctx, req, &resp);
+  };
   try {
     impl_->invoke("connect (Range)", options_.connect_timeout, check);
   } catch (const NetworkError& e) {
@@ -600,7 +602,7 @@ class LeaseStream
   std::shared_ptr<KeeperSignal> signal_;
   std::string endpoint_;
   grpc::ClientContext ctx_;
-  pb::LeaseKeepAliveRequest req_;   // the write in flight's
+  pb::LeaseKeepAliveRequest req_;    // the write in flight's
   pb::LeaseKeepAliveResponse resp_;  // the read in flight's
   std::mutex mu_;                    // guards what follows; never held while calling into gRPC
   bool broken_ = false, writing_ = false, hold_released_ = false, done_ = false;
@@ -666,10 +668,10 @@ class LeaseKeeperImpl : public EtcdLeaseKeeper {
     std::shared_ptr<LeaseStream> stream;
     size_t ep = impl_->current.load();
     const size_t n = impl_->eps.size();
-    milliseconds backoff{100};     // between reopenings of streams that broke, up to 1 s
-    Clock::time_point reopen_at;   // no stream opened before it
-    bool due = false;              // a keep-alive is due and not answered yet
-    bool warned = false;           // that the lease may have expired, once per outage
+    milliseconds backoff{100};    // between reopenings of streams that broke, up to 1 s
+    Clock::time_point reopen_at;  // no stream opened before it
+    bool due = false;             // a keep-alive is due and not answered yet
+    bool warned = false;          // that the lease may have expired, once per outage
     std::string last_error = "no answer yet";
     bool stopped = false;
     while (!stopped) {
@@ -677,13 +679,15 @@ class LeaseKeeperImpl : public EtcdLeaseKeeper {
       // When something is next to do: send, give up a silent stream, reopen one, warn.
       Clock::time_point wake = due ? now + std::chrono::seconds(1) : l.send_at;
       if (due && stream) {
-        if (auto oldest = stream->oldestUnanswered()) wake = std::min(wake, *oldest + stuckAfter(l));
+        if (auto oldest = stream->oldestUnanswered())
+          wake = std::min(wake, *oldest + stuckAfter(l));
       }
       if (due && !stream) wake = std::min(wake, reopen_at);
       if (!warned) wake = std::min(wake, l.alive_until);
       {
         std::unique_lock<std::mutex> lock(signal->mu);
-        signal->cv.wait_until(lock, std::max(wake, now), [&] { return signal->stop || signal->poked; });
+        signal->cv.wait_until(lock, std::max(wake, now),
+                              [&] { return signal->stop || signal->poked; });
         if (signal->stop) break;
         signal->poked = false;
         if (changed_) {
@@ -739,8 +743,9 @@ class LeaseKeeperImpl : public EtcdLeaseKeeper {
       if (due && stream) {
         auto oldest = stream->oldestUnanswered();
         if (oldest && now - *oldest >= stuckAfter(l)) {
-          last_error = fmt::format("{}: no answer for {}", impl_->eps[ep % n].name,
-                                   describe(std::chrono::duration_cast<milliseconds>(now - *oldest)));
+          last_error =
+              fmt::format("{}: no answer for {}", impl_->eps[ep % n].name,
+                          describe(std::chrono::duration_cast<milliseconds>(now - *oldest)));
           log::debug("etcd keep-alive: {}; moving on to the next endpoint", last_error);
           stream->cancel();
           stream.reset();
@@ -754,9 +759,10 @@ class LeaseKeeperImpl : public EtcdLeaseKeeper {
       if (due && stream && !stream->oldestUnanswered()) stream->send(l.id);
       if (!warned && now >= l.alive_until) {
         warned = true;
-        log::warn("etcd keep-alive: lease {:x} not renewed within its TTL of {}s (last: {}); it "
-                  "may have expired, still trying",
-                  l.id, l.ttl.count(), last_error);
+        log::warn(
+            "etcd keep-alive: lease {:x} not renewed within its TTL of {}s (last: {}); it "
+            "may have expired, still trying",
+            l.id, l.ttl.count(), last_error);
       }
     }
     if (stream) stream->cancel();
@@ -924,7 +930,7 @@ class WatchImpl : public EtcdWatch {
 }  // namespace
 
 std::unique_ptr<EtcdLeaseKeeper> EtcdClient::keepAlive(int64_t id, std::chrono::seconds ttl,
-                                                      std::function<int64_t(int64_t)> expired) {
+                                                       std::function<int64_t(int64_t)> expired) {
   return std::make_unique<LeaseKeeperImpl>(impl_.get(), id, ttl, std::move(expired));
 }
 

@@ -561,8 +561,8 @@ class EtcdRendezvous : public MultiNodeRendezvous {
       }
       // Woken when the state changes (the round completes), the counting node goes, or this
       // node's place does (the wait is not cut into slices that would notice it otherwise).
-      waitOrTimeout(deadline, {{key("state"), ""}, {first.kvs.front().key, ""}, {place_, ""}},
-                    rev, s);
+      waitOrTimeout(deadline, {{key("state"), ""}, {first.kvs.front().key, ""}, {place_, ""}}, rev,
+                    s);
     }
   }
 

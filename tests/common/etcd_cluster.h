@@ -134,7 +134,8 @@ class EtcdCluster {
       std::string req = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
       if (::send(fd, req.data(), req.size(), 0) == static_cast<ssize_t>(req.size())) {
         char buf[65536];
-        for (ssize_t n; (n = recv(fd, buf, sizeof buf, 0)) > 0;) text.append(buf, static_cast<size_t>(n));
+        for (ssize_t n; (n = recv(fd, buf, sizeof buf, 0)) > 0;)
+          text.append(buf, static_cast<size_t>(n));
       }
     }
     close(fd);
