@@ -370,6 +370,11 @@ struct Agent::Impl {
     uint64_t expirations;
     ssize_t ignored = read(strayfd, &expirations, sizeof(expirations));
     (void)ignored;
+    // Strays descend from workers: none before the first group starts. The scan reads every
+    // process's /proc stat; 1024 agents waiting on one machine for their rendezvous each did
+    // it every second, and with some 2,000 processes that took most of both cores (issue 14's
+    // 1024-agent benchmark: 58% system time, load 100, etcd starved).
+    if (workers.empty()) return;
     for (pid_t p : strayChildren()) {
       if (!known_strays.insert(p).second) continue;
       if (auto start = processStartTime(p)) watchdog.watchStray(p, start);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -89,6 +90,32 @@ class EtcdWatch {
   virtual ~EtcdWatch() = default;  // stops the watch; no callback runs after it returns
 };
 
+// One lease kept alive over one long-lived LeaseKeepAlive stream, as etcd's own clients do (see
+// EtcdClient::keepAlive).
+class EtcdLeaseKeeper {
+ public:
+  // Cancels the stream and stops the keeper's thread (at once: nothing in it waits on etcd);
+  // no callback runs after it returns. Destroy it before its client.
+  virtual ~EtcdLeaseKeeper() = default;
+  // From now on keeps lease `id` (granted just now with `ttl`) instead: a fresh lease after
+  // the last one expired. Any thread but the `expired` callback's (which returns it instead).
+  virtual void keep(int64_t id, std::chrono::seconds ttl) = 0;
+};
+
+// Lets another thread end a client's waits at once (an agent shutting down).
+class EtcdCancel {
+ public:
+  // The wait in flight and every later one given this EtcdCancel return at once (false).
+  void cancel();
+  bool cancelled();
+
+ private:
+  friend class EtcdClient;
+  std::mutex mu_;
+  bool cancelled_ = false;
+  std::function<void()> abort_;  // ends the wait in flight, if any
+};
+
 class EtcdClient {
  public:
   // Checks that an endpoint answers (and authenticates) within connect_timeout. Throws
@@ -114,8 +141,22 @@ class EtcdClient {
   // Returns the lease's id; etcd may raise a TTL below its minimum.
   int64_t grantLease(std::chrono::seconds ttl);
   void revokeLease(int64_t id);
-  // One keep-alive of the lease; returns its remaining TTL in seconds, 0 when it has expired.
+  // One keep-alive of the lease on a stream of its own; returns its remaining TTL in seconds,
+  // 0 when it has expired.
   int64_t keepAliveOnce(int64_t id);
+  // Keeps lease `id` (granted just now with `ttl`) alive from a thread of its own, over one
+  // LeaseKeepAlive stream for as long as it works: a keep-alive every TTL/3 after etcd's last
+  // answer (answers come in order on a stream: each tells when etcd renewed the lease). A
+  // stream that breaks is reopened at once on the next endpoint (backing off to 1 s between
+  // tries) and the keep-alive sent again; one that stops answering while the lease may still
+  // be alive is given up for the next endpoint after 2 s when there are several, after a
+  // TTL when there is one (a live stream delivers in order: re-sending on it, or on a new
+  // stream to the same member, gets no earlier answer). `expired` runs on the keeper's thread
+  // when etcd answers that the lease no longer exists, and returns the lease to keep from
+  // then on (granted with the same TTL; the same id or 0: none yet, etcd is asked again in a
+  // second).
+  std::unique_ptr<EtcdLeaseKeeper> keepAlive(int64_t id, std::chrono::seconds ttl,
+                                             std::function<int64_t(int64_t id)> expired);
 
   // Events on [key, range_end) from `start_revision` on, delivered in order on a thread of the
   // watch's own. A broken stream resumes on any endpoint from the revision after the last
@@ -133,11 +174,13 @@ class EtcdClient {
 
   // Blocks until an event on [key, range_end) at or after `start_revision`, or `timeout`.
   // Returns false on timeout. Throws NetworkError when no endpoint serves the watch.
+  // With `cancel`: returns false at once when it is cancelled, before or during the wait.
   bool waitForEvent(const std::string& key, const std::string& range_end, int64_t start_revision,
-                    std::chrono::milliseconds timeout);
+                    std::chrono::milliseconds timeout, EtcdCancel* cancel = nullptr);
   // The same on several ranges at once (one stream): returns at the first event on any.
   bool waitForEvent(const std::vector<std::pair<std::string, std::string>>& ranges,
-                    int64_t start_revision, std::chrono::milliseconds timeout);
+                    int64_t start_revision, std::chrono::milliseconds timeout,
+                    EtcdCancel* cancel = nullptr);
 
   std::string endpoints() const;  // "a:2379, b:2379"
   const EtcdOptions& options() const { return options_; }

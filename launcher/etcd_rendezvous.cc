@@ -129,9 +129,6 @@ NodeEntry decodeJoin(const std::string& key, const std::string& id, const std::s
   }
 }
 
-// The longest a joiner waits without looking at whether the launcher is shutting down.
-constexpr milliseconds kJoinWaitSlice{std::chrono::seconds(5)};
-
 std::string seconds(milliseconds d) { return fmt::format("{:.0f}s", d.count() / 1000.0); }
 
 bool isLoopback(const std::string& host) {
@@ -190,7 +187,8 @@ class EtcdJobKv : public JobKv {
 
 // Threads, on top of multi_node_rendezvous.h's contract:
 // - the joiner thread runs joinOnce(): etcd calls (each bounded by the call timeout) and
-//   watches in slices of at most kJoinWaitSlice, up to the join timeout; it alone touches
+//   watches (one stream per wait, ended at once by join_cancel_ when the agent stops), up
+//   to the join timeout; it alone touches
 //   place_*, until `done` ran (the agent's loop then uses them in recordFailure()/finish());
 // - the keep-alive thread renews the lease every TTL/3 and, when the lease expired anyway,
 //   ends the round (RoundEnded runs there);
@@ -217,7 +215,7 @@ class EtcdRendezvous : public MultiNodeRendezvous {
       address_ = routeAddressTo(hp.host, hp.port);
     }
     lease_ = etcd_->grantLease(lease_ttl_);
-    keeper_ = std::thread([this] { keepAliveLoop(); });
+    keeper_ = etcd_->keepAlive(lease_, lease_ttl_, [this](int64_t id) { return leaseExpired(id); });
     log::info("rendezvous in etcd at {} under '{}', node '{}' at {}, {}:{} nodes, lease TTL {}s",
               etcd_->endpoints(), p_, c_.node_id, address_, c_.min_nodes, c_.max_nodes,
               lease_ttl_.count());
@@ -229,9 +227,10 @@ class EtcdRendezvous : public MultiNodeRendezvous {
       stop_ = true;
     }
     cv_.notify_all();
+    join_cancel_.cancel();
     stopThreads();
     watch_.reset();
-    if (keeper_.joinable()) keeper_.join();
+    keeper_.reset();
   }
 
   bool roundStillCurrent() override {
@@ -307,8 +306,9 @@ class EtcdRendezvous : public MultiNodeRendezvous {
 
   bool finish(bool success) override {
     finishing_ = true;  // members leaving after the job is done end nothing; a join gives up
-    stopHealth();       // nothing is published for a node on its way out
-    waitForJoiner();    // place_ is the joiner's until then
+    join_cancel_.cancel();  // at once, if it is waiting
+    stopHealth();           // nothing is published for a node on its way out
+    waitForJoiner();        // place_ is the joiner's until then
     bool job_ok = true;
     if (success && current_) {
       try {
@@ -411,7 +411,7 @@ class EtcdRendezvous : public MultiNodeRendezvous {
       // The lease expired (the agent was stopped past its TTL) and the keep-alive thread has
       // not replaced it yet: replace it here, and try again.
       if (std::string(e.what()).find("lease not found") == std::string::npos) throw;
-      renewLease(l);
+      keeper_->keep(renewLease(l), lease_ttl_);
       return false;
     }
     if (!r.succeeded) return false;
@@ -435,7 +435,33 @@ class EtcdRendezvous : public MultiNodeRendezvous {
     place_round_ = -1;
   }
 
+  // An etcd call that got no answer within the call timeout does not end the join: while
+  // the join timeout allows, the joiner reads the state again and carries on, after a pause
+  // drawn at random so that joiners do not come back together. 1024 agents starting at once
+  // beside one etcd member on 2 cores had reads unanswered for 30 s, and every agent that
+  // gave up made the whole job fail (issue 14). A round that formed is not retried here.
   std::optional<WorldAssignment> joinOnce() override {
+    auto deadline = Clock::now() + c_.join_timeout;
+    std::mt19937_64 rng(std::hash<std::string>{}(c_.node_id) ^
+                        Clock::now().time_since_epoch().count());
+    for (int tries = 1;; ++tries) {
+      try {
+        assigning_ = false;
+        return joinUntil(deadline, rng);
+      } catch (const NetworkError& e) {
+        if (assigning_ || Clock::now() >= deadline) throw;
+        checkStop();
+        log::warn("joining: {} (try {}; trying again, within the join timeout of {})", e.what(),
+                  tries, seconds(c_.join_timeout));
+        auto pause = milliseconds(std::uniform_int_distribution<int>(1000, 3000)(rng));
+        for (auto until = Clock::now() + pause; Clock::now() < until && Clock::now() < deadline;)
+          std::this_thread::sleep_for(milliseconds(100));
+        checkStop();
+      }
+    }
+  }
+
+  std::optional<WorldAssignment> joinUntil(Clock::time_point deadline, std::mt19937_64& rng) {
     // A node that stopped because another failed for good must not wait for a round that
     // will never form: the count tells, and the supervisor reports the failure.
     int failures = static_cast<int>(etcd_->add(key("failures"), 0));
@@ -445,10 +471,7 @@ class EtcdRendezvous : public MultiNodeRendezvous {
       w.restart_count = failures;
       return w;
     }
-    auto deadline = Clock::now() + c_.join_timeout;
     bool told_full = false;
-    std::mt19937_64 rng(std::hash<std::string>{}(c_.node_id) ^
-                        Clock::now().time_since_epoch().count());
     while (true) {
       checkStop();
       int64_t rev = 0;
@@ -484,7 +507,12 @@ class EtcdRendezvous : public MultiNodeRendezvous {
           } else if (s.round <= ended && waitedOnEnded(s)) {
             continue;
           }
-          waitOrTimeout(deadline, {{key("state"), ""}}, rev, s);
+          // Waiting on an ended round's ender: back within a lease TTL, to move it on if
+          // the ender died meanwhile (waitedOnEnded).
+          std::optional<Clock::time_point> until;
+          if (s.has(c_.node_id) && ended_since_)
+            until = *ended_since_ + lease_ttl_ + milliseconds(100);
+          waitOrTimeout(deadline, {{key("state"), ""}}, rev, s, until);
           continue;
         }
         // A complete round with room: end it, and take a place in the next, in one
@@ -521,8 +549,20 @@ class EtcdRendezvous : public MultiNodeRendezvous {
         if (auto w = closeRound(s, srev, deadline)) return w;
         continue;
       }
-      // Woken when the state changes (the round completes) or the counting node goes.
-      waitOrTimeout(deadline, {{key("state"), ""}, {first.kvs.front().key, ""}}, rev, s);
+      // This node's place may be gone already with its lease (expired while etcd was too
+      // slow to renew it): then it takes a place again before it waits.
+      EtcdRange mine;
+      mine.key = place_;
+      mine.keys_only = true;
+      auto own = etcd_->range(mine);
+      if (own.kvs.empty() || own.kvs.front().lease != place_lease_) {
+        place_round_ = -1;
+        continue;
+      }
+      // Woken when the state changes (the round completes), the counting node goes, or this
+      // node's place does (the wait is not cut into slices that would notice it otherwise).
+      waitOrTimeout(deadline, {{key("state"), ""}, {first.kvs.front().key, ""}, {place_, ""}}, rev,
+                    s);
     }
   }
 
@@ -544,7 +584,8 @@ class EtcdRendezvous : public MultiNodeRendezvous {
     return invalidate(s.round, srev, members, "", "round " + std::to_string(s.round) + " ended");
   }
 
-  // Waits for an event on `ranges` after `rev`, for at most a slice, up to the join deadline;
+  // Waits for an event on `ranges` after `rev`, up to the join deadline (or `until`), or until
+  // the agent stops;
   // throws at the deadline.
   void waitOrTimeout(Clock::time_point deadline,
                      const std::vector<std::pair<std::string, std::string>>& ranges, int64_t rev,
@@ -552,9 +593,12 @@ class EtcdRendezvous : public MultiNodeRendezvous {
     auto now = Clock::now();
     if (now >= deadline) timedOut(s);
     auto end = std::min(deadline, until.value_or(deadline));
-    auto wait = std::min(std::chrono::duration_cast<milliseconds>(end - now) + milliseconds(1),
-                         kJoinWaitSlice);
-    etcd_->waitForEvent(ranges, rev + 1, wait);
+    // One watch stream for the whole wait, however long: each new one costs etcd a watcher
+    // that catches up from `rev` (with 5 s slices, 1024 joiners made 16 watch streams and 37
+    // reads each). A stopping agent ends it through join_cancel_.
+    etcd_->waitForEvent(ranges, rev + 1,
+                        std::chrono::duration_cast<milliseconds>(end - now) + milliseconds(1),
+                        &join_cancel_);
   }
 
   [[noreturn]] void timedOut(const RoundState& s) {
@@ -676,6 +720,7 @@ class EtcdRendezvous : public MultiNodeRendezvous {
   // `closed_here`: this node's transaction completed the round.
   std::optional<WorldAssignment> assigned(const RoundState& s, int64_t state_rev,
                                           bool closed_here = false) {
+    assigning_ = true;
     WorldAssignment w;
     w.run_id = c_.run_id;
     w.round = s.round;
@@ -925,7 +970,7 @@ class EtcdRendezvous : public MultiNodeRendezvous {
       id = lease_;
     }
     cv_.notify_all();
-    if (keeper_.joinable()) keeper_.join();
+    keeper_.reset();
     try {
       etcd_->revokeLease(id);
     } catch (const std::exception& e) {
@@ -948,43 +993,30 @@ class EtcdRendezvous : public MultiNodeRendezvous {
     return fresh;
   }
 
-  // Keeps this node's lease alive, three times per TTL so that one lost keep-alive (an etcd
-  // member dying, an election) is not fatal. A lease that expired anyway (the agent was
-  // stopped, or etcd unreachable for the TTL) means the others dropped this node: the round is
-  // over for it, and a fresh lease carries it into the next.
-  void keepAliveLoop() {
-    auto every = std::chrono::duration_cast<milliseconds>(lease_ttl_) / 3;
-    std::unique_lock<std::mutex> lock(mu_);
-    while (!stop_) {
-      if (cv_.wait_for(lock, every, [this] { return stop_; })) return;
-      int64_t id = lease_;
-      lock.unlock();
-      try {
-        if (etcd_->keepAliveOnce(id) <= 0) {
-          log::warn("this node's etcd lease {:x} expired: the other nodes dropped it", id);
-          renewLease(id);
-          std::optional<int64_t> round;
-          {
-            std::lock_guard<std::mutex> l(mu_);
-            if (current_) round = current_->round;
-          }
-          if (round && !finishing_)
-            roundEnded(*round,
-                       "this node's etcd lease expired (no keep-alive got through within "
-                       "its TTL)");
-        }
-      } catch (const std::exception& e) {
-        log::warn("etcd keep-alive: {}", e.what());
-      }
-      lock.lock();
+  // etcd says this node's lease no longer exists (the agent was stopped, or etcd unreachable,
+  // for its TTL): the others dropped this node, so the round is over for it, and a fresh lease
+  // carries it into the next. On the keeper's thread, which then keeps the fresh lease it
+  // returns.
+  int64_t leaseExpired(int64_t id) {
+    log::warn("this node's etcd lease {:x} expired: the other nodes dropped it", id);
+    std::optional<int64_t> round;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (current_) round = current_->round;
     }
+    if (round && !finishing_)
+      roundEnded(*round,
+                 "this node's etcd lease expired (no keep-alive got through within its TTL)");
+    return renewLease(id);
   }
 
   ElasticConfig c_;
   std::chrono::seconds lease_ttl_;
   std::unique_ptr<EtcdClient> etcd_;
   std::string p_, address_;
-  std::thread keeper_;
+  // Keeps lease_ alive (one stream); reset before etcd_ goes, and before the lease is revoked.
+  std::unique_ptr<EtcdLeaseKeeper> keeper_;
+  EtcdCancel join_cancel_;  // ends the joiner's waits when the agent stops
   std::unique_ptr<EtcdWatch> watch_;
   // The joiner thread's own (then the agent's loop's, once the round formed: never both).
   std::string place_;         // this node's place key, "" when none
@@ -992,6 +1024,7 @@ class EtcdRendezvous : public MultiNodeRendezvous {
   int64_t place_lease_ = 0;   // the lease place_ was written with
   std::optional<Clock::time_point> ended_since_;
   int64_t seen_joined_ = 0;  // places in the forming round, as last seen
+  bool assigning_ = false;   // the round formed: what fails now is no longer retried
   std::mutex renew_mu_;      // one lease renewal at a time
   std::mutex mu_;            // guards what follows
   std::condition_variable cv_;

@@ -24,7 +24,7 @@
 //   status line every few seconds; its store calls are bounded by the backend's call timeout
 //   and it never throws or ends the job.
 // - finish() may come while a join still runs (a signal during the rendezvous): the etcd
-//   backend makes its joiner give up within one wait slice (5 s) and waits for it; the gRPC
+//   backend cancels its joiner's wait and waits for it (within a call timeout); the gRPC
 //   backend's join ends with its own timeouts.
 // - roundStillCurrent(), recordFailure(), jobFailure() and the health reads block for at most
 //   a few call timeouts (the etcd backend's roundStillCurrent up to the lease TTL + 2 s: it

@@ -1,7 +1,11 @@
 #pragma once
 // Real etcd servers for tests: a cluster of N members on free loopback ports (etcd cannot bind
 // port 0), data in a temporary directory, SIGKILLed and removed by the destructor.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -110,6 +114,43 @@ class EtcdCluster {
     return -1;
   }
   void kill9(int i) { kill(procs_[i]->pid(), SIGKILL); }
+  // SIGSTOP / SIGCONT: a member that stalls without closing its connections.
+  void sendSignal(int i, int sig) { kill(procs_[i]->pid(), sig); }
+  std::string endpoint(int i) const { return "127.0.0.1:" + std::to_string(client_[i]); }
+  // The sum of member i's /metrics samples whose line starts with `prefix` (etcd serves them
+  // on its client port; plain HTTP only); -1 when it cannot be read.
+  double metric(int i, const std::string& prefix) const {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    timeval tv{5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(client_[i]));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    std::string text;
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+      std::string req = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+      if (::send(fd, req.data(), req.size(), 0) == static_cast<ssize_t>(req.size())) {
+        char buf[65536];
+        for (ssize_t n; (n = recv(fd, buf, sizeof buf, 0)) > 0;)
+          text.append(buf, static_cast<size_t>(n));
+      }
+    }
+    close(fd);
+    if (text.find("\r\n\r\n") == std::string::npos) return -1;
+    double sum = 0;
+    size_t pos = 0;
+    while (pos < text.size()) {
+      size_t end = text.find('\n', pos);
+      if (end == std::string::npos) end = text.size();
+      std::string line = text.substr(pos, end - pos);
+      if (line.rfind(prefix, 0) == 0) sum += std::stod(line.substr(line.rfind(' ') + 1));
+      pos = end + 1;
+    }
+    return sum;
+  }
 
  private:
   static std::string name(int i) { return "m" + std::to_string(i); }

@@ -243,3 +243,107 @@ TEST_F(EtcdClientTest, OneWatchOverSeveralRanges) {
   EXPECT_TRUE(c.waitForEvent({{"/t/nothing", ""}, {"/t/state", ""}}, rev + 1, 2s));
   EXPECT_FALSE(c.waitForEvent({{"/t/nothing", ""}}, rev + 1, 300ms));
 }
+
+// The lease keeper (issue 14): one LeaseKeepAlive stream for as long as it works, whatever the
+// number of TTLs (a stream per keep-alive cost etcd a new stream every TTL/3 per agent); a
+// member that stalls for less than what is left of the lease (SIGSTOP: its connections stay
+// open, answers just stop) costs nothing, the keep-alive waiting on the stream is answered
+// when it resumes; stopping the keeper does not wait for the stalled member.
+TEST_F(EtcdClientTest, KeeperUsesOneStreamAndOutlastsAStalledMember) {
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.healthy());
+  EtcdClient c(options(etcd));
+  const std::string streams = "grpc_server_started_total{grpc_method=\"LeaseKeepAlive\"";
+  const std::string renewed = "etcd_debugging_lease_renewed_total ";
+  double streams_before = etcd.metric(0, streams), renewed_before = etcd.metric(0, renewed);
+  ASSERT_GE(streams_before, 0) << "etcd's /metrics could not be read";
+  constexpr auto kTtl = 6s;
+  int64_t lease = c.grantLease(kTtl);
+  c.put("/t/alive", "", lease);
+  std::atomic<int> expired{0};
+  auto keeper = c.keepAlive(lease, kTtl, [&](int64_t) {
+    ++expired;
+    return int64_t{0};
+  });
+  std::this_thread::sleep_for(3 * kTtl);
+  EXPECT_TRUE(c.get("/t/alive"));
+  EXPECT_EQ(etcd.metric(0, streams) - streams_before, 1) << "one stream for every keep-alive";
+  // Every TTL/3: some 9 in 3 TTLs; at least 4 however slow the machine.
+  EXPECT_GE(etcd.metric(0, renewed) - renewed_before, 4);
+
+  // A stall shorter than what is left of the lease (renewed at most TTL/3 ago, plus the
+  // answer's way back): 3 s of at least 4.
+  etcd.sendSignal(0, SIGSTOP);
+  std::this_thread::sleep_for(3s);
+  etcd.sendSignal(0, SIGCONT);
+  std::this_thread::sleep_for(kTtl);  // past the TTL from the stall: renewed after it
+  EXPECT_TRUE(c.get("/t/alive"));
+  EXPECT_EQ(expired.load(), 0);
+  EXPECT_EQ(etcd.metric(0, streams) - streams_before, 1) << "a slow answer is no broken stream";
+
+  // Stopped while the member stalls: returns without waiting for it.
+  etcd.sendSignal(0, SIGSTOP);
+  auto stopping = std::chrono::steady_clock::now();
+  keeper.reset();
+  auto took = std::chrono::steady_clock::now() - stopping;
+  etcd.sendSignal(0, SIGCONT);
+  EXPECT_LT(took, 5s);
+  // No keep-alive after it: the lease runs out.
+  EXPECT_TRUE(eventually([&] { return !c.get("/t/alive"); }, kTtl + 5s));
+}
+
+// A stream that breaks (its member SIGKILLed) is reopened on another member at once, and the
+// lease lives on. A follower is killed: a new leader would extend every lease by itself.
+TEST_F(EtcdClientTest, KeeperMovesToAnotherMemberWhenItsStreamBreaks) {
+  EtcdCluster etcd(3);
+  ASSERT_TRUE(etcd.healthy());
+  int leader = etcd.leader();
+  ASSERT_GE(leader, 0);
+  int follower = (leader + 1) % 3;
+  EtcdOptions o = options(etcd);
+  o.endpoints = {etcd.endpoint(follower), etcd.endpoint((follower + 1) % 3),
+                 etcd.endpoint((follower + 2) % 3)};
+  EtcdClient c(o);  // answered by the follower first: the keeper starts there
+  constexpr auto kTtl = 3s;
+  int64_t lease = c.grantLease(kTtl);
+  c.put("/t/alive", "", lease);
+  std::atomic<int> expired{0};
+  auto keeper = c.keepAlive(lease, kTtl, [&](int64_t) {
+    ++expired;
+    return int64_t{0};
+  });
+  const std::string streams = "grpc_server_started_total{grpc_method=\"LeaseKeepAlive\"";
+  ASSERT_TRUE(eventually([&] { return etcd.metric(follower, streams) >= 1; }, 10s));
+  double elsewhere = 0;
+  for (int i = 0; i < 3; ++i)
+    if (i != follower) elsewhere += etcd.metric(i, streams);
+  etcd.kill9(follower);
+  std::this_thread::sleep_for(3 * kTtl);
+  EXPECT_TRUE(c.get("/t/alive"));
+  EXPECT_EQ(expired.load(), 0);
+  double now_elsewhere = 0;
+  for (int i = 0; i < 3; ++i)
+    if (i != follower) now_elsewhere += etcd.metric(i, streams);
+  EXPECT_EQ(now_elsewhere - elsewhere, 1) << "one stream, reopened once";
+}
+
+// Expired: the callback runs, and the lease it returns is kept from then on.
+TEST_F(EtcdClientTest, KeeperReportsAnExpiredLeaseAndKeepsTheFreshOne) {
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.healthy());
+  EtcdClient c(options(etcd));
+  constexpr auto kTtl = 3s;
+  int64_t lease = c.grantLease(kTtl);
+  std::atomic<int64_t> reported{0}, fresh{0};
+  auto keeper = c.keepAlive(lease, kTtl, [&](int64_t id) {
+    reported = id;
+    fresh = c.grantLease(kTtl);
+    c.put("/t/fresh", "", fresh);
+    return fresh.load();
+  });
+  c.revokeLease(lease);  // as etcd does to a lease whose keep-alives stopped for its TTL
+  ASSERT_TRUE(eventually([&] { return fresh.load() != 0; }, 10s));
+  EXPECT_EQ(reported.load(), lease);
+  std::this_thread::sleep_for(3 * kTtl);
+  EXPECT_TRUE(c.get("/t/fresh"));
+}
