@@ -305,7 +305,7 @@ class EtcdRendezvous : public MultiNodeRendezvous {
   }
 
   bool finish(bool success) override {
-    finishing_ = true;  // members leaving after the job is done end nothing; a join gives up
+    finishing_ = true;      // members leaving after the job is done end nothing; a join gives up
     join_cancel_.cancel();  // at once, if it is waiting
     stopHealth();           // nothing is published for a node on its way out
     waitForJoiner();        // place_ is the joiner's until then
@@ -540,8 +540,8 @@ class EtcdRendezvous : public MultiNodeRendezvous {
       oldest.limit = 1;
       oldest.keys_only = true;
       auto first = etcd_->range(oldest);
-      seen_joined_ = first.count;  // the whole range's, whatever the limit
-      if (first.kvs.empty()) {     // even this node's place is gone (its lease expired): re-join
+      noteJoined(s.round, first.count);  // the whole range's, whatever the limit
+      if (first.kvs.empty()) {  // even this node's place is gone (its lease expired): re-join
         place_round_ = -1;
         continue;
       }
@@ -601,9 +601,18 @@ class EtcdRendezvous : public MultiNodeRendezvous {
                         &join_cancel_);
   }
 
+  // The most places seen at once in forming round `round`: nodes that time out together give
+  // up their places one by one, and the last to go would otherwise report itself alone.
+  void noteJoined(int64_t round, int64_t n) {
+    if (round != seen_round_) {
+      seen_round_ = round;
+      seen_joined_ = 0;
+    }
+    seen_joined_ = std::max(seen_joined_, n);
+  }
+
   [[noreturn]] void timedOut(const RoundState& s) {
-    // The most seen while waiting: nodes timing out together give up their places one by one.
-    int64_t joined = seen_joined_;
+    int64_t joined = s.round == seen_round_ ? seen_joined_ : 0;
     try {
       EtcdRange r;
       r.key = joinsPrefix(s.round);
@@ -650,7 +659,7 @@ class EtcdRendezvous : public MultiNodeRendezvous {
     if (stateRevision() != srev) return std::nullopt;  // closed (or moved on) before the read
     while (true) {
       checkStop();
-      seen_joined_ = static_cast<int64_t>(places.size());
+      noteJoined(s.round, static_cast<int64_t>(places.size()));
       if (places.find(place_) == places.end()) return std::nullopt;  // lost this node's place
       // The first max nodes to take a place, by create revision; the rest wait for the next.
       std::vector<const EtcdKv*> order;
@@ -1023,10 +1032,10 @@ class EtcdRendezvous : public MultiNodeRendezvous {
   int64_t place_round_ = -1;  // the round of place_
   int64_t place_lease_ = 0;   // the lease place_ was written with
   std::optional<Clock::time_point> ended_since_;
-  int64_t seen_joined_ = 0;  // places in the forming round, as last seen
-  bool assigning_ = false;   // the round formed: what fails now is no longer retried
-  std::mutex renew_mu_;      // one lease renewal at a time
-  std::mutex mu_;            // guards what follows
+  int64_t seen_round_ = -1, seen_joined_ = 0;  // noteJoined
+  bool assigning_ = false;  // the round formed: what fails now is no longer retried
+  std::mutex renew_mu_;     // one lease renewal at a time
+  std::mutex mu_;           // guards what follows
   std::condition_variable cv_;
   bool stop_ = false;
   int64_t lease_ = 0;

@@ -26,8 +26,10 @@ namespace {
 
 const std::string kBin = DDPL_BIN_DIR;
 const std::string kElastic = std::string(DDPL_SOURCE_DIR) + "/tests/python/elastic_gloo.py";
-const std::string kFailRank = std::string(DDPL_SOURCE_DIR) + "/tests/integration/programs/fail_rank.sh";
-const std::string kEnvDump = std::string(DDPL_SOURCE_DIR) + "/tests/integration/programs/env_dump.sh";
+const std::string kFailRank =
+    std::string(DDPL_SOURCE_DIR) + "/tests/integration/programs/fail_rank.sh";
+const std::string kEnvDump =
+    std::string(DDPL_SOURCE_DIR) + "/tests/integration/programs/env_dump.sh";
 
 int count(const std::string& text, const std::string& needle) {
   int n = 0;
@@ -46,8 +48,11 @@ class EtcdRendezvous : public ::testing::Test {
     if (!EtcdCluster::installed())
       GTEST_SKIP() << "etcd is not installed (make setup installs Debian's etcd-server)";
     ckpt_ = makeTempDir("etcd-elastic");
-    env_.env = {{"PYTHON_EXEC", DDPL_PYTHON}, {"CKPT_DIR", ckpt_}, {"TOTAL_STEPS", "40"},
-                {"STEP_SECONDS", "0.15"}, {"OMP_NUM_THREADS", "1"}};
+    env_.env = {{"PYTHON_EXEC", DDPL_PYTHON},
+                {"CKPT_DIR", ckpt_},
+                {"TOTAL_STEPS", "40"},
+                {"STEP_SECONDS", "0.15"},
+                {"OMP_NUM_THREADS", "1"}};
   }
   void start(int members = 1, std::optional<ddpl::testing::EtcdTls> tls = std::nullopt) {
     etcd_ = std::make_unique<EtcdCluster>(members, tls);
@@ -56,8 +61,11 @@ class EtcdRendezvous : public ::testing::Test {
   std::unique_ptr<Background> agent(const std::string& nnodes, std::vector<std::string> extra = {},
                                     const std::string& job = "job", RunOptions* env = nullptr,
                                     const std::string& program = kElastic) {
-    std::vector<std::string> args = {kBin + "/launch", "--nnodes=" + nnodes, "--nproc-per-node=1",
-                                     "--rdzv-backend=etcd", "--rdzv-endpoint=" + etcd_->endpoints(),
+    std::vector<std::string> args = {kBin + "/launch",
+                                     "--nnodes=" + nnodes,
+                                     "--nproc-per-node=1",
+                                     "--rdzv-backend=etcd",
+                                     "--rdzv-endpoint=" + etcd_->endpoints(),
                                      "--rdzv-id=" + job};
     args.insert(args.end(), extra.begin(), extra.end());
     args.push_back(program);
@@ -92,11 +100,14 @@ TEST_F(EtcdRendezvous, SigkilledAgentIsDroppedWithinTheLeaseTtlAndTheOthersFinis
   const std::vector<std::string> extra = {"--rdzv-conf=lease_ttl=3"};
   auto a0 = agent("2:3", extra), a1 = agent("2:3", extra), a2 = agent("2:3", extra);
   ASSERT_TRUE(eventually([&] { return stepOf(ckpt_) >= 5; }, 120s)) << a0->outputSoFar();
-  ASSERT_TRUE(eventually([&] { return a0->outputSoFar().find("world=3") != std::string::npos; }, 60s));
+  ASSERT_TRUE(
+      eventually([&] { return a0->outputSoFar().find("world=3") != std::string::npos; }, 60s));
   kill(a2->pid(), SIGKILL);
   auto killed = Clock::now();
   ASSERT_TRUE(eventually(
-      [&] { return (a0->outputSoFar() + a1->outputSoFar()).find("lease expired") != std::string::npos; },
+      [&] {
+        return (a0->outputSoFar() + a1->outputSoFar()).find("lease expired") != std::string::npos;
+      },
       30s));
   auto noticed = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - killed);
   std::cout << "SIGKILLed node dropped after " << noticed.count() << " ms (lease TTL 3 s)\n";
@@ -109,7 +120,8 @@ TEST_F(EtcdRendezvous, SigkilledAgentIsDroppedWithinTheLeaseTtlAndTheOthersFinis
   EXPECT_EQ(count(both, "world=2 step=80"), 2) << both;
   // Resumed from the checkpoint, and a membership change does not consume a restart.
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(both, m, std::regex("start rank=\\d world=2 step=(\\d+) restart=0")))
+  ASSERT_TRUE(
+      std::regex_search(both, m, std::regex("start rank=\\d world=2 step=(\\d+) restart=0")))
       << both;
   EXPECT_GE(std::stoi(m[1]), 5);
   // The dead node's lease took its keys; the survivors took the rest.
@@ -123,7 +135,8 @@ TEST_F(EtcdRendezvous, SigtermMakesAnAgentLeaveAtOnce) {
   const std::vector<std::string> extra = {"--rdzv-conf=lease_ttl=60"};
   auto a0 = agent("2:3", extra), a1 = agent("2:3", extra), a2 = agent("2:3", extra);
   ASSERT_TRUE(eventually([&] { return stepOf(ckpt_) >= 5; }, 120s)) << a0->outputSoFar();
-  ASSERT_TRUE(eventually([&] { return a0->outputSoFar().find("world=3") != std::string::npos; }, 60s));
+  ASSERT_TRUE(
+      eventually([&] { return a0->outputSoFar().find("world=3") != std::string::npos; }, 60s));
   kill(a2->pid(), SIGTERM);
   auto r2 = a2->wait(60s);
   EXPECT_EQ(r2.exit_code, 128 + SIGTERM) << r2.all();
@@ -163,7 +176,8 @@ TEST_F(EtcdRendezvous, TwoJobsOnOneEtcdStayIsolatedAndLeaveNoKeys) {
   // Same node count and etcd: a mix-up would give a world of 4 or a failed all_reduce.
   auto a0 = agent("2", {}, "job-a"), a1 = agent("2", {}, "job-a");
   auto b0 = agent("2", {}, "job-b", &env_b), b1 = agent("2", {}, "job-b", &env_b);
-  ASSERT_TRUE(eventually([&] { return etcd_->keys("/ddplaunch/job-b/").find("state") != std::string::npos; }, 60s));
+  ASSERT_TRUE(eventually(
+      [&] { return etcd_->keys("/ddplaunch/job-b/").find("state") != std::string::npos; }, 60s));
   EXPECT_NE(etcd_->keys("/ddplaunch/job-a/"), "");
   std::string all;
   for (auto* a : {a0.get(), a1.get(), b0.get(), b1.get()}) {
@@ -212,9 +226,10 @@ TEST_F(EtcdRendezvous, UnreachableEtcdFailsWithinTheConnectTimeoutNamingEveryEnd
   std::string a = "127.0.0.1:" + std::to_string(freeLoopbackPort());
   std::string b = "127.0.0.1:" + std::to_string(freeLoopbackPort());
   auto t0 = Clock::now();
-  auto r = run({kBin + "/launch", "--nnodes=2", "--rdzv-backend=etcd", "--rdzv-endpoint=" + a + "," + b,
-                "--rdzv-id=job", "--rdzv-conf=connect_timeout=2", "/bin/true"},
-               env_);
+  auto r =
+      run({kBin + "/launch", "--nnodes=2", "--rdzv-backend=etcd", "--rdzv-endpoint=" + a + "," + b,
+           "--rdzv-id=job", "--rdzv-conf=connect_timeout=2", "/bin/true"},
+          env_);
   auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.all().find(a), std::string::npos) << r.all();
@@ -250,7 +265,9 @@ TEST_F(EtcdRendezvous, FewerThanMinNodesFailEveryAgentAfterTheJoinTimeout) {
   auto r0 = a0->wait(60s), r1 = a1->wait(60s);
   EXPECT_NE(r0.exit_code, 0) << r0.all();
   EXPECT_NE(r1.exit_code, 0) << r1.all();
-  EXPECT_NE(r0.all().find("2/3 nodes joined"), std::string::npos) << r0.all();
+  EXPECT_NE(r0.all().find("2/3 nodes joined"), std::string::npos)
+      << r0.all() << "\n--- the other agent:\n"
+      << r1.all();
   EXPECT_LT(Clock::now() - t0, 20s);
   EXPECT_EQ(etcd_->keys("/ddplaunch/job/joins/"), "");  // nobody holds a place
 }
@@ -258,8 +275,10 @@ TEST_F(EtcdRendezvous, FewerThanMinNodesFailEveryAgentAfterTheJoinTimeout) {
 TEST_F(EtcdRendezvous, WorkerFailureRestartsEveryNodeAndCountsPerJob) {
   start();
   env_.env.insert({{"FAIL_RANK", "1"}, {"FAILS", "1"}, {"SLEEP", "0.5"}});
-  const std::vector<std::string> extra = {"--max-restarts=1", "--rdzv-conf=exit_barrier_timeout=30"};
-  auto a0 = agent("2", extra, "job", nullptr, kFailRank), a1 = agent("2", extra, "job", nullptr, kFailRank);
+  const std::vector<std::string> extra = {"--max-restarts=1",
+                                          "--rdzv-conf=exit_barrier_timeout=30"};
+  auto a0 = agent("2", extra, "job", nullptr, kFailRank),
+       a1 = agent("2", extra, "job", nullptr, kFailRank);
   auto r0 = a0->wait(120s), r1 = a1->wait(120s);
   EXPECT_EQ(r0.exit_code, 0) << r0.all();
   EXPECT_EQ(r1.exit_code, 0) << r1.all();
@@ -273,7 +292,8 @@ TEST_F(EtcdRendezvous, WorkerFailureRestartsEveryNodeAndCountsPerJob) {
 TEST_F(EtcdRendezvous, FailureElsewhereIsReportedOnEveryNodeAndTheJobLeavesNoKeys) {
   start();
   env_.env.insert({{"FAIL_RANK", "1"}, {"FAILS", "9"}, {"FAIL_CODE", "7"}, {"SLEEP", "300"}});
-  auto a0 = agent("2", {}, "job", nullptr, kFailRank), a1 = agent("2", {}, "job", nullptr, kFailRank);
+  auto a0 = agent("2", {}, "job", nullptr, kFailRank),
+       a1 = agent("2", {}, "job", nullptr, kFailRank);
   auto r0 = a0->wait(120s), r1 = a1->wait(120s);
   std::string both = r0.err + r1.err;
   EXPECT_TRUE((r0.exit_code == 7 && r1.exit_code == 1) || (r0.exit_code == 1 && r1.exit_code == 7))
@@ -291,20 +311,27 @@ TEST_F(EtcdRendezvous, StatusAndOnDemandStacksCoverEveryNode) {
   std::string logs0 = makeTempDir("etcd-st0"), logs1 = makeTempDir("etcd-st1");
   std::string out = makeTempDir("etcd-st-out");
   env_.env.insert({{"OUT_DIR", out}});
-  const std::string wait = std::string(DDPL_SOURCE_DIR) + "/tests/integration/programs/wait_for_file.py";
+  const std::string wait =
+      std::string(DDPL_SOURCE_DIR) + "/tests/integration/programs/wait_for_file.py";
   auto a0 = agent("2", {"--nproc-per-node=2", "--log-dir", logs0}, "job", nullptr, wait);
   auto a1 = agent("2", {"--nproc-per-node=2", "--log-dir", logs1}, "job", nullptr, wait);
-  ASSERT_TRUE(eventually([&] {
-    for (int r = 0; r < 4; ++r)
-      if (readFile(out + "/ready." + std::to_string(r)) != "ready") return false;
-    return true;
-  }, 90s)) << a0->outputSoFar() << a1->outputSoFar();
+  ASSERT_TRUE(eventually(
+      [&] {
+        for (int r = 0; r < 4; ++r)
+          if (readFile(out + "/ready." + std::to_string(r)) != "ready") return false;
+        return true;
+      },
+      90s))
+      << a0->outputSoFar() << a1->outputSoFar();
   RunResult status;
-  EXPECT_TRUE(eventually([&] {
-    status = run({kBin + "/launch", "status", logs0 + "/job"});
-    return status.out.find("no status published") == std::string::npos &&
-           count(status.out, "2/2 ranks up") == 2;
-  }, 30s)) << status.all();
+  EXPECT_TRUE(eventually(
+      [&] {
+        status = run({kBin + "/launch", "status", logs0 + "/job"});
+        return status.out.find("no status published") == std::string::npos &&
+               count(status.out, "2/2 ranks up") == 2;
+      },
+      30s))
+      << status.all();
   auto stacks = run({kBin + "/launch", "stacks", logs0 + "/job"});
   EXPECT_EQ(stacks.exit_code, 0) << stacks.all();
   EXPECT_NE(stacks.out.find("2 stack(s) saved in " + logs1 + "/job/snapshots/"), std::string::npos)
@@ -322,16 +349,18 @@ TEST_F(EtcdRendezvous, TlsWithClientCertificates) {
   if (!tls) GTEST_SKIP() << "openssl could not make test certificates";
   start(1, tls);
   env_.env.insert({{"FAILS", "0"}, {"SLEEP", "0.2"}});
-  std::vector<std::string> extra = {"--rdzv-conf=protocol=https,cacert=" + tls->ca + ",cert=" +
-                                    tls->cert + ",key=" + tls->key};
-  auto a0 = agent("2", extra, "job", nullptr, kFailRank), a1 = agent("2", extra, "job", nullptr, kFailRank);
+  std::vector<std::string> extra = {"--rdzv-conf=protocol=https,cacert=" + tls->ca +
+                                    ",cert=" + tls->cert + ",key=" + tls->key};
+  auto a0 = agent("2", extra, "job", nullptr, kFailRank),
+       a1 = agent("2", extra, "job", nullptr, kFailRank);
   auto r0 = a0->wait(120s), r1 = a1->wait(120s);
   EXPECT_EQ(r0.exit_code, 0) << r0.all();
   EXPECT_EQ(r1.exit_code, 0) << r1.all();
   EXPECT_EQ(count(r0.out + r1.out, "done in attempt 0"), 2) << r0.all() << r1.all();
   // Without the client certificate etcd refuses the connection, and launch says where.
   auto r = agent("2", {"--rdzv-conf=cacert=" + tls->ca + ",connect_timeout=2"}, "job2", nullptr,
-                 kFailRank)->wait(60s);
+                 kFailRank)
+               ->wait(60s);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.all().find("no endpoint answered within 2.0s"), std::string::npos) << r.all();
 }
@@ -345,7 +374,8 @@ TEST_F(EtcdRendezvous, StoppedNodeDroppedThenContinuedRejoinsWithoutARestart) {
   const std::vector<std::string> extra = {"--rdzv-conf=lease_ttl=3", "--max-restarts=0"};
   auto a0 = agent("2:3", extra), a1 = agent("2:3", extra), a2 = agent("2:3", extra);
   ASSERT_TRUE(eventually([&] { return stepOf(ckpt_) >= 5; }, 120s)) << a0->outputSoFar();
-  ASSERT_TRUE(eventually([&] { return a0->outputSoFar().find("world=3") != std::string::npos; }, 60s));
+  ASSERT_TRUE(
+      eventually([&] { return a0->outputSoFar().find("world=3") != std::string::npos; }, 60s));
   kill(a2->pid(), SIGSTOP);
   bool reformed = eventually(
       [&] {
