@@ -109,7 +109,7 @@ def join_n(build, backend, endpoint, n, job, timeout, costs=None, python_etcd=No
     while time.time() < t0 + timeout and any(a.poll() is None for a in agents):
         time.sleep(0.05)
     ok = all(a.poll() == 0 for a in agents)
-    kill_trees([a.pid for a in agents if a.poll() is None])
+    recovery_bench.kill_trees([a.pid for a in agents if a.poll() is None])
     for a in agents:
         a.wait()
     errors.close()
@@ -137,28 +137,6 @@ def join_n(build, backend, endpoint, n, job, timeout, costs=None, python_etcd=No
     if not ok or len(marks) != n:
         return None
     return max(marks) - t0
-
-
-def kill_trees(pids):
-    """recovery_bench.kill_tree for many agents with one look at /proc (one look per agent
-    took minutes with 1024 agents and their workers)."""
-    children = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = open(f"/proc/{entry}/stat").read()
-                ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-                children.setdefault(ppid, []).append(int(entry))
-            except (OSError, ValueError):
-                pass
-    todo = list(pids)
-    while todo:
-        p = todo.pop()
-        todo.extend(children.get(p, []))
-        try:
-            os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def recovery(build, backend, endpoint, timeout, conf=()):

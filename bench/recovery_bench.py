@@ -42,8 +42,9 @@ def wrapper(dirpath):
     return path
 
 
-def kill_tree(pid):
-    """A node crash: the agent and every process below it die at once."""
+def kill_trees(pids):
+    """A node crash: each agent and every process below it die at once. One look at /proc
+    for all of them (one look per agent took minutes with 1,024 agents and their workers)."""
     children = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -53,16 +54,18 @@ def kill_tree(pid):
                 children.setdefault(ppid, []).append(int(entry))
             except (OSError, ValueError):
                 pass
-    todo, tree = [pid], []
+    todo = list(pids)
     while todo:
         p = todo.pop()
-        tree.append(p)
         todo.extend(children.get(p, []))
-    for p in tree:
         try:
             os.kill(p, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def kill_tree(pid):
+    kill_trees([pid])
 
 
 def spawned(mark_dir):
