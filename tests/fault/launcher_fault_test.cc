@@ -134,12 +134,23 @@ std::vector<std::string> runCgroupsOf(pid_t pid) {
     std::istringstream f(line.substr(0, dash));
     std::string id, parent, dev, root, mount;
     f >> id >> parent >> dev >> root >> mount;
-    std::error_code ec;
-    for (const auto& e : fs::recursive_directory_iterator(mount, ec)) {
-      std::string name = e.path().filename().string();
-      if (name.rfind("ddpl-", 0) == 0 && name.size() > 8 &&
-          name.substr(name.rfind('-') + 1) == std::to_string(pid))
-        out.push_back(e.path().string());
+    // Other tests' cgroups come and go while this walks the tree: a walk that finds a
+    // directory gone under it starts again (range-for's increment would throw).
+    for (int attempt = 0; attempt < 20; ++attempt) {
+      std::vector<std::string> found;
+      std::error_code ec;
+      fs::recursive_directory_iterator it(mount, ec), end;
+      while (!ec && it != end) {
+        std::string name = it->path().filename().string();
+        if (name.rfind("ddpl-", 0) == 0 && name.size() > 8 &&
+            name.substr(name.rfind('-') + 1) == std::to_string(pid))
+          found.push_back(it->path().string());
+        it.increment(ec);
+      }
+      if (!ec || attempt == 19) {
+        out.insert(out.end(), found.begin(), found.end());
+        break;
+      }
     }
   }
   return out;
