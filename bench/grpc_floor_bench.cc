@@ -84,36 +84,22 @@ class AsyncCall {
     svc_->RequestSession(&ctx_, &stream_, cq_, cq_, this);
   }
   void proceed(bool ok) {
-    switch (state_) {
-      case kAccepting:
-        if (!ok) return delete this;  // the server is shutting down
-        new AsyncCall(svc_, cq_);
-        state_ = kReading;
-        stream_.Read(&req_, this);
-        return;
-      case kReading:
-        if (!ok) {
-          state_ = kFinishing;
-          stream_.Finish(grpc::Status::OK, this);
-          return;
-        }
-        answer(req_, &resp_);
-        state_ = kWriting;
-        stream_.Write(resp_, this);
-        return;
-      case kWriting:
-        if (!ok) {
-          state_ = kFinishing;
-          stream_.Finish(grpc::Status::OK, this);
-          return;
-        }
-        state_ = kReading;
-        stream_.Read(&req_, this);
-        return;
-      case kFinishing:
-        delete this;
-        return;
+    if (state_ == kFinishing) return delete this;
+    if (state_ == kAccepting) {
+      if (!ok) return delete this;  // the server is shutting down
+      new AsyncCall(svc_, cq_);
+    } else if (!ok) {  // the client closed its side, or the stream broke
+      state_ = kFinishing;
+      stream_.Finish(grpc::Status::OK, this);
+      return;
+    } else if (state_ == kReading) {
+      answer(req_, &resp_);
+      state_ = kWriting;
+      stream_.Write(resp_, this);
+      return;
     }
+    state_ = kReading;  // accepted, or the answer written: read the next request
+    stream_.Read(&req_, this);
   }
 
  private:
