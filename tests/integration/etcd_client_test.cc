@@ -9,8 +9,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <mutex>
 #include <fstream>
+#include <mutex>
 #include <thread>
 
 #include "common/errors.h"
@@ -35,6 +35,23 @@ std::vector<std::string> split(const std::string& s) {
   return out;
 }
 
+// etcd's count of the LeaseKeepAlive streams it started (its /metrics).
+const std::string kKeepAliveStreams = "grpc_server_started_total{grpc_method=\"LeaseKeepAlive\"";
+
+// A lease on "/t/alive" kept by `c`'s keeper; `expired` counts the keeper's reports of its loss.
+struct KeptAlive {
+  KeptAlive(EtcdClient& c, std::chrono::seconds ttl) {
+    int64_t lease = c.grantLease(ttl);
+    c.put("/t/alive", "", lease);
+    keeper = c.keepAlive(lease, ttl, [this](int64_t) {
+      ++expired;
+      return int64_t{0};
+    });
+  }
+  std::atomic<int> expired{0};
+  std::unique_ptr<EtcdLeaseKeeper> keeper;
+};
+
 class EtcdClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -52,7 +69,6 @@ class EtcdClientTest : public ::testing::Test {
 
 }  // namespace
 
-
 TEST_F(EtcdClientTest, OfAgentsRacingACompareAndSwapExactlyOneWins) {
   EtcdCluster etcd(1);
   ASSERT_TRUE(etcd.healthy());
@@ -69,8 +85,9 @@ TEST_F(EtcdClientTest, OfAgentsRacingACompareAndSwapExactlyOneWins) {
     threads.emplace_back([&, i] {
       ++ready;
       while (ready < kAgents) std::this_thread::yield();
-      auto r = clients[i]->txn({{"/t/state", EtcdCompare::Target::kMod, kv->mod_revision}},
-                               {{EtcdOp::Kind::kPut, "/t/state", "round 1 by " + std::to_string(i)}});
+      auto r =
+          clients[i]->txn({{"/t/state", EtcdCompare::Target::kMod, kv->mod_revision}},
+                          {{EtcdOp::Kind::kPut, "/t/state", "round 1 by " + std::to_string(i)}});
       if (r.succeeded) ++won;
     });
   for (auto& t : threads) t.join();
@@ -98,12 +115,13 @@ TEST_F(EtcdClientTest, LeasedKeyVanishesWhenKeepAlivesStopAndTheWatchSaysSo) {
   int64_t rev = c.put("/t/members/a", "", lease);
   std::mutex mu;
   std::vector<EtcdEvent> seen;
-  auto w = c.watch("/t/", etcdPrefixEnd("/t/"), rev + 1,
-                   [&](const std::vector<EtcdEvent>& ev) {
-                     std::lock_guard<std::mutex> lock(mu);
-                     seen.insert(seen.end(), ev.begin(), ev.end());
-                   },
-                   [](const std::string&) {});
+  auto w = c.watch(
+      "/t/", etcdPrefixEnd("/t/"), rev + 1,
+      [&](const std::vector<EtcdEvent>& ev) {
+        std::lock_guard<std::mutex> lock(mu);
+        seen.insert(seen.end(), ev.begin(), ev.end());
+      },
+      [](const std::string&) {});
   // Kept alive past its TTL, it stays.
   for (int i = 0; i < 4; ++i) {
     EXPECT_GT(c.keepAliveOnce(lease), 0);
@@ -222,19 +240,22 @@ TEST_F(EtcdClientTest, OneWatchOverSeveralRanges) {
   int64_t rev = c.put("/t/other", "0");
   std::mutex mu;
   std::vector<std::string> keys;
-  auto w = c.watch({{"/t/state", ""}, {"/t/joins/", etcdPrefixEnd("/t/joins/")}}, rev + 1,
-                   [&](const std::vector<EtcdEvent>& evs) {
-                     std::lock_guard<std::mutex> lock(mu);
-                     for (const auto& e : evs) keys.push_back(e.kv.key);
-                   },
-                   [](const std::string&) {});
+  auto w = c.watch(
+      {{"/t/state", ""}, {"/t/joins/", etcdPrefixEnd("/t/joins/")}}, rev + 1,
+      [&](const std::vector<EtcdEvent>& evs) {
+        std::lock_guard<std::mutex> lock(mu);
+        for (const auto& e : evs) keys.push_back(e.kv.key);
+      },
+      [](const std::string&) {});
   c.put("/t/other", "1");
   c.put("/t/joins/a", "");
   c.put("/t/state", "s");
-  ASSERT_TRUE(eventually([&] {
-    std::lock_guard<std::mutex> lock(mu);
-    return keys.size() >= 2;
-  }, 10s));
+  ASSERT_TRUE(eventually(
+      [&] {
+        std::lock_guard<std::mutex> lock(mu);
+        return keys.size() >= 2;
+      },
+      10s));
   std::this_thread::sleep_for(200ms);  // room for a wrong extra event to arrive
   std::lock_guard<std::mutex> lock(mu);
   std::sort(keys.begin(), keys.end());
@@ -253,21 +274,16 @@ TEST_F(EtcdClientTest, KeeperUsesOneStreamAndOutlastsAStalledMember) {
   EtcdCluster etcd(1);
   ASSERT_TRUE(etcd.healthy());
   EtcdClient c(options(etcd));
-  const std::string streams = "grpc_server_started_total{grpc_method=\"LeaseKeepAlive\"";
   const std::string renewed = "etcd_debugging_lease_renewed_total ";
-  double streams_before = etcd.metric(0, streams), renewed_before = etcd.metric(0, renewed);
+  double streams_before = etcd.metric(0, kKeepAliveStreams),
+         renewed_before = etcd.metric(0, renewed);
   ASSERT_GE(streams_before, 0) << "etcd's /metrics could not be read";
   constexpr auto kTtl = 6s;
-  int64_t lease = c.grantLease(kTtl);
-  c.put("/t/alive", "", lease);
-  std::atomic<int> expired{0};
-  auto keeper = c.keepAlive(lease, kTtl, [&](int64_t) {
-    ++expired;
-    return int64_t{0};
-  });
+  KeptAlive kept(c, kTtl);
   std::this_thread::sleep_for(3 * kTtl);
   EXPECT_TRUE(c.get("/t/alive"));
-  EXPECT_EQ(etcd.metric(0, streams) - streams_before, 1) << "one stream for every keep-alive";
+  EXPECT_EQ(etcd.metric(0, kKeepAliveStreams) - streams_before, 1)
+      << "one stream for every keep-alive";
   // Every TTL/3: some 9 in 3 TTLs; at least 4 however slow the machine.
   EXPECT_GE(etcd.metric(0, renewed) - renewed_before, 4);
 
@@ -278,13 +294,14 @@ TEST_F(EtcdClientTest, KeeperUsesOneStreamAndOutlastsAStalledMember) {
   etcd.sendSignal(0, SIGCONT);
   std::this_thread::sleep_for(kTtl);  // past the TTL from the stall: renewed after it
   EXPECT_TRUE(c.get("/t/alive"));
-  EXPECT_EQ(expired.load(), 0);
-  EXPECT_EQ(etcd.metric(0, streams) - streams_before, 1) << "a slow answer is no broken stream";
+  EXPECT_EQ(kept.expired.load(), 0);
+  EXPECT_EQ(etcd.metric(0, kKeepAliveStreams) - streams_before, 1)
+      << "a slow answer is no broken stream";
 
   // Stopped while the member stalls: returns without waiting for it.
   etcd.sendSignal(0, SIGSTOP);
   auto stopping = std::chrono::steady_clock::now();
-  keeper.reset();
+  kept.keeper.reset();
   auto took = std::chrono::steady_clock::now() - stopping;
   etcd.sendSignal(0, SIGCONT);
   EXPECT_LT(took, 5s);
@@ -305,25 +322,18 @@ TEST_F(EtcdClientTest, KeeperMovesToAnotherMemberWhenItsStreamBreaks) {
                  etcd.endpoint((follower + 2) % 3)};
   EtcdClient c(o);  // answered by the follower first: the keeper starts there
   constexpr auto kTtl = 3s;
-  int64_t lease = c.grantLease(kTtl);
-  c.put("/t/alive", "", lease);
-  std::atomic<int> expired{0};
-  auto keeper = c.keepAlive(lease, kTtl, [&](int64_t) {
-    ++expired;
-    return int64_t{0};
-  });
-  const std::string streams = "grpc_server_started_total{grpc_method=\"LeaseKeepAlive\"";
-  ASSERT_TRUE(eventually([&] { return etcd.metric(follower, streams) >= 1; }, 10s));
+  KeptAlive kept(c, kTtl);
+  ASSERT_TRUE(eventually([&] { return etcd.metric(follower, kKeepAliveStreams) >= 1; }, 10s));
   double elsewhere = 0;
   for (int i = 0; i < 3; ++i)
-    if (i != follower) elsewhere += etcd.metric(i, streams);
+    if (i != follower) elsewhere += etcd.metric(i, kKeepAliveStreams);
   etcd.kill9(follower);
   std::this_thread::sleep_for(3 * kTtl);
   EXPECT_TRUE(c.get("/t/alive"));
-  EXPECT_EQ(expired.load(), 0);
+  EXPECT_EQ(kept.expired.load(), 0);
   double now_elsewhere = 0;
   for (int i = 0; i < 3; ++i)
-    if (i != follower) now_elsewhere += etcd.metric(i, streams);
+    if (i != follower) now_elsewhere += etcd.metric(i, kKeepAliveStreams);
   EXPECT_EQ(now_elsewhere - elsewhere, 1) << "one stream, reopened once";
 }
 
