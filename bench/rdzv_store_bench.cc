@@ -6,6 +6,7 @@
 //   rdzv_store_bench --clients 64 --rounds 200 [--value-bytes 128] [--endpoint host:port]
 //                    [--unary]   (one unary call per operation instead of the Session stream)
 //                    [--confirmed-sets]   (every set waits for the server's answer)
+//                    [--grpc-stream]   (the gRPC Session stream instead of the store socket)
 // Besides the totals it prints each operation's p50/p99 (the `op=` lines, on stderr).
 // Without --endpoint it embeds a server in this process, as TCPStore's master does in the
 // Python driver.
@@ -27,11 +28,11 @@ using namespace ddpl::rdzv;
 int main(int argc, char** argv) {
   int clients = 16, rounds = 200, value_bytes = 128;
   std::string endpoint;
-  bool unary = false, confirmed_sets = false;
+  bool unary = false, confirmed_sets = false, grpc_stream = false;
   for (int i = 1; i < argc; i += 2) {
     std::string a = argv[i];
-    if (a == "--unary" || a == "--confirmed-sets") {
-      (a == "--unary" ? unary : confirmed_sets) = true;
+    if (a == "--unary" || a == "--confirmed-sets" || a == "--grpc-stream") {
+      (a == "--unary" ? unary : a == "--grpc-stream" ? grpc_stream : confirmed_sets) = true;
       --i;
       continue;
     }
@@ -71,6 +72,7 @@ int main(int argc, char** argv) {
     o.prefix = "bench/";
     o.use_session = !unary;
     o.quiet_sets = !confirmed_sets;
+    o.socket = !grpc_stream;
     stores.push_back(connectGrpcStore(o));
   }
   Bytes value(static_cast<size_t>(value_bytes), 0xab);
@@ -122,7 +124,10 @@ int main(int argc, char** argv) {
   std::sort(all.begin(), all.end());
   std::printf(
       "impl=%s clients=%d rounds=%d ops=%zu secs=%.3f ops_per_s=%.0f p50_us=%.0f p99_us=%.0f\n",
-      unary ? "grpc-unary" : (confirmed_sets ? "grpc-confirmed-sets" : "grpc"), clients, rounds,
+      unary ? "grpc-unary"
+            : (grpc_stream ? (confirmed_sets ? "grpc-confirmed-sets" : "grpc")
+                           : (confirmed_sets ? "socket-confirmed-sets" : "socket")),
+      clients, rounds,
       all.size(), secs, all.size() / secs, pct(all, 0.50), pct(all, 0.99));
   return 0;
 }

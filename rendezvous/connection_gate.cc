@@ -17,6 +17,7 @@
 
 #include "common/errors.h"
 #include "common/log.h"
+#include "rendezvous/wire_format.h"
 
 namespace ddpl::rdzv::grpc_detail {
 namespace {
@@ -31,6 +32,7 @@ constexpr auto kWarnInterval = std::chrono::seconds(10);
 // epoll data for the listening sockets and the wake-up eventfd; connections use their fd.
 constexpr uint64_t kListenTag = uint64_t{1} << 40;
 constexpr uint64_t kWakeTag = uint64_t{1} << 41;
+constexpr uint64_t kSniffTag = uint64_t{1} << 42;
 
 // gRPC names a peer by grpc_sockaddr_to_uri: "ipv4:1.2.3.4:5", "ipv6:[::1]:5", with
 // IPv4-mapped IPv6 addresses written as IPv4.
@@ -180,6 +182,9 @@ void ConnectionGate::stop() {
   // The duplicates only; gRPC's own descriptors end with its Shutdown.
   for (auto& [dup, c] : conns_) close(dup);
   conns_.clear();
+  for (auto& [fd, sn] : sniffing_) close(fd);
+  sniffing_.clear();
+  sniff_order_.clear();
   by_peer_.clear();
   by_grpc_fd_.clear();
 }
@@ -211,12 +216,20 @@ void ConnectionGate::loop() {
         }
       } else if (tag & kListenTag) {
         acceptAll(listen_fds_[tag & ~kListenTag]);
+      } else if (tag & kSniffTag) {
+        sniff(static_cast<int>(tag & ~kSniffTag));
       } else {
         std::lock_guard<std::mutex> lock(mu_);
         dropLocked(static_cast<int>(tag));
       }
     }
     auto now = SteadyClock::now();
+    std::vector<std::pair<int, Sniffing>> silent;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      expireSniffsLocked(now, silent);
+    }
+    for (auto& [fd, sn] : silent) handToGrpc(sn.listen_fd, fd, sn.peer);
     std::lock_guard<std::mutex> lock(mu_);
     runDueClosesLocked(now);
     if (now >= next_sweep_) {
@@ -237,6 +250,7 @@ void ConnectionGate::loop() {
 
 int ConnectionGate::nextTimeoutMs(SteadyClock::time_point now) const {
   auto next = next_sweep_;
+  if (!sniff_order_.empty()) next = std::min(next, sniff_order_.front().first);
   if (accept_paused_until_ != SteadyClock::time_point{}) next = std::min(next, accept_paused_until_);
   if (close_pending_)
     for (const auto& [dup, c] : conns_)
@@ -284,7 +298,8 @@ void ConnectionGate::admit(int listen_fd, int fd) {
       if (c != conns_.end()) shutDownLocked(c->second);
       dropLocked(it->second);
     }
-    if (static_cast<int64_t>(conns_.size()) >= options_.max_connections && !evictOneLocked()) {
+    if (static_cast<int64_t>(conns_.size() + sniffing_.size()) >= options_.max_connections &&
+        !evictOneLocked()) {
       ++stats_.rejected_at_cap;
       lock.unlock();
       close(fd);
@@ -294,7 +309,73 @@ void ConnectionGate::admit(int listen_fd, int fd) {
           peer, options_.max_connections));
       return;
     }
+    if (options_.adopt_wire) {
+      // gRPC's or the store socket's: its first bytes tell (sniff()).
+      auto until = SteadyClock::now() + options_.sniff_timeout;
+      sniffing_[fd] = Sniffing{listen_fd, peer, until};
+      sniff_order_.emplace_back(until, fd);
+      epoll_event ev{};
+      ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
+      ev.data.u64 = kSniffTag | static_cast<uint64_t>(fd);
+      epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+      ++stats_.accepted;
+      return;
+    }
+    ++stats_.accepted;
   }
+  handToGrpc(listen_fd, fd, peer);
+}
+
+void ConnectionGate::sniff(int fd) {
+  char buf[kWireMagicBytes];
+  ssize_t n = recv(fd, buf, sizeof(buf), MSG_PEEK | MSG_DONTWAIT);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+  enum { kWait, kWire, kGrpc, kGone } to;
+  if (n <= 0) {
+    to = kGone;
+  } else if (std::memcmp(buf, kWireMagic, static_cast<size_t>(n)) != 0) {
+    to = kGrpc;
+  } else {
+    to = static_cast<size_t>(n) == kWireMagicBytes ? kWire : kWait;
+  }
+  if (to == kWait) return;  // a prefix of the magic: the next bytes raise another edge
+  Sniffing sn;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sniffing_.find(fd);
+    if (it == sniffing_.end()) return;
+    sn = std::move(it->second);
+    sniffing_.erase(it);
+    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+    if (to == kWire) ++stats_.to_wire;
+  }
+  if (to == kGone) {
+    close(fd);
+  } else if (to == kWire) {
+    if (!options_.adopt_wire(fd, sn.peer)) {
+      close(fd);
+      warnRateLimited(fmt::format("refused a store socket from {}: at the connection limit",
+                                  sn.peer));
+    }
+  } else {
+    handToGrpc(sn.listen_fd, fd, sn.peer);
+  }
+}
+
+void ConnectionGate::expireSniffsLocked(SteadyClock::time_point now,
+                                        std::vector<std::pair<int, Sniffing>>& late) {
+  while (!sniff_order_.empty() && sniff_order_.front().first <= now) {
+    auto [until, fd] = sniff_order_.front();
+    sniff_order_.pop_front();
+    auto it = sniffing_.find(fd);
+    if (it == sniffing_.end() || it->second.until != until) continue;  // gone, or a newer one
+    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+    late.emplace_back(fd, std::move(it->second));
+    sniffing_.erase(it);
+  }
+}
+
+void ConnectionGate::handToGrpc(int listen_fd, int fd, const std::string& peer) {
   int dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
   if (dup_fd < 0) {
     close(fd);
@@ -319,7 +400,6 @@ void ConnectionGate::admit(int listen_fd, int fd) {
     by_peer_[peer] = dup_fd;
     by_grpc_fd_[fd] = dup_fd;
     conns_.emplace(dup_fd, std::move(c));
-    ++stats_.accepted;
   }
   grpc::experimental::ExternalConnectionAcceptor::NewConnectionParameters p;
   p.listener_fd = listen_fd;
@@ -348,6 +428,18 @@ void ConnectionGate::shutDownLocked(Conn& c) {
 }
 
 bool ConnectionGate::evictOneLocked() {
+  // A connection that has not even sent its first bytes goes first.
+  while (!sniff_order_.empty()) {
+    auto [until, fd] = sniff_order_.front();
+    sniff_order_.pop_front();
+    auto it = sniffing_.find(fd);
+    if (it == sniffing_.end() || it->second.until != until) continue;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+    close(fd);
+    sniffing_.erase(it);
+    ++stats_.evicted;
+    return true;
+  }
   Conn* oldest = nullptr;
   for (auto& [dup, c] : conns_)
     if (!c.authorized && !c.closing && (!oldest || c.order < oldest->order)) oldest = &c;
@@ -407,7 +499,7 @@ void ConnectionGate::noteCall(const std::string& peer, bool authorized) {
 GateStats ConnectionGate::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   GateStats s = stats_;
-  s.open = static_cast<int64_t>(conns_.size());
+  s.open = static_cast<int64_t>(conns_.size() + sniffing_.size());
   return s;
 }
 

@@ -11,6 +11,8 @@
 #include <grpcpp/server_builder.h>
 
 #include <atomic>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -30,6 +32,13 @@ struct GateOptions {
   // one) is shut down after this delay, long enough for the refusal to reach the client.
   Duration refused_close_delay{std::chrono::milliseconds(200)};
   std::string log_name = "rdzv";
+  // Set: each connection's first bytes are looked at (without reading them) before it is
+  // handed to gRPC; one that starts with kWireMagic (wire_format.h) goes to this instead,
+  // which returns false to have it closed. One that sends nothing for sniff_timeout goes to
+  // gRPC, whose handshake timeout then applies. Unset (TLS servers): every connection is
+  // gRPC's at once.
+  std::function<bool(int fd, const std::string& peer)> adopt_wire;
+  Duration sniff_timeout{std::chrono::seconds(10)};
 };
 
 struct GateStats {
@@ -38,6 +47,7 @@ struct GateStats {
   int64_t rejected_at_cap = 0;   // closed on arrival: the cap was reached by authorized peers
   int64_t evicted = 0;           // never-authorized connections closed to make room
   int64_t closed_refused = 0;    // closed after a call refused for its token
+  int64_t to_wire = 0;           // handed to the store's socket transport
 };
 
 class ConnectionGate {
@@ -54,6 +64,11 @@ class ConnectionGate {
   // Starts accepting: each connection is handed to gRPC through `acceptor` (the server must
   // be started). Until then the kernel's backlog holds connecting clients.
   void start(std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> acceptor);
+  // Before start(): where connections that start with the store socket's magic go
+  // (GateOptions::adopt_wire).
+  void setWire(std::function<bool(int fd, const std::string& peer)> adopt) {
+    options_.adopt_wire = std::move(adopt);
+  }
   // Stops accepting and closes the listening sockets; connections already handed over stay
   // gRPC's (its Shutdown closes them). Idempotent.
   void stop();
@@ -79,6 +94,11 @@ class ConnectionGate {
   void loop();
   void acceptAll(int listen_fd);
   void admit(int listen_fd, int fd);
+  void handToGrpc(int listen_fd, int fd, const std::string& peer);
+  void sniff(int fd);
+  struct Sniffing;
+  void expireSniffsLocked(std::chrono::steady_clock::time_point now,
+                          std::vector<std::pair<int, Sniffing>>& late);
   void dropLocked(int dup_fd);           // forget a connection that ended
   void shutDownLocked(Conn& c);          // end it: gRPC sees the peer gone
   bool evictOneLocked();
@@ -103,6 +123,14 @@ class ConnectionGate {
   std::unordered_map<std::string, int> by_peer_;         // peer -> dup_fd
   std::unordered_map<int, int> by_grpc_fd_;              // grpc_fd -> dup_fd
   uint64_t next_order_ = 0;
+  // Connections whose first bytes have not been seen yet (adopt_wire set), by fd.
+  struct Sniffing {
+    int listen_fd = -1;
+    std::string peer;
+    std::chrono::steady_clock::time_point until{};
+  };
+  std::unordered_map<int, Sniffing> sniffing_;
+  std::deque<std::pair<std::chrono::steady_clock::time_point, int>> sniff_order_;
   bool close_pending_ = false;
   GateStats stats_;
   std::chrono::steady_clock::time_point accept_paused_until_{};

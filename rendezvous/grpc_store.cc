@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "proto/rendezvous.grpc.pb.h"
 #include "rendezvous/grpc_common.h"
+#include "rendezvous/session_link.h"
 #include "rendezvous/store_ops.h"
 #include "rendezvous/write_queue.h"
 
@@ -38,50 +39,6 @@ struct StreamCount {
   int live = 0;
 };
 
-// The first failure of a quiet set (GrpcStoreOptions::quiet_sets), kept until the store's next
-// operation reports it. Shared by a GrpcStore and its streams.
-struct DeferredError {
-  std::mutex mu;
-  std::atomic<bool> any{false};  // lets the operations skip the lock while nothing failed
-  grpc::Status status;
-  std::string what;  // "set 'k'"
-
-  void record(grpc::Status s, std::string w) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (any.load()) return;  // the first one is the one to report
-    status = std::move(s);
-    what = std::move(w);
-    any = true;
-  }
-  bool take(grpc::Status* s, std::string* w) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (!any.load()) return false;
-    *s = std::move(status);
-    *w = std::move(what);
-    any = false;
-    return true;
-  }
-};
-
-// One operation sent on a Session stream, waiting for its response.
-struct PendingOp {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  grpc::Status status;  // not OK: the stream broke before the response came
-  pb::StoreResponse resp;
-
-  void complete(grpc::Status s, pb::StoreResponse* r) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      status = std::move(s);
-      if (r) resp.Swap(r);
-      done = true;
-    }
-    cv.notify_one();
-  }
-};
-
 // One Store.Session stream: many threads send on it, gRPC's callback threads read from it
 // and hand each response to the operation waiting for its id. Only one write may be in flight,
 // so requests queue behind it (WriteQueue).
@@ -89,7 +46,8 @@ struct PendingOp {
 // Holds: the stream keeps one hold from StartCall until it is broken and no write is in
 // flight, so that gRPC never calls OnDone while a thread is about to StartWrite. It keeps
 // itself alive (self_) until OnDone, whoever else lets go of it first.
-class StoreStream : public grpc::ClientBidiReactor<pb::StoreRequest, pb::StoreResponse> {
+class StoreStream : public SessionLink,
+                    public grpc::ClientBidiReactor<pb::StoreRequest, pb::StoreResponse> {
  public:
   static std::shared_ptr<StoreStream> start(pb::Store::Stub* stub, const std::string& token,
                                             std::shared_ptr<StreamCount> count,
@@ -104,35 +62,6 @@ class StoreStream : public grpc::ClientBidiReactor<pb::StoreRequest, pb::StoreRe
     s->StartRead(&s->resp_);
     s->StartCall();
     return s;
-  }
-
-  // Sends a ping (id 0) and waits for its answer: the token was accepted and the stream
-  // works end to end; `max_value_bytes` gets the server's limit from it (left alone when the
-  // answer has none). On failure the stream is finished and the status says why.
-  grpc::Status handshake(Duration timeout, int64_t* max_value_bytes) {
-    auto op = std::make_shared<PendingOp>();
-    pb::StoreRequest ping;
-    ping.set_id(0);
-    ping.mutable_ping();
-    if (send(ping, op) != Sent::kYes) {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return done_; });
-      return brokenStatus(final_);
-    }
-    std::unique_lock<std::mutex> lock(op->mu);
-    if (!op->cv.wait_for(lock, timeout, [&] { return op->done; })) {
-      lock.unlock();
-      close(kCloseWait);
-      return grpc::Status(
-          grpc::DEADLINE_EXCEEDED,
-          fmt::format("the store stream did not open within {}", describe(timeout)));
-    }
-    if (!op->status.ok()) return op->status;
-    if (op->resp.has_error())
-      return grpc::Status(static_cast<grpc::StatusCode>(op->resp.error().code()),
-                          op->resp.error().message());
-    if (op->resp.ping().max_value_bytes() > 0) *max_value_bytes = op->resp.ping().max_value_bytes();
-    return grpc::Status::OK;
   }
 
   // What the operations waiting on a stream that ended are told. The server refusing the
@@ -150,23 +79,11 @@ class StoreStream : public grpc::ClientBidiReactor<pb::StoreRequest, pb::StoreRe
     }
   }
 
-  enum class Sent { kYes, kBroken, kNoRoom };
-
-  // Sends `req` (moved from only when sent). `op` waits for the answer; without one the request
-  // goes quiet (a set: answered only if it fails), unless kMaxQuietSets are unconfirmed
-  // already (kNoRoom: nothing sent). kBroken: the stream broke before, nothing was sent.
   Sent send(pb::StoreRequest& req, const std::shared_ptr<PendingOp>& op,
-            const std::string& quiet_what = {}) {
+            const std::string& quiet_what = {}) override {
     std::unique_lock<std::mutex> lock(mu_);
     if (broken_) return Sent::kBroken;
-    uint64_t seq = ++sent_seq_;
-    if (op) {
-      pending_.emplace(req.id(), Pending{op, seq});
-    } else {
-      if (quiet_.size() >= static_cast<size_t>(kMaxQuietSets)) return Sent::kNoRoom;
-      quiet_.push_back({seq, req.id(), quiet_what});
-      req.set_quiet(true);
-    }
+    if (registerLocked(req, op, quiet_what) == Sent::kNoRoom) return Sent::kNoRoom;
     auto start = writes_.push(std::move(req), 0);
     lock.unlock();
     // Never under mu_: gRPC may run OnWriteDone on this thread before StartWrite returns.
@@ -174,25 +91,13 @@ class StoreStream : public grpc::ClientBidiReactor<pb::StoreRequest, pb::StoreRe
     return Sent::kYes;
   }
 
-  bool hasUnconfirmed() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return !quiet_.empty();
+  bool await(PendingOp& op, Clock::time_point deadline) override {
+    std::unique_lock<std::mutex> lock(op.mu);
+    return op.cv.wait_until(lock, deadline, [&] { return op.done; });
   }
 
-  // The operation stopped waiting (its deadline passed): a late response is dropped.
-  void forget(uint64_t id) {
-    std::lock_guard<std::mutex> lock(mu_);
-    pending_.erase(id);
-  }
-
-  bool broken() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return broken_;
-  }
-
-  // Ends the stream: the server unparks this stream's operations, pending ones here fail.
   // Returns once gRPC is done with the stream, or after `limit`.
-  void close(Duration limit) {
+  void close(Duration limit) override {
     ctx_->TryCancel();
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait_for(lock, limit, [&] { return done_; });
@@ -205,28 +110,7 @@ class StoreStream : public grpc::ClientBidiReactor<pb::StoreRequest, pb::StoreRe
       releaseHold(lock);
       return;
     }
-    std::shared_ptr<PendingOp> op;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = pending_.find(resp_.id());
-      if (it != pending_.end()) {
-        op = std::move(it->second.op);
-        confirmLocked(it->second.seq);
-        pending_.erase(it);
-      } else if (resp_.has_error()) {
-        // A quiet set the server refused (or a late answer to an operation that stopped
-        // waiting: not found among the quiet ones, dropped).
-        for (const auto& q : quiet_)
-          if (q.id == resp_.id()) {
-            deferred_->record(grpc::Status(static_cast<grpc::StatusCode>(resp_.error().code()),
-                                           resp_.error().message()),
-                              q.what);
-            confirmLocked(q.seq);
-            break;
-          }
-      }
-    }
-    if (op) op->complete(grpc::Status::OK, &resp_);
+    onResponse(resp_);
     resp_.Clear();
     StartRead(&resp_);
   }
@@ -248,32 +132,20 @@ class StoreStream : public grpc::ClientBidiReactor<pb::StoreRequest, pb::StoreRe
   }
 
   void OnDone(const grpc::Status& s) override {
-    std::unordered_map<uint64_t, Pending> pending;
-    grpc::Status why = brokenStatus(s);
     {
       std::lock_guard<std::mutex> lock(mu_);
       done_ = true;
-      broken_ = true;
       final_ = s;
-      pending.swap(pending_);
       writes_.abandon();
-      if (!quiet_.empty())
-        deferred_->record(
-            grpc::Status(why.error_code(),
-                         fmt::format("{}; the server had not confirmed it nor {} more set(s) "
-                                     "sent before it broke, which may not have been applied",
-                                     why.error_message(), quiet_.size() - 1)),
-            quiet_.front().what);
-      quiet_.clear();
     }
+    onBroken(brokenStatus(s));
     cv_.notify_all();
-    for (auto& [id, p] : pending) p.op->complete(why, nullptr);
     auto keep = std::move(self_);  // may delete this: nothing below touches members
   }
 
  private:
   StoreStream(std::shared_ptr<StreamCount> count, std::shared_ptr<DeferredError> deferred)
-      : count_(std::move(count)), deferred_(std::move(deferred)) {
+      : SessionLink(std::move(deferred)), count_(std::move(count)) {
     std::lock_guard<std::mutex> lock(count_->mu);
     ++count_->live;
   }
@@ -286,10 +158,11 @@ class StoreStream : public grpc::ClientBidiReactor<pb::StoreRequest, pb::StoreRe
   }
 
  private:
-  // Caller holds mu_. The server answered the request sent `seq`-th: it handled every earlier
-  // one of this stream, the quiet sets among them included.
-  void confirmLocked(uint64_t seq) {
-    while (!quiet_.empty() && quiet_.front().seq <= seq) quiet_.pop_front();
+  // A send that found the stream broken: wait for gRPC's verdict on it.
+  grpc::Status whyBroken() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_; });
+    return brokenStatus(final_);
   }
 
   // Caller holds mu_ through `lock`; releases it.
@@ -300,35 +173,24 @@ class StoreStream : public grpc::ClientBidiReactor<pb::StoreRequest, pb::StoreRe
     RemoveHold();
   }
 
-  struct Pending {
-    std::shared_ptr<PendingOp> op;
-    uint64_t seq;  // its place in the order of sending
-  };
-  struct Quiet {
-    uint64_t seq, id;
-    std::string what;
-  };
-
   std::shared_ptr<StreamCount> count_;
-  std::shared_ptr<DeferredError> deferred_;
   std::unique_ptr<grpc::ClientContext> ctx_ = std::make_unique<grpc::ClientContext>();
   pb::StoreResponse resp_;  // the read in flight; used only by the read loop
-  std::mutex mu_;           // guards everything below; never held while calling into gRPC
+  // Under mu_ (SessionLink's), never held while calling into gRPC:
   std::condition_variable cv_;
-  bool broken_ = false;
   bool hold_released_ = false;
   bool done_ = false;
   grpc::Status final_;
   WriteQueue<pb::StoreRequest> writes_;
-  std::unordered_map<uint64_t, Pending> pending_;
-  uint64_t sent_seq_ = 0;
-  std::deque<Quiet> quiet_;  // sent quiet, not yet confirmed; oldest first; <= kMaxQuietSets
   std::shared_ptr<StoreStream> self_;
 };
 
 class GrpcStore : public Store {
  public:
-  explicit GrpcStore(const GrpcStoreOptions& o) : o_(o), use_session_(o.use_session) {
+  explicit GrpcStore(const GrpcStoreOptions& o)
+      : o_(o),
+        use_session_(o.use_session),
+        use_socket_(o.use_session && o.socket && o.tls_ca_file.empty()) {
     channel_ = makeChannel(
         {o.endpoint, o.tls_ca_file, o.tls_cert_file, o.tls_key_file, kDefaultMaxValueBytes});
     stub_ = pb::Store::NewStub(channel_);
@@ -354,7 +216,7 @@ class GrpcStore : public Store {
   // NetworkError; the destructor returns once they have left.
   ~GrpcStore() override {
     flushQuiet();
-    std::shared_ptr<StoreStream> s;
+    std::shared_ptr<SessionLink> s;
     {
       std::lock_guard<std::mutex> lock(mu_);
       closing_ = true;
@@ -530,11 +392,11 @@ class GrpcStore : public Store {
       auto stream = liveStream(w, deadline);
       if (!stream) return false;  // the server lost Session (downgraded)
       switch (stream->send(req, nullptr, w)) {
-        case StoreStream::Sent::kYes:
+        case SessionLink::Sent::kYes:
           return true;
-        case StoreStream::Sent::kNoRoom:
+        case SessionLink::Sent::kNoRoom:
           return false;
-        case StoreStream::Sent::kBroken:
+        case SessionLink::Sent::kBroken:
           break;  // nothing was sent: try a new stream
       }
     }
@@ -553,7 +415,7 @@ class GrpcStore : public Store {
   // Before the store goes: the quiet sets still unconfirmed must reach the server, so that a
   // rank that sets its key and exits does not lose it. A ping's answer confirms them all.
   void flushQuiet() {
-    std::shared_ptr<StoreStream> s;
+    std::shared_ptr<SessionLink> s;
     {
       std::lock_guard<std::mutex> lock(mu_);
       s = stream_;
@@ -563,9 +425,8 @@ class GrpcStore : public Store {
       pb::StoreRequest ping;
       ping.set_id(next_id_.fetch_add(1, std::memory_order_relaxed));
       ping.mutable_ping();
-      if (s->send(ping, op) == StoreStream::Sent::kYes) {
-        std::unique_lock<std::mutex> lock(op->mu);
-        if (!op->cv.wait_for(lock, kCloseWait, [&] { return op->done; }))
+      if (s->send(ping, op) == SessionLink::Sent::kYes) {
+        if (!s->await(*op, Clock::now() + kCloseWait))
           log::warn("store client for {}: sets not confirmed by the server within {}",
                     o_.endpoint, describe(kCloseWait));
       }
@@ -584,17 +445,15 @@ class GrpcStore : public Store {
     std::shared_ptr<PendingOp> pending = std::make_shared<PendingOp>();
     uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
     req.set_id(id);
-    std::shared_ptr<StoreStream> stream;
+    std::shared_ptr<SessionLink> stream;
     for (;;) {
       stream = liveStream(op, deadline);
       if (!stream) return unary(op, timeout, req);  // the server lost Session (downgraded)
       // A stream that broke before the request went out: nothing was sent, so it is safe to
       // send it again on a new one.
-      if (stream->send(req, pending) == StoreStream::Sent::kYes) break;
+      if (stream->send(req, pending) == SessionLink::Sent::kYes) break;
     }
-    std::unique_lock<std::mutex> lock(pending->mu);
-    if (!pending->cv.wait_until(lock, deadline, [&] { return pending->done; })) {
-      lock.unlock();
+    if (!stream->await(*pending, deadline)) {
       stream->forget(id);
       throwStatus(grpc::Status(grpc::DEADLINE_EXCEEDED,
                                fmt::format("no answer within {}", describe(timeout))),
@@ -611,8 +470,8 @@ class GrpcStore : public Store {
 
   // The open stream, or a new one when the last one broke (a restarted server, a dropped
   // connection). Throws NetworkError naming the endpoint when none opens in time.
-  std::shared_ptr<StoreStream> liveStream(const std::string& op, Clock::time_point deadline) {
-    auto current = [&]() -> std::shared_ptr<StoreStream> {
+  std::shared_ptr<SessionLink> liveStream(const std::string& op, Clock::time_point deadline) {
+    auto current = [&]() -> std::shared_ptr<SessionLink> {
       std::lock_guard<std::mutex> lock(mu_);
       if (closing_)
         throwStatus(grpc::Status(grpc::UNAVAILABLE, "the store client is being destroyed"),
@@ -632,12 +491,21 @@ class GrpcStore : public Store {
     return open(std::min(left, o_.connect_timeout));
   }
 
-  std::shared_ptr<StoreStream> open(Duration timeout) {
-    std::shared_ptr<StoreStream> opened;
+  std::shared_ptr<SessionLink> open(Duration timeout) {
+    std::shared_ptr<SessionLink> opened;
     retryConnect(o_.endpoint, timeout, [&](Duration attempt_timeout) {
-      auto s = StoreStream::start(stub_.get(), o_.token, streams_, deferred_);
       int64_t limit = max_value_bytes_;
-      grpc::Status st = s->handshake(attempt_timeout, &limit);
+      if (use_socket_) {
+        grpc::Status st =
+            openWireLink(o_.endpoint, o_.token, attempt_timeout, deferred_, &opened, &limit);
+        if (st.ok()) max_value_bytes_ = limit;
+        if (st.error_code() != grpc::UNIMPLEMENTED) return st;
+        log::info("rendezvous server {} does not serve the store socket ({}); using gRPC",
+                  o_.endpoint, st.error_message());
+        use_socket_ = false;
+      }
+      auto s = StoreStream::start(stub_.get(), o_.token, streams_, deferred_);
+      grpc::Status st = s->handshake(attempt_timeout, &limit, {});
       if (st.ok()) max_value_bytes_ = limit;
       if (st.ok()) opened = std::move(s);
       if (st.error_code() == grpc::UNIMPLEMENTED) return grpc::Status::OK;
@@ -680,11 +548,14 @@ class GrpcStore : public Store {
   std::unique_ptr<pb::Store::Stub> stub_;
   std::atomic<int64_t> max_value_bytes_{kDefaultMaxValueBytes};  // the server's, from connecting
   std::atomic<bool> use_session_{true};
+  // Try the store socket first (GrpcStoreOptions::socket); off once the server showed it has
+  // none.
+  std::atomic<bool> use_socket_{false};
   std::atomic<uint64_t> next_id_{1};
   std::shared_ptr<DeferredError> deferred_ = std::make_shared<DeferredError>();
   std::mutex open_mu_;  // held while reopening the stream
   std::mutex mu_;       // guards the four below
-  std::shared_ptr<StoreStream> stream_;
+  std::shared_ptr<SessionLink> stream_;
   std::shared_ptr<StreamCount> streams_ = std::make_shared<StreamCount>();
   bool closing_ = false;
   int active_ = 0;

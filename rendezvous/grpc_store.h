@@ -37,6 +37,11 @@ struct GrpcStoreOptions {
   // waits (up to 10 s) for the server to confirm the sets still unconfirmed. At most
   // kMaxQuietSets go unconfirmed; past that a set waits for its answer. Off: every set waits.
   bool quiet_sets = true;
+  // Carry the Session's operations on the server's plain store socket (same port, no gRPC:
+  // docs/rendezvous.md, "The store's socket transport") instead of a gRPC stream: a round
+  // trip costs a few system calls instead of gRPC's thread hand-offs. Only without TLS; a
+  // server without the socket is detected when connecting and gRPC is used.
+  bool socket = true;
 };
 
 // Sets a store lets go unconfirmed before the next one waits for its answer (quiet_sets).

@@ -17,6 +17,7 @@
 #include "rendezvous/connection_gate.h"
 #include "rendezvous/grpc_common.h"
 #include "rendezvous/service.h"
+#include "rendezvous/wire_server.h"
 
 namespace ddpl::rdzv {
 namespace {
@@ -97,6 +98,7 @@ struct RendezvousServer::Impl {
   // Before services: it is told of their token checks, so it must outlive them.
   std::unique_ptr<grpc_detail::ConnectionGate> gate;
   std::unique_ptr<grpc_detail::Services> services;
+  grpc_detail::WireServer* wire = nullptr;  // the services' own; null without it
   std::unique_ptr<grpc::Server> server;
   int port = 0;
   std::mutex mu;
@@ -128,6 +130,12 @@ RendezvousServer::RendezvousServer(const ServerOptions& options) : impl_(std::ma
   auto* gate = impl_->gate.get();
   cfg.on_token_checked = [gate](const std::string& peer, bool ok) { gate->noteCall(peer, ok); };
   impl_->services = std::make_unique<grpc_detail::Services>(cfg);
+  if (options.store_socket && options.tls_cert_file.empty()) {
+    grpc_detail::WireOptions wire_options;
+    wire_options.max_connections = gate_options.max_connections;
+    auto* wire = impl_->wire = impl_->services->startWire(wire_options);
+    gate->setWire([wire](int fd, const std::string& peer) { return wire->adopt(fd, peer); });
+  }
 
   std::shared_ptr<grpc::ServerCredentials> creds;
   if (options.tls_cert_file.empty()) {
@@ -190,10 +198,10 @@ RendezvousServer::RendezvousServer(const ServerOptions& options) : impl_(std::ma
         "and change the store and the membership",
         options.log_name, endpoint());
   log::info(
-      "[{}] serving on {} ({}, {}, max value {} bytes, heartbeat window {}ms, run "
+      "[{}] serving on {} ({}{}, {}, max value {} bytes, heartbeat window {}ms, run "
       "retention {}s, per stream {} unanswered / {} bytes queued, {} bytes queued in all)",
       options.log_name, endpoint(), options.tls_cert_file.empty() ? "plaintext" : "TLS",
-      options.token.empty() ? "no token" : "token required", options.max_value_bytes,
+      impl_->wire ? " + store socket" : "", options.token.empty() ? "no token" : "token required", options.max_value_bytes,
       options.heartbeat_window.count(), options.run_retention.count() / 1000,
       options.limits.max_stream_pending, options.limits.max_stream_queued_bytes,
       options.limits.max_queued_bytes);
@@ -220,6 +228,7 @@ void RendezvousServer::shutdown() {
   }
   impl_->services->beginShutdown();
   impl_->gate->stop();  // no new connections while the old ones are ended
+  if (impl_->wire) impl_->wire->stop();
   // An immediate deadline cancels parked calls; their OnCancel finishes each one.
   impl_->server->Shutdown(std::chrono::system_clock::now());
   impl_->server->Wait();
@@ -244,6 +253,11 @@ ServerStats RendezvousServer::stats() const {
   s.connections_rejected = g.rejected_at_cap;
   s.connections_evicted = g.evicted;
   s.refused_peers_closed = g.closed_refused;
+  if (impl_->wire) {
+    auto w = impl_->wire->stats();
+    s.store_sockets = w.open;
+    s.connections += w.open;
+  }
   return s;
 }
 

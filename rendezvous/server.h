@@ -63,6 +63,10 @@ struct ServerOptions {
   // changed since the last line). 0: never.
   Duration stats_interval = kDefaultStatsInterval;
   std::string log_name = "rdzv";  // prefix of this server's log lines
+  // Serve the store's socket transport on the same port (docs/rendezvous.md, "The store's
+  // socket transport"): clients that start with its magic bytes get the store without gRPC.
+  // Always off with TLS: that transport is plaintext.
+  bool store_socket = true;
 };
 
 struct ServerStats {
@@ -82,7 +86,8 @@ struct ServerStats {
   int64_t connections_accepted = 0;  // since start
   int64_t connections_rejected = 0;  // closed on arrival: the cap, all held by authorized peers
   int64_t connections_evicted = 0;   // never-authorized ones closed to make room at the cap
-  int64_t refused_peers_closed = 0;  // closed after a call refused for its token  // runs examined by the state machine's timers (work, see tests)
+  int64_t refused_peers_closed = 0;  // closed after a call refused for its token
+  int64_t store_sockets = 0;         // of `connections`: on the store's socket transport  // runs examined by the state machine's timers (work, see tests)
 };
 
 // Threading contract:

@@ -31,6 +31,8 @@ struct ServiceConfig {
 };
 
 class Core;
+class WireServer;
+struct WireOptions;
 
 // Keys the server deletes with a run it forgets: the store prefix it hands the run's workers
 // ("<run>/<round>/") and the agents' job-wide namespace ("ddpl-agents/<run>/").
@@ -46,11 +48,14 @@ class Services {
   void beginShutdown();
   ServerStats stats() const;
   void logStats();  // the periodic stats line, now
+  // Starts the store's socket transport (wire_server.h) over the same Core. Once.
+  WireServer* startWire(const WireOptions& options);
 
  private:
   std::unique_ptr<Core> core_;
   std::unique_ptr<grpc::Service> store_;
   std::unique_ptr<grpc::Service> rendezvous_;
+  std::unique_ptr<WireServer> wire_;  // last: stopped before the Core it serves goes
 };
 
 }  // namespace ddpl::rdzv::grpc_detail

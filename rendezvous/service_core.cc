@@ -3,7 +3,9 @@
 #include "common/log.h"
 #include "ddpl/config.h"
 #include "rendezvous/grpc_common.h"
+#include "rendezvous/store_ops.h"
 #include "rendezvous/token.h"
+#include "rendezvous/wire_server.h"
 
 namespace ddpl::rdzv::grpc_detail {
 
@@ -61,13 +63,17 @@ Core::~Core() { timers.stop(); }
 grpc::Status Core::authorize(grpc::CallbackServerContext* ctx) {
   const auto& md = ctx->client_metadata();
   auto it = md.find(kTokenHeader);
-  bool ok = cfg.token.empty() ||
-            (it != md.end() &&
-             constantTimeEquals(std::string(it->second.data(), it->second.size()), cfg.token));
-  if (cfg.on_token_checked) cfg.on_token_checked(ctx->peer(), ok);
+  if (it == md.end()) return authorizeToken(ctx->peer(), nullptr);
+  std::string token(it->second.data(), it->second.size());
+  return authorizeToken(ctx->peer(), &token);
+}
+
+grpc::Status Core::authorizeToken(const std::string& peer, const std::string* token) {
+  bool ok = cfg.token.empty() || (token && constantTimeEquals(*token, cfg.token));
+  if (cfg.on_token_checked) cfg.on_token_checked(peer, ok);
   if (ok) return grpc::Status::OK;
   ++unauthenticated;
-  const char* why = it == md.end() ? "missing" : "wrong";
+  const char* why = token ? "wrong" : "missing";
   // One line per interval at most: a flood of bad calls must not flood the log. The first
   // refusal is logged at once; the ones after it within the interval are counted and logged
   // together when it ends.
@@ -85,18 +91,18 @@ grpc::Status Core::authorize(grpc::CallbackServerContext* ctx) {
     }
     if (!first) {
       ++refusals_unlogged_;
-      last_refusal_ = fmt::format("latest from {}: {} token", ctx->peer(), why);
+      last_refusal_ = fmt::format("latest from {}: {} token", peer, why);
       if (!refusal_flush_armed_) {
         refusal_flush_armed_ = arm = true;
         flush_at = std::max(now, refusal_logged_at_ + kRefusalLogInterval);
       }
     }
   }
-  if (first) log::warn("[{}] refused a call from {}: {} token", cfg.log_name, ctx->peer(), why);
+  if (first) log::warn("[{}] refused a call from {}: {} token", cfg.log_name, peer, why);
   if (arm) timers.schedule(flush_at, [this] { flushRefusals(); });
   return grpc::Status(grpc::UNAUTHENTICATED,
-                      it == md.end() ? "this server requires a token and the call had none"
-                                     : "the call's token does not match the server's");
+                      token ? "the call's token does not match the server's"
+                            : "this server requires a token and the call had none");
 }
 
 void Core::flushRefusals() {
@@ -302,6 +308,78 @@ void fill(pb::MultiGetResponse* resp, std::vector<Bytes>& v) {
 
 }  // namespace ops
 
+// ---- one request of a store session ------------------------------------------------------
+
+SessionStep runSessionRequest(Core& c, const pb::StoreRequest& req) {
+  SessionStep step;
+  step.resp.set_id(req.id());
+  grpc::Status s;
+  bool known = visitStoreOp(req.op_case(), [&](auto op) {
+    using Op = decltype(op);
+    if constexpr (Op::kKind == OpKind::kImmediate) {
+      s = c.run([&] { ops::apply(c, Op::request(req), Op::response(step.resp)); });
+    } else {
+      s = c.run([&] {
+        step.park = ops::park(Op::request(req));
+        step.timeout = c.waitTimeout(step.park.timeout_ms);
+        c.admitPark();
+      });
+      if (s.ok()) step.what = SessionStep::kPark;
+    }
+  });
+  if (step.what == SessionStep::kPark) return step;
+  // A quiet set is answered only when it fails: the client counts it confirmed by the answer
+  // to any later request of this stream (they are handled in order).
+  if (s.ok() && req.quiet() &&
+      (req.op_case() == pb::StoreRequest::kSet || req.op_case() == pb::StoreRequest::kMultiSet)) {
+    step.what = SessionStep::kQuiet;
+    return step;
+  }
+  if (!known)
+    s = grpc::Status(grpc::INVALID_ARGUMENT,
+                     fmt::format("request {} names no operation this server knows", req.id()));
+  if (!s.ok()) setOpError(step.resp, s);
+  return step;
+}
+
+pb::StoreResponse parkedAnswer(uint64_t id, pb::StoreRequest::OpCase c, const grpc::Status& s,
+                               std::vector<Bytes>& values) {
+  pb::StoreResponse resp;
+  resp.set_id(id);
+  if (!s.ok()) {
+    setOpError(resp, s);
+    return resp;
+  }
+  visitStoreOp(c, [&](auto op) {
+    using Op = decltype(op);
+    if constexpr (Op::kKind == OpKind::kParked) ops::fill(Op::response(resp), values);
+  });
+  return resp;
+}
+
+void setOpError(pb::StoreResponse& resp, const grpc::Status& s) {
+  uint64_t id = resp.id();
+  resp.Clear();
+  resp.set_id(id);
+  auto* e = resp.mutable_error();
+  e->set_code(static_cast<int32_t>(s.error_code()));
+  e->set_message(s.error_message());
+}
+
+int64_t admitAnswer(Core& c, pb::StoreResponse& resp) {
+  auto size = static_cast<int64_t>(resp.ByteSizeLong());
+  const auto& limits = c.cfg.limits;
+  if (size > 0 && c.queued_bytes.load() + size > limits.max_queued_bytes) {
+    ++c.refused_for_memory;
+    setOpError(resp, grpc::Status(grpc::RESOURCE_EXHAUSTED,
+                                  fmt::format("answer of {} bytes refused: the server already "
+                                              "queues {} bytes of answers (limit {} bytes)",
+                                              size, c.queued_bytes.load(), limits.max_queued_bytes)));
+    size = static_cast<int64_t>(resp.ByteSizeLong());
+  }
+  return size;
+}
+
 // ---- ParkedOp ----------------------------------------------------------------------------
 
 void ParkedOp::start() {
@@ -368,6 +446,11 @@ Services::Services(const ServiceConfig& config)
       rendezvous_(makeRendezvousService(core_.get())) {}
 
 Services::~Services() = default;
+
+WireServer* Services::startWire(const WireOptions& options) {
+  wire_ = std::make_unique<WireServer>(core_.get(), options);
+  return wire_.get();
+}
 
 grpc::Service* Services::store() { return store_.get(); }
 grpc::Service* Services::rendezvous() { return rendezvous_.get(); }

@@ -67,6 +67,9 @@ class Core {
   // Checks the call's token. A refusal is counted and logged at most once per
   // kRefusalLogInterval, with the number refused since the last line.
   grpc::Status authorize(grpc::CallbackServerContext* ctx);
+  // The same check for a token that came another way (the socket transport's first
+  // request); null: none was sent.
+  grpc::Status authorizeToken(const std::string& peer, const std::string* token);
 
   template <typename Body>
   grpc::Status guard(grpc::CallbackServerContext* ctx, Body&& body) {
@@ -221,6 +224,33 @@ class ParkedOp : public std::enable_shared_from_this<ParkedOp> {
   std::atomic<KvSpace::WaitId> wait_id_{0};
   std::atomic<TimerQueue::TimerId> timer_{0};
 };
+
+// ---- one request of a store session (the gRPC Session stream and the plain-socket
+// transport, wire_server.cc, run requests through these alike) ----------------------------
+
+struct SessionStep {
+  enum What { kAnswer, kQuiet, kPark };
+  What what = kAnswer;
+  pb::StoreResponse resp;  // kAnswer: the answer (an error included), tagged with the id
+  ops::Park park;          // kPark: admitted (counted by Core::admitPark), with its timeout
+  Duration timeout{};
+};
+
+// Runs an immediate operation, or range-checks and admits a parked one for the caller to
+// start as a ParkedOp. A quiet set that succeeded needs no answer (kQuiet).
+SessionStep runSessionRequest(Core& c, const pb::StoreRequest& req);
+
+// The answer of a parked operation of request `id` (op `c`), OK or not.
+pb::StoreResponse parkedAnswer(uint64_t id, pb::StoreRequest::OpCase c, const grpc::Status& s,
+                               std::vector<Bytes>& values);
+
+// Replaces what `resp` holds by the error `s`, keeping its id.
+void setOpError(pb::StoreResponse& resp, const grpc::Status& s);
+
+// The size an answer counts against the server-wide bytes of queued answers. An answer that
+// would take that count past StreamLimits::max_queued_bytes is replaced, here, by
+// RESOURCE_EXHAUSTED naming the limit (the operation itself has run).
+int64_t admitAnswer(Core& c, pb::StoreResponse& resp);
 
 // A JoinRequest from the wire as the state machine's JoinSpec: timeouts range-checked
 // (INVALID_ARGUMENT naming the value) and saturated at kMaxTimeout; the state machine checks

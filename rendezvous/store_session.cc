@@ -23,7 +23,6 @@
 #include <malloc.h>
 
 #include "rendezvous/service_core.h"
-#include "rendezvous/store_ops.h"
 #include "rendezvous/write_queue.h"
 
 namespace ddpl::rdzv::grpc_detail {
@@ -113,45 +112,10 @@ class StoreSession : public grpc::ServerBidiReactor<pb::StoreRequest, pb::StoreR
 
  private:
   void handle(const pb::StoreRequest& req) {
-    pb::StoreResponse resp;
-    resp.set_id(req.id());
-    grpc::Status s;
-    Core& c = *core_;
-    bool answers_later = false;  // parked: its callback responds
-    bool known = visitStoreOp(req.op_case(), [&](auto op) {
-      using Op = decltype(op);
-      if constexpr (Op::kKind == OpKind::kImmediate) {
-        s = c.run([&] { ops::apply(c, Op::request(req), Op::response(resp)); });
-      } else {
-        park(req.id(), ops::park(Op::request(req)), op);
-        answers_later = true;
-      }
-    });
-    if (answers_later) return;
-    // A quiet set is answered only when it fails: the client counts it confirmed by the answer
-    // to any later request of this stream (they are handled in order).
-    if (s.ok() && req.quiet() &&
-        (req.op_case() == pb::StoreRequest::kSet || req.op_case() == pb::StoreRequest::kMultiSet))
-      return;
-    if (!known)
-      s = grpc::Status(grpc::INVALID_ARGUMENT,
-                       fmt::format("request {} names no operation this server knows", req.id()));
-    if (!s.ok()) setError(resp, s);
-    respond(std::move(resp));
-  }
-
-  template <typename Op>
-  void park(uint64_t id, ops::Park p, Op) {
-    Duration timeout{};
-    grpc::Status s = core_->run([&] {
-      timeout = core_->waitTimeout(p.timeout_ms);
-      core_->admitPark();
-    });
-    if (!s.ok()) {
-      pb::StoreResponse resp;
-      resp.set_id(id);
-      setError(resp, s);
-      respond(std::move(resp));
+    SessionStep step = runSessionRequest(*core_, req);
+    if (step.what == SessionStep::kQuiet) return;
+    if (step.what == SessionStep::kAnswer) {
+      respond(std::move(step.resp));
       return;
     }
     uint64_t slot;
@@ -161,14 +125,10 @@ class StoreSession : public grpc::ServerBidiReactor<pb::StoreRequest, pb::StoreR
     }
     ++refs_;
     auto op = std::make_shared<ParkedOp>(
-        core_, std::move(p), timeout,
-        [this, id, slot](const grpc::Status& st, std::vector<Bytes>& values) {
-          pb::StoreResponse resp;
-          resp.set_id(id);
-          if (st.ok())
-            ops::fill(Op::response(resp), values);
-          else
-            setError(resp, st);
+        core_, std::move(step.park), step.timeout,
+        [this, id = req.id(), c = req.op_case(), slot](const grpc::Status& st,
+                                                        std::vector<Bytes>& values) {
+          pb::StoreResponse resp = parkedAnswer(id, c, st, values);
           {
             std::lock_guard<std::mutex> lock(mu_);
             parked_.erase(slot);
@@ -187,28 +147,8 @@ class StoreSession : public grpc::ServerBidiReactor<pb::StoreRequest, pb::StoreR
     if (cancelled) op->cancel();
   }
 
-  static void setError(pb::StoreResponse& resp, const grpc::Status& s) {
-    uint64_t id = resp.id();
-    resp.Clear();
-    resp.set_id(id);
-    auto* e = resp.mutable_error();
-    e->set_code(static_cast<int32_t>(s.error_code()));
-    e->set_message(s.error_message());
-  }
-
   void respond(pb::StoreResponse resp) {
-    auto size = static_cast<int64_t>(resp.ByteSizeLong());
-    const auto& limits = core_->cfg.limits;
-    if (size > 0 && core_->queued_bytes.load() + size > limits.max_queued_bytes) {
-      // The operation ran, but its answer does not fit the server's memory for answers.
-      ++core_->refused_for_memory;
-      setError(resp, grpc::Status(
-                         grpc::RESOURCE_EXHAUSTED,
-                         fmt::format("answer of {} bytes refused: the server already "
-                                     "queues {} bytes of answers (limit {} bytes)",
-                                     size, core_->queued_bytes.load(), limits.max_queued_bytes)));
-      size = static_cast<int64_t>(resp.ByteSizeLong());
-    }
+    auto size = admitAnswer(*core_, resp);
     std::unique_lock<std::mutex> lock(mu_);
     if (finished_) return;
     WriteQueue<pb::StoreResponse>::Start start;

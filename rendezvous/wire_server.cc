@@ -1,0 +1,563 @@
+#include "rendezvous/wire_server.h"
+
+#include <fmt/format.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "common/errors.h"
+#include "common/log.h"
+#include "rendezvous/grpc_common.h"
+#include "rendezvous/service_core.h"
+#include "rendezvous/wire_format.h"
+
+namespace ddpl::rdzv::grpc_detail {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+constexpr uint64_t kWakeTag = ~uint64_t{0};
+constexpr size_t kReadChunk = 64 << 10;
+// Reads per wake-up of one connection before the loop serves the others.
+constexpr int kReadsPerWake = 4;
+// An output buffer that held more than this is given back once it drains.
+constexpr size_t kKeepOutBytes = 1 << 20;
+
+}  // namespace
+
+struct WireServer::Conn {
+  uint64_t id = 0;
+  int fd = -1;
+  std::string peer;
+  // The loop thread's alone.
+  std::string in;
+  size_t magic_seen = 0;
+  std::atomic<bool> authed{false};  // also read by adopt(), choosing whom to evict
+  bool lingering = false;
+  bool evicting = false;  // guarded by the server's mu_
+
+  std::mutex mu;  // guards everything below
+  bool closed = false;
+  bool reading = true;      // EPOLLIN armed: false while back-pressure holds it
+  bool want_write = false;  // EPOLLOUT armed: the socket took less than the output
+  bool batching = false;    // the loop is handling a read and flushes at its end
+  std::string out;
+  size_t out_off = 0;
+  uint64_t next_slot = 1;
+  std::unordered_map<uint64_t, std::shared_ptr<ParkedOp>> parked;
+
+  int64_t outBytes() const { return static_cast<int64_t>(out.size() - out_off); }
+};
+
+WireServer::WireServer(Core* core, WireOptions options)
+    : core_(core), options_(std::move(options)), read_buf_(kReadChunk) {
+  max_frame_bytes_ = static_cast<uint32_t>(
+      std::min<int64_t>(core_->cfg.max_value_bytes + kMessageOverheadBytes, UINT32_MAX));
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (epoll_fd_ < 0 || wake_fd_ < 0) {
+    std::string e = std::strerror(errno);
+    if (epoll_fd_ >= 0) ::close(epoll_fd_);
+    if (wake_fd_ >= 0) ::close(wake_fd_);
+    throw NetworkError("rendezvous server: cannot create the store socket loop: " + e);
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kWakeTag;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
+  thread_ = std::thread([this] { loop(); });
+}
+
+WireServer::~WireServer() {
+  stop();
+  ::close(epoll_fd_);
+  ::close(wake_fd_);
+}
+
+bool WireServer::adopt(int fd, const std::string& peer) {
+  ConnPtr evict;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_ || stopping_) return false;
+    if (static_cast<int64_t>(conns_.size()) - evicting_ >= options_.max_connections) {
+      // The oldest connection still without its token makes room, as at the gRPC gate.
+      for (const auto& [at, id] : hellos_) {
+        auto it = conns_.find(id);
+        if (it != conns_.end() && !it->second->authed && !it->second->evicting) {
+          evict = it->second;
+          break;
+        }
+      }
+      if (!evict) {
+        ++stats_.rejected_at_cap;
+        return false;
+      }
+      evict->evicting = true;
+      ++evicting_;
+      ++stats_.evicted;
+    }
+  }
+  if (evict) {
+    // The loop sees it end and closes it; until then it no longer counts against the cap.
+    std::lock_guard<std::mutex> lock(evict->mu);
+    if (!evict->closed) shutdown(evict->fd, SHUT_RDWR);
+  }
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  auto c = std::make_shared<Conn>();
+  c->fd = fd;
+  c->peer = peer;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopped_ || stopping_) return false;
+  c->id = next_id_++;
+  conns_.emplace(c->id, c);
+  hellos_.emplace_back(SteadyClock::now() + options_.hello_timeout, c->id);
+  ++stats_.accepted;
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP;
+  ev.data.u64 = c->id;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+  return true;
+}
+
+void WireServer::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) return;
+    stopped_ = true;
+  }
+  stopping_ = true;
+  wake();
+  if (thread_.joinable()) thread_.join();
+  std::vector<ConnPtr> all;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [id, c] : conns_) all.push_back(c);
+  }
+  for (auto& c : all) close(c);
+  // A parked operation decided on another thread just before its cancel may still be
+  // answering into its (closed) connection; it removes itself from `parked` last.
+  auto until = SteadyClock::now() + std::chrono::seconds(10);
+  for (auto& c : all) {
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(c->mu);
+        if (c->parked.empty()) break;
+      }
+      if (SteadyClock::now() > until) {
+        log::warn("[{}] store socket {}: parked operations still answering at shutdown",
+                  core_->cfg.log_name, c->peer);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+}
+
+WireStats WireServer::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  WireStats s = stats_;
+  s.open = static_cast<int64_t>(conns_.size()) - evicting_;
+  return s;
+}
+
+void WireServer::wake() {
+  uint64_t one = 1;
+  ssize_t n = write(wake_fd_, &one, sizeof(one));
+  (void)n;  // a full counter already wakes the loop
+}
+
+WireServer::ConnPtr WireServer::find(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = conns_.find(id);
+  return it == conns_.end() ? nullptr : it->second;
+}
+
+void WireServer::loop() {
+  epoll_event events[128];
+  while (!stopping_) {
+    int n = epoll_wait(epoll_fd_, events, 128, nextTimeoutMs(SteadyClock::now()));
+    if (n < 0 && errno != EINTR) {
+      log::error("[{}] store socket loop: epoll_wait: {}", core_->cfg.log_name,
+                 std::strerror(errno));
+      return;
+    }
+    for (int i = 0; i < n && !stopping_; ++i) {
+      uint64_t tag = events[i].data.u64;
+      if (tag == kWakeTag) {
+        uint64_t v;
+        while (read(wake_fd_, &v, sizeof(v)) > 0) {
+        }
+        continue;
+      }
+      ConnPtr c = find(tag);
+      if (!c) continue;
+      uint32_t ev = events[i].events;
+      if (ev & EPOLLOUT) {
+        std::lock_guard<std::mutex> lock(c->mu);
+        if (!c->closed) flushLocked(*c);
+      }
+      if (ev & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) onReadable(c);
+    }
+    runResumes();
+    expire(SteadyClock::now());
+  }
+}
+
+int WireServer::nextTimeoutMs(SteadyClock::time_point now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  SteadyClock::time_point next = SteadyClock::time_point::max();
+  if (!hellos_.empty()) next = hellos_.front().first;
+  if (!lingers_.empty()) next = std::min(next, lingers_.front().first);
+  if (next == SteadyClock::time_point::max()) return -1;
+  if (next <= now) return 0;
+  return static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(next - now).count());
+}
+
+void WireServer::expire(SteadyClock::time_point now) {
+  std::vector<ConnPtr> late, done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    while (!hellos_.empty() && hellos_.front().first <= now) {
+      auto it = conns_.find(hellos_.front().second);
+      if (it != conns_.end() && !it->second->authed && !it->second->lingering) {
+        late.push_back(it->second);
+        ++stats_.hello_timeouts;
+      }
+      hellos_.pop_front();
+    }
+    while (!lingers_.empty() && lingers_.front().first <= now) {
+      auto it = conns_.find(lingers_.front().second);
+      if (it != conns_.end()) done.push_back(it->second);
+      lingers_.pop_front();
+    }
+  }
+  for (auto& c : late) {
+    log::debug("[{}] store socket {}: no token within {}", core_->cfg.log_name, c->peer,
+               describe(options_.hello_timeout));
+    fail(c, grpc::UNAUTHENTICATED,
+         fmt::format("no token within {} of connecting", describe(options_.hello_timeout)));
+  }
+  for (auto& c : done) close(c);
+}
+
+void WireServer::runResumes() {
+  std::vector<uint64_t> ids;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ids.swap(resumes_);
+  }
+  for (uint64_t id : ids)
+    if (ConnPtr c = find(id)) processFrames(c);
+}
+
+void WireServer::onReadable(const ConnPtr& c) {
+  for (int i = 0; i < kReadsPerWake; ++i) {
+    ssize_t n = recv(c->fd, read_buf_.data(), read_buf_.size(), 0);
+    if (n > 0) {
+      if (c->lingering) continue;  // an ended connection: its input is dropped
+      int64_t total = input_bytes_.fetch_add(n) + n;
+      if (total > core_->cfg.limits.max_queued_bytes) {
+        input_bytes_ -= n;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          ++stats_.input_refused;
+        }
+        fail(c, grpc::RESOURCE_EXHAUSTED,
+             fmt::format("the server already holds {} bytes of requests not yet handled, all "
+                         "connections together (limit {} bytes); try again",
+                         total - n, core_->cfg.limits.max_queued_bytes));
+        return;
+      }
+      c->in.append(read_buf_.data(), static_cast<size_t>(n));
+      if (static_cast<size_t>(n) < read_buf_.size()) break;
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    close(c);  // the client went away (n == 0) or the connection broke
+    return;
+  }
+  if (!c->lingering) processFrames(c);
+}
+
+void WireServer::processFrames(const ConnPtr& c) {
+  if (c->lingering) return;
+  {
+    std::lock_guard<std::mutex> lock(c->mu);
+    if (c->closed || !c->reading) return;
+    c->batching = true;
+  }
+  size_t off = 0;
+  bool ended = false;
+  while (!ended) {
+    if (c->magic_seen < kWireMagicBytes) {
+      size_t n = std::min(kWireMagicBytes - c->magic_seen, c->in.size() - off);
+      if (n == 0) break;
+      if (std::memcmp(c->in.data() + off, kWireMagic + c->magic_seen, n) != 0) {
+        // The gate saw the magic; anything else here is a bug, not a client to answer.
+        close(c);
+        return;
+      }
+      c->magic_seen += n;
+      off += n;
+      continue;
+    }
+    if (c->in.size() - off < kFrameHeaderBytes) break;
+    uint32_t len = readFrameHeader(c->in.data() + off);
+    uint32_t limit = c->authed ? max_frame_bytes_ : kMaxHelloFrameBytes;
+    if (len > limit) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++stats_.protocol_errors;
+      }
+      fail(c, c->authed ? grpc::RESOURCE_EXHAUSTED : grpc::INVALID_ARGUMENT,
+           c->authed ? fmt::format("request of {} bytes: this server takes at most {} bytes "
+                                   "(its max value size plus {} bytes)",
+                                   len, limit, kMessageOverheadBytes)
+                     : fmt::format("first request of {} bytes: it must be a ping with the "
+                                   "token, at most {} bytes",
+                                   len, limit));
+      ended = true;
+      break;
+    }
+    if (c->in.size() - off - kFrameHeaderBytes < len) {
+      // Room for the whole frame at once instead of growing with every read.
+      if (c->in.capacity() < off + kFrameHeaderBytes + len) {
+        c->in.erase(0, off);
+        input_bytes_ -= static_cast<int64_t>(off);
+        off = 0;
+        c->in.reserve(kFrameHeaderBytes + len);
+      }
+      break;
+    }
+    pb::StoreRequest req;
+    bool parsed = req.ParseFromArray(c->in.data() + off + kFrameHeaderBytes, static_cast<int>(len));
+    off += kFrameHeaderBytes + len;
+    if (!parsed) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++stats_.protocol_errors;
+      }
+      fail(c, grpc::INVALID_ARGUMENT,
+           fmt::format("a frame of {} bytes is not a StoreRequest", len));
+      ended = true;
+      break;
+    }
+    if (!c->authed) {
+      if (!hello(c, req)) {
+        ended = true;
+        break;
+      }
+      continue;
+    }
+    handle(c, req);
+    std::lock_guard<std::mutex> lock(c->mu);
+    if (c->closed) return;
+    if (overLimitLocked(*c)) {
+      // Resumed by maybeResumeLocked once answers are written or parked operations answer;
+      // the frames already read wait in `in`.
+      c->reading = false;
+      armLocked(*c);
+      ++core_->paused_reads;
+      break;
+    }
+  }
+  if (!ended) {
+    c->in.erase(0, off);
+    input_bytes_ -= static_cast<int64_t>(off);
+  }
+  std::lock_guard<std::mutex> lock(c->mu);
+  c->batching = false;
+  if (!c->closed) flushLocked(*c);
+}
+
+bool WireServer::hello(const ConnPtr& c, const pb::StoreRequest& req) {
+  if (req.op_case() != pb::StoreRequest::kPing || req.id() != 0) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.protocol_errors;
+    }
+    fail(c, grpc::INVALID_ARGUMENT,
+         "the first request on a store socket must be a ping with id 0 carrying the token");
+    return false;
+  }
+  grpc::Status s = core_->authorizeToken(c->peer, req.token().empty() ? nullptr : &req.token());
+  if (!s.ok()) {
+    fail(c, s.error_code(), s.error_message());
+    return false;
+  }
+  c->authed = true;
+  ++core_->sessions;
+  pb::StoreResponse resp;
+  resp.set_id(0);
+  ops::apply(*core_, req.ping(), resp.mutable_ping());
+  respond(c, std::move(resp));
+  return true;
+}
+
+void WireServer::handle(const ConnPtr& c, const pb::StoreRequest& req) {
+  SessionStep step = runSessionRequest(*core_, req);
+  if (step.what == SessionStep::kQuiet) return;
+  if (step.what == SessionStep::kAnswer) {
+    respond(c, std::move(step.resp));
+    return;
+  }
+  uint64_t slot;
+  {
+    std::lock_guard<std::mutex> lock(c->mu);
+    slot = c->next_slot++;
+  }
+  // The callback holds the connection; the connection holds the operation until it has
+  // answered: the cycle ends when the callback removes it, after its answer.
+  auto op = std::make_shared<ParkedOp>(
+      core_, std::move(step.park), step.timeout,
+      [this, c, id = req.id(), oc = req.op_case(), slot](const grpc::Status& st,
+                                                         std::vector<Bytes>& values) {
+        respond(c, parkedAnswer(id, oc, st, values));
+        std::lock_guard<std::mutex> lock(c->mu);
+        c->parked.erase(slot);
+        maybeResumeLocked(*c);
+      });
+  bool cancelled;
+  {
+    std::lock_guard<std::mutex> lock(c->mu);
+    c->parked.emplace(slot, op);
+    cancelled = c->closed;
+  }
+  op->start();
+  if (cancelled) op->cancel();  // close() ran while it was being parked and could not see it
+}
+
+void WireServer::respond(const ConnPtr& c, pb::StoreResponse resp) {
+  int64_t size = admitAnswer(*core_, resp);
+  (void)size;
+  std::lock_guard<std::mutex> lock(c->mu);
+  if (c->closed) return;
+  int64_t before = c->outBytes();
+  appendFrame(c->out, resp);
+  accountOutLocked(*c, before);
+  if (!c->batching && !c->want_write) flushLocked(*c);
+}
+
+void WireServer::accountOutLocked(Conn& c, int64_t before) {
+  core_->queued_bytes += c.outBytes() - before;
+}
+
+void WireServer::flushLocked(Conn& c) {
+  int64_t before = c.outBytes();
+  bool broke = false;
+  while (c.out_off < c.out.size()) {
+    ssize_t n = send(c.fd, c.out.data() + c.out_off, c.out.size() - c.out_off,
+                     MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      c.out_off += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    broke = true;  // the loop sees the connection end and closes it
+    c.out_off = c.out.size();
+    shutdown(c.fd, SHUT_RDWR);
+    break;
+  }
+  if (c.out_off == c.out.size()) {
+    if (c.out.capacity() > kKeepOutBytes) {
+      std::string().swap(c.out);
+    } else {
+      c.out.clear();
+    }
+    c.out_off = 0;
+  } else if (c.out_off > c.out.size() / 2) {
+    c.out.erase(0, c.out_off);
+    c.out_off = 0;
+  }
+  accountOutLocked(c, before);
+  bool want = c.outBytes() > 0 && !broke;
+  if (want != c.want_write) {
+    c.want_write = want;
+    armLocked(c);
+  }
+  maybeResumeLocked(c);
+}
+
+void WireServer::armLocked(Conn& c) {
+  if (c.closed) return;
+  epoll_event ev{};
+  ev.events = EPOLLRDHUP | (c.reading ? EPOLLIN : 0u) | (c.want_write ? EPOLLOUT : 0u);
+  ev.data.u64 = c.id;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.fd, &ev);
+}
+
+bool WireServer::overLimitLocked(const Conn& c) const {
+  const auto& limits = core_->cfg.limits;
+  return static_cast<int64_t>(c.parked.size()) >= limits.max_stream_pending ||
+         c.outBytes() >= limits.max_stream_queued_bytes;
+}
+
+void WireServer::maybeResumeLocked(Conn& c) {
+  if (c.reading || c.closed || overLimitLocked(c)) return;
+  c.reading = true;
+  armLocked(c);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    resumes_.push_back(c.id);  // the frames already read are the loop's to handle
+  }
+  wake();
+}
+
+void WireServer::fail(const ConnPtr& c, int code, const std::string& message) {
+  pb::StoreResponse resp;
+  resp.set_id(0);
+  setOpError(resp, grpc::Status(static_cast<grpc::StatusCode>(code), message));
+  {
+    std::lock_guard<std::mutex> lock(c->mu);
+    if (c->closed) return;
+    int64_t before = c->outBytes();
+    appendFrame(c->out, resp);
+    accountOutLocked(*c, before);
+    c->reading = true;  // its input is read and dropped until the client closes
+    armLocked(*c);
+    flushLocked(*c);
+    shutdown(c->fd, SHUT_WR);
+  }
+  input_bytes_ -= static_cast<int64_t>(c->in.size());
+  std::string().swap(c->in);
+  c->lingering = true;
+  std::lock_guard<std::mutex> lock(mu_);
+  lingers_.emplace_back(SteadyClock::now() + options_.linger, c->id);
+}
+
+void WireServer::close(const ConnPtr& c) {
+  std::vector<std::shared_ptr<ParkedOp>> parked;
+  {
+    std::lock_guard<std::mutex> lock(c->mu);
+    if (c->closed) return;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c->fd, nullptr);
+    ::close(c->fd);
+    c->closed = true;
+    int64_t before = c->outBytes();
+    c->out.clear();
+    c->out_off = 0;
+    accountOutLocked(*c, before);
+    for (auto& [slot, op] : c->parked) parked.push_back(op);
+  }
+  for (auto& op : parked) op->cancel();  // their answers go nowhere: closed
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    conns_.erase(c->id);
+    if (c->evicting) --evicting_;
+  }
+  if (!c->lingering) {
+    input_bytes_ -= static_cast<int64_t>(c->in.size());
+    std::string().swap(c->in);
+  }
+  if (c->authed) --core_->sessions;
+}
+
+}  // namespace ddpl::rdzv::grpc_detail
