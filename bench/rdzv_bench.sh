@@ -39,20 +39,24 @@ echo "== rendezvous scale: N agents join one round (targets: 4096 in < 1000 ms, 
 "$BIN/rdzv_scale_bench" --agents "${AGENTS:-64,256,1024,4096,16384}" 2>/dev/null
 
 echo "== store: NCCL-bootstrap pattern (set, add, get, wait), $ROUNDS rounds, median of $REPEAT"
-printf '%-8s %12s %12s %8s %10s %10s %10s %10s\n' clients grpc_ops/s tcpstore_ops/s ratio \
-  grpc_p50us tcp_p50us grpc_p99us tcp_p99us
+echo "   socket: our store on the server's plain socket (the default); grpc: on the gRPC Session stream"
+printf '%-8s %11s %11s %11s %7s %7s %8s %8s %8s %8s %8s %8s\n' clients socket_ops/s grpc_ops/s \
+  tcp_ops/s sock/tcp grpc/tcp sock_p50 grpc_p50 tcp_p50 sock_p99 grpc_p99 tcp_p99
 for c in 1 16 64; do
-  gs="" ts=""
+  ss="" gs="" ts=""
   for _ in $(seq "$REPEAT"); do
-    gs+=$("$BIN/rdzv_store_bench" --clients "$c" --rounds "$ROUNDS" 2>/dev/null)$'\n'
+    ss+=$("$BIN/rdzv_store_bench" --clients "$c" --rounds "$ROUNDS" 2>/dev/null)$'\n'
+    gs+=$("$BIN/rdzv_store_bench" --clients "$c" --rounds "$ROUNDS" --grpc-stream 2>/dev/null)$'\n'
     ts+=$("$PY" bench/rdzv_tcpstore_bench.py --clients "$c" --rounds "$ROUNDS" 2>/dev/null |
       grep impl=)$'\n'
   done
-  g=$(median <<<"$gs"); t=$(median <<<"$ts")
-  gt=$(field ops_per_s "$g"); tt=$(field ops_per_s "$t")
-  printf '%-8s %12s %12s %8s %10s %10s %10s %10s\n' "$c" "$gt" "$tt" \
+  s=$(median <<<"$ss"); g=$(median <<<"$gs"); t=$(median <<<"$ts")
+  st=$(field ops_per_s "$s"); gt=$(field ops_per_s "$g"); tt=$(field ops_per_s "$t")
+  printf '%-8s %11s %11s %11s %7s %7s %8s %8s %8s %8s %8s %8s\n' "$c" "$st" "$gt" "$tt" \
+    "$(awk -v a="$st" -v b="$tt" 'BEGIN { printf "%.2f", a / b }')" \
     "$(awk -v a="$gt" -v b="$tt" 'BEGIN { printf "%.2f", a / b }')" \
-    "$(field p50_us "$g")" "$(field p50_us "$t")" "$(field p99_us "$g")" "$(field p99_us "$t")"
+    "$(field p50_us "$s")" "$(field p50_us "$g")" "$(field p50_us "$t")" \
+    "$(field p99_us "$s")" "$(field p99_us "$g")" "$(field p99_us "$t")"
 done
 
 # What any gRPC store could reach here: a Session stream whose server answers at once, against
@@ -89,16 +93,16 @@ if [ -x "$BIN/rdzv_bootstrap_bench" ]; then
   out=$("$BIN/rdzv_bootstrap_bench" --ranks "${RANKS:-8,64,256,1024}" --repeat "$REPEAT" 2>/dev/null |
     grep '^impl=')
   echo "$out"
-  printf '%-6s %6s %16s %16s %8s\n' mode ranks grpc_ms_median tcp_ms_median ratio
-  # Median over the runs of each side; ratio = TCPStore's time / ours (above 1: ours is faster).
+  printf '%-6s %6s %13s %13s %13s %9s %9s\n' mode ranks socket_ms grpc_ms tcp_ms tcp/sock tcp/grpc
+  # Median over the runs of each side; ratios = TCPStore's time / ours (above 1: ours is faster).
   awk '{ for (i = 1; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
          k = f["mode"] " " f["ranks"]; v[k, f["impl"], ++n[k, f["impl"]]] = f["ms"]; keys[k] = 1 }
        function med(k, impl,   m, i, j, t, a) {
          m = n[k, impl]; for (i = 1; i <= m; i++) a[i] = v[k, impl, i]
          for (i = 1; i <= m; i++) for (j = i + 1; j <= m; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
          return a[int((m + 1) / 2)] }
-       END { for (k in keys) { split(k, p, " "); g = med(k, "grpc"); t = med(k, "tcpstore")
-             printf "%-6s %6s %16.1f %16.1f %8.2f\n", p[1], p[2], g, t, t / g } }' <<<"$out" | sort -k1,1 -k2n
+       END { for (k in keys) { split(k, p, " "); s = med(k, "socket"); g = med(k, "grpc"); t = med(k, "tcpstore")
+             printf "%-6s %6s %13.1f %13.1f %13.1f %9.2f %9.2f\n", p[1], p[2], s, g, t, t / s, t / g } }' <<<"$out" | sort -k1,1 -k2n
 else
   echo "(no $BIN/rdzv_bootstrap_bench: the process-group bootstrap benchmark needs -DDDPL_WITH_TORCH=ON)"
 fi

@@ -3,6 +3,10 @@
 // behind c10d's own classes (c10d::Store, c10d::PrefixStore, c10d::ProcessGroupGloo).
 //
 //   rdzv_bootstrap_bench [--ranks 8,64,256,1024] [--repeat 3] [--gloo-max 64]
+//                        [--impls socket,grpc,tcpstore]
+//
+// socket: our store on the server's plain socket (the default client); grpc: our store on the
+// gRPC Session stream (GrpcStoreOptions::socket = false); tcpstore: torch's.
 //
 // Ranks are threads of this process, each with its own store client (its own TCPStore socket;
 // its own GrpcStore, whose channels to one server share gRPC's one connection inside a
@@ -19,7 +23,7 @@
 //               (Gloo's full mesh is built through the store), then barrier()->wait(). Every
 //               rank opens a socket to every other: N = 256 would need 65k sockets here.
 //
-// One line per run: impl=grpc|tcpstore mode=store|gloo ranks=N ms=<start to last rank done>
+// One line per run: impl=socket|grpc|tcpstore mode=store|gloo ranks=N ms=<start to last rank done>
 // rank_p50_ms=<a rank's own time, median> connect_p50_ms / connect_max_ms=<its store client's
 // construction> errors=E.
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -44,7 +48,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr std::chrono::milliseconds kTimeout{std::chrono::seconds(300)};
 
-enum class Impl { kGrpc, kTcp };
+enum class Impl { kSocket, kGrpc, kTcp };
+
+const char* implName(Impl i) {
+  return i == Impl::kSocket ? "socket" : i == Impl::kGrpc ? "grpc" : "tcpstore";
+}
 enum class Mode { kStore, kGloo };
 
 // The host side, up before the ranks start.
@@ -56,10 +64,11 @@ struct Host {
 };
 
 c10::intrusive_ptr<c10d::Store> connect(Impl impl, const Host& h, const std::string& run) {
-  if (impl == Impl::kGrpc) {
+  if (impl != Impl::kTcp) {
     ddpl::rdzv::GrpcStoreOptions o;
     o.endpoint = h.endpoint;
     o.prefix = run + "/";
+    o.socket = impl == Impl::kSocket;
     return c10::make_intrusive<ddpl::worker::RdzvC10dStore>(
         std::shared_ptr<ddpl::rdzv::Store>(ddpl::rdzv::connectGrpcStore(o)), kTimeout);
   }
@@ -134,7 +143,7 @@ void runOnce(Impl impl, Mode mode, const Host& h, int world, int attempt) {
   std::printf(
       "impl=%s mode=%s ranks=%d ms=%.1f rank_p50_ms=%.1f connect_p50_ms=%.1f "
       "connect_max_ms=%.1f errors=%d%s%s\n",
-      impl == Impl::kGrpc ? "grpc" : "tcpstore", mode == Mode::kStore ? "store" : "gloo", world, ms,
+      implName(impl), mode == Mode::kStore ? "store" : "gloo", world, ms,
       rank_ms[rank_ms.size() / 2], connect_ms[connect_ms.size() / 2], connect_ms.back(),
       errors.load(),
               first_error.empty() ? "" : " first_error=", first_error.substr(0, 300).c_str());
@@ -146,6 +155,7 @@ void runOnce(Impl impl, Mode mode, const Host& h, int world, int attempt) {
 int main(int argc, char** argv) {
   std::vector<int> sizes = {8, 64, 256, 1024};
   int repeat = 3, gloo_max = 64;
+  std::vector<Impl> impls = {Impl::kSocket, Impl::kGrpc, Impl::kTcp};
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i], v = argv[i + 1];
     try {
@@ -155,6 +165,14 @@ int main(int argc, char** argv) {
           sizes.push_back(static_cast<int>(ddpl::parseInteger(a, x, 1, 1 << 16)));
       } else if (a == "--repeat") {
         repeat = static_cast<int>(ddpl::parseInteger(a, v, 1, 1000));
+      } else if (a == "--impls") {
+        impls.clear();
+        for (const auto& x : ddpl::splitList(v, ',')) {
+          if (x == "socket") impls.push_back(Impl::kSocket);
+          else if (x == "grpc") impls.push_back(Impl::kGrpc);
+          else if (x == "tcpstore") impls.push_back(Impl::kTcp);
+          else throw ddpl::InvalidArgument("--impls: '" + x + "' is not socket, grpc or tcpstore");
+        }
       } else if (a == "--gloo-max") {
         gloo_max = static_cast<int>(ddpl::parseInteger(a, v, 0, 1 << 16));
       } else {
@@ -182,7 +200,7 @@ int main(int argc, char** argv) {
     for (Mode mode : {Mode::kStore, Mode::kGloo}) {
       if (mode == Mode::kGloo && n > gloo_max) continue;
       for (int a = 0; a < repeat; ++a)
-        for (Impl impl : {Impl::kGrpc, Impl::kTcp}) runOnce(impl, mode, h, n, a);
+        for (Impl impl : impls) runOnce(impl, mode, h, n, a);
     }
   return 0;
 }

@@ -46,6 +46,8 @@ inline constexpr const char kLegacyRdzvToken[] = "DDPL_STORE_TOKEN";
 inline constexpr const char kStoreAddr[] = "DDPL_STORE_ADDR";
 inline constexpr const char kStoreToken[] = "DDPL_STORE_TOKEN";
 inline constexpr const char kStorePrefix[] = "DDPL_STORE_PREFIX";
+// "0": the worker reaches DDPL_STORE_ADDR over gRPC only, not the store socket.
+inline constexpr const char kStoreSocket[] = "DDPL_STORE_SOCKET";
 // Set by launch for each worker: the pipe its step heartbeats go to (common/heartbeat.h).
 inline constexpr const char kHeartbeatFd[] = "DDPL_HEARTBEAT_FD";
 // Set by launch on every process it starts, to find strays after it dies (launcher/watchdog.h).

@@ -174,8 +174,18 @@ void throwStatus(const grpc::Status& status, const std::string& endpoint, const 
   }
 }
 
+namespace {
+// Seeds the backoff jitter: different per thread and process (agents started together must
+// not retry in lockstep), without a random_device per call (1,024 ranks connecting at once).
+uint32_t jitterSeed() {
+  static const uint32_t base = std::random_device{}();
+  return base ^ static_cast<uint32_t>(std::hash<std::thread::id>{}(std::this_thread::get_id())) ^
+         static_cast<uint32_t>(Clock::now().time_since_epoch().count());
+}
+}  // namespace
+
 grpc::Status retryWhileUnavailable(Duration window, const std::function<grpc::Status()>& call) {
-  std::mt19937 rng(std::random_device{}());
+  std::minstd_rand rng(jitterSeed());
   Duration backoff{100};
   std::optional<Clock::time_point> lost;
   for (;;) {
@@ -197,7 +207,7 @@ void retryConnect(const std::string& endpoint, Duration timeout,
                   const std::function<grpc::Status(Duration)>& attempt) {
   auto start = Clock::now();
   auto deadline = start + timeout;
-  std::mt19937 rng(std::random_device{}());
+  std::minstd_rand rng(jitterSeed());
   Duration backoff{50};
   grpc::Status last;
   int attempts = 0;

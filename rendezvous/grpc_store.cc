@@ -191,9 +191,6 @@ class GrpcStore : public Store {
       : o_(o),
         use_session_(o.use_session),
         use_socket_(o.use_session && o.socket && o.tls_ca_file.empty()) {
-    channel_ = makeChannel(
-        {o.endpoint, o.tls_ca_file, o.tls_cert_file, o.tls_key_file, kDefaultMaxValueBytes});
-    stub_ = pb::Store::NewStub(channel_);
     auto start = Clock::now();
     // The stream's handshake is the connect check (token, limits): one round trip where a
     // unary Ping first cost another, and a unary call's set-up (issue 17: a rank's bootstrap).
@@ -206,7 +203,7 @@ class GrpcStore : public Store {
                    prepare(ctx, o_.token, attempt_timeout);
                    ctx.set_wait_for_ready(true);
                    pb::PingResponse resp;
-                   auto s = stub_->Ping(&ctx, pb::PingRequest{}, &resp);
+                   auto s = stub()->Ping(&ctx, pb::PingRequest{}, &resp);
                    if (s.ok()) max_value_bytes_ = resp.max_value_bytes();
                    return s;
                  });
@@ -504,7 +501,7 @@ class GrpcStore : public Store {
                   o_.endpoint, st.error_message());
         use_socket_ = false;
       }
-      auto s = StoreStream::start(stub_.get(), o_.token, streams_, deferred_);
+      auto s = StoreStream::start(stub(), o_.token, streams_, deferred_);
       grpc::Status st = s->handshake(attempt_timeout, &limit, {});
       if (st.ok()) max_value_bytes_ = limit;
       if (st.ok()) opened = std::move(s);
@@ -539,12 +536,24 @@ class GrpcStore : public Store {
             const Req& req, Resp& resp) {
     grpc::ClientContext ctx;
     prepare(ctx, o_.token, timeout);
-    grpc::Status s = ((*stub_).*method)(&ctx, req, &resp);
+    grpc::Status s = ((*stub()).*method)(&ctx, req, &resp);
     if (!s.ok()) throwStatus(s, o_.endpoint, op);
   }
 
   GrpcStoreOptions o_;
-  std::shared_ptr<grpc::Channel> channel_;
+  // The gRPC channel, made when first needed: a store on the socket never needs it, and
+  // making one costs more than the whole socket connect (1,024 ranks connecting at once).
+  pb::Store::Stub* stub() {
+    std::call_once(channel_made_, [&] {
+      channel_ = makeChannel({o_.endpoint, o_.tls_ca_file, o_.tls_cert_file, o_.tls_key_file,
+                              kDefaultMaxValueBytes});
+      stub_ = pb::Store::NewStub(channel_);
+    });
+    return stub_.get();
+  }
+
+  std::once_flag channel_made_;
+  std::shared_ptr<grpc::Channel> channel_;  // set once by stub()
   std::unique_ptr<pb::Store::Stub> stub_;
   std::atomic<int64_t> max_value_bytes_{kDefaultMaxValueBytes};  // the server's, from connecting
   std::atomic<bool> use_session_{true};

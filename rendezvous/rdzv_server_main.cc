@@ -59,6 +59,9 @@ Serves the ddplaunch rendezvous (membership rounds) and key-value store over gRP
   --max-connections N      connections held at once; silent or refused peers make room
                            for new ones (default 4096; lowered, with a warning, when
                            the open-file limit cannot back 2 files per connection)
+  --no-store-socket        serve the store over gRPC only (by default clients may also
+                           reach it on the same port without gRPC, a few times faster;
+                           always off with TLS)
   --stats-interval SECS    log runs, keys and streams this often when they changed;
                            0: never (default 300)
   --log-level LEVEL        trace, debug, info, warn, error (default info)
@@ -107,6 +110,7 @@ int main(int argc, char** argv) {
                                                           {"--max-streams-per-connection", true},
                                                           {"--max-connection-idle", true},
                                                           {"--max-connections", true},
+                                                          {"--no-store-socket", false},
                                                           {"--stats-interval", true},
                                                           {"--log-level", true},
                                                           {"--help", false},
@@ -164,6 +168,7 @@ int main(int argc, char** argv) {
       o.connections.max_connection_idle = std::chrono::seconds(parseInt(arg, value, 1, 86400));
     if (arg == "--max-connections")
       o.connections.max_connections = static_cast<int>(parseInt(arg, value, 1, 1 << 24));
+    if (arg == "--no-store-socket") o.store_socket = false;
     if (arg == "--stats-interval")
       o.stats_interval = std::chrono::seconds(parseInt(arg, value, 0, 86400));
     if (arg == "--log-level") level = value;

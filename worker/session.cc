@@ -153,6 +153,11 @@ SessionOptions SessionOptions::fromEnvironment(const Environment& env) {
   o.storeAddr = lookup(env, envvar::kStoreAddr, "");
   o.storeToken = lookup(env, envvar::kStoreToken, "");
   o.storePrefix = lookup(env, envvar::kStorePrefix, "");
+  {
+    const std::string v = lookup(env, envvar::kStoreSocket, "1");
+    o.storeSocket = !(v == "0" || v == "false" || v == "False" || v == "FALSE" || v == "no" ||
+                      v == "off");
+  }
   o.backend = parseBackendKind(lookup(env, envvar::kBackend, "auto"));
   o.glooInterface = lookup(env, "GLOO_SOCKET_IFNAME", "");
   // glibc's own malloc settings (MALLOC_*_ env or GLIBC_TUNABLES) are the user's choice: ours
@@ -208,6 +213,7 @@ c10::intrusive_ptr<c10d::Store> connectStore(const SessionOptions& o) {
     grpc.endpoint = o.storeAddr;
     grpc.token = o.storeToken;
     grpc.prefix = o.storePrefix;
+    grpc.socket = o.storeSocket;
     grpc.default_timeout = std::chrono::duration_cast<rdzv::Duration>(o.storeTimeout);
     std::shared_ptr<rdzv::Store> client = rdzv::connectGrpcStore(grpc);
     wlog::info("store: ddplaunch rendezvous store at " + o.storeAddr);

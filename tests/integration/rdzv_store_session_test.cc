@@ -29,10 +29,13 @@ using std::chrono::milliseconds;
 using std::chrono::seconds;
 using ::testing::HasSubstr;
 
-std::unique_ptr<Store> connect(const std::string& endpoint, const std::string& token = "") {
+// socket: the store socket (the default) or, false, the gRPC Session stream.
+std::unique_ptr<Store> connect(const std::string& endpoint, const std::string& token = "",
+                               bool socket = true) {
   GrpcStoreOptions o;
   o.endpoint = endpoint;
   o.token = token;
+  o.socket = socket;
   o.connect_timeout = seconds(10);
   return connectGrpcStore(o);
 }
@@ -189,10 +192,10 @@ TEST(StoreSessionTest, OversizedValuesAreRefusedNamingTheLimit) {
   s.ctx.TryCancel();
 }
 
-TEST(StoreSessionTest, ManyThreadsShareOneStore) {
+void manyThreadsShareOneStore(bool socket) {
   RendezvousServer server(ServerOptions{});
-  auto store = connect(server.endpoint());
-  auto other = connect(server.endpoint());
+  auto store = connect(server.endpoint(), "", socket);
+  auto other = connect(server.endpoint(), "", socket);
   constexpr int kThreads = 16, kRounds = 50;
   std::atomic<int> wrong{0};
   std::vector<std::thread> threads;
@@ -222,9 +225,17 @@ TEST(StoreSessionTest, ManyThreadsShareOneStore) {
   EXPECT_EQ(store->add("count", 0), kThreads * kRounds);
 }
 
-TEST(StoreSessionTest, OperationDeadlinesAreHonouredAndNamed) {
+// On both links: the store socket and the gRPC Session stream.
+TEST(StoreSessionTest, ManyThreadsShareOneStore) {
+  for (bool socket : {true, false}) {
+    SCOPED_TRACE(socket ? "store socket" : "gRPC Session stream");
+    manyThreadsShareOneStore(socket);
+  }
+}
+
+void operationDeadlinesAreHonouredAndNamed(bool socket) {
   RendezvousServer server(ServerOptions{});
-  auto store = connect(server.endpoint());
+  auto store = connect(server.endpoint(), "", socket);
   auto start = Clock::now();
   try {
     store->multiGet({"nccl_id/0", "nccl_id/1"}, milliseconds(200));
@@ -237,6 +248,14 @@ TEST(StoreSessionTest, OperationDeadlinesAreHonouredAndNamed) {
   EXPECT_GE(took, milliseconds(200));
   EXPECT_LT(took, seconds(4)) << "the server answers at its timeout, not the client's grace";
   EXPECT_EQ(server.stats().parked_store_calls, 0);
+}
+
+// On both links: the store socket and the gRPC Session stream.
+TEST(StoreSessionTest, OperationDeadlinesAreHonouredAndNamed) {
+  for (bool socket : {true, false}) {
+    SCOPED_TRACE(socket ? "store socket" : "gRPC Session stream");
+    operationDeadlinesAreHonouredAndNamed(socket);
+  }
 }
 
 // A fake server's connect check: accepts any client.
@@ -439,17 +458,25 @@ TEST(StoreSessionTest, RefusedQuietSetIsReportedOnceByALaterOperation) {
       << "without quiet sets the set itself fails";
 }
 
-TEST(StoreSessionTest, QuietSetsReachTheServerBeforeTheStoreIsGone) {
+void quietSetsReachTheServerBeforeTheStoreIsGone(bool socket) {
   RendezvousServer server(ServerOptions{});
   constexpr int kKeys = 3 * kMaxQuietSets;  // past the bound some sets wait for their answer
   {
-    auto store = connect(server.endpoint());
+    auto store = connect(server.endpoint(), "", socket);
     for (int i = 0; i < kKeys; ++i) store->set(fmt::format("k{}", i), toBytes("v"));
   }  // a rank that sets its key and exits at once
-  auto reader = connect(server.endpoint());
+  auto reader = connect(server.endpoint(), "", socket);
   std::vector<std::string> keys;
   for (int i = 0; i < kKeys; ++i) keys.push_back(fmt::format("k{}", i));
   EXPECT_TRUE(reader->check(keys));
+}
+
+// On both links: the store socket and the gRPC Session stream.
+TEST(StoreSessionTest, QuietSetsReachTheServerBeforeTheStoreIsGone) {
+  for (bool socket : {true, false}) {
+    SCOPED_TRACE(socket ? "store socket" : "gRPC Session stream");
+    quietSetsReachTheServerBeforeTheStoreIsGone(socket);
+  }
 }
 
 TEST(StoreSessionTest, QuietSetsOnAStreamThatBreaksAreReported) {
@@ -488,13 +515,14 @@ TEST(StoreSessionTest, ServersWithoutSessionGetUnaryCalls) {
   EXPECT_EQ(store->add("n", 3), 5);
 }
 
-TEST(StoreSessionTest, BrokenStreamFailsWaitingOpsAndTheNextOpReconnects) {
+void brokenStreamFailsWaitingOpsAndTheNextOpReconnects(bool socket) {
   auto server = std::make_unique<RendezvousServer>(ServerOptions{});
   int port = server->port();
   std::string endpoint = server->endpoint();
   GrpcStoreOptions o;
   o.endpoint = endpoint;
   o.connect_timeout = seconds(10);
+  o.socket = socket;
   auto store = connectGrpcStore(o);
   store->set("before", toBytes("1"));
   auto parked = std::async(std::launch::async, [&]() -> std::string {
@@ -534,9 +562,17 @@ TEST(StoreSessionTest, BrokenStreamFailsWaitingOpsAndTheNextOpReconnects) {
   EXPECT_FALSE(store->check({"before"})) << "a new server starts empty";
 }
 
-TEST(StoreSessionTest, DestroyingTheStoreEndsItsParkedOperationsPromptly) {
+// On both links: the store socket and the gRPC Session stream.
+TEST(StoreSessionTest, BrokenStreamFailsWaitingOpsAndTheNextOpReconnects) {
+  for (bool socket : {true, false}) {
+    SCOPED_TRACE(socket ? "store socket" : "gRPC Session stream");
+    brokenStreamFailsWaitingOpsAndTheNextOpReconnects(socket);
+  }
+}
+
+void destroyingTheStoreEndsItsParkedOperationsPromptly(bool socket) {
   RendezvousServer server(ServerOptions{});
-  auto store = connect(server.endpoint());
+  auto store = connect(server.endpoint(), "", socket);
   auto parked = std::async(std::launch::async, [&]() -> std::string {
     try {
       store->wait({"never"}, seconds(600));
@@ -553,6 +589,85 @@ TEST(StoreSessionTest, DestroyingTheStoreEndsItsParkedOperationsPromptly) {
   EXPECT_THAT(parked.get(), HasSubstr(server.endpoint()));
   EXPECT_TRUE(eventually([&] { return server.stats().parked_store_calls == 0; }))
       << "the server must unpark the operations of a stream that ended";
+}
+
+// On both links: the store socket and the gRPC Session stream.
+TEST(StoreSessionTest, DestroyingTheStoreEndsItsParkedOperationsPromptly) {
+  for (bool socket : {true, false}) {
+    SCOPED_TRACE(socket ? "store socket" : "gRPC Session stream");
+    destroyingTheStoreEndsItsParkedOperationsPromptly(socket);
+  }
+}
+
+// ---- the store socket (docs/rendezvous.md, "The store's socket transport") ---------------
+
+TEST(StoreSocketTest, ServerWithoutTheSocketIsDetectedAndTheStoreUsesGrpc) {
+  RendezvousServer with_socket(ServerOptions{});
+  auto fast = connect(with_socket.endpoint());
+  EXPECT_EQ(with_socket.stats().store_sockets, 1);
+  // The port is shared: a client on the gRPC stream sees the socket client's keys.
+  fast->set("k", toBytes("from the socket"));
+  auto slow = connect(with_socket.endpoint(), "", /*socket=*/false);
+  EXPECT_EQ(toString(slow->get("k", seconds(5))), "from the socket");
+  EXPECT_EQ(with_socket.stats().store_sockets, 1);
+  fast.reset();
+  EXPECT_TRUE(eventually([&] { return with_socket.stats().store_sockets == 0; }));
+
+  ServerOptions so;
+  so.store_socket = false;  // as a server from before the socket: gRPC gets the magic bytes
+  RendezvousServer without(so);
+  auto store = connect(without.endpoint());
+  store->set("a", toBytes("1"));
+  EXPECT_EQ(store->add("n", 2), 2);
+  EXPECT_EQ(toString(store->get("a", seconds(5))), "1");
+  EXPECT_EQ(without.stats().store_sockets, 0);
+}
+
+// Nobody reads the socket between operations: an operation after the server restarted must
+// find the old connection closed and go on a new one, not fail on the dead one.
+void anOperationAfterAServerRestartGoesOnANewConnection(bool socket) {
+  auto server = std::make_unique<RendezvousServer>(ServerOptions{});
+  int port = server->port();
+  auto store = connect(server->endpoint(), "", socket);
+  EXPECT_EQ(store->add("n", 1), 1);
+  server.reset();
+  ServerOptions so;
+  so.port = port;
+  server = std::make_unique<RendezvousServer>(so);
+  std::this_thread::sleep_for(milliseconds(50));  // an operation after a pause, as an agent's
+  EXPECT_EQ(store->add("n", 1), 1) << "a new server starts empty";
+  store->set("k", toBytes("v"));
+  EXPECT_EQ(toString(store->get("k", seconds(5))), "v");
+}
+
+TEST(StoreSocketTest, AnOperationAfterAServerRestartGoesOnANewConnection) {
+  for (bool socket : {true, false}) {
+    SCOPED_TRACE(socket ? "store socket" : "gRPC Session stream");
+    anOperationAfterAServerRestartGoesOnANewConnection(socket);
+  }
+}
+
+TEST(StoreSocketTest, WrongTokenIsRefusedAtConnectNamingIt) {
+  ServerOptions so;
+  so.token = "s3cret";
+  RendezvousServer server(so);
+  try {
+    connect(server.endpoint(), "wrong");
+    FAIL() << "connected with a wrong token";
+  } catch (const AuthError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("token does not match"));
+    EXPECT_THAT(e.what(), HasSubstr(server.endpoint()));
+  }
+  try {
+    connect(server.endpoint());
+    FAIL() << "connected without a token";
+  } catch (const AuthError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("requires a token"));
+  }
+  auto good = connect(server.endpoint(), "s3cret");
+  good->set("k", toBytes("v"));
+  EXPECT_EQ(server.stats().store_sockets, 1);
+  EXPECT_EQ(server.stats().unauthenticated_calls, 2);
 }
 
 // Issue 11: timeouts near INT64_MAX ms from a caller mean "wait very long", on the store and

@@ -50,7 +50,7 @@ std::string tempPath(const std::string& tag) {
   return (dir / fmt::format("ddpl_store_{}_{}_{}", tag, getpid(), n++)).string();
 }
 
-StoreUnderTest grpcWithToken(bool session) {
+StoreUnderTest grpcWithToken(bool session, bool socket = true) {
   ServerOptions so;
   so.token = "conformance-token";
   so.log_name = "conformance";
@@ -60,6 +60,7 @@ StoreUnderTest grpcWithToken(bool session) {
   o.token = so.token;
   o.connect_timeout = seconds(10);
   o.use_session = session;
+  o.socket = socket;
   return StoreUnderTest{server, connectGrpcStore(o),
                         [server] { return server->stats().parked_store_calls; }};
 }
@@ -82,7 +83,9 @@ std::vector<Backend> backends() {
          return StoreUnderTest{
              nullptr, std::make_unique<PrefixStore>("run/0/", std::make_shared<MemoryStore>())};
        }},
+      // The store socket (the default client) and the gRPC Session stream.
       {"Grpc", [] { return grpcWithToken(/*session=*/true); }},
+      {"GrpcStream", [] { return grpcWithToken(/*session=*/true, /*socket=*/false); }},
       // One unary call per operation: what clients of servers without Session use.
       {"GrpcUnary", [] { return grpcWithToken(/*session=*/false); }},
       {"GrpcWithPrefix",
