@@ -202,7 +202,7 @@ void WireServer::loop() {
         std::lock_guard<std::mutex> lock(c->mu);
         if (!c->closed) flushLocked(*c);
       }
-      if (ev & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) onReadable(c);
+      if (ev & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) onReadable(c, ev);
     }
     runResumes();
     expire(SteadyClock::now());
@@ -256,7 +256,18 @@ void WireServer::runResumes() {
     if (ConnPtr c = find(id)) processFrames(c);
 }
 
-void WireServer::onReadable(const ConnPtr& c) {
+void WireServer::onReadable(const ConnPtr& c, uint32_t events) {
+  bool reading;
+  {
+    std::lock_guard<std::mutex> lock(c->mu);
+    reading = c->reading;
+  }
+  if (!reading) {
+    // Held back (back-pressure): its input stays in the kernel, which stops the client. Only
+    // its end is acted on; a client of this protocol never half-closes.
+    if (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) close(c);
+    return;
+  }
   for (int i = 0; i < kReadsPerWake; ++i) {
     ssize_t n = recv(c->fd, read_buf_.data(), read_buf_.size(), 0);
     if (n > 0) {
@@ -326,16 +337,9 @@ void WireServer::processFrames(const ConnPtr& c) {
       ended = true;
       break;
     }
-    if (c->in.size() - off - kFrameHeaderBytes < len) {
-      // Room for the whole frame at once instead of growing with every read.
-      if (c->in.capacity() < off + kFrameHeaderBytes + len) {
-        c->in.erase(0, off);
-        input_bytes_ -= static_cast<int64_t>(off);
-        off = 0;
-        c->in.reserve(kFrameHeaderBytes + len);
-      }
-      break;
-    }
+    // Not reserved ahead from the header: memory follows the bytes that came, not the ones a
+    // client announces.
+    if (c->in.size() - off - kFrameHeaderBytes < len) break;
     pb::StoreRequest req;
     bool parsed = req.ParseFromArray(c->in.data() + off + kFrameHeaderBytes, static_cast<int>(len));
     off += kFrameHeaderBytes + len;

@@ -81,7 +81,7 @@ class WireServer {
   void loop();
   void wake();
   ConnPtr find(uint64_t id);
-  void onReadable(const ConnPtr& c);
+  void onReadable(const ConnPtr& c, uint32_t events);
   void processFrames(const ConnPtr& c);
   bool hello(const ConnPtr& c, const ::ddpl::rendezvous::v1::StoreRequest& req);
   void handle(const ConnPtr& c, const ::ddpl::rendezvous::v1::StoreRequest& req);
