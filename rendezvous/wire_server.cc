@@ -46,6 +46,10 @@ struct WireServer::Conn {
   bool reading = true;      // EPOLLIN armed: false while back-pressure holds it
   bool want_write = false;  // EPOLLOUT armed: the socket took less than the output
   bool batching = false;    // the loop is handling a read and flushes at its end
+  // fail() ran: its error is the last frame; the write side is shut once the output before
+  // it is written, so that answers owed before the error arrive whole.
+  bool ending = false;
+  bool shut_wr = false;
   std::string out;
   size_t out_off = 0;
   uint64_t next_slot = 1;
@@ -438,7 +442,7 @@ void WireServer::respond(const ConnPtr& c, pb::StoreResponse resp) {
   int64_t size = admitAnswer(*core_, resp);
   (void)size;
   std::lock_guard<std::mutex> lock(c->mu);
-  if (c->closed) return;
+  if (c->closed || c->ending) return;  // nothing follows the error that ended it
   int64_t before = c->outBytes();
   appendFrame(c->out, resp);
   accountOutLocked(*c, before);
@@ -478,6 +482,10 @@ void WireServer::flushLocked(Conn& c) {
     c.out_off = 0;
   }
   accountOutLocked(c, before);
+  if (c.ending && c.outBytes() == 0 && !c.shut_wr) {
+    c.shut_wr = true;
+    shutdown(c.fd, SHUT_WR);  // the error was the last frame: the client reads EOF after it
+  }
   bool want = c.outBytes() > 0 && !broke;
   if (want != c.want_write) {
     c.want_write = want;
@@ -517,14 +525,16 @@ void WireServer::fail(const ConnPtr& c, int code, const std::string& message) {
   setOpError(resp, grpc::Status(static_cast<grpc::StatusCode>(code), message));
   {
     std::lock_guard<std::mutex> lock(c->mu);
-    if (c->closed) return;
+    if (c->closed || c->ending) return;
     int64_t before = c->outBytes();
     appendFrame(c->out, resp);
     accountOutLocked(*c, before);
+    c->ending = true;
     c->reading = true;  // its input is read and dropped until the client closes
     armLocked(*c);
+    // Writes what the socket takes now, answers owed first; the write side is shut once all
+    // of it is written (here or on EPOLLOUT), or the connection closed when the linger ends.
     flushLocked(*c);
-    shutdown(c->fd, SHUT_WR);
   }
   input_bytes_ -= static_cast<int64_t>(c->in.size());
   std::string().swap(c->in);

@@ -540,6 +540,33 @@ TEST(StoreSocketFrameTest, MalformedFramesAndWrongFirstRequestsAreRefusedThenClo
   EXPECT_TRUE(eventually([&] { return server.stats().store_sockets == 0; }, seconds(10)));
 }
 
+// A protocol error after answers that the socket could not yet take: the answers owed still
+// arrive whole, then the error, then the end; nothing is cut off in the middle of a frame.
+TEST(StoreSocketFrameTest, AnswersOwedBeforeAProtocolErrorArriveWholeBeforeTheError) {
+  ServerOptions o;
+  RendezvousServer server(o);
+  constexpr size_t kValue = 1 << 20;
+  constexpr int kGets = 12;  // 12 MiB: more than the socket buffers hold
+  connectStore(server.endpoint())->set("big", Bytes(kValue, 7));
+  RawClient c(server.port());
+  ASSERT_TRUE(c.hello("").has_ping());
+  std::string batch;
+  for (int i = 1; i <= kGets; ++i) batch += frameOf(getRequest(i, "big", 1000));
+  batch += headerOf(4) + "\x0a\x05" "ab";
+  ASSERT_TRUE(c.send(batch));
+  // The server has handled the batch and holds answers the socket did not take.
+  ASSERT_TRUE(eventually([&] { return server.stats().queued_bytes > 0; }, seconds(20)));
+  pb::StoreResponse resp;
+  for (int i = 1; i <= kGets; ++i) {
+    ASSERT_EQ(c.next(&resp), RawClient::Got::kFrame) << "answer " << i << " of " << kGets
+                                                     << " (" << c.leftover() << " bytes of it)";
+    EXPECT_EQ(resp.id(), static_cast<uint64_t>(i));
+    EXPECT_EQ(resp.get().value().size(), kValue);
+  }
+  expectErrorThenEof(c, kInvalidArgument, "a frame of 4 bytes is not a StoreRequest");
+  EXPECT_TRUE(eventually([&] { return server.stats().queued_bytes == 0; }));
+}
+
 // An answer decided after a protocol error (a parked get whose key arrives during the linger)
 // is not sent: the error is the connection's last frame.
 TEST(StoreSocketFrameTest, ParkedAnswersDoNotFollowTheError) {
