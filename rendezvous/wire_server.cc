@@ -549,6 +549,9 @@ void WireServer::close(const ConnPtr& c) {
     std::lock_guard<std::mutex> lock(c->mu);
     if (c->closed) return;
     epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c->fd, nullptr);
+    // The connection gate holds a duplicate of the socket: shut down, it ends for the peer
+    // (and the gate) now, not when the gate notices the descriptor gone.
+    shutdown(c->fd, SHUT_RDWR);
     ::close(c->fd);
     c->closed = true;
     int64_t before = c->outBytes();

@@ -282,6 +282,10 @@ class RawClient {
 
 // The server's answer is one OpError with `code` whose message contains `text`, then the end of
 // the connection with nothing after it.
+// Files a server under a 1024-file limit may open for connections: 480 of them (its cap there),
+// two files each, and a few accepted but not yet counted (the newcomer that evicts another).
+constexpr int kFilesAtTheCap = 2 * 480 + 8;
+
 void expectErrorThenEof(RawClient& c, int code, const std::string& text,
                         milliseconds timeout = seconds(20)) {
   pb::StoreResponse resp;
@@ -293,6 +297,19 @@ void expectErrorThenEof(RawClient& c, int code, const std::string& text,
   pb::StoreResponse more;
   EXPECT_EQ(c.next(&more, seconds(20)), RawClient::Got::kEof) << more.DebugString();
   EXPECT_EQ(c.leftover(), 0u);
+}
+
+// Closed by the server without its token: EOF, after the hello timeout's error when it was
+// held that long (evicted ones get no frame).
+void expectClosedWithoutToken(RawClient& c) {
+  pb::StoreResponse resp;
+  RawClient::Got got = c.next(&resp, seconds(20));
+  if (got == RawClient::Got::kFrame) {
+    EXPECT_EQ(resp.error().code(), kUnauthenticated) << resp.DebugString();
+    EXPECT_THAT(resp.error().message(), HasSubstr("no token within"));
+    got = c.next(&resp, seconds(20));
+  }
+  EXPECT_EQ(got, RawClient::Got::kEof);
 }
 
 // Raises this process's open-file limit for one test, and puts it back after.
@@ -682,6 +699,7 @@ TEST(StoreSocketConnectionsTest, ThousandTokenlessSocketsUnder1024FilesLeaveRoom
                        {"prlimit", "--nofile=1024:1024", "--"});
   EXPECT_THAT(server.log(), HasSubstr("it will hold at most 480"));
   auto good = connectStore(server.endpoint(), "tok");
+  const int baseline = openFilesOf(server.pid());
   std::vector<std::unique_ptr<RawClient>> hostile;
   int max_files = 0;
   for (int i = 0; i < 1000; ++i) {
@@ -695,23 +713,111 @@ TEST(StoreSocketConnectionsTest, ThousandTokenlessSocketsUnder1024FilesLeaveRoom
       EXPECT_EQ(toString(fresh->get(fmt::format("k{}", i), seconds(5))), "v");
     }
   }
-  EXPECT_LT(max_files, 600) << "files open in the server while the sockets kept connecting";
+  // Two files per connection (the socket and the gate's duplicate), 480 at most: what the
+  // server budgets for. Before, the store socket's connections did not count against it.
+  EXPECT_LE(max_files, baseline + kFilesAtTheCap)
+      << "files open in the server while the sockets kept connecting (" << baseline
+      << " before)";
   EXPECT_THAT(server.log(), ::testing::Not(HasSubstr("cannot accept")));
   // The oldest were closed to make room (EOF, nothing sent; or, on a machine so slow that
   // the connecting took longer than the hello timeout, that timeout's error first); the newest
   // are told about the hello timeout.
-  pb::StoreResponse resp;
-  RawClient::Got first = hostile.front()->next(&resp, seconds(20));
-  if (first == RawClient::Got::kFrame) {
-    EXPECT_EQ(resp.error().code(), kUnauthenticated) << resp.DebugString();
-    first = hostile.front()->next(&resp, seconds(20));
-  }
-  EXPECT_EQ(first, RawClient::Got::kEof) << resp.DebugString();
+  expectClosedWithoutToken(*hostile.front());
   expectErrorThenEof(*hostile.back(), kUnauthenticated, "no token within 10s", seconds(30));
   EXPECT_TRUE(eventually([&] { return openFilesOf(server.pid()) < 100; }, seconds(20)))
       << openFilesOf(server.pid()) << " files open in the server";
   EXPECT_EQ(toString(good->get("k999", seconds(5))), "v");
   hostile.clear();
+}
+
+// Both transports flooded at once under a 1024-file limit (480 connections): connections that
+// send HTTP/2's preface and then nothing (gRPC's, two files each: gRPC's and the gate's
+// duplicate) and sockets that send the magic and never their token (the store socket's). The
+// server's connections stay within its one cap, two files each, so it never runs out of files
+// and a client with the token gets in. (Each transport used to have a cap of its own: 480
+// store sockets plus 480 gRPC connections took all 1,024 files, accept failed with EMFILE and
+// real clients waited for the hello timeout.)
+TEST(StoreSocketConnectionsTest, BothTransportsFloodedUnder1024FilesStayWithinOneCap) {
+  rlimit rl{};
+  getrlimit(RLIMIT_NOFILE, &rl);
+  if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < 2400)
+    GTEST_SKIP() << "this test process needs 2400 open files; its hard limit is " << rl.rlim_max;
+  OpenFilesRaised raised(4096);
+  TokenFile token("tok");
+  ServerProcess server({"--token-file", token.path()}, {"prlimit", "--nofile=1024:1024", "--"});
+  ASSERT_THAT(server.log(), HasSubstr("it will hold at most 480"));
+  auto good = connectStore(server.endpoint(), "tok");
+  const int baseline = openFilesOf(server.pid());
+  const std::string preface = std::string("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n") +
+                              std::string("\0\0\0\x04\0\0\0\0\0", 9);  // empty SETTINGS
+  std::vector<std::unique_ptr<RawClient>> hostile;
+  int max_files = 0;
+  // The store socket's first, then gRPC's: each fills its transport up to the cap.
+  for (int i = 0; i < 1200; ++i) {
+    if (i < 600) {
+      hostile.push_back(std::make_unique<RawClient>(server.port()));
+    } else {
+      hostile.push_back(std::make_unique<RawClient>(server.port(), /*magic=*/false));
+      hostile.back()->send(preface);
+    }
+    if (i % 100 == 99) {
+      max_files = std::max(max_files, openFilesOf(server.pid()));
+      good->set(fmt::format("k{}", i), toBytes("v"));
+    }
+  }
+  max_files = std::max(max_files, openFilesOf(server.pid()));
+  // A newcomer with the token, on a connection of its own, gets in.
+  GrpcStoreOptions o;
+  o.endpoint = server.endpoint();
+  o.token = "tok";
+  o.connect_timeout = seconds(20);
+  std::unique_ptr<Store> fresh;
+  EXPECT_NO_THROW(fresh = connectGrpcStore(o)) << server.log();
+  if (fresh) EXPECT_EQ(toString(fresh->get("k1199", seconds(5))), "v");
+  EXPECT_LE(max_files, baseline + kFilesAtTheCap) << baseline << " files open before";
+  EXPECT_THAT(server.log(), ::testing::Not(HasSubstr("cannot accept"))) << server.log();
+  hostile.clear();
+}
+
+// One cap (20 here) for both transports: 30 tokenless store sockets and 30 silent TCP
+// connections leave the server holding at most 20, oldest evicted first; store-socket clients
+// that showed their token are never evicted, and once they fill the cap a newcomer is closed on
+// arrival while they keep working.
+TEST(StoreSocketConnectionsTest, OneConnectionCapCoversBothTransportsAndSparesAuthorizedSockets) {
+  ServerOptions o;
+  o.token = "tok";
+  o.connections.max_connections = 20;
+  RendezvousServer server(o);
+  std::vector<std::unique_ptr<RawClient>> tokenless, silent;
+  for (int i = 0; i < 30; ++i) tokenless.push_back(std::make_unique<RawClient>(server.port()));
+  for (int i = 0; i < 30; ++i)
+    silent.push_back(std::make_unique<RawClient>(server.port(), /*magic=*/false));
+  EXPECT_TRUE(eventually([&] { return server.stats().connections_accepted == 60; }));
+  // Well before the hello timeout (10 s) could be what brings it down.
+  EXPECT_TRUE(eventually([&] { return server.stats().connections <= 20; }, seconds(5)))
+      << server.stats().connections << " connections held (" << server.stats().store_sockets
+      << " store sockets)";
+  EXPECT_GE(server.stats().connections_evicted, 40);
+  // Socket clients with the token fill the cap, each evicting one that has not shown a token
+  // (a silent one first, then the oldest): all sixty are closed.
+  std::vector<std::unique_ptr<RawClient>> real;
+  for (int i = 0; i < 20; ++i) {
+    real.push_back(std::make_unique<RawClient>(server.port()));
+    ASSERT_TRUE(real.back()->hello("tok").has_ping()) << i;
+  }
+  for (auto& c : tokenless) expectClosedWithoutToken(*c);
+  for (auto& c : silent) expectClosedWithoutToken(*c);
+  EXPECT_TRUE(eventually([&] { return server.stats().store_sockets == 20; }));
+  pb::StoreResponse resp;
+  RawClient extra(server.port());
+  EXPECT_EQ(extra.next(&resp, seconds(20)), RawClient::Got::kEof);
+  EXPECT_EQ(server.stats().connections_rejected, 1);
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_TRUE(real[i]->sendFrame(setRequest(1, fmt::format("k{}", i), "v")));
+    ASSERT_EQ(real[i]->next(&resp), RawClient::Got::kFrame) << i;
+    EXPECT_TRUE(resp.has_set()) << resp.DebugString();
+  }
+  EXPECT_EQ(server.stats().connections, 20);
 }
 
 // The server's stats count socket clients among its connections and drop when they leave.
