@@ -260,22 +260,32 @@ void WireServer::runResumes() {
     if (ConnPtr c = find(id)) processFrames(c);
 }
 
+std::atomic<int64_t>& WireServer::inputCounter(const Conn& c) {
+  return c.authed ? input_bytes_ : hello_bytes_;
+}
+
 void WireServer::onReadable(const ConnPtr& c) {
   for (int i = 0; i < kReadsPerWake; ++i) {
     ssize_t n = recv(c->fd, read_buf_.data(), read_buf_.size(), 0);
     if (n > 0) {
       if (c->lingering) continue;  // an ended connection: its input is dropped
-      int64_t total = input_bytes_.fetch_add(n) + n;
+      auto& counter = inputCounter(*c);
+      int64_t total = counter.fetch_add(n) + n;
       if (total > core_->cfg.limits.max_queued_bytes) {
-        input_bytes_ -= n;
+        counter -= n;
         {
           std::lock_guard<std::mutex> lock(mu_);
           ++stats_.input_refused;
         }
         fail(c, grpc::RESOURCE_EXHAUSTED,
-             fmt::format("the server already holds {} bytes of requests not yet handled, all "
-                         "connections together (limit {} bytes); try again",
-                         total - n, core_->cfg.limits.max_queued_bytes));
+             c->authed
+                 ? fmt::format("the server already holds {} bytes of requests not yet handled, "
+                               "all connections together (limit {} bytes); try again",
+                               total - n, core_->cfg.limits.max_queued_bytes)
+                 : fmt::format("the server already holds {} bytes of first requests not yet "
+                               "complete, all connections without a token together (limit {} "
+                               "bytes); try again",
+                               total - n, core_->cfg.limits.max_queued_bytes));
         return;
       }
       c->in.append(read_buf_.data(), static_cast<size_t>(n));
@@ -334,7 +344,7 @@ void WireServer::processFrames(const ConnPtr& c) {
       // Room for the whole frame at once instead of growing with every read.
       if (c->in.capacity() < off + kFrameHeaderBytes + len) {
         c->in.erase(0, off);
-        input_bytes_ -= static_cast<int64_t>(off);
+        inputCounter(*c) -= static_cast<int64_t>(off);
         off = 0;
         c->in.reserve(kFrameHeaderBytes + len);
       }
@@ -374,7 +384,7 @@ void WireServer::processFrames(const ConnPtr& c) {
   }
   if (!ended) {
     c->in.erase(0, off);
-    input_bytes_ -= static_cast<int64_t>(off);
+    inputCounter(*c) -= static_cast<int64_t>(off);
   }
   std::lock_guard<std::mutex> lock(c->mu);
   c->batching = false;
@@ -396,6 +406,9 @@ bool WireServer::hello(const ConnPtr& c, const pb::StoreRequest& req) {
     fail(c, s.error_code(), s.error_message());
     return false;
   }
+  // What it has sent so far, this request included, now counts with the authorized ones.
+  hello_bytes_ -= static_cast<int64_t>(c->in.size());
+  input_bytes_ += static_cast<int64_t>(c->in.size());
   c->authed = true;
   ++core_->sessions;
   pb::StoreResponse resp;
@@ -536,7 +549,7 @@ void WireServer::fail(const ConnPtr& c, int code, const std::string& message) {
     // of it is written (here or on EPOLLOUT), or the connection closed when the linger ends.
     flushLocked(*c);
   }
-  input_bytes_ -= static_cast<int64_t>(c->in.size());
+  inputCounter(*c) -= static_cast<int64_t>(c->in.size());
   std::string().swap(c->in);
   c->lingering = true;
   std::lock_guard<std::mutex> lock(mu_);
@@ -567,7 +580,7 @@ void WireServer::close(const ConnPtr& c) {
     if (c->evicting) --evicting_;
   }
   if (!c->lingering) {
-    input_bytes_ -= static_cast<int64_t>(c->in.size());
+    inputCounter(*c) -= static_cast<int64_t>(c->in.size());
     std::string().swap(c->in);
   }
   if (c->authed) --core_->sessions;

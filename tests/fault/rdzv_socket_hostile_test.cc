@@ -556,6 +556,49 @@ TEST(StoreSocketFrameTest, MalformedFramesAndWrongFirstRequestsAreRefusedThenClo
   EXPECT_TRUE(eventually([&] { return server.stats().store_sockets == 0; }, seconds(10)));
 }
 
+// Sockets without a token cannot use up the server's budget for requests read and not yet
+// handled (max_queued_bytes, 2 MiB here): 60 of them each hold most of a 64 KiB hello (3.5
+// MiB in all), and a client with the token still sends a 1 MiB value. The tokenless ones are
+// bounded on their own (their hellos, at most max_queued_bytes together): past it, the one
+// that would add more is refused naming the numbers.
+TEST(StoreSocketFrameTest, TokenlessHellosCannotUseUpTheInputBudgetOfAuthorizedClients) {
+  ServerOptions o;
+  o.token = "tok";
+  o.limits.max_queued_bytes = 2 << 20;
+  RendezvousServer server(o);
+  std::vector<std::unique_ptr<RawClient>> tokenless;
+  int refused = 0;
+  for (int i = 0; i < 60; ++i) {
+    tokenless.push_back(std::make_unique<RawClient>(server.port()));
+    tokenless.back()->send(headerOf(64 << 10) + std::string(60 << 10, 'h'));
+  }
+  std::vector<bool> answered(tokenless.size());
+  auto sweep = [&] {
+    for (size_t i = 0; i < tokenless.size(); ++i) {
+      pb::StoreResponse resp;
+      if (answered[i] || tokenless[i]->next(&resp, milliseconds(0)) != RawClient::Got::kFrame)
+        continue;
+      answered[i] = true;
+      ++refused;
+      EXPECT_EQ(resp.error().code(), kResourceExhausted) << resp.DebugString();
+      EXPECT_THAT(resp.error().message(), HasSubstr("bytes of first requests not yet complete"));
+      EXPECT_THAT(resp.error().message(), HasSubstr("limit 2097152 bytes"));
+    }
+    return refused >= 20;
+  };
+  // 2 MiB of 60 KiB hellos: about 34 fit (a few more as refused ones give theirs back).
+  EXPECT_TRUE(eventually(sweep)) << refused << " refused";
+  RawClient good(server.port());
+  ASSERT_TRUE(good.hello("tok").has_ping());
+  ASSERT_TRUE(good.sendFrame(setRequest(1, "big", std::string(1 << 20, 'b'))));
+  pb::StoreResponse resp;
+  ASSERT_EQ(good.next(&resp), RawClient::Got::kFrame);
+  EXPECT_TRUE(resp.has_set()) << resp.DebugString();
+  sweep();
+  EXPECT_LE(refused, 30);
+  EXPECT_TRUE(eventually([&] { return server.stats().keys == 1; }));
+}
+
 // A protocol error after answers that the socket could not yet take: the answers owed still
 // arrive whole, then the error, then the end; nothing is cut off in the middle of a frame.
 TEST(StoreSocketFrameTest, AnswersOwedBeforeAProtocolErrorArriveWholeBeforeTheError) {
