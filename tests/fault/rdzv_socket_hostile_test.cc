@@ -36,11 +36,11 @@ namespace {
 
 namespace fs = std::filesystem;
 namespace pb = ::ddpl::rendezvous::v1;
+using ::ddpl::testing::eventually;
 using grpc_detail::appendFrame;
 using grpc_detail::appendFrameHeader;
 using grpc_detail::kWireMagic;
 using grpc_detail::kWireMagicBytes;
-using ::ddpl::testing::eventually;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 using ::testing::HasSubstr;
@@ -105,8 +105,8 @@ class ServerProcess {
       execvp(cargv[0], cargv.data());
       _exit(127);
     }
-    EXPECT_TRUE(eventually([&] { return fs::exists(dir_ + "/port") && !slurp(dir_ + "/port").empty(); },
-                           seconds(20)))
+    EXPECT_TRUE(eventually(
+        [&] { return fs::exists(dir_ + "/port") && !slurp(dir_ + "/port").empty(); }, seconds(20)))
         << log();
     port_ = std::stoi(slurp(dir_ + "/port"));
   }
@@ -227,7 +227,8 @@ class RawClient {
       }
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) break;
-      auto left = std::chrono::duration_cast<milliseconds>(until - std::chrono::steady_clock::now());
+      auto left =
+          std::chrono::duration_cast<milliseconds>(until - std::chrono::steady_clock::now());
       if (left.count() <= 0) break;
       pollfd p{fd_, POLLOUT, 0};
       poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 100)));
@@ -249,7 +250,8 @@ class RawClient {
           return ok ? Got::kFrame : Got::kBadFrame;
         }
       }
-      auto left = std::chrono::duration_cast<milliseconds>(until - std::chrono::steady_clock::now());
+      auto left =
+          std::chrono::duration_cast<milliseconds>(until - std::chrono::steady_clock::now());
       pollfd p{fd_, POLLIN, 0};
       int r = poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 0)));
       if (r == 0) return Got::kTimeout;
@@ -396,7 +398,8 @@ TEST(StoreSocketTokenTest, FloodOfRefusedSocketsLogsABoundedNumberOfLines) {
     return n;
   };
   EXPECT_TRUE(eventually([&] { return accounted() == kSockets; }, seconds(30)))
-      << accounted() << " refusals logged of " << kSockets << ":\n" << server.log();
+      << accounted() << " refusals logged of " << kSockets << ":\n"
+      << server.log();
   std::string log = server.log();
   EXPECT_LT(count(log, "refused"), 10) << log;
   EXPECT_THAT(log, HasSubstr("wrong token"));
@@ -505,7 +508,9 @@ TEST(StoreSocketFrameTest, MalformedFramesAndWrongFirstRequestsAreRefusedThenClo
   o.token = "tok";
   RendezvousServer server(o);
   // A field 1 length-delimited, claiming 5 bytes where 2 follow.
-  const std::string garbage = "\x0a\x05" "ab";
+  const std::string garbage =
+      "\x0a\x05"
+      "ab";
   {
     RawClient c(server.port());
     ASSERT_TRUE(c.send(headerOf(4) + garbage));
@@ -615,14 +620,16 @@ TEST(StoreSocketFrameTest, AnswersOwedBeforeAProtocolErrorArriveWholeBeforeTheEr
   ASSERT_TRUE(c.hello("").has_ping());
   std::string batch;
   for (int i = 1; i <= kGets; ++i) batch += frameOf(getRequest(i, "big", 1000));
-  batch += headerOf(4) + "\x0a\x05" "ab";
+  batch += headerOf(4) +
+           "\x0a\x05"
+           "ab";
   ASSERT_TRUE(c.send(batch));
   // The server has handled the batch and holds answers the socket did not take.
   ASSERT_TRUE(eventually([&] { return server.stats().queued_bytes > 0; }, seconds(20)));
   pb::StoreResponse resp;
   for (int i = 1; i <= kGets; ++i) {
-    ASSERT_EQ(c.next(&resp), RawClient::Got::kFrame) << "answer " << i << " of " << kGets
-                                                     << " (" << c.leftover() << " bytes of it)";
+    ASSERT_EQ(c.next(&resp), RawClient::Got::kFrame)
+        << "answer " << i << " of " << kGets << " (" << c.leftover() << " bytes of it)";
     EXPECT_EQ(resp.id(), static_cast<uint64_t>(i));
     EXPECT_EQ(resp.get().value().size(), kValue);
   }
@@ -638,7 +645,8 @@ TEST(StoreSocketFrameTest, ParkedAnswersDoNotFollowTheError) {
   ASSERT_TRUE(c.hello("").has_ping());
   ASSERT_TRUE(c.sendFrame(getRequest(1, "later", 60000)));
   ASSERT_TRUE(eventually([&] { return server.stats().parked_store_calls == 1; }));
-  ASSERT_TRUE(c.send(headerOf(4) + "\x0a\x05" "ab"));
+  ASSERT_TRUE(c.send(headerOf(4) + "\x0a\x05"
+                                   "ab"));
   pb::StoreResponse resp;
   ASSERT_EQ(c.next(&resp), RawClient::Got::kFrame);
   EXPECT_EQ(resp.error().code(), kInvalidArgument) << resp.DebugString();
@@ -661,7 +669,8 @@ TEST(StoreSocketBackPressureTest, PipelinedParkedGetsStopAtMaxStreamPendingAndCl
   RawClient hostile(server.port());
   ASSERT_TRUE(hostile.hello("").has_ping());
   std::string gets;
-  for (int i = 1; i <= 5000; ++i) gets += frameOf(getRequest(i, fmt::format("never/{}", i), 600000));
+  for (int i = 1; i <= 5000; ++i)
+    gets += frameOf(getRequest(i, fmt::format("never/{}", i), 600000));
   hostile.sendSome(gets, seconds(5));  // the kernel's buffers may hold them all: no matter
   ASSERT_TRUE(eventually([&] { return server.stats().parked_store_calls == 64; }))
       << server.stats().parked_store_calls;
@@ -742,8 +751,7 @@ TEST(StoreSocketConnectionsTest, ThousandTokenlessSocketsUnder1024FilesLeaveRoom
     GTEST_SKIP() << "this test process needs 1200 open files; its hard limit is " << rl.rlim_max;
   OpenFilesRaised raised(4096);
   TokenFile token("tok");
-  ServerProcess server({"--token-file", token.path()},
-                       {"prlimit", "--nofile=1024:1024", "--"});
+  ServerProcess server({"--token-file", token.path()}, {"prlimit", "--nofile=1024:1024", "--"});
   EXPECT_THAT(server.log(), HasSubstr("it will hold at most 480"));
   auto good = connectStore(server.endpoint(), "tok");
   const int baseline = openFilesOf(server.pid());
@@ -894,7 +902,8 @@ TEST(StoreSocketConnectionsTest, StatsCountSocketClientsAndDropWhenTheyLeave) {
   EXPECT_TRUE(eventually([&] {
     auto t = server.stats();
     return t.store_sockets == 0 && t.connections == 0 && t.sessions == 0;
-  })) << server.stats().connections << " connections, " << server.stats().sessions << " sessions";
+  })) << server.stats().connections
+      << " connections, " << server.stats().sessions << " sessions";
 }
 
 // One port, two transports, one store: a gRPC client and a socket client see each other's
