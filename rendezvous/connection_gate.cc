@@ -270,9 +270,15 @@ void ConnectionGate::acceptAll(int listen_fd) {
     if (errno == EINTR || errno == ECONNABORTED) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) return;
     // EMFILE, ENFILE, ENOBUFS, ENOMEM: the connection waits in the backlog; try again soon.
+    int err = errno;
+    size_t held;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      held = conns_.size() + sniffing_.size();  // the store socket's included
+    }
     warnRateLimited(fmt::format("cannot accept a connection: {}; {} held (raise the open-file "
                                 "limit or lower --max-connections)",
-                                std::strerror(errno), stats().open));
+                                std::strerror(err), held));
     std::lock_guard<std::mutex> lock(mu_);
     accept_paused_until_ = SteadyClock::now() + kAcceptPause;
     for (int l : listen_fds_) {
@@ -352,7 +358,18 @@ void ConnectionGate::sniff(int fd) {
   if (to == kGone) {
     close(fd);
   } else if (to == kWire) {
-    if (!options_.adopt_wire(fd, sn.peer)) {
+    // Tracked like gRPC's, before the store socket can see its token: it counts against the
+    // one cap (and its two files against the open-file budget) until it ends, and it can be
+    // evicted to make room until it has shown its token.
+    if (!track(fd, sn.peer, /*wire=*/true)) {
+      close(fd);
+      warnRateLimited(fmt::format("refused a store socket from {}: {}", sn.peer,
+                                  std::strerror(errno)));
+    } else if (!options_.adopt_wire(fd, sn.peer)) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (auto g = by_grpc_fd_.find(fd); g != by_grpc_fd_.end()) dropLocked(g->second);
+      }
       close(fd);
       warnRateLimited(fmt::format("refused a store socket from {}: at the connection limit",
                                   sn.peer));
@@ -375,32 +392,36 @@ void ConnectionGate::expireSniffsLocked(SteadyClock::time_point now,
   }
 }
 
-void ConnectionGate::handToGrpc(int listen_fd, int fd, const std::string& peer) {
+bool ConnectionGate::track(int fd, const std::string& peer, bool wire) {
   int dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-  if (dup_fd < 0) {
+  if (dup_fd < 0) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  Conn c;
+  c.dup_fd = dup_fd;
+  c.grpc_fd = fd;
+  c.inode = inodeOf(fd);
+  c.peer = peer;
+  c.order = next_order_++;
+  c.wire = wire;
+  epoll_event ev{};
+  // Only the end of the connection: its data is gRPC's (or the store socket's) to read.
+  ev.events = EPOLLRDHUP;
+  ev.data.u64 = static_cast<uint64_t>(dup_fd);
+  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, dup_fd, &ev);
+  by_peer_[peer] = dup_fd;
+  by_grpc_fd_[fd] = dup_fd;
+  conns_.emplace(dup_fd, std::move(c));
+  return true;
+}
+
+void ConnectionGate::handToGrpc(int listen_fd, int fd, const std::string& peer) {
+  if (!track(fd, peer, /*wire=*/false)) {
     close(fd);
     warnRateLimited(fmt::format("refused a connection from {}: {}", peer, std::strerror(errno)));
     return;
   }
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    Conn c;
-    c.dup_fd = dup_fd;
-    c.grpc_fd = fd;
-    c.inode = inodeOf(fd);
-    c.peer = peer;
-    c.order = next_order_++;
-    epoll_event ev{};
-    // Only the end of the connection: its data is gRPC's to read.
-    ev.events = EPOLLRDHUP;
-    ev.data.u64 = static_cast<uint64_t>(dup_fd);
-    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, dup_fd, &ev);
-    by_peer_[peer] = dup_fd;
-    by_grpc_fd_[fd] = dup_fd;
-    conns_.emplace(dup_fd, std::move(c));
-  }
   grpc::experimental::ExternalConnectionAcceptor::NewConnectionParameters p;
   p.listener_fd = listen_fd;
   p.fd = fd;
@@ -499,7 +520,10 @@ void ConnectionGate::noteCall(const std::string& peer, bool authorized) {
 GateStats ConnectionGate::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   GateStats s = stats_;
-  s.open = static_cast<int64_t>(conns_.size() + sniffing_.size());
+  // The store socket counts its own (ServerStats adds them).
+  int64_t wire = 0;
+  for (const auto& [dup, c] : conns_) wire += c.wire;
+  s.open = static_cast<int64_t>(conns_.size() + sniffing_.size()) - wire;
   return s;
 }
 

@@ -42,7 +42,7 @@ struct GateOptions {
 };
 
 struct GateStats {
-  int64_t open = 0;              // connections held now (the table's size)
+  int64_t open = 0;              // connections held now, gRPC's (the store socket's are its own)
   int64_t accepted = 0;          // since start
   int64_t rejected_at_cap = 0;   // closed on arrival: the cap was reached by authorized peers
   int64_t evicted = 0;           // never-authorized connections closed to make room
@@ -87,6 +87,7 @@ class ConnectionGate {
     std::string peer;
     uint64_t order = 0;  // arrival order: eviction takes the oldest
     bool authorized = false;
+    bool wire = false;   // the store socket's (WireServer owns grpc_fd), not gRPC's
     bool closing = false;
     std::chrono::steady_clock::time_point close_at{};
   };
@@ -95,6 +96,9 @@ class ConnectionGate {
   void acceptAll(int listen_fd);
   void admit(int listen_fd, int fd);
   void handToGrpc(int listen_fd, int fd, const std::string& peer);
+  // Keeps a duplicate of `fd`, handed to gRPC or the store socket, so that it counts against
+  // the cap until it ends and can be shut down. False when it cannot be duplicated.
+  bool track(int fd, const std::string& peer, bool wire);
   void sniff(int fd);
   struct Sniffing;
   void expireSniffsLocked(std::chrono::steady_clock::time_point now,

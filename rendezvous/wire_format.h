@@ -11,6 +11,9 @@
 // with the ids, operations, quiet sets and errors of the gRPC Session stream. The first
 // request is a ping with id 0 carrying the token (StoreRequest.token); its answer brings the
 // server's value limit, or UNAUTHENTICATED, after which the server closes the connection.
+// The connection ends when either side closes it or shuts down its writing side: unlike the
+// gRPC stream's half-close, answers not yet written are dropped and parked operations
+// cancelled (the client never half-closes; it closes when the store goes).
 #include <cstdint>
 #include <cstring>
 #include <string>

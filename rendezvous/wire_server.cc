@@ -46,6 +46,10 @@ struct WireServer::Conn {
   bool reading = true;      // EPOLLIN armed: false while back-pressure holds it
   bool want_write = false;  // EPOLLOUT armed: the socket took less than the output
   bool batching = false;    // the loop is handling a read and flushes at its end
+  // fail() ran: its error is the last frame; the write side is shut once the output before
+  // it is written, so that answers owed before the error arrive whole.
+  bool ending = false;
+  bool shut_wr = false;
   std::string out;
   size_t out_off = 0;
   uint64_t next_slot = 1;
@@ -256,6 +260,10 @@ void WireServer::runResumes() {
     if (ConnPtr c = find(id)) processFrames(c);
 }
 
+std::atomic<int64_t>& WireServer::inputCounter(const Conn& c) {
+  return c.authed ? input_bytes_ : hello_bytes_;
+}
+
 void WireServer::onReadable(const ConnPtr& c, uint32_t events) {
   bool reading;
   {
@@ -272,17 +280,23 @@ void WireServer::onReadable(const ConnPtr& c, uint32_t events) {
     ssize_t n = recv(c->fd, read_buf_.data(), read_buf_.size(), 0);
     if (n > 0) {
       if (c->lingering) continue;  // an ended connection: its input is dropped
-      int64_t total = input_bytes_.fetch_add(n) + n;
+      auto& counter = inputCounter(*c);
+      int64_t total = counter.fetch_add(n) + n;
       if (total > core_->cfg.limits.max_queued_bytes) {
-        input_bytes_ -= n;
+        counter -= n;
         {
           std::lock_guard<std::mutex> lock(mu_);
           ++stats_.input_refused;
         }
         fail(c, grpc::RESOURCE_EXHAUSTED,
-             fmt::format("the server already holds {} bytes of requests not yet handled, all "
-                         "connections together (limit {} bytes); try again",
-                         total - n, core_->cfg.limits.max_queued_bytes));
+             c->authed
+                 ? fmt::format("the server already holds {} bytes of requests not yet handled, "
+                               "all connections together (limit {} bytes); try again",
+                               total - n, core_->cfg.limits.max_queued_bytes)
+                 : fmt::format("the server already holds {} bytes of first requests not yet "
+                               "complete, all connections without a token together (limit {} "
+                               "bytes); try again",
+                               total - n, core_->cfg.limits.max_queued_bytes));
         return;
       }
       c->in.append(read_buf_.data(), static_cast<size_t>(n));
@@ -374,7 +388,7 @@ void WireServer::processFrames(const ConnPtr& c) {
   }
   if (!ended) {
     c->in.erase(0, off);
-    input_bytes_ -= static_cast<int64_t>(off);
+    inputCounter(*c) -= static_cast<int64_t>(off);
   }
   std::lock_guard<std::mutex> lock(c->mu);
   c->batching = false;
@@ -396,6 +410,9 @@ bool WireServer::hello(const ConnPtr& c, const pb::StoreRequest& req) {
     fail(c, s.error_code(), s.error_message());
     return false;
   }
+  // What it has sent so far, this request included, now counts with the authorized ones.
+  hello_bytes_ -= static_cast<int64_t>(c->in.size());
+  input_bytes_ += static_cast<int64_t>(c->in.size());
   c->authed = true;
   ++core_->sessions;
   pb::StoreResponse resp;
@@ -442,7 +459,7 @@ void WireServer::respond(const ConnPtr& c, pb::StoreResponse resp) {
   int64_t size = admitAnswer(*core_, resp);
   (void)size;
   std::lock_guard<std::mutex> lock(c->mu);
-  if (c->closed) return;
+  if (c->closed || c->ending) return;  // nothing follows the error that ended it
   int64_t before = c->outBytes();
   appendFrame(c->out, resp);
   accountOutLocked(*c, before);
@@ -482,6 +499,10 @@ void WireServer::flushLocked(Conn& c) {
     c.out_off = 0;
   }
   accountOutLocked(c, before);
+  if (c.ending && c.outBytes() == 0 && !c.shut_wr) {
+    c.shut_wr = true;
+    shutdown(c.fd, SHUT_WR);  // the error was the last frame: the client reads EOF after it
+  }
   bool want = c.outBytes() > 0 && !broke;
   if (want != c.want_write) {
     c.want_write = want;
@@ -521,16 +542,18 @@ void WireServer::fail(const ConnPtr& c, int code, const std::string& message) {
   setOpError(resp, grpc::Status(static_cast<grpc::StatusCode>(code), message));
   {
     std::lock_guard<std::mutex> lock(c->mu);
-    if (c->closed) return;
+    if (c->closed || c->ending) return;
     int64_t before = c->outBytes();
     appendFrame(c->out, resp);
     accountOutLocked(*c, before);
+    c->ending = true;
     c->reading = true;  // its input is read and dropped until the client closes
     armLocked(*c);
+    // Writes what the socket takes now, answers owed first; the write side is shut once all
+    // of it is written (here or on EPOLLOUT), or the connection closed when the linger ends.
     flushLocked(*c);
-    shutdown(c->fd, SHUT_WR);
   }
-  input_bytes_ -= static_cast<int64_t>(c->in.size());
+  inputCounter(*c) -= static_cast<int64_t>(c->in.size());
   std::string().swap(c->in);
   c->lingering = true;
   std::lock_guard<std::mutex> lock(mu_);
@@ -543,6 +566,9 @@ void WireServer::close(const ConnPtr& c) {
     std::lock_guard<std::mutex> lock(c->mu);
     if (c->closed) return;
     epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c->fd, nullptr);
+    // The connection gate holds a duplicate of the socket: shut down, it ends for the peer
+    // (and the gate) now, not when the gate notices the descriptor gone.
+    shutdown(c->fd, SHUT_RDWR);
     ::close(c->fd);
     c->closed = true;
     int64_t before = c->outBytes();
@@ -558,7 +584,7 @@ void WireServer::close(const ConnPtr& c) {
     if (c->evicting) --evicting_;
   }
   if (!c->lingering) {
-    input_bytes_ -= static_cast<int64_t>(c->in.size());
+    inputCounter(*c) -= static_cast<int64_t>(c->in.size());
     std::string().swap(c->in);
   }
   if (c->authed) --core_->sessions;

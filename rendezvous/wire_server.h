@@ -19,9 +19,11 @@
 // unwritten; answers count against max_queued_bytes server-wide; requests are at most
 // max_value_bytes plus kMessageOverheadBytes; bytes of requests read and not yet handled, all
 // connections together, at most max_queued_bytes (past it the connection that would add more
-// is closed with RESOURCE_EXHAUSTED). A connection must send its token within hello_timeout,
-// in a first request of at most kMaxHelloFrameBytes. At most max_connections at once: at the
-// cap, the oldest one that has not shown its token is closed to make room.
+// is closed with RESOURCE_EXHAUSTED); connections that have not shown their token are counted
+// apart, against the same limit, so that they cannot use up the others' budget. A connection
+// must send its token within hello_timeout, in a first request of at most kMaxHelloFrameBytes.
+// At most max_connections at once: at the cap, the oldest one that has not shown its token is
+// closed to make room.
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -108,6 +110,8 @@ class WireServer {
   std::atomic<bool> stopping_{false};
   std::vector<char> read_buf_;            // the loop thread's
   std::atomic<int64_t> input_bytes_{0};   // requests read and not yet handled, all connections
+  std::atomic<int64_t> hello_bytes_{0};   // the same, of connections without their token yet
+  std::atomic<int64_t>& inputCounter(const Conn& c);  // which of the two counts c's input
 
   // Guards the members below (and Conn::evicting); may be taken under a connection's mutex,
   // never the other way round.

@@ -37,4 +37,10 @@ if(TARGET ddpl_rdzv_server)
                 LIBS ddpl_rdzv_client ddpl_rdzv_server ddpl_proto ddpl_test_util
                 LABELS fault TIMEOUT 240)
   add_dependencies(rdzv_hostile_test rdzv-server launch)
+  # Issue 17: the store's socket transport under hostile clients (raw sockets).
+  ddpl_add_test(NAME rdzv_socket_hostile_test
+                SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fault/rdzv_socket_hostile_test.cc
+                LIBS ddpl_rdzv_client ddpl_rdzv_server ddpl_proto ddpl_test_util
+                LABELS fault TIMEOUT 180)
+  add_dependencies(rdzv_socket_hostile_test rdzv-server)
 endif()

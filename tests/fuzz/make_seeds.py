@@ -96,6 +96,52 @@ requests = {
 for name, data in requests.items():
     write("fuzz_requests", name, data)
 
+
+# fuzz_wire: what a store-socket client sends after the magic (frames: a 4-byte little-endian
+# length, then a StoreRequest). The server's token is "tok" (fuzz_wire.cc).
+def frame(body):
+    return struct.pack("<I", len(body)) + body
+
+
+def ping(id_, token):
+    return f_varint(1, id_) + f_bytes(2, b"") + (f_bytes(14, token) if token else b"")
+
+
+HELLO = frame(ping(0, "tok"))
+wire = {
+    "ops": HELLO + b"".join(frame(r) for r in [
+        store(1, 3, f_bytes(1, "k") + f_bytes(2, "v")),
+        store(2, 4, f_bytes(1, "k") + f_varint(2, 100)),
+        store(3, 5, f_bytes(1, "n") + f_varint(2, 5)),
+        store(4, 6, f_bytes(1, "k") + f_bytes(2, "v") + f_bytes(3, "w")),
+        store(5, 7, f_bytes(1, "k") + f_bytes(1, "n")),
+        store(6, 8, f_bytes(1, "k") + f_varint(2, 10)),
+        store(7, 9, f_bytes(1, "k")),
+        store(8, 10, f_bytes(1, "")),
+        store(9, 11, f_bytes(1, "k") + f_bytes(1, "n") + f_varint(2, 10)),
+        store(10, 12, f_bytes(1, "a") + f_bytes(1, "b") + f_bytes(2, "1") + f_bytes(2, "2")),
+        store(11, 3, f_bytes(1, "q") + f_bytes(2, "quiet")) + f_varint(13, 1),
+        store(12, 2, b""),
+    ]),
+    "parked": HELLO + b"".join(frame(store(i, 4, f_bytes(1, "never%d" % i) + f_varint(2, 500)))
+                               for i in range(1, 8))
+              + frame(store(8, 3, f_bytes(1, "never1") + f_bytes(2, "x"))),
+    "big_answers": HELLO + frame(store(1, 3, f_bytes(1, "big") + f_bytes(2, b"b" * 1000)))
+                   + b"".join(frame(store(i, 4, f_bytes(1, "big") + f_varint(2, 10)))
+                              for i in range(2, 10)),
+    "wrong_token": frame(ping(0, "guess")) + frame(store(1, 3, f_bytes(1, "k") + f_bytes(2, "v"))),
+    "no_token": frame(ping(0, "")),
+    "first_not_ping": frame(store(0, 4, f_bytes(1, "k")) + f_bytes(14, "tok")),
+    "ping_not_id0": frame(ping(7, "tok")),
+    "oversized_hello": struct.pack("<I", (64 << 10) + 1) + b"x" * 16,
+    "huge_after_hello": HELLO + struct.pack("<I", 0xFFFFFFFF),
+    "garbage_after_hello": HELLO + frame(b"\x0a\x05ab"),
+    "value_too_big": HELLO + frame(store(1, 3, f_bytes(1, "k") + f_bytes(2, b"v" * 1100))),
+    "partial": HELLO + struct.pack("<I", 100) + b"\x08",
+}
+for name, data in wire.items():
+    write("fuzz_wire", name, data)
+
 cli = {
     "elastic": ["--nnodes=1:3", "--nproc-per-node=2", "--rdzv-backend=c10d",
                 "--rdzv-endpoint=head:29400", "--rdzv-id=job", "--max-restarts=3", "train.py", "--lr", "0.1"],
