@@ -2,6 +2,7 @@
 
 #include <absl/synchronization/mutex.h>
 #include <fmt/format.h>
+#include <google/protobuf/stubs/logging.h>
 #include <grpc/support/log.h>
 
 #include <algorithm>
@@ -44,12 +45,46 @@ void logFromGrpc(gpr_log_func_args* args) {
   }
 }
 
+// protobuf logs a line for every message it cannot parse (a string field that is not UTF-8,
+// for instance): what any peer, with or without the token, can send as often as it likes.
+// Those lines go through the log at most once per kProtobufLogInterval, with the count of
+// those held back.
+constexpr auto kProtobufLogInterval = std::chrono::seconds(10);
+
+void logFromProtobuf(google::protobuf::LogLevel level, const char* file, int line,
+                     const std::string& message) {
+  if (level == google::protobuf::LOGLEVEL_FATAL) {
+    log::error("protobuf {}:{}: {}", file, line, message);
+    return;
+  }
+  static std::mutex mu;
+  static Clock::time_point logged_at{};
+  static int64_t held = 0;
+  int64_t before;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto now = Clock::now();
+    if (logged_at != Clock::time_point{} && now - logged_at < kProtobufLogInterval) {
+      ++held;
+      return;
+    }
+    logged_at = now;
+    before = held;
+    held = 0;
+  }
+  if (before > 0)
+    log::warn("protobuf: {} more message(s) in the last {}s were not logged; the latest:",
+              before, std::chrono::duration_cast<std::chrono::seconds>(kProtobufLogInterval).count());
+  log::warn("protobuf: {}", message);
+}
+
 }  // namespace
 
 void routeGrpcLogs() {
   static std::once_flag once;
   std::call_once(once, [] {
     gpr_set_log_function(logFromGrpc);
+    google::protobuf::SetLogHandler(logFromProtobuf);
     // Debian's Abseil is built without NDEBUG, so every absl::Mutex gRPC takes feeds a global
     // lock-order graph (deadlock detection, a debugging aid): 5-8% of the store's CPU at 64
     // clients, all of it under one global spin lock. Release builds of Abseil skip it.
