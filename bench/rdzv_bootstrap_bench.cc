@@ -113,8 +113,10 @@ void rank(Impl impl, Mode mode, const Host& h, const std::string& run, int r, in
 }
 
 void runOnce(Impl impl, Mode mode, const Host& h, int world, int attempt) {
+  // Its own keys: the socket and gRPC clients share one server, and a run that found the
+  // keys of the one before (the barrier's last_worker, Gloo's addresses) measured nothing.
   std::string run = std::string(mode == Mode::kStore ? "store" : "gloo") + "-" +
-                    std::to_string(world) + "-" + std::to_string(attempt);
+                    std::to_string(world) + "-" + std::to_string(attempt) + "-" + implName(impl);
   std::vector<double> rank_ms(static_cast<size_t>(world)), connect_ms(rank_ms.size());
   std::atomic<int> errors{0};
   std::mutex mu;

@@ -28,15 +28,9 @@
 #include "rendezvous/grpc_store.h"
 #include "rendezvous/rendezvous_client.h"
 #include "rendezvous/server.h"
+#include "tests/common/rdzv_server_process.h"
 #include "tests/common/subprocess.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define DDPL_TEST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define DDPL_TEST_ASAN 1
-#endif
-#endif
 
 namespace ddpl::rdzv {
 namespace {
@@ -50,94 +44,10 @@ using ::testing::HasSubstr;
 
 const std::string kBin = DDPL_BIN_DIR;
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// Resident memory of a process, in bytes.
-int64_t rssOf(pid_t pid) {
-  std::ifstream in(fmt::format("/proc/{}/status", pid));
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
-  return -1;
-}
-
-int openFilesOf(pid_t pid) {
-  int n = 0;
-  std::error_code ec;
-  for (auto it = fs::directory_iterator(fmt::format("/proc/{}/fd", pid), ec);
-       !ec && it != fs::directory_iterator(); it.increment(ec))
-    ++n;
-  return n;
-}
-
-int count(const std::string& text, const std::string& needle) {
-  int n = 0;
-  for (size_t p = text.find(needle); p != std::string::npos; p = text.find(needle, p + 1)) ++n;
-  return n;
-}
-
-// An rdzv-server process on a free port (or a given one), optionally under a command prefix
-// such as prlimit. Killed when the test ends.
-class ServerProcess {
- public:
-  ServerProcess(std::vector<std::string> args, std::vector<std::string> prefix = {}, int port = 0)
-      : dir_(::ddpl::testing::makeTempDir("rdzv_hostile")) {
-    std::vector<std::string> argv = prefix;
-    argv.push_back(kBin + "/rdzv-server");
-    argv.insert(argv.end(), args.begin(), args.end());
-    argv.insert(argv.end(), {"--port", std::to_string(port), "--port-file", dir_ + "/port"});
-    log_ = dir_ + "/server.log";
-    pid_ = fork();
-    if (pid_ == 0) {
-      // Dies with the test, even one a sanitizer aborts: an orphaned server would keep
-      // whatever the test's parent had open (the CI's CPU lock, say).
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-#ifdef DDPL_TEST_ASAN
-      // ASan keeps freed memory in a 256 MiB quarantine to catch late uses: the server's
-      // memory could not go back to its baseline. A small one keeps the check meaningful.
-      std::string o = std::getenv("ASAN_OPTIONS") ? std::getenv("ASAN_OPTIONS") : "";
-      setenv("ASAN_OPTIONS", (o + ":quarantine_size_mb=4").c_str(), 1);
-#endif
-      FILE* f = std::fopen(log_.c_str(), "w");
-      if (f) {
-        dup2(fileno(f), 1);
-        dup2(fileno(f), 2);
-      }
-      std::vector<char*> cargv;
-      for (auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
-      cargv.push_back(nullptr);
-      execvp(cargv[0], cargv.data());
-      _exit(127);
-    }
-    EXPECT_TRUE(eventually([&] { return fs::exists(dir_ + "/port"); }, seconds(20))) << log();
-    port_ = std::stoi(slurp(dir_ + "/port"));
-    // With a prefix (prlimit), prlimit execs the server: same pid.
-  }
-  ~ServerProcess() {
-    stop();
-    fs::remove_all(dir_);
-  }
-  void stop() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-  std::string endpoint() const { return fmt::format("127.0.0.1:{}", port_); }
-  int port() const { return port_; }
-  pid_t pid() const { return pid_; }
-  std::string log() const { return slurp(log_); }
-
- private:
-  std::string dir_, log_;
-  pid_t pid_ = -1;
-  int port_ = 0;
-};
+using ::ddpl::testing::count;
+using ::ddpl::testing::openFilesOf;
+using ::ddpl::testing::rssOf;
+using ::ddpl::testing::ServerProcess;
 
 std::unique_ptr<Store> connect(const std::string& endpoint, const std::string& token = "",
                                bool socket = true) {
