@@ -80,8 +80,7 @@ ConnectionGate::ConnectionGate(const std::string& host, int port, GateOptions op
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   addrinfo* res = nullptr;
-  int rc = getaddrinfo(h.empty() ? nullptr : h.c_str(), std::to_string(port).c_str(), &hints,
-                       &res);
+  int rc = getaddrinfo(h.empty() ? nullptr : h.c_str(), std::to_string(port).c_str(), &hints, &res);
   if (rc != 0)
     throw NetworkError(fmt::format("rendezvous server cannot listen on {}: {}",
                                    hostPort(host, port), gai_strerror(rc)));
@@ -127,16 +126,14 @@ ConnectionGate::ConnectionGate(const std::string& host, int port, GateOptions op
     sockaddr_storage got{};
     socklen_t len = sizeof(got);
     getsockname(fd, reinterpret_cast<sockaddr*>(&got), &len);
-    bound_port = ntohs(got.ss_family == AF_INET
-                           ? reinterpret_cast<sockaddr_in*>(&got)->sin_port
-                           : reinterpret_cast<sockaddr_in6*>(&got)->sin6_port);
+    bound_port = ntohs(got.ss_family == AF_INET ? reinterpret_cast<sockaddr_in*>(&got)->sin_port
+                                                : reinterpret_cast<sockaddr_in6*>(&got)->sin6_port);
     listen_fds_.push_back(fd);
   }
   freeaddrinfo(res);
   if (listen_fds_.empty())
     throw NetworkError(fmt::format("rendezvous server cannot listen on {}: {}",
-                                   hostPort(host, port),
-                                   why.empty() ? "no usable address" : why));
+                                   hostPort(host, port), why.empty() ? "no usable address" : why));
   port_ = bound_port;
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -251,13 +248,13 @@ void ConnectionGate::loop() {
 int ConnectionGate::nextTimeoutMs(SteadyClock::time_point now) const {
   auto next = next_sweep_;
   if (!sniff_order_.empty()) next = std::min(next, sniff_order_.front().first);
-  if (accept_paused_until_ != SteadyClock::time_point{}) next = std::min(next, accept_paused_until_);
+  if (accept_paused_until_ != SteadyClock::time_point{})
+    next = std::min(next, accept_paused_until_);
   if (close_pending_)
     for (const auto& [dup, c] : conns_)
       if (c.close_at != SteadyClock::time_point{} && !c.closing) next = std::min(next, c.close_at);
   if (next <= now) return 0;
-  return static_cast<int>(
-      std::chrono::ceil<std::chrono::milliseconds>(next - now).count());
+  return static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(next - now).count());
 }
 
 void ConnectionGate::acceptAll(int listen_fd) {
@@ -276,9 +273,10 @@ void ConnectionGate::acceptAll(int listen_fd) {
       std::lock_guard<std::mutex> lock(mu_);
       held = conns_.size() + sniffing_.size();  // the store socket's included
     }
-    warnRateLimited(fmt::format("cannot accept a connection: {}; {} held (raise the open-file "
-                                "limit or lower --max-connections)",
-                                std::strerror(err), held));
+    warnRateLimited(
+        fmt::format("cannot accept a connection: {}; {} held (raise the open-file "
+                    "limit or lower --max-connections)",
+                    std::strerror(err), held));
     std::lock_guard<std::mutex> lock(mu_);
     accept_paused_until_ = SteadyClock::now() + kAcceptPause;
     for (int l : listen_fds_) {
@@ -363,16 +361,16 @@ void ConnectionGate::sniff(int fd) {
     // evicted to make room until it has shown its token.
     if (!track(fd, sn.peer, /*wire=*/true)) {
       close(fd);
-      warnRateLimited(fmt::format("refused a store socket from {}: {}", sn.peer,
-                                  std::strerror(errno)));
+      warnRateLimited(
+          fmt::format("refused a store socket from {}: {}", sn.peer, std::strerror(errno)));
     } else if (!options_.adopt_wire(fd, sn.peer)) {
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (auto g = by_grpc_fd_.find(fd); g != by_grpc_fd_.end()) dropLocked(g->second);
       }
       close(fd);
-      warnRateLimited(fmt::format("refused a store socket from {}: at the connection limit",
-                                  sn.peer));
+      warnRateLimited(
+          fmt::format("refused a store socket from {}: at the connection limit", sn.peer));
     }
   } else {
     handToGrpc(sn.listen_fd, fd, sn.peer);

@@ -424,8 +424,8 @@ class GrpcStore : public Store {
       ping.mutable_ping();
       if (s->send(ping, op) == SessionLink::Sent::kYes) {
         if (!s->await(*op, Clock::now() + kCloseWait))
-          log::warn("store client for {}: sets not confirmed by the server within {}",
-                    o_.endpoint, describe(kCloseWait));
+          log::warn("store client for {}: sets not confirmed by the server within {}", o_.endpoint,
+                    describe(kCloseWait));
       }
     }
     grpc::Status st;
@@ -545,8 +545,8 @@ class GrpcStore : public Store {
   // making one costs more than the whole socket connect (1,024 ranks connecting at once).
   pb::Store::Stub* stub() {
     std::call_once(channel_made_, [&] {
-      channel_ = makeChannel({o_.endpoint, o_.tls_ca_file, o_.tls_cert_file, o_.tls_key_file,
-                              kDefaultMaxValueBytes});
+      channel_ = makeChannel(
+          {o_.endpoint, o_.tls_ca_file, o_.tls_cert_file, o_.tls_key_file, kDefaultMaxValueBytes});
       stub_ = pb::Store::NewStub(channel_);
     });
     return stub_.get();

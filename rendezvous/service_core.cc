@@ -371,10 +371,11 @@ int64_t admitAnswer(Core& c, pb::StoreResponse& resp) {
   const auto& limits = c.cfg.limits;
   if (size > 0 && c.queued_bytes.load() + size > limits.max_queued_bytes) {
     ++c.refused_for_memory;
-    setOpError(resp, grpc::Status(grpc::RESOURCE_EXHAUSTED,
-                                  fmt::format("answer of {} bytes refused: the server already "
-                                              "queues {} bytes of answers (limit {} bytes)",
-                                              size, c.queued_bytes.load(), limits.max_queued_bytes)));
+    setOpError(resp,
+               grpc::Status(grpc::RESOURCE_EXHAUSTED,
+                            fmt::format("answer of {} bytes refused: the server already "
+                                        "queues {} bytes of answers (limit {} bytes)",
+                                        size, c.queued_bytes.load(), limits.max_queued_bytes)));
     size = static_cast<int64_t>(resp.ByteSizeLong());
   }
   return size;

@@ -146,8 +146,9 @@ class WireLink : public SessionLink {
     std::string why;
     // Registered already: if the write fails, breaking the link fails the operation.
     if (!writeAll(frame_, &why))
-      breakLink(grpc::Status(grpc::UNAVAILABLE,
-                             fmt::format("the store stream broke (socket: writing failed: {})", why)));
+      breakLink(
+          grpc::Status(grpc::UNAVAILABLE,
+                       fmt::format("the store stream broke (socket: writing failed: {})", why)));
     if (frame_.capacity() > (1 << 20)) std::string().swap(frame_);
     return Sent::kYes;
   }
@@ -173,7 +174,8 @@ class WireLink : public SessionLink {
   }
 
   void close(Duration) override {
-    breakLink(grpc::Status(grpc::UNAVAILABLE, "the store stream broke (socket: closed by the client)"));
+    breakLink(
+        grpc::Status(grpc::UNAVAILABLE, "the store stream broke (socket: closed by the client)"));
   }
 
  private:
@@ -245,10 +247,10 @@ class WireLink : public SessionLink {
     if (n <= 0) {
       // Before the first answer, a server that closes on our greeting does not know it (a
       // gRPC-only server rejects the bytes as a bad HTTP/2 preface, a TLS one as a bad record).
-      breakLink(answered_ ? grpc::Status(grpc::UNAVAILABLE,
-                                         fmt::format("the store stream broke (socket: {})",
-                                                     n == 0 ? "the server closed it"
-                                                            : std::strerror(errno)))
+      breakLink(answered_ ? grpc::Status(
+                                grpc::UNAVAILABLE,
+                                fmt::format("the store stream broke (socket: {})",
+                                            n == 0 ? "the server closed it" : std::strerror(errno)))
                           : notServed(n == 0 ? "it closed the connection" : std::strerror(errno)));
       return;
     }
@@ -268,11 +270,13 @@ class WireLink : public SessionLink {
       }
       if (avail - kFrameHeaderBytes < len) break;
       pb::StoreResponse resp;
-      bool ok = resp.ParseFromArray(in_.data() + in_off_ + kFrameHeaderBytes, static_cast<int>(len));
+      bool ok =
+          resp.ParseFromArray(in_.data() + in_off_ + kFrameHeaderBytes, static_cast<int>(len));
       in_off_ += kFrameHeaderBytes + len;
       if (!ok || (!answered_ && resp.id() != 0)) {
-        breakLink(answered_ ? grpc::Status(grpc::INTERNAL, "the store socket sent a malformed answer")
-                            : notServed("its answer is not a store frame"));
+        breakLink(answered_
+                      ? grpc::Status(grpc::INTERNAL, "the store socket sent a malformed answer")
+                      : notServed("its answer is not a store frame"));
         return;
       }
       answered_ = true;
@@ -316,15 +320,15 @@ class WireLink : public SessionLink {
   }
 
   grpc::Status notServed(const std::string& what) const {
-    return grpc::Status(grpc::UNIMPLEMENTED,
-                        fmt::format("{} did not answer the store socket's greeting: {}", endpoint_,
-                                    what));
+    return grpc::Status(
+        grpc::UNIMPLEMENTED,
+        fmt::format("{} did not answer the store socket's greeting: {}", endpoint_, what));
   }
 
   int fd_;
   std::string endpoint_;
-  std::mutex write_mu_;  // one writer at a time; taken before mu_
-  std::string frame_;    // under write_mu_
+  std::mutex write_mu_;   // one writer at a time; taken before mu_
+  std::string frame_;     // under write_mu_
   bool greeted_ = false;  // under write_mu_: the magic went out
   std::mutex read_mu_;    // guards reading_; read_cv_ wakes waiters when a reader is done
   std::condition_variable read_cv_;
@@ -334,8 +338,8 @@ class WireLink : public SessionLink {
   size_t in_off_ = 0, in_end_ = 0;
   bool answered_ = false;
   std::chrono::milliseconds recv_timeout_{0};  // SO_RCVTIMEO as set now (0: none yet)
-  std::atomic<bool> answered_seen_{false};  // answered_, for the writers
-  std::atomic<int64_t> last_alive_{0};      // nowNs() when the socket last showed life
+  std::atomic<bool> answered_seen_{false};     // answered_, for the writers
+  std::atomic<int64_t> last_alive_{0};         // nowNs() when the socket last showed life
   std::mutex why_mu_;
   grpc::Status why_;  // why the link broke (OK while it works)
 };
@@ -347,8 +351,7 @@ grpc::Status openWireLink(const std::string& endpoint, const std::string& token,
                           std::shared_ptr<SessionLink>* link, int64_t* max_value_bytes) {
   std::string host, port, why;
   if (!splitEndpoint(endpoint, &host, &port))
-    return grpc::Status(grpc::UNIMPLEMENTED,
-                        fmt::format("'{}' is not host:port", endpoint));
+    return grpc::Status(grpc::UNIMPLEMENTED, fmt::format("'{}' is not host:port", endpoint));
   auto start = Clock::now();
   int fd = connectTo(host, port, timeout, &why);
   if (fd < 0)

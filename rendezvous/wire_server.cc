@@ -436,15 +436,14 @@ void WireServer::handle(const ConnPtr& c, const pb::StoreRequest& req) {
   }
   // The callback holds the connection; the connection holds the operation until it has
   // answered: the cycle ends when the callback removes it, after its answer.
-  auto op = std::make_shared<ParkedOp>(
-      core_, std::move(step.park), step.timeout,
-      [this, c, id = req.id(), oc = req.op_case(), slot](const grpc::Status& st,
-                                                         std::vector<Bytes>& values) {
-        respond(c, parkedAnswer(id, oc, st, values));
-        std::lock_guard<std::mutex> lock(c->mu);
-        c->parked.erase(slot);
-        maybeResumeLocked(*c);
-      });
+  auto op = std::make_shared<ParkedOp>(core_, std::move(step.park), step.timeout,
+                                       [this, c, id = req.id(), oc = req.op_case(), slot](
+                                           const grpc::Status& st, std::vector<Bytes>& values) {
+                                         respond(c, parkedAnswer(id, oc, st, values));
+                                         std::lock_guard<std::mutex> lock(c->mu);
+                                         c->parked.erase(slot);
+                                         maybeResumeLocked(*c);
+                                       });
   bool cancelled;
   {
     std::lock_guard<std::mutex> lock(c->mu);
@@ -474,8 +473,8 @@ void WireServer::flushLocked(Conn& c) {
   int64_t before = c.outBytes();
   bool broke = false;
   while (c.out_off < c.out.size()) {
-    ssize_t n = send(c.fd, c.out.data() + c.out_off, c.out.size() - c.out_off,
-                     MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t n =
+        send(c.fd, c.out.data() + c.out_off, c.out.size() - c.out_off, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n > 0) {
       c.out_off += static_cast<size_t>(n);
       continue;

@@ -108,9 +108,9 @@ class WireServer {
   int wake_fd_ = -1;
   std::thread thread_;
   std::atomic<bool> stopping_{false};
-  std::vector<char> read_buf_;            // the loop thread's
-  std::atomic<int64_t> input_bytes_{0};   // requests read and not yet handled, all connections
-  std::atomic<int64_t> hello_bytes_{0};   // the same, of connections without their token yet
+  std::vector<char> read_buf_;           // the loop thread's
+  std::atomic<int64_t> input_bytes_{0};  // requests read and not yet handled, all connections
+  std::atomic<int64_t> hello_bytes_{0};  // the same, of connections without their token yet
   std::atomic<int64_t>& inputCounter(const Conn& c);  // which of the two counts c's input
 
   // Guards the members below (and Conn::evicting); may be taken under a connection's mutex,
