@@ -131,9 +131,7 @@ RendezvousServer::RendezvousServer(const ServerOptions& options) : impl_(std::ma
   cfg.on_token_checked = [gate](const std::string& peer, bool ok) { gate->noteCall(peer, ok); };
   impl_->services = std::make_unique<grpc_detail::Services>(cfg);
   if (options.store_socket && options.tls_cert_file.empty()) {
-    grpc_detail::WireOptions wire_options;
-    wire_options.max_connections = gate_options.max_connections;
-    auto* wire = impl_->wire = impl_->services->startWire(wire_options);
+    auto* wire = impl_->wire = impl_->services->startWire(grpc_detail::WireOptions{});
     gate->setWire([wire](int fd, const std::string& peer) { return wire->adopt(fd, peer); });
   }
 

@@ -37,9 +37,8 @@ struct WireServer::Conn {
   // The loop thread's alone.
   std::string in;
   size_t magic_seen = 0;
-  std::atomic<bool> authed{false};  // also read by adopt(), choosing whom to evict
+  std::atomic<bool> authed{false};  // it has shown its token
   bool lingering = false;
-  bool evicting = false;  // guarded by the server's mu_
 
   std::mutex mu;  // guards everything below
   bool closed = false;
@@ -84,33 +83,8 @@ WireServer::~WireServer() {
 }
 
 bool WireServer::adopt(int fd, const std::string& peer) {
-  ConnPtr evict;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopped_ || stopping_) return false;
-    if (static_cast<int64_t>(conns_.size()) - evicting_ >= options_.max_connections) {
-      // The oldest connection still without its token makes room, as at the gRPC gate.
-      for (const auto& [at, id] : hellos_) {
-        auto it = conns_.find(id);
-        if (it != conns_.end() && !it->second->authed && !it->second->evicting) {
-          evict = it->second;
-          break;
-        }
-      }
-      if (!evict) {
-        ++stats_.rejected_at_cap;
-        return false;
-      }
-      evict->evicting = true;
-      ++evicting_;
-      ++stats_.evicted;
-    }
-  }
-  if (evict) {
-    // The loop sees it end and closes it; until then it no longer counts against the cap.
-    std::lock_guard<std::mutex> lock(evict->mu);
-    if (!evict->closed) shutdown(evict->fd, SHUT_RDWR);
-  }
+  // The connection cap and the eviction of connections without their token are the gate's,
+  // for both transports at once (ConnectionGate::track): nothing to count here.
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   auto c = std::make_shared<Conn>();
@@ -166,7 +140,7 @@ void WireServer::stop() {
 WireStats WireServer::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   WireStats s = stats_;
-  s.open = static_cast<int64_t>(conns_.size()) - evicting_;
+  s.open = static_cast<int64_t>(conns_.size());
   return s;
 }
 
@@ -580,7 +554,6 @@ void WireServer::close(const ConnPtr& c) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     conns_.erase(c->id);
-    if (c->evicting) --evicting_;
   }
   if (!c->lingering) {
     inputCounter(*c) -= static_cast<int64_t>(c->in.size());

@@ -22,8 +22,8 @@
 // is closed with RESOURCE_EXHAUSTED); connections that have not shown their token are counted
 // apart, against the same limit, so that they cannot use up the others' budget. A connection
 // must send its token within hello_timeout, in a first request of at most kMaxHelloFrameBytes.
-// At most max_connections at once: at the cap, the oldest one that has not shown its token is
-// closed to make room.
+// How many connections there may be is the connection gate's to decide, for gRPC's and these
+// together (at the cap it shuts down the oldest one without its token; the loop then closes it).
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -42,7 +42,6 @@ namespace ddpl::rdzv::grpc_detail {
 class Core;
 
 struct WireOptions {
-  int max_connections = 4096;
   Duration hello_timeout{std::chrono::seconds(10)};
   // After an error that ends a connection, how long it is still read (and the input dropped)
   // so that the error frame reaches the client before the close.
@@ -50,10 +49,8 @@ struct WireOptions {
 };
 
 struct WireStats {
-  int64_t open = 0;      // connections held now
-  int64_t accepted = 0;  // adopted since start
-  int64_t rejected_at_cap = 0;
-  int64_t evicted = 0;          // closed before their token, to make room at the cap
+  int64_t open = 0;             // connections held now
+  int64_t accepted = 0;         // adopted since start
   int64_t hello_timeouts = 0;   // closed for not sending the token in time
   int64_t protocol_errors = 0;  // closed for a malformed or oversized frame
   int64_t input_refused = 0;    // closed because the server's input buffers were full
@@ -67,7 +64,7 @@ class WireServer {
   WireServer& operator=(const WireServer&) = delete;
 
   // Takes over a connected non-blocking socket whose first bytes are kWireMagic (not yet
-  // read). Returns false at the cap or after stop(); the caller then closes it.
+  // read). Returns false after stop(); the caller then closes it.
   bool adopt(int fd, const std::string& peer);
 
   // Closes every connection (their parked operations are cancelled) and ends the loop.
@@ -113,12 +110,11 @@ class WireServer {
   std::atomic<int64_t> hello_bytes_{0};  // the same, of connections without their token yet
   std::atomic<int64_t>& inputCounter(const Conn& c);  // which of the two counts c's input
 
-  // Guards the members below (and Conn::evicting); may be taken under a connection's mutex,
+  // Guards the members below; may be taken under a connection's mutex,
   // never the other way round.
   mutable std::mutex mu_;
   bool stopped_ = false;
   uint64_t next_id_ = 1;
-  int64_t evicting_ = 0;  // connections shut down to make room, not yet closed by the loop
   std::unordered_map<uint64_t, ConnPtr> conns_;
   // Deadlines in the order they were set: each kind has one fixed delay, so the front is due
   // first.

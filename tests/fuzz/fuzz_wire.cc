@@ -54,7 +54,6 @@ struct World {
   std::unique_ptr<WireServer> wire;
   World() : core(std::make_unique<Core>(config())) {
     WireOptions o;
-    o.max_connections = 8;
     o.hello_timeout = std::chrono::seconds(5);
     o.linger = std::chrono::milliseconds(200);
     wire = std::make_unique<WireServer>(core.get(), o);
