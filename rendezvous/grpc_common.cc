@@ -73,8 +73,8 @@ void logFromProtobuf(google::protobuf::LogLevel level, const char* file, int lin
     held = 0;
   }
   if (before > 0)
-    log::warn("protobuf: {} more message(s) in the last {}s were not logged; the latest:",
-              before, std::chrono::duration_cast<std::chrono::seconds>(kProtobufLogInterval).count());
+    log::warn("protobuf: {} more message(s) in the last {}s were not logged; the latest:", before,
+              std::chrono::duration_cast<std::chrono::seconds>(kProtobufLogInterval).count());
   log::warn("protobuf: {}", message);
 }
 
@@ -92,17 +92,21 @@ void routeGrpcLogs() {
   });
 }
 
+void checkChannelSpec(const ChannelSpec& spec) {
+  if (spec.endpoint.empty()) throw InvalidArgument("rendezvous endpoint is empty (want host:port)");
+  if (spec.tls_ca_file.empty() && !spec.tls_cert_file.empty())
+    throw InvalidArgument("a client certificate needs TLS: set the CA file as well");
+  if (!spec.tls_ca_file.empty() && spec.tls_cert_file.empty() != spec.tls_key_file.empty())
+    throw InvalidArgument("client certificate and key go together: set both or neither");
+}
+
 std::shared_ptr<grpc::Channel> makeChannel(const ChannelSpec& spec) {
   routeGrpcLogs();
-  if (spec.endpoint.empty()) throw InvalidArgument("rendezvous endpoint is empty (want host:port)");
+  checkChannelSpec(spec);
   std::shared_ptr<grpc::ChannelCredentials> creds;
   if (spec.tls_ca_file.empty()) {
-    if (!spec.tls_cert_file.empty())
-      throw InvalidArgument("a client certificate needs TLS: set the CA file as well");
     creds = grpc::InsecureChannelCredentials();
   } else {
-    if (spec.tls_cert_file.empty() != spec.tls_key_file.empty())
-      throw InvalidArgument("client certificate and key go together: set both or neither");
     grpc::SslCredentialsOptions o;
     o.pem_root_certs = readFile(spec.tls_ca_file, "TLS CA");
     if (!spec.tls_cert_file.empty()) {

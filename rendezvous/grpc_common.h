@@ -26,6 +26,10 @@ void routeGrpcLogs();
 
 std::string readFile(const std::string& path, const char* what);
 
+// Throws InvalidArgument for a spec no channel can be made of (no endpoint, a client
+// certificate without TLS, a certificate without its key). makeChannel checks it too.
+void checkChannelSpec(const ChannelSpec& spec);
+
 std::shared_ptr<grpc::Channel> makeChannel(const ChannelSpec& spec);
 
 // Longest deadline a client sets: larger timeouts (up to INT64_MAX ms from a caller) mean

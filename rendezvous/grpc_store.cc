@@ -4,7 +4,6 @@
 
 #include <atomic>
 #include <condition_variable>
-#include <deque>
 #include <mutex>
 #include <unordered_map>
 
@@ -191,6 +190,9 @@ class GrpcStore : public Store {
       : o_(o),
         use_session_(o.use_session),
         use_socket_(o.use_session && o.socket && o.tls_ca_file.empty()) {
+    // Bad options fail here, as when the channel was made here, also for a store that never
+    // needs the channel.
+    checkChannelSpec(channelSpec());
     auto start = Clock::now();
     // The stream's handshake is the connect check (token, limits): one round trip where a
     // unary Ping first cost another, and a unary call's set-up (issue 17: a rank's bootstrap).
@@ -543,10 +545,12 @@ class GrpcStore : public Store {
   GrpcStoreOptions o_;
   // The gRPC channel, made when first needed: a store on the socket never needs it, and
   // making one costs more than the whole socket connect (1,024 ranks connecting at once).
+  ChannelSpec channelSpec() const {
+    return {o_.endpoint, o_.tls_ca_file, o_.tls_cert_file, o_.tls_key_file, kDefaultMaxValueBytes};
+  }
   pb::Store::Stub* stub() {
     std::call_once(channel_made_, [&] {
-      channel_ = makeChannel(
-          {o_.endpoint, o_.tls_ca_file, o_.tls_cert_file, o_.tls_key_file, kDefaultMaxValueBytes});
+      channel_ = makeChannel(channelSpec());
       stub_ = pb::Store::NewStub(channel_);
     });
     return stub_.get();

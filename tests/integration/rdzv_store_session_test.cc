@@ -647,6 +647,22 @@ TEST(StoreSocketTest, AnOperationAfterAServerRestartGoesOnANewConnection) {
   }
 }
 
+// The store socket needs no gRPC channel, but options that could not make one are still an
+// error at connect, not silently ignored.
+TEST(StoreSocketTest, OptionsNoChannelCouldUseAreRefusedAtConnect) {
+  RendezvousServer server(ServerOptions{});
+  GrpcStoreOptions o;
+  o.endpoint = server.endpoint();
+  o.connect_timeout = seconds(5);
+  o.tls_cert_file = "/nonexistent/client.pem";  // a client certificate without TLS
+  try {
+    connectGrpcStore(o);
+    FAIL() << "a client certificate without a CA file was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("needs TLS"));
+  }
+}
+
 TEST(StoreSocketTest, WrongTokenIsRefusedAtConnectNamingIt) {
   ServerOptions so;
   so.token = "s3cret";
