@@ -212,7 +212,7 @@ class WireLink : public SessionLink {
       last_alive_.store(now, std::memory_order_relaxed);
       return true;
     }
-    if (!answered_seen_.load()) return true;  // the greeting: its answer tells
+    if (!answered_.load()) return true;  // the greeting: its answer tells
     breakLink(grpc::Status(grpc::UNAVAILABLE,
                            fmt::format("the store stream broke (socket: {})",
                                        n == 0 ? "the server closed it" : std::strerror(errno))));
@@ -280,7 +280,6 @@ class WireLink : public SessionLink {
         return;
       }
       answered_ = true;
-      answered_seen_ = true;
       onResponse(resp);
     }
     if (in_off_ == in_end_) {
@@ -336,9 +335,8 @@ class WireLink : public SessionLink {
   // The reader's alone (one reader at a time):
   std::vector<char> in_;
   size_t in_off_ = 0, in_end_ = 0;
-  bool answered_ = false;
+  std::atomic<bool> answered_{false};  // the server answered: set by readers, read by writers
   std::chrono::milliseconds recv_timeout_{0};  // SO_RCVTIMEO as set now (0: none yet)
-  std::atomic<bool> answered_seen_{false};     // answered_, for the writers
   std::atomic<int64_t> last_alive_{0};         // nowNs() when the socket last showed life
   std::mutex why_mu_;
   grpc::Status why_;  // why the link broke (OK while it works)
