@@ -5,9 +5,11 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -50,6 +52,36 @@ inline int count(const std::string& text, const std::string& needle) {
   for (size_t p = text.find(needle); p != std::string::npos; p = text.find(needle, p + 1)) ++n;
   return n;
 }
+
+// Empty when this process may raise its open-file limit to `need`; otherwise why not, for the
+// test to skip with.
+inline std::string tooFewOpenFiles(rlim_t need) {
+  rlimit rl{};
+  getrlimit(RLIMIT_NOFILE, &rl);
+  if (rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= need) return {};
+  return fmt::format("this test process needs {} open files; its hard limit is {}", need,
+                     rl.rlim_max);
+}
+
+// Raises this process's open-file limit (to `want`, or the hard limit) for one test, and puts
+// it back after.
+class OpenFilesRaised {
+ public:
+  explicit OpenFilesRaised(rlim_t want) {
+    getrlimit(RLIMIT_NOFILE, &old_);
+    rlimit raised = old_;
+    raised.rlim_cur = old_.rlim_max == RLIM_INFINITY ? want : std::min<rlim_t>(old_.rlim_max, want);
+    ok_ = setrlimit(RLIMIT_NOFILE, &raised) == 0;
+  }
+  ~OpenFilesRaised() { setrlimit(RLIMIT_NOFILE, &old_); }
+  OpenFilesRaised(const OpenFilesRaised&) = delete;
+  OpenFilesRaised& operator=(const OpenFilesRaised&) = delete;
+  bool ok() const { return ok_; }
+
+ private:
+  rlimit old_{};
+  bool ok_ = false;
+};
 
 // An rdzv-server process on a free port (or a given one), optionally under a command prefix
 // such as prlimit (which execs the server: same pid). Killed when the test ends.

@@ -47,7 +47,9 @@ const std::string kBin = DDPL_BIN_DIR;
 using ::ddpl::testing::count;
 using ::ddpl::testing::openFilesOf;
 using ::ddpl::testing::rssOf;
+using ::ddpl::testing::OpenFilesRaised;
 using ::ddpl::testing::ServerProcess;
+using ::ddpl::testing::tooFewOpenFiles;
 
 std::unique_ptr<Store> connect(const std::string& endpoint, const std::string& token = "",
                                bool socket = true) {
@@ -199,13 +201,9 @@ TEST(HostileClientTest, UnansweredOperationsPerStreamAreBounded) {
 // connection; the 30 s idle limit is not what ends them), the refusals are logged a line per
 // interval with their count, and a client with the token keeps working throughout.
 TEST(HostileClientTest, ThousandUnauthenticatedConnectionsUnder1024FilesLeaveRoomForRealClients) {
-  rlimit rl{};
-  getrlimit(RLIMIT_NOFILE, &rl);
-  if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < 2200)
-    GTEST_SKIP() << "this test process needs 2200 open files; its hard limit is " << rl.rlim_max;
-  rlimit raised = rl;
-  raised.rlim_cur = rl.rlim_max == RLIM_INFINITY ? 65536 : std::min<rlim_t>(rl.rlim_max, 65536);
-  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &raised), 0);
+  if (auto why = tooFewOpenFiles(2200); !why.empty()) GTEST_SKIP() << why;
+  OpenFilesRaised raised(65536);
+  ASSERT_TRUE(raised.ok());
 
   const std::string token = "s3cret-token";
   std::string dir = ::ddpl::testing::makeTempDir("rdzv_token");

@@ -54,7 +54,9 @@ constexpr int kResourceExhausted = 8;
 using ::ddpl::testing::count;
 using ::ddpl::testing::openFilesOf;
 using ::ddpl::testing::rssOf;
+using ::ddpl::testing::OpenFilesRaised;
 using ::ddpl::testing::ServerProcess;
+using ::ddpl::testing::tooFewOpenFiles;
 
 // A file holding a token, for rdzv-server's --token-file; removed with its directory.
 class TokenFile {
@@ -240,21 +242,6 @@ bool expectClosedWithoutToken(RawClient& c) {
   EXPECT_EQ(got, RawClient::Got::kEof);
   return told;
 }
-
-// Raises this process's open-file limit for one test, and puts it back after.
-class OpenFilesRaised {
- public:
-  explicit OpenFilesRaised(rlim_t want) {
-    getrlimit(RLIMIT_NOFILE, &old_);
-    rlimit raised = old_;
-    raised.rlim_cur = old_.rlim_max == RLIM_INFINITY ? want : std::min<rlim_t>(old_.rlim_max, want);
-    setrlimit(RLIMIT_NOFILE, &raised);
-  }
-  ~OpenFilesRaised() { setrlimit(RLIMIT_NOFILE, &old_); }
-
- private:
-  rlimit old_{};
-};
 
 // ---- the token -----------------------------------------------------------------------------
 
@@ -694,10 +681,7 @@ TEST(StoreSocketBackPressureTest, NonReadingClientOfLargeValuesStaysBoundedNearI
 // the oldest tokenless sockets make room for newer ones, a client with the token connects and
 // works throughout, and once the hello timeout has passed the server's files are back down.
 TEST(StoreSocketConnectionsTest, ThousandTokenlessSocketsUnder1024FilesLeaveRoomForRealClients) {
-  rlimit rl{};
-  getrlimit(RLIMIT_NOFILE, &rl);
-  if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < 1200)
-    GTEST_SKIP() << "this test process needs 1200 open files; its hard limit is " << rl.rlim_max;
+  if (auto why = tooFewOpenFiles(1200); !why.empty()) GTEST_SKIP() << why;
   OpenFilesRaised raised(4096);
   TokenFile token("tok");
   ServerProcess server({"--token-file", token.path()}, {"prlimit", "--nofile=1024:1024", "--"});
@@ -743,10 +727,7 @@ TEST(StoreSocketConnectionsTest, ThousandTokenlessSocketsUnder1024FilesLeaveRoom
 // store sockets plus 480 gRPC connections took all 1,024 files, accept failed with EMFILE and
 // real clients waited for the hello timeout.)
 TEST(StoreSocketConnectionsTest, BothTransportsFloodedUnder1024FilesStayWithinOneCap) {
-  rlimit rl{};
-  getrlimit(RLIMIT_NOFILE, &rl);
-  if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < 2400)
-    GTEST_SKIP() << "this test process needs 2400 open files; its hard limit is " << rl.rlim_max;
+  if (auto why = tooFewOpenFiles(2400); !why.empty()) GTEST_SKIP() << why;
   OpenFilesRaised raised(4096);
   TokenFile token("tok");
   ServerProcess server({"--token-file", token.path()}, {"prlimit", "--nofile=1024:1024", "--"});
