@@ -30,7 +30,9 @@ namespace {
 constexpr std::chrono::milliseconds kSlice{50};
 // How long a write may block (the server not reading) before the link is given up.
 constexpr Duration kWriteTimeout{std::chrono::seconds(30)};
-constexpr size_t kReadChunk = 64 << 10;
+// What one recv asks for: answers are small, and a frame announced larger gets room for all
+// of it at once (ensureRoom). 64 KiB here cost 1,024 ranks 64 MiB of zeroed pages.
+constexpr size_t kReadChunk = 4 << 10;
 // An operation that follows the last sign of life by more than this looks at the socket
 // first (peerStillThere).
 constexpr std::chrono::milliseconds kIdleProbeAfter{2};

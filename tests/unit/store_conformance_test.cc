@@ -253,6 +253,24 @@ TEST_P(StoreConformance, MultiGetAndMultiSet) {
   EXPECT_THROW(store_->multiGet({"m1", "absent"}, milliseconds(50)), TimeoutError);
 }
 
+// Values around and far past what one read of the socket client takes (4 KiB), alone and
+// several in one answer: each arrives whole and in its place.
+TEST_P(StoreConformance, ValuesLargerThanOneReadArriveWhole) {
+  std::vector<std::string> keys;
+  std::vector<Bytes> values;
+  for (size_t n : {size_t{4095}, size_t{4096}, size_t{4097}, size_t{70000}, size_t{3} << 20}) {
+    Bytes v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>((i * 131 + n) % 251);
+    keys.push_back(fmt::format("large{}", n));
+    values.push_back(v);
+    store_->set(keys.back(), v);
+    EXPECT_EQ(store_->get(keys.back(), seconds(10)), v) << n << " bytes";
+  }
+  auto all = store_->multiGet(keys, seconds(10));
+  ASSERT_EQ(all.size(), values.size());
+  for (size_t i = 0; i < values.size(); ++i) EXPECT_EQ(all[i], values[i]) << keys[i];
+}
+
 TEST_P(StoreConformance, OneSetReleasesEveryWaiter) {
   constexpr int kWaiters = 8;
   std::atomic<int> released{0};
