@@ -293,6 +293,7 @@ void ConnectionGate::admit(int listen_fd, int fd) {
   socklen_t len = sizeof(ss);
   getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len);
   std::string peer = peerName(ss);
+  bool at_cap;
   {
     std::unique_lock<std::mutex> lock(mu_);
     // gRPC closed a connection without shutting it down and the kernel gave its number to
@@ -302,8 +303,8 @@ void ConnectionGate::admit(int listen_fd, int fd) {
       if (c != conns_.end()) shutDownLocked(c->second);
       dropLocked(it->second);
     }
-    if (static_cast<int64_t>(conns_.size() + sniffing_.size()) >= options_.max_connections &&
-        !evictOneLocked()) {
+    at_cap = static_cast<int64_t>(conns_.size() + sniffing_.size()) >= options_.max_connections;
+    if (at_cap && !evictOneLocked()) {
       ++stats_.rejected_at_cap;
       lock.unlock();
       close(fd);
@@ -313,36 +314,46 @@ void ConnectionGate::admit(int listen_fd, int fd) {
           peer, options_.max_connections));
       return;
     }
-    if (options_.adopt_wire) {
-      // gRPC's or the store socket's: its first bytes tell (sniff()).
-      auto until = SteadyClock::now() + options_.sniff_timeout;
-      sniffing_[fd] = Sniffing{listen_fd, peer, until};
-      sniff_order_.emplace_back(until, fd);
-      epoll_event ev{};
-      ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
-      ev.data.u64 = kSniffTag | static_cast<uint64_t>(fd);
-      epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
-      ++stats_.accepted;
-      return;
-    }
     ++stats_.accepted;
   }
-  handToGrpc(listen_fd, fd, peer);
+  if (!options_.adopt_wire) {
+    handToGrpc(listen_fd, fd, peer);
+    return;
+  }
+  // gRPC's or the store socket's: its first bytes tell. A client of the store socket sends
+  // them as soon as its connect returns, before this accept, so they are usually here
+  // already (1,024 ranks connecting save an epoll turn each). At the cap, though, each
+  // newcomer evicted a connection whose store-socket file closes only on the socket loop's
+  // next turn: those wait their epoll turn here, or a flood of them runs the server out of
+  // files before the loop catches up.
+  if (Route to = at_cap ? Route::kWait : firstBytesSay(fd); to != Route::kWait) {
+    route(listen_fd, fd, peer, to);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto until = SteadyClock::now() + options_.sniff_timeout;
+  sniffing_[fd] = Sniffing{listen_fd, peer, until};
+  sniff_order_.emplace_back(until, fd);
+  epoll_event ev{};
+  // Added after the look: an edge-triggered add still reports bytes that came in between.
+  ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
+  ev.data.u64 = kSniffTag | static_cast<uint64_t>(fd);
+  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+}
+
+ConnectionGate::Route ConnectionGate::firstBytesSay(int fd) {
+  char buf[kWireMagicBytes];
+  ssize_t n = recv(fd, buf, sizeof(buf), MSG_PEEK | MSG_DONTWAIT);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return Route::kWait;
+  if (n <= 0) return Route::kGone;
+  if (std::memcmp(buf, kWireMagic, static_cast<size_t>(n)) != 0) return Route::kGrpc;
+  // A prefix of the magic: the next bytes raise another edge.
+  return static_cast<size_t>(n) == kWireMagicBytes ? Route::kWire : Route::kWait;
 }
 
 void ConnectionGate::sniff(int fd) {
-  char buf[kWireMagicBytes];
-  ssize_t n = recv(fd, buf, sizeof(buf), MSG_PEEK | MSG_DONTWAIT);
-  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
-  enum { kWait, kWire, kGrpc, kGone } to;
-  if (n <= 0) {
-    to = kGone;
-  } else if (std::memcmp(buf, kWireMagic, static_cast<size_t>(n)) != 0) {
-    to = kGrpc;
-  } else {
-    to = static_cast<size_t>(n) == kWireMagicBytes ? kWire : kWait;
-  }
-  if (to == kWait) return;  // a prefix of the magic: the next bytes raise another edge
+  Route to = firstBytesSay(fd);
+  if (to == Route::kWait) return;
   Sniffing sn;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -351,29 +362,35 @@ void ConnectionGate::sniff(int fd) {
     sn = std::move(it->second);
     sniffing_.erase(it);
     epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
-    if (to == kWire) ++stats_.to_wire;
   }
-  if (to == kGone) {
+  route(sn.listen_fd, fd, sn.peer, to);
+}
+
+void ConnectionGate::route(int listen_fd, int fd, const std::string& peer, Route to) {
+  if (to == Route::kGone) {
     close(fd);
-  } else if (to == kWire) {
+  } else if (to == Route::kWire) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.to_wire;
+    }
     // Tracked like gRPC's, before the store socket can see its token: it counts against the
     // one cap (and its two files against the open-file budget) until it ends, and it can be
     // evicted to make room until it has shown its token.
-    if (!track(fd, sn.peer, /*wire=*/true)) {
+    if (!track(fd, peer, /*wire=*/true)) {
       close(fd);
       warnRateLimited(
-          fmt::format("refused a store socket from {}: {}", sn.peer, std::strerror(errno)));
-    } else if (!options_.adopt_wire(fd, sn.peer)) {
+          fmt::format("refused a store socket from {}: {}", peer, std::strerror(errno)));
+    } else if (!options_.adopt_wire(fd, peer)) {
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (auto g = by_grpc_fd_.find(fd); g != by_grpc_fd_.end()) dropLocked(g->second);
       }
       close(fd);
-      warnRateLimited(
-          fmt::format("refused a store socket from {}: at the connection limit", sn.peer));
+      warnRateLimited(fmt::format("refused a store socket from {}: at the connection limit", peer));
     }
   } else {
-    handToGrpc(sn.listen_fd, fd, sn.peer);
+    handToGrpc(listen_fd, fd, peer);
   }
 }
 

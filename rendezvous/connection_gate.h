@@ -42,12 +42,12 @@ struct GateOptions {
 };
 
 struct GateStats {
-  int64_t open = 0;              // connections held now, gRPC's (the store socket's are its own)
-  int64_t accepted = 0;          // since start
-  int64_t rejected_at_cap = 0;   // closed on arrival: the cap was reached by authorized peers
-  int64_t evicted = 0;           // never-authorized connections closed to make room
-  int64_t closed_refused = 0;    // closed after a call refused for its token
-  int64_t to_wire = 0;           // handed to the store's socket transport
+  int64_t open = 0;             // connections held now, gRPC's (the store socket's are its own)
+  int64_t accepted = 0;         // since start
+  int64_t rejected_at_cap = 0;  // closed on arrival: the cap was reached by authorized peers
+  int64_t evicted = 0;          // never-authorized connections closed to make room
+  int64_t closed_refused = 0;   // closed after a call refused for its token
+  int64_t to_wire = 0;          // handed to the store's socket transport
 };
 
 class ConnectionGate {
@@ -82,12 +82,12 @@ class ConnectionGate {
  private:
   struct Conn {
     int dup_fd = -1;
-    int grpc_fd = -1;    // the descriptor gRPC owns; its inode tells whether it still does
+    int grpc_fd = -1;  // the descriptor gRPC owns; its inode tells whether it still does
     uint64_t inode = 0;
     std::string peer;
     uint64_t order = 0;  // arrival order: eviction takes the oldest
     bool authorized = false;
-    bool wire = false;   // the store socket's (WireServer owns grpc_fd), not gRPC's
+    bool wire = false;  // the store socket's (WireServer owns grpc_fd), not gRPC's
     bool closing = false;
     std::chrono::steady_clock::time_point close_at{};
   };
@@ -99,14 +99,18 @@ class ConnectionGate {
   // Keeps a duplicate of `fd`, handed to gRPC or the store socket, so that it counts against
   // the cap until it ends and can be shut down. False when it cannot be duplicated.
   bool track(int fd, const std::string& peer, bool wire);
-  void sniff(int fd);
+  enum class Route { kWait, kWire, kGrpc, kGone };
+  // A look at the first bytes without reading them (kWait: none yet, or a prefix of the magic).
+  static Route firstBytesSay(int fd);
+  void sniff(int fd);  // its first bytes came: route it
+  void route(int listen_fd, int fd, const std::string& peer, Route to);
   struct Sniffing;
   void expireSniffsLocked(std::chrono::steady_clock::time_point now,
                           std::vector<std::pair<int, Sniffing>>& late);
-  void dropLocked(int dup_fd);           // forget a connection that ended
-  void shutDownLocked(Conn& c);          // end it: gRPC sees the peer gone
+  void dropLocked(int dup_fd);   // forget a connection that ended
+  void shutDownLocked(Conn& c);  // end it: gRPC sees the peer gone
   bool evictOneLocked();
-  void sweepLocked();                    // connections gRPC closed without a shutdown(2)
+  void sweepLocked();  // connections gRPC closed without a shutdown(2)
   void runDueClosesLocked(std::chrono::steady_clock::time_point now);
   int nextTimeoutMs(std::chrono::steady_clock::time_point now) const;
   void warnRateLimited(const std::string& what);
@@ -123,9 +127,9 @@ class ConnectionGate {
   bool stopped_ = false;
 
   mutable std::mutex mu_;
-  std::unordered_map<int, Conn> conns_;                  // by dup_fd
-  std::unordered_map<std::string, int> by_peer_;         // peer -> dup_fd
-  std::unordered_map<int, int> by_grpc_fd_;              // grpc_fd -> dup_fd
+  std::unordered_map<int, Conn> conns_;           // by dup_fd
+  std::unordered_map<std::string, int> by_peer_;  // peer -> dup_fd
+  std::unordered_map<int, int> by_grpc_fd_;       // grpc_fd -> dup_fd
   uint64_t next_order_ = 0;
   // Connections whose first bytes have not been seen yet (adopt_wire set), by fd.
   struct Sniffing {
