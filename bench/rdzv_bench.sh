@@ -95,16 +95,21 @@ if [ -x "$BIN/rdzv_bootstrap_bench" ]; then
   out=$(timeout "${BOOTSTRAP_TIMEOUT:-900}" "$BIN/rdzv_bootstrap_bench" --ranks "${RANKS:-8,64,256,1024}" \
     --repeat "$REPEAT" 2>/dev/null | grep '^impl=' || true)
   echo "$out"
-  printf '%-6s %6s %13s %13s %13s %9s %9s\n' mode ranks socket_ms grpc_ms tcp_ms tcp/sock tcp/grpc
+  printf '%-6s %6s %13s %13s %13s %9s %9s %11s %11s\n' mode ranks socket_ms grpc_ms tcp_ms tcp/sock \
+    tcp/grpc sock_after tcp_after
   # Median over the runs of each side; ratios = TCPStore's time / ours (above 1: ours is faster).
+  # *_after: the median after_barrier_ms, the part of a run that is the store alone (releasing
+  # the barrier's waiters and serving their last get); the rest is mostly creating N threads.
   awk '{ for (i = 1; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
-         k = f["mode"] " " f["ranks"]; v[k, f["impl"], ++n[k, f["impl"]]] = f["ms"]; keys[k] = 1 }
-       function med(k, impl,   m, i, j, t, a) {
-         m = n[k, impl]; for (i = 1; i <= m; i++) a[i] = v[k, impl, i]
-         for (i = 1; i <= m; i++) for (j = i + 1; j <= m; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
-         return a[int((m + 1) / 2)] }
-       END { for (k in keys) { split(k, p, " "); s = med(k, "socket"); g = med(k, "grpc"); t = med(k, "tcpstore")
-             printf "%-6s %6s %13.1f %13.1f %13.1f %9.2f %9.2f\n", p[1], p[2], s, g, t, t / s, t / g } }' <<<"$out" | sort -k1,1 -k2n
+         k = f["mode"] " " f["ranks"]; m = ++n[k, f["impl"]]
+         v[k, f["impl"], m] = f["ms"]; w[k, f["impl"], m] = f["after_barrier_ms"]; keys[k] = 1 }
+       function med(a, k, impl,   m, i, j, t, x) {
+         m = n[k, impl]; for (i = 1; i <= m; i++) x[i] = (a == "v") ? v[k, impl, i] : w[k, impl, i]
+         for (i = 1; i <= m; i++) for (j = i + 1; j <= m; j++) if (x[j] < x[i]) { t = x[i]; x[i] = x[j]; x[j] = t }
+         return x[int((m + 1) / 2)] }
+       END { for (k in keys) { split(k, p, " "); s = med("v", k, "socket"); g = med("v", k, "grpc"); t = med("v", k, "tcpstore")
+             printf "%-6s %6s %13.1f %13.1f %13.1f %9.2f %9.2f %11.1f %11.1f\n", p[1], p[2], s, g, t, t / s, t / g,
+               med("w", k, "socket"), med("w", k, "tcpstore") } }' <<<"$out" | sort -k1,1 -k2n
 else
   echo "(no $BIN/rdzv_bootstrap_bench: the process-group bootstrap benchmark needs -DDDPL_WITH_TORCH=ON)"
 fi

@@ -25,16 +25,18 @@
 //
 // One line per run: impl=socket|grpc|tcpstore mode=store|gloo ranks=N ms=<start to last rank done>
 // rank_p50_ms=<a rank's own time, median> connect_p50_ms / connect_max_ms=<its store client's
-// construction> errors=E.
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
-
+// construction> errors=E spawned_ms=<the last rank thread started> after_barrier_ms=<the first
+// rank out of the barrier to the end>. On this 2-core machine most of a large run is the
+// harness creating its threads (spawned_ms), the same for both stores; after_barrier_ms is
+// the store alone releasing N waiters and serving their last get.
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <mutex>
 #include <thread>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "common/parse.h"
 #include "rendezvous/grpc_store.h"
@@ -83,22 +85,42 @@ c10::intrusive_ptr<c10d::Store> connect(Impl impl, const Host& h, const std::str
 
 std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 
+// When a run's phases ended, shared by its rank threads.
+struct Phases {
+  std::atomic<int64_t> last_start_ns{0};
+  std::atomic<int64_t> first_release_ns{INT64_MAX};
+
+  static int64_t now() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+        .count();
+  }
+  static void raise(std::atomic<int64_t>& a, int64_t v) {
+    for (int64_t o = a.load(); v > o && !a.compare_exchange_weak(o, v);) {
+    }
+  }
+  static void lower(std::atomic<int64_t>& a, int64_t v) {
+    for (int64_t o = a.load(); v < o && !a.compare_exchange_weak(o, v);) {
+    }
+  }
+};
+
 // torch.distributed's _store_based_barrier, key for key.
-void storeBasedBarrier(c10d::Store& store, int world) {
+void storeBasedBarrier(c10d::Store& store, int world, Phases& phases) {
   const std::string key = "store_based_barrier_key:0";
   store.add(key, 1);
   if (store.add(key, 0) == world) store.set(key + ":last_worker", bytes("1"));
   store.wait({key + ":last_worker"}, kTimeout);
+  Phases::lower(phases.first_release_ns, Phases::now());
 }
 
 void rank(Impl impl, Mode mode, const Host& h, const std::string& run, int r, int world,
-          double* connect_ms) {
+          double* connect_ms, Phases& phases) {
   auto start = Clock::now();
   auto base = connect(impl, h, run);
   *connect_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   auto store = c10::make_intrusive<c10d::PrefixStore>("0", base);  // the default group's prefix
   if (mode == Mode::kStore) {
-    storeBasedBarrier(*store, world);
+    storeBasedBarrier(*store, world, phases);
     // ProcessGroupNCCL::broadcastUniqueNCCLID for the first collective.
     if (r == 0)
       store->set("0", std::vector<uint8_t>(128, 0x5a));
@@ -123,12 +145,14 @@ void runOnce(Impl impl, Mode mode, const Host& h, int world, int attempt) {
   std::string first_error;
   std::vector<std::thread> threads;
   threads.reserve(static_cast<size_t>(world));
+  Phases phases;
   auto t0 = Clock::now();
   for (int r = 0; r < world; ++r)
     threads.emplace_back([&, r] {
       auto start = Clock::now();
+      Phases::raise(phases.last_start_ns, Phases::now());
       try {
-        rank(impl, mode, h, run, r, world, &connect_ms[static_cast<size_t>(r)]);
+        rank(impl, mode, h, run, r, world, &connect_ms[static_cast<size_t>(r)], phases);
       } catch (const std::exception& e) {
         if (errors++ == 0) {
           std::lock_guard<std::mutex> l(mu);
@@ -139,16 +163,26 @@ void runOnce(Impl impl, Mode mode, const Host& h, int world, int attempt) {
           std::chrono::duration<double, std::milli>(Clock::now() - start).count();
     });
   for (auto& t : threads) t.join();
-  double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  auto end = Clock::now();
+  double ms = std::chrono::duration<double, std::milli>(end - t0).count();
+  auto since = [](Clock::time_point from, int64_t ns) {
+    return (ns -
+            std::chrono::duration_cast<std::chrono::nanoseconds>(from.time_since_epoch()).count()) /
+           1e6;
+  };
+  double spawned_ms = since(t0, phases.last_start_ns);
+  // Gloo runs have no store-based barrier: 0.
+  double after_barrier_ms =
+      phases.first_release_ns == INT64_MAX ? 0.0 : -since(end, phases.first_release_ns);
   std::sort(rank_ms.begin(), rank_ms.end());
   std::sort(connect_ms.begin(), connect_ms.end());
   std::printf(
       "impl=%s mode=%s ranks=%d ms=%.1f rank_p50_ms=%.1f connect_p50_ms=%.1f "
-      "connect_max_ms=%.1f errors=%d%s%s\n",
+      "connect_max_ms=%.1f errors=%d spawned_ms=%.1f after_barrier_ms=%.1f%s%s\n",
       implName(impl), mode == Mode::kStore ? "store" : "gloo", world, ms,
       rank_ms[rank_ms.size() / 2], connect_ms[connect_ms.size() / 2], connect_ms.back(),
-      errors.load(),
-              first_error.empty() ? "" : " first_error=", first_error.substr(0, 300).c_str());
+      errors.load(), spawned_ms, after_barrier_ms,
+      first_error.empty() ? "" : " first_error=", first_error.substr(0, 300).c_str());
   std::fflush(stdout);
 }
 
@@ -170,10 +204,14 @@ int main(int argc, char** argv) {
       } else if (a == "--impls") {
         impls.clear();
         for (const auto& x : ddpl::splitList(v, ',')) {
-          if (x == "socket") impls.push_back(Impl::kSocket);
-          else if (x == "grpc") impls.push_back(Impl::kGrpc);
-          else if (x == "tcpstore") impls.push_back(Impl::kTcp);
-          else throw ddpl::InvalidArgument("--impls: '" + x + "' is not socket, grpc or tcpstore");
+          if (x == "socket")
+            impls.push_back(Impl::kSocket);
+          else if (x == "grpc")
+            impls.push_back(Impl::kGrpc);
+          else if (x == "tcpstore")
+            impls.push_back(Impl::kTcp);
+          else
+            throw ddpl::InvalidArgument("--impls: '" + x + "' is not socket, grpc or tcpstore");
         }
       } else if (a == "--gloo-max") {
         gloo_max = static_cast<int>(ddpl::parseInteger(a, v, 0, 1 << 16));
