@@ -15,12 +15,12 @@ PY="${DDPL_PYTHON:-.venv/bin/python}"
 ROUNDS="${ROUNDS:-200}"
 REPEAT="${REPEAT:-3}"
 BIN="$BUILD_DIR/bin"
-want="rdzv_store_bench rdzv_scale_bench grpc_floor_bench"
+want="rdzv_store_bench rdzv_scale_bench grpc_floor_bench rdzv-server"
 grep -q '^DDPL_WITH_TORCH:BOOL=ON' "$BUILD_DIR/CMakeCache.txt" 2>/dev/null && want+=" rdzv_bootstrap_bench"
 missing=""
 for b in $want; do [ -x "$BIN/$b" ] || missing+=" $b"; done
 [ -z "$missing" ] || cmake --build "$BUILD_DIR" --target $missing
-for b in rdzv_store_bench rdzv_scale_bench grpc_floor_bench; do
+for b in rdzv_store_bench rdzv_scale_bench grpc_floor_bench rdzv-server; do
   [ -x "$BIN/$b" ] || { echo "missing $BIN/$b: build with -DDDPL_BUILD_BENCH=ON" >&2; exit 1; }
 done
 bt=$(sed -n 's/^CMAKE_BUILD_TYPE:STRING=//p' "$BUILD_DIR/CMakeCache.txt" 2>/dev/null || true)
@@ -35,8 +35,22 @@ field() { sed -n "s/.*\b$1=\([0-9.]*\).*/\1/p" <<<"$2"; }
 median() { awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^ops_per_s=/) { split($i, a, "="); print a[2], $0 } }' |
   sort -n | awk '{ l[NR] = $0 } END { s = l[int((NR + 1) / 2)]; sub(/^[^ ]* /, "", s); print s }'; }
 
+AGENTS="${AGENTS:-64,256,1024,4096,16384}"
 echo "== rendezvous scale: N agents join one round (targets: 4096 in < 1000 ms, 16384 in < 2000 ms)"
-"$BIN/rdzv_scale_bench" --agents "${AGENTS:-64,256,1024,4096,16384}" 2>/dev/null
+echo "   embedded: the server in the agents' process; standalone: rdzv-server, as a cluster runs it"
+"$BIN/rdzv_scale_bench" --agents "$AGENTS" 2>/dev/null
+# The agents' 16 channels share one connection here: the server must take the largest N calls
+# on it at once (real agents come on a connection each).
+most=$(tr ',' '\n' <<<"$AGENTS" | sort -n | tail -1)
+port_file=$(mktemp)
+"$BIN/rdzv-server" --port 0 --port-file "$port_file" --log-level warn \
+  --max-streams-per-connection $((most + 64)) 2>/dev/null &
+server_pid=$!
+trap 'kill "$server_pid" 2>/dev/null || true; rm -f "$port_file"' EXIT
+for _ in $(seq 100); do [ -s "$port_file" ] && break; sleep 0.1; done
+[ -s "$port_file" ] || { echo "rdzv-server did not start within 10 s" >&2; exit 1; }
+"$BIN/rdzv_scale_bench" --agents "$AGENTS" --endpoint "127.0.0.1:$(cat "$port_file")" 2>/dev/null
+kill "$server_pid" && wait "$server_pid" 2>/dev/null || true
 
 echo "== store: NCCL-bootstrap pattern (set, add, get, wait), $ROUNDS rounds, median of $REPEAT"
 echo "   socket: our store on the server's plain socket (the default); grpc: on the gRPC Session stream"

@@ -2,7 +2,13 @@
 // of an embedded server; reports the time from the first join sent to full membership
 // known by every agent.
 //
-//   rdzv_scale_bench [--agents 64,256,1024,4096] [--channels 16]
+//   rdzv_scale_bench [--agents 64,256,1024,4096] [--channels 16] [--endpoint HOST:PORT]
+//
+// --endpoint: the agents join a server already serving there (a standalone rdzv-server, as a
+// cluster runs it; give it --max-streams-per-connection above the largest N) instead of one
+// embedded in this process. In one process, the server's calls and the agents' share gRPC's
+// one callback queue, whose debug checks in Debian's build scan every outstanding call on
+// each completion (docs/bench-rendezvous.md §9).
 //
 // Every channel of one process shares gRPC's one connection, and a server takes at most
 // ConnectionLimits::max_streams_per_connection (8,192) calls at once on a connection: the
@@ -10,6 +16,7 @@
 // connection each. A server with the defaults takes 16,384 agents on distinct connections only
 // with max_connections raised too (4,096 by default) and 16,384 free file descriptors.
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <condition_variable>
@@ -27,6 +34,7 @@ using namespace ddpl::rdzv;
 int main(int argc, char** argv) {
   std::vector<int> sizes = {64, 256, 1024, 4096};
   int channels = 16;
+  std::string endpoint;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i], v = argv[i + 1];
     try {
@@ -34,6 +42,8 @@ int main(int argc, char** argv) {
         sizes.clear();
         for (const auto& x : ddpl::splitList(v, ','))
           sizes.push_back(static_cast<int>(ddpl::parseInteger(a, x, 1, 1 << 20)));
+      } else if (a == "--endpoint") {
+        endpoint = v;
       } else if (a == "--channels") {
         channels = static_cast<int>(ddpl::parseInteger(a, v, 1, 4096));
       } else {
@@ -50,13 +60,17 @@ int main(int argc, char** argv) {
   for (int n : sizes)
     so.connections.max_streams_per_connection =
         std::max(so.connections.max_streams_per_connection, n + 64);
-  RendezvousServer server(so);
+  std::unique_ptr<RendezvousServer> server;
+  if (endpoint.empty()) {
+    server = std::make_unique<RendezvousServer>(so);
+    endpoint = server->endpoint();
+  }
   // Agents share a few client objects: in one process every channel to the same target
   // shares gRPC's connection anyway; more clients would only add threads.
   std::vector<std::unique_ptr<RendezvousClient>> clients;
   for (int i = 0; i < channels; ++i) {
     RendezvousClientOptions o;
-    o.endpoint = server.endpoint();
+    o.endpoint = endpoint;
     clients.push_back(std::make_unique<RendezvousClient>(o));
   }
   for (int n : sizes) {
@@ -67,7 +81,7 @@ int main(int argc, char** argv) {
     auto t0 = Clock::now();
     for (int i = 0; i < n; ++i) {
       JoinOptions j;
-      j.run_id = fmt::format("scale-{}", n);
+      j.run_id = fmt::format("scale-{}-{}", getpid(), n);  // a standalone server outlives us
       j.node_id = fmt::format("node-{:05d}", i);
       j.local_world_size = 8;
       j.min_nodes = n;
@@ -93,7 +107,8 @@ int main(int argc, char** argv) {
     std::unique_lock<std::mutex> l(mu);
     cv.wait(l, [&] { return done == n; });
     double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    std::printf("impl=grpc agents=%d ms=%.1f errors=%d%s\n", n, ms, errors,
+    std::printf("impl=grpc server=%s agents=%d ms=%.1f errors=%d%s\n",
+                server ? "embedded" : "standalone", n, ms, errors,
                 first_error.empty() ? "" : (" first_error=" + first_error).c_str());
     std::fflush(stdout);
   }
