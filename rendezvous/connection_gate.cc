@@ -418,11 +418,14 @@ bool ConnectionGate::track(int fd, const std::string& peer, bool wire) {
   c.peer = peer;
   c.order = next_order_++;
   c.wire = wire;
-  epoll_event ev{};
-  // Only the end of the connection: its data is gRPC's (or the store socket's) to read.
-  ev.events = EPOLLRDHUP;
-  ev.data.u64 = static_cast<uint64_t>(dup_fd);
-  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, dup_fd, &ev);
+  if (!wire) {
+    epoll_event ev{};
+    // Only the end of the connection: its data is gRPC's to read. (The store socket tells
+    // of its ends itself: wireClosed.)
+    ev.events = EPOLLRDHUP;
+    ev.data.u64 = static_cast<uint64_t>(dup_fd);
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, dup_fd, &ev);
+  }
   by_peer_[peer] = dup_fd;
   by_grpc_fd_[fd] = dup_fd;
   conns_.emplace(dup_fd, std::move(c));
@@ -446,7 +449,7 @@ void ConnectionGate::handToGrpc(int listen_fd, int fd, const std::string& peer) 
 void ConnectionGate::dropLocked(int dup_fd) {
   auto it = conns_.find(dup_fd);
   if (it == conns_.end()) return;
-  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, dup_fd, nullptr);
+  if (!it->second.wire) epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, dup_fd, nullptr);
   if (auto p = by_peer_.find(it->second.peer); p != by_peer_.end() && p->second == dup_fd)
     by_peer_.erase(p);
   if (auto g = by_grpc_fd_.find(it->second.grpc_fd); g != by_grpc_fd_.end() && g->second == dup_fd)
@@ -512,6 +515,14 @@ void ConnectionGate::runDueClosesLocked(SteadyClock::time_point now) {
     }
   }
   close_pending_ = more;
+}
+
+void ConnectionGate::wireClosed(int fd) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto g = by_grpc_fd_.find(fd);
+  if (g == by_grpc_fd_.end()) return;  // evicted already, or the gate stopped
+  auto c = conns_.find(g->second);
+  if (c != conns_.end() && c->second.wire) dropLocked(g->second);
 }
 
 void ConnectionGate::noteCall(const std::string& peer, bool authorized) {

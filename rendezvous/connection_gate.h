@@ -2,9 +2,9 @@
 // The server's own accept loop, in front of gRPC. gRPC 1.51 can neither cap the connections
 // it accepts nor close one from a handler; this gate can, because it accepts each TCP
 // connection itself and hands it to gRPC (ExternalConnectionAcceptor: the same handshakes,
-// TLS included, as gRPC's own listener). It keeps a duplicate of each socket, which tells it
-// when the connection ends (EPOLLRDHUP/HUP) and lets it shut one down (shutdown(2) is seen
-// by gRPC's side as the peer going away).
+// TLS included, as gRPC's own listener). It keeps a duplicate of each socket, which lets it
+// shut one down (shutdown(2) is seen by gRPC's side as the peer going away) and, for gRPC's,
+// tells it when the connection ends (EPOLLRDHUP/HUP); the store socket tells it itself.
 //
 // Threads: one gate thread owns the listening sockets and the epoll loop; noteCall() comes
 // from gRPC's callback threads; stats() from anywhere. One mutex guards the table.
@@ -76,6 +76,12 @@ class ConnectionGate {
   // A call from `peer` (gRPC's "ipv4:a.b.c.d:port" / "ipv6:[..]:port") was authorized or
   // refused for its token.
   void noteCall(const std::string& peer, bool authorized);
+
+  // The store socket is about to close `fd`, a connection it adopted: it no longer counts.
+  // Called before close(2), so the number cannot belong to a newer connection yet. (The gate
+  // does not watch store sockets' duplicates for their end: that saved an epoll add and
+  // remove and a wake-up of this thread per connection.)
+  void wireClosed(int fd);
 
   GateStats stats() const;
 

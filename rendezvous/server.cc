@@ -86,8 +86,7 @@ int connectionCap(const ServerOptions& o) {
       "(needs {} files): it will hold at most {}. Raise the limit (systemd LimitNOFILE=, "
       "ulimit -n, the container's nofile limit) or lower --max-connections",
       o.log_name, rl.rlim_cur,
-      rl.rlim_max == RLIM_INFINITY ? "unlimited" : std::to_string(rl.rlim_max), want, need,
-      fits);
+      rl.rlim_max == RLIM_INFINITY ? "unlimited" : std::to_string(rl.rlim_max), want, need, fits);
   return fits;
 }
 
@@ -131,7 +130,10 @@ RendezvousServer::RendezvousServer(const ServerOptions& options) : impl_(std::ma
   cfg.on_token_checked = [gate](const std::string& peer, bool ok) { gate->noteCall(peer, ok); };
   impl_->services = std::make_unique<grpc_detail::Services>(cfg);
   if (options.store_socket && options.tls_cert_file.empty()) {
-    auto* wire = impl_->wire = impl_->services->startWire(grpc_detail::WireOptions{});
+    grpc_detail::WireOptions wire_options;
+    // The gate is destroyed after the services, and forgets everything once stopped.
+    wire_options.before_close = [gate](int fd) { gate->wireClosed(fd); };
+    auto* wire = impl_->wire = impl_->services->startWire(std::move(wire_options));
     gate->setWire([wire](int fd, const std::string& peer) { return wire->adopt(fd, peer); });
   }
 
@@ -199,10 +201,10 @@ RendezvousServer::RendezvousServer(const ServerOptions& options) : impl_(std::ma
       "[{}] serving on {} ({}{}, {}, max value {} bytes, heartbeat window {}ms, run "
       "retention {}s, per stream {} unanswered / {} bytes queued, {} bytes queued in all)",
       options.log_name, endpoint(), options.tls_cert_file.empty() ? "plaintext" : "TLS",
-      impl_->wire ? " + store socket" : "", options.token.empty() ? "no token" : "token required", options.max_value_bytes,
-      options.heartbeat_window.count(), options.run_retention.count() / 1000,
-      options.limits.max_stream_pending, options.limits.max_stream_queued_bytes,
-      options.limits.max_queued_bytes);
+      impl_->wire ? " + store socket" : "", options.token.empty() ? "no token" : "token required",
+      options.max_value_bytes, options.heartbeat_window.count(),
+      options.run_retention.count() / 1000, options.limits.max_stream_pending,
+      options.limits.max_stream_queued_bytes, options.limits.max_queued_bytes);
 }
 
 RendezvousServer::~RendezvousServer() { shutdown(); }

@@ -27,6 +27,7 @@
 #include <atomic>
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -46,6 +47,10 @@ struct WireOptions {
   // After an error that ends a connection, how long it is still read (and the input dropped)
   // so that the error frame reaches the client before the close.
   Duration linger{std::chrono::seconds(1)};
+  // Called with a connection's descriptor just before it is closed (on the loop thread, or in
+  // stop()), while its number cannot yet be another connection's: the connection gate's
+  // count of it ends here (ConnectionGate::wireClosed).
+  std::function<void(int fd)> before_close;
 };
 
 struct WireStats {
