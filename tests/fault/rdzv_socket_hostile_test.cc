@@ -806,10 +806,13 @@ TEST(StoreSocketConnectionsTest, OneConnectionCapCoversBothTransportsAndSparesAu
   EXPECT_EQ(server.stats().connections, 20);
 }
 
-// The server's stats count socket clients among its connections and drop when they leave.
+// The server's stats count socket clients among its connections and drop when they leave, and
+// so do its files: the connection gate's duplicate of each socket goes too (WireServer tells
+// it at the close; its sweep of closed descriptors is the backstop).
 TEST(StoreSocketConnectionsTest, StatsCountSocketClientsAndDropWhenTheyLeave) {
   RendezvousServer server(ServerOptions{});
   auto base = server.stats();
+  const int files_before = openFilesOf(getpid());
   EXPECT_EQ(base.store_sockets, 0);
   std::vector<std::unique_ptr<RawClient>> raw;
   for (int i = 0; i < 3; ++i) {
@@ -834,6 +837,8 @@ TEST(StoreSocketConnectionsTest, StatsCountSocketClientsAndDropWhenTheyLeave) {
     return t.store_sockets == 0 && t.connections == 0 && t.sessions == 0;
   })) << server.stats().connections
       << " connections, " << server.stats().sessions << " sessions";
+  EXPECT_TRUE(eventually([&] { return openFilesOf(getpid()) <= files_before; }))
+      << openFilesOf(getpid()) << " files open, " << files_before << " before the clients";
 }
 
 // One port, two transports, one store: a gRPC client and a socket client see each other's
