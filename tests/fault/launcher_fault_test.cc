@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -40,10 +41,13 @@ TEST(LaunchFault, SigkillOfTheLauncherLeavesNoWorkerOrGrandchild) {
   RunOptions o;
   o.env = {{"OUT_DIR", dir}};
   Background bg({kLaunch, "--nproc-per-node=3", kGrandchildren}, o);
-  ASSERT_TRUE(eventually([&] {
-    return fs::exists(dir + "/ready.0") && fs::exists(dir + "/ready.1") &&
-           fs::exists(dir + "/ready.2");
-  }, 20s)) << bg.outputSoFar();
+  ASSERT_TRUE(eventually(
+      [&] {
+        return fs::exists(dir + "/ready.0") && fs::exists(dir + "/ready.1") &&
+               fs::exists(dir + "/ready.2");
+      },
+      20s))
+      << bg.outputSoFar();
   auto pids = readPids(dir + "/pids");
   ASSERT_EQ(pids.size(), 9u);  // per worker: itself, one grandchild in its group, one setsid'd
   for (pid_t p : pids) ASSERT_TRUE(processAlive(p)) << p;
@@ -69,7 +73,8 @@ TEST(LaunchFault, SigintStopsEverythingIncludingGrandchildren) {
   RunOptions o;
   o.env = {{"OUT_DIR", dir}};
   Background bg({kLaunch, "--nproc-per-node=2", kGrandchildren}, o);
-  ASSERT_TRUE(eventually([&] { return fs::exists(dir + "/ready.0") && fs::exists(dir + "/ready.1"); }, 20s));
+  ASSERT_TRUE(eventually(
+      [&] { return fs::exists(dir + "/ready.0") && fs::exists(dir + "/ready.1"); }, 20s));
   auto pids = readPids(dir + "/pids");
   kill(bg.pid(), SIGINT);
   auto r = bg.wait(20s);
@@ -85,16 +90,21 @@ class LaunchEscape : public ::testing::TestWithParam<std::string> {
  protected:
   struct Job {
     std::string dir;
+    // Its own run id: the cgroups it leaves are found by it and its pid together, since
+    // pids wrap (pid_max 32,768) and another test's launch may have this one's old pid.
+    std::string run_id;
     std::unique_ptr<Background> bg;
     std::set<pid_t> escapees;
   };
   Job start(int nproc, bool exit_now) {
+    static std::atomic<int> n{0};
     Job j;
     j.dir = makeTempDir("escape");
+    j.run_id = "escape-" + std::to_string(getpid()) + "-" + std::to_string(n++);
     RunOptions o;
     o.env = {{"OUT_DIR", j.dir}, {"EXIT_NOW", exit_now ? "1" : "0"}};
     j.bg = std::make_unique<Background>(
-        std::vector<std::string>{kLaunch, "--cgroup=" + GetParam(),
+        std::vector<std::string>{kLaunch, "--cgroup=" + GetParam(), "--rdzv-id=" + j.run_id,
                                  "--nproc-per-node=" + std::to_string(nproc), kEscape},
         o);
     return j;
@@ -124,8 +134,9 @@ class LaunchEscape : public ::testing::TestWithParam<std::string> {
   }
 };
 
-// The run cgroups (ddpl-<run>-<pid>) of launch `pid` under the cgroup2 mount, if any.
-std::vector<std::string> runCgroupsOf(pid_t pid) {
+// The cgroups (ddpl-<run>-<pid>) of run `run_id`'s launch `pid` under the cgroup2 mount.
+std::vector<std::string> runCgroupsOf(const std::string& run_id, pid_t pid) {
+  const std::string want = "ddpl-" + run_id + "-" + std::to_string(pid);
   std::vector<std::string> out;
   std::ifstream mounts("/proc/self/mountinfo");
   for (std::string line; std::getline(mounts, line);) {
@@ -142,9 +153,7 @@ std::vector<std::string> runCgroupsOf(pid_t pid) {
       fs::recursive_directory_iterator it(mount, ec), end;
       while (!ec && it != end) {
         std::string name = it->path().filename().string();
-        if (name.rfind("ddpl-", 0) == 0 && name.size() > 8 &&
-            name.substr(name.rfind('-') + 1) == std::to_string(pid))
-          found.push_back(it->path().string());
+        if (name == want) found.push_back(it->path().string());
         it.increment(ec);
       }
       if (!ec || attempt == 19) {
@@ -166,8 +175,8 @@ TEST_P(LaunchEscape, SigkillOfTheLauncher) {
   EXPECT_TRUE(eventually([&] { return noneAlive(j.escapees); }, 10s))
       << "an escaped process survived launch's SIGKILL";
   // The watchdog also removes the run's cgroup, attempt leaves included.
-  EXPECT_TRUE(eventually([&] { return runCgroupsOf(j.bg->pid()).empty(); }, 10s))
-      << runCgroupsOf(j.bg->pid()).front();
+  EXPECT_TRUE(eventually([&] { return runCgroupsOf(j.run_id, j.bg->pid()).empty(); }, 10s))
+      << runCgroupsOf(j.run_id, j.bg->pid()).front();
 }
 
 TEST_P(LaunchEscape, Sigterm) {
