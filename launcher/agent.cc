@@ -1110,7 +1110,9 @@ struct Agent::Impl {
         while ((pid = wait4(-1, &wstatus, WNOHANG, &usage)) > 0) onChildExit(pid, wstatus, usage);
       } else {
         log::warn("received {}", signalName(signo));
-        execute(sup.onSignal(signo));
+        auto actions = sup.onSignal(signo);
+        if (sup.stopReason() == StopReason::kSignal) rdzv.leaveEarly();
+        execute(actions);
       }
     }
   }

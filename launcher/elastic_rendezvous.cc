@@ -176,6 +176,8 @@ class ElasticRendezvous : public MultiNodeRendezvous {
     return n;
   }
 
+  void leaveEarly() override { leaveQuietly(); }
+
   std::string jobFailure() override {
     if (!cached_failure_.empty()) return cached_failure_;
     try {

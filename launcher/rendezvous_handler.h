@@ -60,6 +60,12 @@ class RendezvousHandler {
   // Returns false when the job failed elsewhere meanwhile. Always leaves the rendezvous.
   virtual bool finish(bool success) = 0;
 
+  // A stop signal came: this node is going. Leaves the round now, before its workers are
+  // stopped, so that the other nodes learn of a node leaving (and re-form) before their
+  // workers fail on the connections to this node's, which they would count as the job's
+  // failure. Bounded; finish() still runs later. Default: nothing (one node).
+  virtual void leaveEarly() {}
+
   virtual std::string describe() const = 0;
 
   // This node's preflight (--preflight), before it joins: a few lines, for the job-wide table
