@@ -1111,7 +1111,11 @@ struct Agent::Impl {
       } else {
         log::warn("received {}", signalName(signo));
         auto actions = sup.onSignal(signo);
-        if (sup.stopReason() == StopReason::kSignal) rdzv.leaveEarly();
+        // Stopping running workers for good: leave first (no join is in flight then).
+        if (sup.stopReason() == StopReason::kSignal &&
+            std::any_of(actions.begin(), actions.end(),
+                        [](const Action& a) { return a.kind == Action::Kind::kTerminateAll; }))
+          rdzv.leaveEarly();
         execute(actions);
       }
     }

@@ -294,6 +294,9 @@ class EtcdRendezvous : public MultiNodeRendezvous {
     return n;
   }
 
+  // As recordFailure does once the workers are stopped: the others re-form at once.
+  void leaveEarly() override { leaveQuietly(fmt::format("node {} left", c_.node_id)); }
+
   std::string jobFailure() override {
     if (!cached_failure_.empty()) return cached_failure_;
     try {

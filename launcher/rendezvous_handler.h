@@ -63,7 +63,8 @@ class RendezvousHandler {
   // A stop signal came: this node is going. Leaves the round now, before its workers are
   // stopped, so that the other nodes learn of a node leaving (and re-form) before their
   // workers fail on the connections to this node's, which they would count as the job's
-  // failure. Bounded; finish() still runs later. Default: nothing (one node).
+  // failure. Only while workers run (no join in flight). Bounded; finish() still runs later.
+  // Default: nothing (one node).
   virtual void leaveEarly() {}
 
   virtual std::string describe() const = 0;
