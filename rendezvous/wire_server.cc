@@ -539,10 +539,9 @@ void WireServer::close(const ConnPtr& c) {
     std::lock_guard<std::mutex> lock(c->mu);
     if (c->closed) return;
     epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c->fd, nullptr);
+    // The gate's duplicate goes first; then this close is the last reference and ends the
+    // connection for the peer (it used to need a shutdown(2) while the duplicate lived on).
     if (options_.before_close) options_.before_close(c->fd);
-    // Whoever else may still hold a duplicate of the socket: shut down, it ends for the peer
-    // now.
-    shutdown(c->fd, SHUT_RDWR);
     ::close(c->fd);
     c->closed = true;
     int64_t before = c->outBytes();
