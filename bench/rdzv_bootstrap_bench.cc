@@ -146,7 +146,7 @@ void runOnce(Impl impl, Mode mode, const Host& h, int world, int attempt) {
   std::vector<std::thread> threads;
   threads.reserve(static_cast<size_t>(world));
   Phases phases;
-  auto t0 = Clock::now();
+  int64_t t0_ns = Phases::now();
   for (int r = 0; r < world; ++r)
     threads.emplace_back([&, r] {
       auto start = Clock::now();
@@ -163,17 +163,12 @@ void runOnce(Impl impl, Mode mode, const Host& h, int world, int attempt) {
           std::chrono::duration<double, std::milli>(Clock::now() - start).count();
     });
   for (auto& t : threads) t.join();
-  auto end = Clock::now();
-  double ms = std::chrono::duration<double, std::milli>(end - t0).count();
-  auto since = [](Clock::time_point from, int64_t ns) {
-    return (ns -
-            std::chrono::duration_cast<std::chrono::nanoseconds>(from.time_since_epoch()).count()) /
-           1e6;
-  };
-  double spawned_ms = since(t0, phases.last_start_ns);
+  int64_t end_ns = Phases::now();
+  double ms = (end_ns - t0_ns) / 1e6;
+  double spawned_ms = (phases.last_start_ns - t0_ns) / 1e6;
   // Gloo runs have no store-based barrier: 0.
   double after_barrier_ms =
-      phases.first_release_ns == INT64_MAX ? 0.0 : -since(end, phases.first_release_ns);
+      phases.first_release_ns == INT64_MAX ? 0.0 : (end_ns - phases.first_release_ns) / 1e6;
   std::sort(rank_ms.begin(), rank_ms.end());
   std::sort(connect_ms.begin(), connect_ms.end());
   std::printf(
