@@ -3,7 +3,7 @@
 // behind c10d's own classes (c10d::Store, c10d::PrefixStore, c10d::ProcessGroupGloo).
 //
 //   rdzv_bootstrap_bench [--ranks 8,64,256,1024] [--repeat 3] [--gloo-max 64]
-//                        [--impls socket,grpc,tcpstore]
+//                        [--impls socket,grpc,tcpstore] [--start staggered|together]
 //
 // socket: our store on the server's plain socket (the default client); grpc: our store on the
 // gRPC Session stream (GrpcStoreOptions::socket = false); tcpstore: torch's.
@@ -23,14 +23,29 @@
 //               (Gloo's full mesh is built through the store), then barrier()->wait(). Every
 //               rank opens a socket to every other: N = 256 would need 65k sockets here.
 //
-// One line per run: impl=socket|grpc|tcpstore mode=store|gloo ranks=N ms=<start to last rank done>
+// --start staggered (the default): the clock starts before the first rank thread is created and
+// each rank starts as soon as its thread runs. --start together: every rank thread is created
+// first and waits on one futex; the clock starts when one wake-up releases them all, so every
+// rank's connect and barrier land on the store in one burst (a real job's worst moment: its
+// processes reach init_process_group within moments of each other) and thread creation is
+// out of the measurement.
+//
+// One line per run: impl=socket|grpc|tcpstore mode=store|gloo start=staggered|together ranks=N
+// ms=<start to last rank done>
 // rank_p50_ms=<a rank's own time, median> connect_p50_ms / connect_max_ms=<its store client's
 // construction> errors=E spawned_ms=<the last rank thread started> after_barrier_ms=<the first
-// rank out of the barrier to the end>. On this 2-core machine most of a large run is the
-// harness creating its threads (spawned_ms), the same for both stores; after_barrier_ms is
-// the store alone releasing N waiters and serving their last get.
+// rank out of the barrier to the end> cpu_ms=<the process's user + system CPU over the run,
+// every thread>. On this 2-core machine most of a staggered run is the harness creating its
+// threads (spawned_ms), the same for both stores; after_barrier_ms is the store alone
+// releasing N waiters and serving their last get.
+#include <linux/futex.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cstdio>
 #include <mutex>
 #include <thread>
@@ -104,6 +119,19 @@ struct Phases {
   }
 };
 
+// The release of `together`: one system call wakes every waiting rank, no lock to queue on.
+long futex(std::atomic<int>* word, int op, int val) {
+  return syscall(SYS_futex, reinterpret_cast<int*>(word), op, val, nullptr, nullptr, 0);
+}
+
+// User and system CPU time of the whole process (every thread: ranks, both stores' hosts).
+double processCpuMs() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto ms = [](const timeval& t) { return t.tv_sec * 1e3 + t.tv_usec / 1e3; };
+  return ms(u.ru_utime) + ms(u.ru_stime);
+}
+
 // torch.distributed's _store_based_barrier, key for key.
 void storeBasedBarrier(c10d::Store& store, int world, Phases& phases) {
   const std::string key = "store_based_barrier_key:0";
@@ -134,7 +162,7 @@ void rank(Impl impl, Mode mode, const Host& h, const std::string& run, int r, in
   pg->barrier()->wait(kTimeout);
 }
 
-void runOnce(Impl impl, Mode mode, const Host& h, int world, int attempt) {
+void runOnce(Impl impl, Mode mode, const Host& h, int world, int attempt, bool together) {
   // Its own keys: the socket and gRPC clients share one server, and a run that found the
   // keys of the one before (the barrier's last_worker, Gloo's addresses) measured nothing.
   std::string run = std::string(mode == Mode::kStore ? "store" : "gloo") + "-" +
@@ -146,9 +174,18 @@ void runOnce(Impl impl, Mode mode, const Host& h, int world, int attempt) {
   std::vector<std::thread> threads;
   threads.reserve(static_cast<size_t>(world));
   Phases phases;
+  // together: every rank thread exists before the clock starts and they leave one gate at
+  // once, as processes of a real job reach init_process_group within moments of each other.
+  std::atomic<int> ready{0};
+  std::atomic<int> go{together ? 0 : 1};
+  double cpu0_ms = processCpuMs();
   int64_t t0_ns = Phases::now();
   for (int r = 0; r < world; ++r)
     threads.emplace_back([&, r] {
+      if (!go.load()) {
+        ++ready;
+        while (!go.load()) futex(&go, FUTEX_WAIT_PRIVATE, 0);
+      }
       auto start = Clock::now();
       Phases::raise(phases.last_start_ns, Phases::now());
       try {
@@ -162,8 +199,17 @@ void runOnce(Impl impl, Mode mode, const Host& h, int world, int attempt) {
       rank_ms[static_cast<size_t>(r)] =
           std::chrono::duration<double, std::milli>(Clock::now() - start).count();
     });
+  if (together) {
+    while (ready.load() < world) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the last ones reach the wait
+    cpu0_ms = processCpuMs();
+    t0_ns = Phases::now();
+    go = 1;
+    futex(&go, FUTEX_WAKE_PRIVATE, INT_MAX);
+  }
   for (auto& t : threads) t.join();
   int64_t end_ns = Phases::now();
+  double cpu_ms = processCpuMs() - cpu0_ms;
   double ms = (end_ns - t0_ns) / 1e6;
   double spawned_ms = (phases.last_start_ns - t0_ns) / 1e6;
   // Gloo runs have no store-based barrier: 0.
@@ -172,11 +218,11 @@ void runOnce(Impl impl, Mode mode, const Host& h, int world, int attempt) {
   std::sort(rank_ms.begin(), rank_ms.end());
   std::sort(connect_ms.begin(), connect_ms.end());
   std::printf(
-      "impl=%s mode=%s ranks=%d ms=%.1f rank_p50_ms=%.1f connect_p50_ms=%.1f "
-      "connect_max_ms=%.1f errors=%d spawned_ms=%.1f after_barrier_ms=%.1f%s%s\n",
-      implName(impl), mode == Mode::kStore ? "store" : "gloo", world, ms,
-      rank_ms[rank_ms.size() / 2], connect_ms[connect_ms.size() / 2], connect_ms.back(),
-      errors.load(), spawned_ms, after_barrier_ms,
+      "impl=%s mode=%s start=%s ranks=%d ms=%.1f rank_p50_ms=%.1f connect_p50_ms=%.1f "
+      "connect_max_ms=%.1f errors=%d spawned_ms=%.1f after_barrier_ms=%.1f cpu_ms=%.1f%s%s\n",
+      implName(impl), mode == Mode::kStore ? "store" : "gloo", together ? "together" : "staggered",
+      world, ms, rank_ms[rank_ms.size() / 2], connect_ms[connect_ms.size() / 2], connect_ms.back(),
+      errors.load(), spawned_ms, after_barrier_ms, cpu_ms,
       first_error.empty() ? "" : " first_error=", first_error.substr(0, 300).c_str());
   std::fflush(stdout);
 }
@@ -186,6 +232,7 @@ void runOnce(Impl impl, Mode mode, const Host& h, int world, int attempt) {
 int main(int argc, char** argv) {
   std::vector<int> sizes = {8, 64, 256, 1024};
   int repeat = 3, gloo_max = 64;
+  bool together = false;
   std::vector<Impl> impls = {Impl::kSocket, Impl::kGrpc, Impl::kTcp};
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i], v = argv[i + 1];
@@ -208,6 +255,10 @@ int main(int argc, char** argv) {
           else
             throw ddpl::InvalidArgument("--impls: '" + x + "' is not socket, grpc or tcpstore");
         }
+      } else if (a == "--start") {
+        if (v != "staggered" && v != "together")
+          throw ddpl::InvalidArgument("--start: '" + v + "' is not staggered or together");
+        together = v == "together";
       } else if (a == "--gloo-max") {
         gloo_max = static_cast<int>(ddpl::parseInteger(a, v, 0, 1 << 16));
       } else {
@@ -235,7 +286,7 @@ int main(int argc, char** argv) {
     for (Mode mode : {Mode::kStore, Mode::kGloo}) {
       if (mode == Mode::kGloo && n > gloo_max) continue;
       for (int a = 0; a < repeat; ++a)
-        for (Impl impl : impls) runOnce(impl, mode, h, n, a);
+        for (Impl impl : impls) runOnce(impl, mode, h, n, a, together);
     }
   return 0;
 }
