@@ -37,7 +37,10 @@ median() { awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^ops_per_s=/) { split($i, 
 
 AGENTS="${AGENTS:-64,256,1024,4096,16384}"
 echo "== rendezvous scale: N agents join one round (targets: 4096 in < 1000 ms, 16384 in < 2000 ms)"
-echo "   embedded: the server in the agents' process; standalone: rdzv-server, as a cluster runs it"
+echo "   standalone: the server in a process of its own, as every multi-node job has it (an"
+echo "   rdzv-server, or the agent that hosts the endpoint with its own one join): the targets' line."
+echo "   embedded: the server in the N agents' own process (a harness shortcut; above 4096 agents"
+echo "   it measures gRPC's debug checks on calls the two sides share, docs/bench-rendezvous.md §9)"
 "$BIN/rdzv_scale_bench" --agents "$AGENTS" 2>/dev/null
 # The agents' 16 channels share one connection here: the server must take the largest N calls
 # on it at once (real agents come on a connection each).
@@ -103,27 +106,36 @@ done
 
 # Process-group bootstrap through c10d (needs the LibTorch build: `make bench`'s build has it).
 if [ -x "$BIN/rdzv_bootstrap_bench" ]; then
-  echo "== process-group bootstrap: N rank threads, start to first completed barrier, $REPEAT runs each"
+  # A run takes a second or less, the machine's noise is larger than the stores' difference:
+  # more runs than the store's REPEAT, so that the medians hold still.
+  boot_repeat="${BOOT_REPEAT:-$((REPEAT * 3))}"
+  echo "== process-group bootstrap: N rank threads, start to first completed barrier, $boot_repeat runs each"
+  echo "   staggered: ranks start as the harness creates their threads; together: all threads exist"
+  echo "   first and leave one gate at once (every rank's connect in one burst)"
   # Bounded: Gloo's full mesh once hung in a TCP connect between two rank threads past its own
   # timeout; what finished before is still reported.
   out=$(timeout "${BOOTSTRAP_TIMEOUT:-900}" "$BIN/rdzv_bootstrap_bench" --ranks "${RANKS:-8,64,256,1024}" \
-    --repeat "$REPEAT" 2>/dev/null | grep '^impl=' || true)
+    --repeat "$boot_repeat" 2>/dev/null | grep '^impl=' || true)
+  out+=$'\n'$(timeout "${BOOTSTRAP_TIMEOUT:-900}" "$BIN/rdzv_bootstrap_bench" \
+    --ranks "${RANKS_TOGETHER:-256,1024}" --repeat "$boot_repeat" --gloo-max 0 --start together \
+    2>/dev/null | grep '^impl=' || true)
   echo "$out"
-  printf '%-6s %6s %13s %13s %13s %9s %9s %11s %11s\n' mode ranks socket_ms grpc_ms tcp_ms tcp/sock \
-    tcp/grpc sock_after tcp_after
+  printf '%-6s %-9s %6s %13s %13s %13s %9s %9s %11s %11s\n' mode start ranks socket_ms grpc_ms tcp_ms \
+    tcp/sock tcp/grpc sock_after tcp_after
   # Median over the runs of each side; ratios = TCPStore's time / ours (above 1: ours is faster).
   # *_after: the median after_barrier_ms, the part of a run that is the store alone (releasing
   # the barrier's waiters and serving their last get); the rest is mostly creating N threads.
   awk '{ for (i = 1; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
-         k = f["mode"] " " f["ranks"]; m = ++n[k, f["impl"]]
+         if (f["mode"] == "") next
+         k = f["mode"] " " f["start"] " " f["ranks"]; m = ++n[k, f["impl"]]
          v[k, f["impl"], m] = f["ms"]; w[k, f["impl"], m] = f["after_barrier_ms"]; keys[k] = 1 }
        function med(a, k, impl,   m, i, j, t, x) {
          m = n[k, impl]; for (i = 1; i <= m; i++) x[i] = (a == "v") ? v[k, impl, i] : w[k, impl, i]
          for (i = 1; i <= m; i++) for (j = i + 1; j <= m; j++) if (x[j] < x[i]) { t = x[i]; x[i] = x[j]; x[j] = t }
          return x[int((m + 1) / 2)] }
        END { for (k in keys) { split(k, p, " "); s = med("v", k, "socket"); g = med("v", k, "grpc"); t = med("v", k, "tcpstore")
-             printf "%-6s %6s %13.1f %13.1f %13.1f %9.2f %9.2f %11.1f %11.1f\n", p[1], p[2], s, g, t, t / s, t / g,
-               med("w", k, "socket"), med("w", k, "tcpstore") } }' <<<"$out" | sort -k1,1 -k2n
+             printf "%-6s %-9s %6s %13.1f %13.1f %13.1f %9.2f %9.2f %11.1f %11.1f\n", p[1], p[2], p[3], s, g, t,
+               t / s, t / g, med("w", k, "socket"), med("w", k, "tcpstore") } }' <<<"$out" | sort -k1,1 -k2,2 -k3n
 else
   echo "(no $BIN/rdzv_bootstrap_bench: the process-group bootstrap benchmark needs -DDDPL_WITH_TORCH=ON)"
 fi
