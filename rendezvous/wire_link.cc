@@ -38,6 +38,8 @@ constexpr size_t kReadChunk = 4 << 10;
 constexpr std::chrono::milliseconds kIdleProbeAfter{2};
 // Longest single recv wait: a deadline further away is checked again after this.
 constexpr std::chrono::milliseconds kMaxRecvWait{std::chrono::seconds(60)};
+// A receive timeout at least this long is kept for longer waits too (armRecvTimeout).
+constexpr std::chrono::milliseconds kKeepRecvTimeoutFrom{std::chrono::seconds(1)};
 // Largest answer accepted: a value of the largest size a server may be configured with
 // (1 GiB, server.cc) and the rest of the message.
 constexpr uint32_t kMaxAnswerBytes = (uint32_t{1} << 30) + (uint32_t{1} << 20);
@@ -297,9 +299,14 @@ class WireLink : public SessionLink {
   void armRecvTimeout(Clock::time_point deadline) {
     auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
     left = std::clamp(left, std::chrono::milliseconds(1), std::chrono::milliseconds(kMaxRecvWait));
-    // Kept while it neither overshoots the deadline by more than a slice nor is less than
-    // half of what is left.
-    if (recv_timeout_ <= left + kSlice && recv_timeout_ * 2 >= left) return;
+    // Kept while it does not overshoot the deadline by more than a slice and is either half
+    // of what is left or long enough that waking once per period costs nothing
+    // (kKeepRecvTimeoutFrom). A shorter one only means the recv returns early and the wait
+    // goes on in the next; without this rule each connection set the option three times
+    // (the greeting's connect timeout, then an operation's 60 s, then a shorter wait).
+    if (recv_timeout_ <= left + kSlice &&
+        (recv_timeout_ * 2 >= left || recv_timeout_ >= kKeepRecvTimeoutFrom))
+      return;
     timeval tv{static_cast<time_t>(left.count() / 1000),
                static_cast<suseconds_t>((left.count() % 1000) * 1000)};
     setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
@@ -339,7 +346,9 @@ class WireLink : public SessionLink {
   size_t in_off_ = 0, in_end_ = 0;
   std::atomic<bool> answered_{false};  // the server answered: set by readers, read by writers
   std::chrono::milliseconds recv_timeout_{0};  // SO_RCVTIMEO as set now (0: none yet)
-  std::atomic<int64_t> last_alive_{0};         // nowNs() when the socket last showed life
+  // nowNs() when the socket last showed life; a connect that has just succeeded is one, so
+  // the greeting is not preceded by a peek.
+  std::atomic<int64_t> last_alive_{nowNs()};
   std::mutex why_mu_;
   grpc::Status why_;  // why the link broke (OK while it works)
 };
