@@ -176,8 +176,10 @@ void ConnectionGate::stop() {
   for (int l : listen_fds_) close(l);
   listen_fds_.clear();
   std::lock_guard<std::mutex> lock(mu_);
-  // The duplicates only; gRPC's own descriptors end with its Shutdown.
-  for (auto& [dup, c] : conns_) close(dup);
+  // The duplicates only; gRPC's own descriptors end with its Shutdown, the store socket's
+  // (no duplicate) with the WireServer's.
+  for (auto& [dup, c] : conns_)
+    if (!c.wire) close(dup);
   conns_.clear();
   for (auto& [fd, sn] : sniffing_) close(fd);
   sniffing_.clear();
@@ -300,7 +302,9 @@ void ConnectionGate::admit(int listen_fd, int fd) {
     // this one: that old connection is over.
     if (auto it = by_grpc_fd_.find(fd); it != by_grpc_fd_.end()) {
       auto c = conns_.find(it->second);
-      if (c != conns_.end()) shutDownLocked(c->second);
+      // A store socket's entry is its own descriptor, which its WireServer forgets here
+      // before closing (wireClosed): were one left, the number is the newcomer's now.
+      if (c != conns_.end() && !c->second.wire) shutDownLocked(c->second);
       dropLocked(it->second);
     }
     at_cap = static_cast<int64_t>(conns_.size() + sniffing_.size()) >= options_.max_connections;
@@ -375,8 +379,7 @@ void ConnectionGate::route(int listen_fd, int fd, const std::string& peer, Route
       ++stats_.to_wire;
     }
     // Tracked like gRPC's, before the store socket can see its token: it counts against the
-    // one cap (and its two files against the open-file budget) until it ends, and it can be
-    // evicted to make room until it has shown its token.
+    // one cap until it ends, and it can be evicted to make room until it has shown its token.
     if (!track(fd, peer, /*wire=*/true)) {
       close(fd);
       warnRateLimited(
@@ -408,13 +411,17 @@ void ConnectionGate::expireSniffsLocked(SteadyClock::time_point now,
 }
 
 bool ConnectionGate::track(int fd, const std::string& peer, bool wire) {
-  int dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  // gRPC's connection: a duplicate of our own, to watch for its end and to end it, since gRPC
+  // may close its descriptor without telling (its inode says when). The store socket's
+  // WireServer tells the gate before it closes (wireClosed), so its own descriptor serves:
+  // no duplicate to make and close, no inode to look up, one file per connection.
+  int dup_fd = wire ? fd : fcntl(fd, F_DUPFD_CLOEXEC, 0);
   if (dup_fd < 0) return false;
   std::lock_guard<std::mutex> lock(mu_);
   Conn c;
   c.dup_fd = dup_fd;
   c.grpc_fd = fd;
-  c.inode = inodeOf(fd);
+  c.inode = wire ? 0 : inodeOf(fd);
   c.peer = peer;
   c.order = next_order_++;
   c.wire = wire;
@@ -454,7 +461,7 @@ void ConnectionGate::dropLocked(int dup_fd) {
     by_peer_.erase(p);
   if (auto g = by_grpc_fd_.find(it->second.grpc_fd); g != by_grpc_fd_.end() && g->second == dup_fd)
     by_grpc_fd_.erase(g);
-  close(dup_fd);
+  if (!it->second.wire) close(dup_fd);  // a store socket's is its WireServer's to close
   conns_.erase(it);
 }
 
@@ -493,7 +500,7 @@ bool ConnectionGate::evictOneLocked() {
 void ConnectionGate::sweepLocked() {
   std::vector<int> gone;
   for (auto& [dup, c] : conns_)
-    if (inodeOf(c.grpc_fd) != c.inode) gone.push_back(dup);
+    if (!c.wire && inodeOf(c.grpc_fd) != c.inode) gone.push_back(dup);
   for (int dup : gone) {
     // gRPC closed its descriptor without shutdown(2) (a failed handshake): only our
     // duplicate holds the socket open, so end it for the peer too.

@@ -66,7 +66,8 @@ void validate(const ServerOptions& o) {
 // File descriptors the server needs besides those of its connections: listening sockets,
 // gRPC's epoll and wake-up fds, the log, TLS files.
 constexpr rlim_t kReservedFds = 64;
-// Each connection holds two: gRPC's and the gate's duplicate.
+// A gRPC connection holds two: gRPC's and the gate's duplicate (a store socket holds one,
+// and counts as two here: the cap is the same for both transports).
 constexpr rlim_t kFdsPerConnection = 2;
 
 // The connections this server can hold: the configured cap, or fewer when the open-file

@@ -823,6 +823,10 @@ TEST(StoreSocketConnectionsTest, StatsCountSocketClientsAndDropWhenTheyLeave) {
   store->set("k", toBytes("v"));
   EXPECT_TRUE(eventually([&] { return server.stats().store_sockets == 4; }))
       << server.stats().store_sockets;
+  // One file per connection on each side: the gate keeps no duplicate of a store socket's.
+  EXPECT_LE(openFilesOf(getpid()) - files_before, 4 * 2)
+      << openFilesOf(getpid()) << " files open with 4 socket clients, " << files_before
+      << " before them";
   auto s = server.stats();
   EXPECT_GE(s.connections, 4);
   EXPECT_GE(s.sessions, 4);
