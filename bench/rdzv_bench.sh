@@ -8,6 +8,8 @@
 #   cmake --build build-rdzv-rel -j2 --target rdzv_store_bench rdzv_scale_bench
 # Each store configuration runs REPEAT times (default 3), the two sides interleaved, and the
 # run with the median throughput is reported for each side: the machine is shared and noisy.
+# The bootstrap runs BOOT_REPEAT times per side (default 3 x REPEAT) at RANKS (8,64,256,1024),
+# and all ranks at once at RANKS_TOGETHER (256,1024); AGENTS sets the scale section's sizes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR="${1:-build}"
