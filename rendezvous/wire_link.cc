@@ -302,8 +302,8 @@ class WireLink : public SessionLink {
     // Kept while it does not overshoot the deadline by more than a slice and is either half
     // of what is left or long enough that waking once per period costs nothing
     // (kKeepRecvTimeoutFrom). A shorter one only means the recv returns early and the wait
-    // goes on in the next; without this rule each connection set the option three times
-    // (the greeting's connect timeout, then an operation's 60 s, then a shorter wait).
+    // goes on in the next; without this rule each connection set the option twice (the
+    // greeting's connect timeout, then an operation's 60 s).
     if (recv_timeout_ <= left + kSlice &&
         (recv_timeout_ * 2 >= left || recv_timeout_ >= kKeepRecvTimeoutFrom))
       return;
