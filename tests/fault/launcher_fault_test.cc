@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -33,6 +34,48 @@ bool noneAlive(const std::set<pid_t>& pids) {
   for (pid_t p : pids)
     if (processAlive(p)) return false;
   return true;
+}
+
+// The parent of `pid` from /proc (0 when it is gone).
+pid_t parentOf(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return 0;
+  auto close = line.rfind(')');
+  if (close == std::string::npos || close + 2 >= line.size()) return 0;
+  std::istringstream rest(line.substr(close + 2));
+  char state;
+  pid_t ppid = 0;
+  rest >> state >> ppid;
+  return ppid;
+}
+
+// The script's shells among `pids`: the parents of its background sleeps. (By name they
+// cannot be told apart: a child forked but not yet exec'd is still called as its shell.)
+std::set<pid_t> shellsOf(const std::set<pid_t>& pids) {
+  std::set<pid_t> shells;
+  for (pid_t p : pids)
+    if (pid_t parent = parentOf(p); pids.count(parent)) shells.insert(parent);
+  return shells;
+}
+
+// Whether every shell of `shells` has started the script's last command, its foreground
+// `sleep 302`. A shell that catches SIGINT (dash does) and gets it just before forking that
+// command waits for the command anyway: a signal sent then to its group misses the child.
+bool inFinalSleep(const std::set<pid_t>& shells) {
+  std::set<pid_t> waiting;
+  std::error_code ec;  // processes come and go while /proc is read
+  for (fs::directory_iterator it("/proc", ec), end; !ec && it != end; it.increment(ec)) {
+    std::string name = it->path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    pid_t parent = parentOf(static_cast<pid_t>(std::stol(name)));
+    if (!shells.count(parent)) continue;
+    std::ifstream cmd(it->path() / "cmdline");
+    std::string args((std::istreambuf_iterator<char>(cmd)), std::istreambuf_iterator<char>());
+    std::replace(args.begin(), args.end(), '\0', ' ');
+    if (args == "sleep 302 ") waiting.insert(parent);
+  }
+  return waiting == shells;
 }
 }  // namespace
 
@@ -76,6 +119,12 @@ TEST(LaunchFault, SigintStopsEverythingIncludingGrandchildren) {
   ASSERT_TRUE(eventually(
       [&] { return fs::exists(dir + "/ready.0") && fs::exists(dir + "/ready.1"); }, 20s));
   auto pids = readPids(dir + "/pids");
+  // Signalled before a shell has forked its last command, the shell would wait out that
+  // command (302 s) and launch would SIGKILL after its 30 s shutdown timeout, later than
+  // this test waits: under load that happened in about 1 run in 10.
+  auto shells = shellsOf(pids);
+  ASSERT_EQ(shells.size(), 2u);
+  ASSERT_TRUE(eventually([&] { return inFinalSleep(shells); }, 20s)) << bg.outputSoFar();
   kill(bg.pid(), SIGINT);
   auto r = bg.wait(20s);
   EXPECT_EQ(r.exit_code, 128 + SIGINT) << r.all();
