@@ -39,6 +39,16 @@ std::vector<std::string> mergedEnv(const RunOptions& o) {
   return out;
 }
 
+// The fields of /proc/<pid>/stat after the command name ("S 1234 ..."), "" when it is gone.
+std::string statFields(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(in, line)) return "";
+  auto close_paren = line.rfind(')');
+  if (close_paren == std::string::npos || close_paren + 2 >= line.size()) return "";
+  return line.substr(close_paren + 2);
+}
+
 }  // namespace
 
 Background::Background(const std::vector<std::string>& argv, const RunOptions& o) {
@@ -126,14 +136,18 @@ RunResult run(const std::vector<std::string>& argv, const RunOptions& options) {
 }
 
 bool processAlive(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  if (!in) return false;
-  std::string line;
-  std::getline(in, line);
-  auto close_paren = line.rfind(')');
-  if (close_paren == std::string::npos || close_paren + 2 >= line.size()) return false;
-  char state = line[close_paren + 2];
+  std::string fields = statFields(pid);
+  if (fields.empty()) return false;
+  char state = fields[0];
   return state != 'Z' && state != 'X';
+}
+
+pid_t parentOf(pid_t pid) {
+  std::istringstream fields(statFields(pid));
+  char state;
+  pid_t ppid = 0;
+  fields >> state >> ppid;
+  return ppid;
 }
 
 std::string readFile(const std::string& path) {

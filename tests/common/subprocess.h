@@ -48,6 +48,8 @@ class Background {
 
 // True while the process exists and is not a zombie.
 bool processAlive(pid_t pid);
+// Its parent's pid, 0 when it is gone.
+pid_t parentOf(pid_t pid);
 
 // Waits up to `timeout` for `pred` to hold, checking every 20 ms (tests only).
 template <typename Pred>

@@ -36,20 +36,6 @@ bool noneAlive(const std::set<pid_t>& pids) {
   return true;
 }
 
-// The parent of `pid` from /proc (0 when it is gone).
-pid_t parentOf(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(stat, line)) return 0;
-  auto close = line.rfind(')');
-  if (close == std::string::npos || close + 2 >= line.size()) return 0;
-  std::istringstream rest(line.substr(close + 2));
-  char state;
-  pid_t ppid = 0;
-  rest >> state >> ppid;
-  return ppid;
-}
-
 // The script's shells among `pids`: the parents of its background sleeps. (By name they
 // cannot be told apart: a child forked but not yet exec'd is still called as its shell.)
 std::set<pid_t> shellsOf(const std::set<pid_t>& pids) {
