@@ -79,8 +79,8 @@ class ConnectionGate {
 
   // The store socket is about to close `fd`, a connection it adopted: it no longer counts.
   // Called before close(2), so the number cannot belong to a newer connection yet. (The gate
-  // does not watch store sockets' duplicates for their end: that saved an epoll add and
-  // remove and a wake-up of this thread per connection.)
+  // keeps no duplicate of a store socket and does not watch it for its end: this call is
+  // how it learns, which saves a dup, an epoll add and remove and a wake-up per connection.)
   void wireClosed(int fd);
 
   GateStats stats() const;

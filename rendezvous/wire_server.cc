@@ -539,8 +539,8 @@ void WireServer::close(const ConnPtr& c) {
     std::lock_guard<std::mutex> lock(c->mu);
     if (c->closed) return;
     epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c->fd, nullptr);
-    // The gate's duplicate goes first; then this close is the last reference and ends the
-    // connection for the peer (it used to need a shutdown(2) while the duplicate lived on).
+    // The gate forgets the descriptor first: once closed, its number may be a new
+    // connection's. Nothing else holds the socket, so the close ends it for the peer.
     if (options_.before_close) options_.before_close(c->fd);
     ::close(c->fd);
     c->closed = true;
