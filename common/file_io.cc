@@ -91,7 +91,16 @@ void writeFileAtomically(const std::string& path,
                          const std::function<void(const FileSink&)>& produce,
                          const AtomicWriteOptions& options) {
   const std::string tmpPath = atomicWriteTempPath(path);
-  const int fd = ::open(tmpPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, options.mode);
+  // Created exclusively and never through a link: the temporary's name is predictable, and in
+  // a shared directory (/tmp) another user could have planted a symlink there to make us
+  // truncate a file of theirs choosing (issue 33). A leftover of ours (a crash, a reused pid)
+  // or a planted entry is unlinked first (unlink removes a link, never its target; in a sticky
+  // directory another user's entry cannot be, and the write fails instead).
+  int fd = ::open(tmpPath.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                  options.mode);
+  if (fd < 0 && errno == EEXIST && ::unlink(tmpPath.c_str()) == 0)
+    fd = ::open(tmpPath.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                options.mode);
   if (fd < 0) fail(path, "create", tmpPath, errno);
   TempFile tmp(tmpPath, fd);
   produce([&](const void* data, size_t size) {

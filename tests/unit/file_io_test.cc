@@ -65,6 +65,23 @@ TEST_F(FileIo, WritesAndReplacesWholeFilesLeavingNoTemporary) {
   EXPECT_EQ(names(), std::vector<std::string>{"state.json"});
 }
 
+// Issue 33: the temporary's name is predictable ("<path>.tmp.<pid>"); in a shared directory
+// another user may plant a symlink there. The write must never go through it.
+TEST_F(FileIo, APlantedSymlinkAtTheTemporaryNameIsNeverWrittenThrough) {
+  const std::string victim = dir_ + "/victim";
+  { std::ofstream(victim) << "precious\n"; }
+  const std::string path = dir_ + "/manifest.json";
+  ASSERT_EQ(::symlink(victim.c_str(), ddpl::atomicWriteTempPath(path).c_str()), 0);
+  ddpl::writeFileAtomically(path, "new\n", {.mode = 0600, .durable = false});
+  EXPECT_EQ(read(victim), "precious\n");
+  EXPECT_EQ(read(path), "new\n");
+  struct stat st {};
+  ASSERT_EQ(::lstat(path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(names(), (std::vector<std::string>{"manifest.json", "victim"}));
+}
+
 TEST_F(FileIo, ModeAndTheNotDurableVariant) {
   const std::string path = dir_ + "/port";
   const mode_t old_umask = ::umask(022);
