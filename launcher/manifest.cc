@@ -81,15 +81,95 @@ json optionsJson(const LaunchOptions& o) {
 
 }  // namespace
 
+namespace {
+
+std::string upperCase(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::toupper(c); });
+  return s;
+}
+
+// Words that mark a secret wherever they appear in a name (MY_PASSWD, NETRC_AUTH, HF_TOKEN).
+constexpr const char* kSecretParts[] = {"TOKEN",  "SECRET",     "PASSWORD", "PASSWD",
+                                        "PASSPHRASE", "CREDENTIAL", "AUTH", "KEY",
+                                        "COOKIE", "PRIVATE"};
+// Short ones that would hit innocent names as substrings (PAT in PATH, PWD in the shell's own
+// PWD): secret only as a whole word between '_', '-' or '.' (GITHUB_PAT, DB_PWD, SMTP_PASS).
+constexpr const char* kSecretWords[] = {"PAT", "PWD", "PW", "PASS", "CRED", "CREDS"};
+
+bool secretName(const std::string& name) {
+  const std::string upper = upperCase(name);
+  if (upper == "PWD" || upper == "OLDPWD") return false;  // the shell's working directories
+  for (const char* part : kSecretParts)
+    if (upper.find(part) != std::string::npos) return true;
+  size_t start = 0;
+  while (start <= upper.size()) {
+    size_t end = upper.find_first_of("_-.", start);
+    if (end == std::string::npos) end = upper.size();
+    const std::string word = upper.substr(start, end - start);
+    for (const char* w : kSecretWords)
+      if (word == w) return true;
+    start = end + 1;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::string maskUrlPasswords(const std::string& text) {
+  // scheme://user:password@host: the password goes, the rest (which server, which user) stays.
+  std::string out;
+  size_t pos = 0;
+  while (true) {
+    size_t scheme = text.find("://", pos);
+    if (scheme == std::string::npos) break;
+    size_t auth = scheme + 3;
+    size_t end = text.find_first_of("/?# \t\n", auth);
+    if (end == std::string::npos) end = text.size();
+    size_t at = text.rfind('@', end);
+    size_t colon = text.find(':', auth);
+    if (at != std::string::npos && at >= auth && colon != std::string::npos && colon < at) {
+      out += text.substr(pos, colon + 1 - pos);
+      out += kMasked;
+      pos = at;
+    } else {
+      out += text.substr(pos, auth - pos);
+      pos = auth;
+    }
+  }
+  return out + text.substr(pos);
+}
+
 Environment maskEnvironment(const Environment& env) {
-  static const char* kSecret[] = {"TOKEN", "KEY", "SECRET", "PASSWORD", "CREDENTIAL"};
   Environment out;
-  for (const auto& [k, v] : env) {
-    std::string upper = k;
-    std::transform(upper.begin(), upper.end(), upper.begin(), ::toupper);
-    bool secret = std::any_of(std::begin(kSecret), std::end(kSecret),
-                              [&](const char* s) { return upper.find(s) != std::string::npos; });
-    out[k] = secret ? kMasked : v;
+  for (const auto& [k, v] : env) out[k] = secretName(k) ? kMasked : maskUrlPasswords(v);
+  return out;
+}
+
+std::vector<std::string> maskCommandLine(const std::vector<std::string>& args) {
+  std::vector<std::string> out;
+  bool next_is_secret = false;
+  for (const auto& a : args) {
+    if (next_is_secret) {
+      out.push_back(kMasked);
+      next_is_secret = false;
+      continue;
+    }
+    if (a.size() > 2 && a.rfind("-", 0) == 0) {
+      const size_t eq = a.find('=');
+      const std::string name = a.substr(a.find_first_not_of('-'), eq == std::string::npos
+                                                                     ? std::string::npos
+                                                                     : eq - a.find_first_not_of('-'));
+      if (secretName(name)) {
+        if (eq == std::string::npos) {
+          out.push_back(a);
+          next_is_secret = true;
+        } else {
+          out.push_back(a.substr(0, eq + 1) + kMasked);
+        }
+        continue;
+      }
+    }
+    out.push_back(maskUrlPasswords(a));
   }
   return out;
 }
@@ -99,7 +179,7 @@ std::string manifestJson(const ManifestFacts& f) {
             {"launch_version", f.version},
             {"run_id", f.run_id},
             {"written_at", nowUtc()},
-            {"command_line", f.command_line},
+            {"command_line", maskCommandLine(f.command_line)},
             {"options", optionsJson(f.options)},
             {"host", f.host},
             {"cpus", f.cpus},
@@ -119,7 +199,9 @@ std::string manifestJson(const ManifestFacts& f) {
 // killed half way, never sees half a manifest. Not synced: it is a diagnostic record written on
 // launch's start-up path, where an fsync costs milliseconds, and it is rewritten by every run.
 static void writeManifestText(const std::string& path, const std::string& text) {
-  writeFileAtomically(path, text, {.durable = false});
+  // Private: it holds the command line and the environment, masked by rules that cannot know
+  // every name a secret goes by.
+  writeFileAtomically(path, text, {.mode = 0600, .durable = false});
 }
 
 void startManifestProbe(const std::string& path, const std::string& self_exe,

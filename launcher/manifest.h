@@ -20,8 +20,16 @@ inline constexpr const char* kManifestProbeFlag = "__manifest-probe";
 inline constexpr const char* kNotProbed = "not probed";
 inline constexpr const char* kMasked = "<masked>";
 
-// Names containing TOKEN, KEY, SECRET, PASSWORD or CREDENTIAL (any case) get kMasked values.
+// What a manifest never shows (docs/doctor.md says the rule to users):
+// - the value of a variable whose name, in any case, contains TOKEN, SECRET, PASSWORD, PASSWD,
+//   PASSPHRASE, CREDENTIAL, AUTH, KEY, COOKIE or PRIVATE, or has PAT, PWD, PW, PASS, CRED, CREDS
+//   as a whole word between '_', '-' or '.' (GITHUB_PAT, DB_PWD; not PATH or PWD itself);
+// - the password of any URL with one (scheme://user:password@host), in any value.
 Environment maskEnvironment(const Environment& env);
+// The same rules for a command line: `--db-password X`, `--api-key=X` and URL passwords.
+std::vector<std::string> maskCommandLine(const std::vector<std::string>& args);
+// scheme://user:password@host -> scheme://user:<masked>@host, anywhere in `text`.
+std::string maskUrlPasswords(const std::string& text);
 
 struct ManifestFacts {
   std::string version;  // launch's

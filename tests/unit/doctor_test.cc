@@ -373,6 +373,33 @@ TEST(Manifest, SecretsAreMaskedAndDiffPutsTheDriverFirst) {
 }
 
 
+// Issue 33: names and values the first rule (TOKEN, KEY, SECRET) let through.
+TEST(Manifest, PasswordsPatsAuthAndUrlCredentialsAreMaskedPathIsNot) {
+  ddpl::Environment env = {{"DATABASE_URL", "postgres://app:s3cret@db.internal:5432/prod"},
+                           {"GITHUB_PAT", "ghp_x"},
+                           {"MY_PASSWD", "p"},
+                           {"NETRC_AUTH", "a"},
+                           {"DB_PWD", "p"},
+                           {"SMTP_PASS", "p"},
+                           {"PATH", "/usr/bin"},
+                           {"PWD", "/home/u"},
+                           {"PYTHONPATH", "/src"},
+                           {"MIRROR", "https://pypi.example/simple"}};
+  auto m = maskEnvironment(env);
+  for (const char* k : {"GITHUB_PAT", "MY_PASSWD", "NETRC_AUTH", "DB_PWD", "SMTP_PASS"})
+    EXPECT_EQ(m[k], kMasked) << k;
+  EXPECT_EQ(m["DATABASE_URL"], std::string("postgres://app:") + kMasked + "@db.internal:5432/prod");
+  EXPECT_EQ(m["PATH"], "/usr/bin");
+  EXPECT_EQ(m["PWD"], "/home/u");
+  EXPECT_EQ(m["PYTHONPATH"], "/src");
+  EXPECT_EQ(m["MIRROR"], "https://pypi.example/simple");
+  auto c = maskCommandLine({"launch", "train.py", "--db-password", "hunter2", "--api-key=k1",
+                            "--data", "s3://user:pw@bucket/x", "--lr", "0.1"});
+  std::vector<std::string> want = {"launch", "train.py", "--db-password", kMasked,
+                                   std::string("--api-key=") + kMasked, "--data",
+                                   std::string("s3://user:") + kMasked + "@bucket/x", "--lr", "0.1"};
+  EXPECT_EQ(c, want);
+}
 
 }  // namespace
 namespace {
