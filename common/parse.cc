@@ -1,5 +1,6 @@
 #include "common/parse.h"
 
+#include <arpa/inet.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -102,6 +103,41 @@ HostPort parseHostPort(std::string_view source, std::string_view text, int defau
     hp.port = parsePort(fmt::format("{} port", source), port_text);
   }
   return hp;
+}
+
+std::string parseListenHost(std::string_view source, std::string_view text) {
+  std::string t(trimmed(text));
+  if (t.empty())
+    throw InvalidArgument(fmt::format(
+        "{}: empty address: give an IPv4 or IPv6 address or a host name (0.0.0.0 for every "
+        "IPv4 interface)",
+        source));
+  if (t.size() > 2 && t.front() == '[' && t.back() == ']') t = t.substr(1, t.size() - 2);
+  if (t.find(':') != std::string::npos) {
+    in6_addr a6{};
+    if (inet_pton(AF_INET6, t.c_str(), &a6) != 1)
+      throw InvalidArgument(fmt::format("{}: '{}' is not an IPv6 address", source, text));
+    return t;
+  }
+  if (t.find_first_not_of("0123456789.") == std::string::npos) {
+    in_addr a4{};
+    if (inet_pton(AF_INET, t.c_str(), &a4) != 1)
+      throw InvalidArgument(fmt::format(
+          "{}: '{}' is not an IPv4 address (four numbers from 0 to 255, like 127.0.0.1)", source,
+          text));
+    return t;
+  }
+  bool label_start = true;
+  for (size_t i = 0; i < t.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(t[i]);
+    const bool ok = std::isalnum(c) || (c == '-' && !label_start) || (c == '.' && !label_start);
+    if (!ok || t.size() > 253)
+      throw InvalidArgument(fmt::format(
+          "{}: '{}' is not an address or a host name (letters, digits, '-' and '.')", source,
+          text));
+    label_start = c == '.';
+  }
+  return t;
 }
 
 std::vector<std::string> splitList(std::string_view text, char sep) {

@@ -34,6 +34,11 @@ struct HostPort {
 // HOST[:PORT], [IPv6]:PORT or a bare IPv6 address; `default_port` when no port is given.
 HostPort parseHostPort(std::string_view source, std::string_view text, int default_port);
 
+// An address to listen on: an IPv4 address (each part 0-255), an IPv6 address (bare or in
+// brackets, returned without them) or a host name (letters, digits, '-' and '.', as RFC 1123
+// has them). Throws InvalidArgument naming `source` for anything else, an empty value included.
+std::string parseListenHost(std::string_view source, std::string_view text);
+
 // Splits on `sep` and trims blanks around each item; "" gives no items.
 std::vector<std::string> splitList(std::string_view text, char sep);
 

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <csignal>
 #include <cstring>
 #include <functional>
@@ -26,6 +27,42 @@ std::string trim(const std::string& s) {
 }
 
 std::vector<std::string> split(const std::string& s, char sep) { return splitList(s, sep); }
+
+// A run id names directories (<log-dir>/<run id>), cgroups and keys: it must never climb out of
+// the log directory (../../x) or exceed what a file name may hold (issue 33).
+void checkRunId(const std::string& flag, const std::string& id) {
+  if (id.empty())
+    throw UsageError(fmt::format("{}: empty run id: give the job a name such as 'train-42'", flag));
+  if (id.size() > kMaxRunIdLength)
+    throw UsageError(fmt::format("{}: the run id is {} characters long; at most {} are allowed",
+                                 flag, id.size(), kMaxRunIdLength));
+  for (unsigned char c : id)
+    if (!std::isalnum(c) && std::strchr("._-:@+=", c) == nullptr)
+      throw UsageError(fmt::format(
+          "{}: '{}' has the character '{}' ({:#04x}); a run id may use letters, digits and "
+          "._-:@+= only",
+          flag, id.size() > 64 ? id.substr(0, 64) + "..." : id,
+          std::isprint(c) ? std::string(1, static_cast<char>(c)) : std::string("?"), c));
+  if (id.front() == '.' || id.front() == '-')
+    throw UsageError(fmt::format("{}: '{}' starts with '{}'; start a run id with a letter or digit",
+                                 flag, id, id.front()));
+}
+
+// HOST[:PORT] of --rdzv-endpoint; port 0 is accepted (torchx's single-node jobs pass
+// localhost:0, which torchrun reads as "pick a free port"); validateTopology says where it
+// cannot work.
+int endpointPort(const std::string& flag, const std::string& v) {
+  if (v.size() > 2 && v.compare(v.size() - 2, 2, ":0") == 0 &&
+      std::count(v.begin(), v.end(), ':') == 1) {
+    parseHostPort(flag, v.substr(0, v.size() - 2), kDefaultRdzvPort);
+    return 0;
+  }
+  if (v.size() > 3 && v.compare(v.size() - 3, 3, "]:0") == 0) {
+    parseHostPort(flag, v.substr(0, v.size() - 2), kDefaultRdzvPort);
+    return 0;
+  }
+  return parseHostPort(flag, v, kDefaultRdzvPort).port;
+}
 
 int parseInt(const std::string& flag, const std::string& v, int min_value,
              int max_value = 1'000'000'000) {
@@ -120,14 +157,17 @@ const std::vector<Flag>& flags() {
        [](auto& f, auto& v, auto& o) {
          // checked here, once; etcd's lists and URLs by the etcd backend
          if (!trim(v).empty() && v.find(',') == std::string::npos && v.find("://") == std::string::npos)
-           parseHostPort(f, v, kDefaultRdzvPort);
+           endpointPort(f, trim(v));
          o.rdzv_endpoint = trim(v);
        }},
       {{"--rdzv-id"},
        true,
        "ID",
        "job id shared by every node (default: random)",
-       [](auto&, auto& v, auto& o) { o.rdzv_id = v; }},
+       [](auto& f, auto& v, auto& o) {
+         checkRunId(f, v);
+         o.rdzv_id = v;
+       }},
       {{"--rdzv-conf"},
        true,
        "K=V,...",
@@ -194,7 +234,7 @@ const std::vector<Flag>& flags() {
        [](auto& f, auto& v, auto& o) { o.metrics_port = parseInt(f, v, 0, 65535); }},
       {{"--metrics-host"}, true, "ADDRESS",
        "the address --metrics-port listens on (default 0.0.0.0: every IPv4 interface)",
-       [](auto&, auto& v, auto& o) { o.metrics_host = v; }},
+       [](auto& f, auto& v, auto& o) { o.metrics_host = parseListenHost(f, v); }},
       {{"--monitor-log-interval"}, true, "SECONDS",
        "how often the view is logged when it is not a status line (default 60)",
        [](auto& f, auto& v, auto& o) { o.monitor_log_interval_sec = parseNumber(f, v, 1, 86400); }},
@@ -218,10 +258,8 @@ const std::vector<Flag>& flags() {
        true,
        "NAME",
        "role name, used in log prefixes (default 'default')",
-       [](auto& f, auto& v, auto& o) {
-         if (v.empty()) throw UsageError(fmt::format("{}: empty role name", f));
-         o.role = v;
-       }},
+       // Empty is accepted, as torchrun does (torchx's dist.ddp passes --role ''): ROLE_NAME=''.
+       [](auto&, auto& v, auto& o) { o.role = v; }},
       {{"--log-dir"},
        true,
        "DIR",
@@ -632,7 +670,26 @@ StreamSpec parseStreamSpec(const std::string& flag, const std::string& value) {
   return spec;
 }
 
-void validateTopology(const LaunchOptions& o) {
+void validateTopology(LaunchOptions& o) {
+  if (o.elastic() && !o.rdzv_endpoint.empty() && o.rdzv_endpoint.find(',') == std::string::npos &&
+      o.rdzv_endpoint.find("://") == std::string::npos &&
+      endpointPort("--rdzv-endpoint", o.rdzv_endpoint) == 0) {
+    // torchrun binds a free port for HOST:0; only a job of one node can use it, as no other
+    // node could learn the port. That job is --standalone's: its own rendezvous, a free port.
+    if (o.rdzv_backend == "etcd")
+      throw UsageError(fmt::format("--rdzv-endpoint {}: port 0 picks a free port, which only "
+                                   "works for c10d on one node; give etcd's port",
+                                   o.rdzv_endpoint));
+    if (o.nnodes_max != 1)
+      throw UsageError(fmt::format(
+          "--rdzv-endpoint {}: port 0 picks a free port on this node, which the other nodes of "
+          "--nnodes={}:{} could not find; give a fixed port (default {})",
+          o.rdzv_endpoint, o.nnodes_min, o.nnodes_max, kDefaultRdzvPort));
+    o.rdzv_backend = "static";
+    o.rdzv_endpoint.clear();
+    o.standalone = true;
+  }
+  if (!o.rdzv_id.empty()) checkRunId("--rdzv-id", o.rdzv_id);  // also one Slurm's defaults made
   if (o.elastic()) {
     if (o.rdzv_endpoint.empty())
       throw UsageError(fmt::format("--rdzv-backend={} needs --rdzv-endpoint HOST[:PORT] (the node "

@@ -41,8 +41,10 @@ StreamSpec parseStreamSpec(const std::string& flag, const std::string& value);
 // unknown keys are accepted with a line added to `warnings` (when given).
 RdzvConf parseRdzvConf(const std::string& value, std::vector<std::string>* warnings = nullptr);
 
-// Throws UsageError for inconsistent --nnodes/--node-rank/--rdzv-* combinations.
-void validateTopology(const LaunchOptions& options);
+// Throws UsageError for inconsistent --nnodes/--node-rank/--rdzv-* combinations and for a run
+// id that cannot name a directory. A one-node c10d job on HOST:0 (torchx) becomes --standalone,
+// which is what torchrun makes of it: its own rendezvous on a free port.
+void validateTopology(LaunchOptions& options);
 
 // Expands Slurm's compressed node lists: "n[1-3,7],gpu05" -> n1 n2 n3 n7 gpu05.
 std::vector<std::string> expandSlurmNodeList(const std::string& list);

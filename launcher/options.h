@@ -22,6 +22,8 @@ enum class MonitorMode { kAuto, kLive, kLog, kOff };
 // Sanity bounds: far above any real machine or job, far below what would exhaust memory.
 inline constexpr int kMaxNprocPerNode = 1024;
 inline constexpr int kMaxNodes = 65536;
+// A run id names a directory and a cgroup (with a pid and a suffix added): well below NAME_MAX.
+inline constexpr size_t kMaxRunIdLength = 128;
 
 // Which of a worker's streams go to files (redirect: files only; tee: files and console).
 struct StreamSelection {

@@ -86,6 +86,14 @@ int64_t parseInt(const std::string& flag, const std::string& v, int64_t lo, int6
   }
 }
 
+std::string parseHost(const std::string& flag, const std::string& v) {
+  try {
+    return ddpl::parseListenHost(flag, v);
+  } catch (const ddpl::InvalidArgument& e) {
+    usageError(e.what());
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -142,7 +150,7 @@ int main(int argc, char** argv) {
       std::printf("rdzv-server %s\n", DDPL_VERSION);
       return 0;
     }
-    if (arg == "--host") o.host = value;
+    if (arg == "--host") o.host = parseHost(arg, value);
     if (arg == "--port") o.port = static_cast<int>(parseInt(arg, value, 0, 65535));
     if (arg == "--port-file") port_file = value;
     if (arg == "--token-file") token_file = value;

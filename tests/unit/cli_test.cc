@@ -233,7 +233,7 @@ TEST(Cli, InputsThatUsedToCrashAreUsageErrors) {
                "'0'");
   EXPECT_PRED3(names, usageError({"--signals-to-handle=9", "p"}), "--signals-to-handle", "'9'");
   for (const char* bad :
-       {"h:abc", "h:99999999999", "h:", "h:-1", "h:65536", "h:0", "[::1", ":29400"}) {
+       {"h:abc", "h:99999999999", "h:", "h:-1", "h:65536", "[::1", ":29400"}) {
     std::string err =
         usageError({"--rdzv-backend=c10d", std::string("--rdzv-endpoint=") + bad, "p"});
     EXPECT_NE(err.find("--rdzv-endpoint"), std::string::npos) << bad << ": " << err;
@@ -241,6 +241,15 @@ TEST(Cli, InputsThatUsedToCrashAreUsageErrors) {
   }
   EXPECT_EQ(parse({"--rdzv-backend=c10d", "--rdzv-endpoint=[::1]:5", "p"}).options.rdzv_endpoint,
             "[::1]:5");
+  // Port 0 (torchx's single-node jobs): torchrun picks a free port, which is --standalone here;
+  // a second node could never find it.
+  auto zero = parse({"--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "p"}).options;
+  EXPECT_TRUE(zero.standalone);
+  EXPECT_FALSE(zero.elastic());
+  EXPECT_TRUE(zero.rdzv_endpoint.empty());
+  EXPECT_NE(usageError({"--rdzv-backend=c10d", "--rdzv-endpoint=h:0", "--nnodes=2", "p"})
+                .find("port 0"),
+            std::string::npos);
   EXPECT_EQ(parse({"--rdzv-backend=c10d", "--rdzv-endpoint=head", "p"}).options.rdzv_endpoint,
             "head");
   std::string big = usageError({"--nproc-per-node=1000000000", "p"});
