@@ -13,9 +13,17 @@
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
 #include <prometheus/registry.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <list>
+#include <thread>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -48,6 +56,151 @@ int civetLog(const mg_connection*, const char* message) {
 Labels rankLabels(int rank, int local_rank) {
   return {{"rank", std::to_string(rank)}, {"local_rank", std::to_string(local_rank)}};
 }
+
+// Debian's civetweb is built without IPv6 (mg_check_feature(8) is 0), so an IPv6 --metrics-host
+// is served by a relay: it listens on the IPv6 address and passes each connection's bytes to
+// civetweb on 127.0.0.1, where scrapes get exactly what IPv4 ones do. Bounded like civetweb
+// itself: a few connections at a time (more are closed at once), each dropped after
+// kIdleMs without a byte either way, 16 KiB in flight per direction.
+class Ipv6Relay {
+ public:
+  static constexpr int kMaxConnections = 8;
+  static constexpr int kIdleMs = 5000;
+
+  Ipv6Relay(const std::string& host, int port, int target_port) : target_port_(target_port) {
+    sockaddr_in6 a{};
+    a.sin6_family = AF_INET6;
+    a.sin6_port = htons(static_cast<uint16_t>(port));
+    if (inet_pton(AF_INET6, host.c_str(), &a.sin6_addr) != 1)
+      throw NetworkError("metrics endpoint cannot listen on [" + host + "]:" +
+                         std::to_string(port) + ": not an IPv6 address");
+    listen_fd_ = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    if (listen_fd_ >= 0) {
+      setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+      setsockopt(listen_fd_, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+    }
+    stop_fd_ = eventfd(0, EFD_CLOEXEC);
+    if (listen_fd_ < 0 || stop_fd_ < 0 ||
+        bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        listen(listen_fd_, 16) != 0) {
+      std::string why = strerror(errno);
+      closeAll();
+      throw NetworkError("metrics endpoint cannot listen on [" + host + "]:" +
+                         std::to_string(port) + ": " + why);
+    }
+    socklen_t len = sizeof a;
+    getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin6_port);
+    acceptor_ = std::thread([this] { acceptLoop(); });
+  }
+  ~Ipv6Relay() {
+    uint64_t one = 1;
+    ssize_t ignored = write(stop_fd_, &one, sizeof one);
+    (void)ignored;
+    if (acceptor_.joinable()) acceptor_.join();
+    std::list<Pipe> left;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      left.swap(pipes_);
+    }
+    for (auto& p : left) p.thread.join();
+    closeAll();
+  }
+  int port() const { return port_; }
+
+ private:
+  void closeAll() {
+    if (listen_fd_ >= 0) close(listen_fd_);
+    if (stop_fd_ >= 0) close(stop_fd_);
+    listen_fd_ = stop_fd_ = -1;
+  }
+
+  void acceptLoop() {
+    while (true) {
+      pollfd p[2] = {{listen_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+      if (poll(p, 2, -1) < 0 && errno != EINTR) return;
+      if (p[1].revents) return;
+      if (!(p[0].revents & POLLIN)) continue;
+      int client = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (client < 0) continue;
+      if (active_.load() >= kMaxConnections) {
+        close(client);
+        continue;
+      }
+      int upstream = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      sockaddr_in t{};
+      t.sin_family = AF_INET;
+      t.sin_port = htons(static_cast<uint16_t>(target_port_));
+      t.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      if (upstream < 0 || connect(upstream, reinterpret_cast<sockaddr*>(&t), sizeof t) != 0) {
+        if (upstream >= 0) close(upstream);
+        close(client);
+        continue;
+      }
+      ++active_;
+      std::lock_guard<std::mutex> lock(mu_);
+      // Finished connections' threads are joined here: a long job is scraped thousands of times.
+      for (auto it = pipes_.begin(); it != pipes_.end();) {
+        if (it->done->load()) {
+          it->thread.join();
+          it = pipes_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      auto done = std::make_shared<std::atomic<bool>>(false);
+      pipes_.push_back({std::thread([this, client, upstream, done] {
+                          pipe(client, upstream);
+                          close(client);
+                          close(upstream);
+                          --active_;
+                          done->store(true);
+                        }),
+                        done});
+    }
+  }
+
+  // Copies both ways until either side closes, kIdleMs pass without a byte, or the relay stops.
+  void pipe(int a, int b) {
+    char buf[16384];
+    while (true) {
+      pollfd p[3] = {{a, POLLIN, 0}, {b, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+      int n = poll(p, 3, kIdleMs);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0 || p[2].revents) return;
+      for (int i = 0; i < 2; ++i) {
+        if (!(p[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        ssize_t got = read(p[i].fd, buf, sizeof buf);
+        if (got <= 0) return;
+        // The peer's socket buffer takes a scrape whole in practice; a peer that stops reading
+        // for kIdleMs is dropped.
+        pollfd out{p[1 - i].fd, POLLOUT, 0};
+        for (ssize_t sent = 0; sent < got;) {
+          if (poll(&out, 1, kIdleMs) != 1) return;
+          ssize_t w = send(out.fd, buf + sent, static_cast<size_t>(got - sent),
+                           MSG_NOSIGNAL | MSG_DONTWAIT);
+          if (w < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+          if (w <= 0) return;
+          sent += w;
+        }
+      }
+    }
+  }
+
+  int listen_fd_ = -1;
+  int stop_fd_ = -1;
+  int port_ = 0;
+  int target_port_ = 0;
+  struct Pipe {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::atomic<int> active_{0};
+  std::mutex mu_;
+  std::list<Pipe> pipes_;
+  std::thread acceptor_;
+};
 
 }  // namespace
 
@@ -143,6 +296,7 @@ struct MetricsExporter::Impl {
   std::map<std::pair<int, int>, RankSeries> ranks;  // by (rank, local_rank)
   // Last: destroyed first, so no scrape runs while the families go.
   std::unique_ptr<prometheus::Exposer> exposer;
+  std::unique_ptr<Ipv6Relay> relay;  // an IPv6 host's listener, in front of the exposer
 };
 
 MetricsExporter::MetricsExporter(MetricsOptions options) : impl_(std::make_unique<Impl>(options)) {
@@ -151,19 +305,18 @@ MetricsExporter::MetricsExporter(MetricsOptions options) : impl_(std::make_uniqu
   if (options.threads < 1)
     throw InvalidArgument("metrics endpoint needs at least 1 thread, not " +
                           std::to_string(options.threads));
-  std::string address = options.host + ":" + std::to_string(options.port);
-  if (options.host.find(':') != std::string::npos)
-    throw NetworkError("metrics endpoint cannot listen on " + options.host + " port " +
-                       std::to_string(options.port) +
-                       ": IPv6 addresses are not supported (Debian's civetweb is built without "
-                       "IPv6); use an IPv4 address or host name");
+  const bool ipv6 = options.host.find(':') != std::string::npos;
+  std::string address = ipv6 ? "[" + options.host + "]:" + std::to_string(options.port)
+                             : options.host + ":" + std::to_string(options.port);
   // civetweb calls a name it cannot resolve an "invalid port spec": resolve it here to say so.
   addrinfo hints{};
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   addrinfo* found = nullptr;
-  const char* host = options.host.empty() ? nullptr : options.host.c_str();  // "": all
+  // "": all. IPv6: civetweb serves on loopback, behind the relay below.
+  const char* host = ipv6 ? "127.0.0.1" : options.host.empty() ? nullptr : options.host.c_str();
+  const int civet_port = ipv6 ? 0 : options.port;
   if (int rc = getaddrinfo(host, "0", &hints, &found); rc != 0)
     throw NetworkError("metrics endpoint cannot listen on " + address + ": cannot resolve '" +
                        options.host + "' to an IPv4 address: " + gai_strerror(rc));
@@ -180,7 +333,7 @@ MetricsExporter::MetricsExporter(MetricsOptions options) : impl_(std::make_uniqu
     // the few worker threads, and with it the next scrape, for civetweb's default 30 s.
     impl_->exposer = std::make_unique<prometheus::Exposer>(
         std::vector<std::string>{
-            "listening_ports", std::string(numeric) + ":" + std::to_string(options.port),
+            "listening_ports", std::string(numeric) + ":" + std::to_string(civet_port),
             "num_threads", std::to_string(options.threads), "request_timeout_ms", "5000"},
         &callbacks);
   } catch (const std::exception& e) {
@@ -190,13 +343,19 @@ MetricsExporter::MetricsExporter(MetricsOptions options) : impl_(std::make_uniqu
   }
   t_start_errors = nullptr;
   impl_->exposer->RegisterCollectable(impl_->registry);
+  if (ipv6) {
+    auto ports = impl_->exposer->GetListeningPorts();
+    impl_->relay = std::make_unique<Ipv6Relay>(options.host, options.port, ports.front());
+  }
 }
 
 MetricsExporter::~MetricsExporter() {
   // civetweb's listener thread polls in 2 s quanta and looks at its stop flag only between
   // them, so stopping it would hold up the agent's exit by up to 2 s. Shutting the listening
   // socket down wakes the poll (measured: 1.7 s -> 13 ms).
-  int port = this->port();
+  impl_->relay.reset();
+  auto civet_ports = impl_->exposer->GetListeningPorts();
+  int port = civet_ports.empty() ? 0 : civet_ports.front();
   if (DIR* d = opendir("/proc/self/fd")) {
     while (dirent* e = readdir(d)) {
       int fd = std::atoi(e->d_name);
@@ -217,6 +376,7 @@ MetricsExporter::~MetricsExporter() {
 }
 
 int MetricsExporter::port() const {
+  if (impl_->relay) return impl_->relay->port();
   auto ports = impl_->exposer->GetListeningPorts();
   return ports.empty() ? 0 : ports.front();
 }

@@ -14,8 +14,9 @@ namespace ddpl::launcher {
 inline constexpr const char* kDefaultMetricsHost = "0.0.0.0";
 
 struct MetricsOptions {
-  // An IPv4 address, a host name that resolves to one, or empty for every interface (Debian's
-  // civetweb, the server under prometheus-cpp, is built without IPv6).
+  // An IPv4 address, a host name that resolves to one, empty for every interface, or an IPv6
+  // address (served through a relay to the embedded server on 127.0.0.1: Debian's civetweb,
+  // the server under prometheus-cpp, is built without IPv6).
   std::string host = kDefaultMetricsHost;
   int port = 0;      // 0: the kernel picks one; port() says which
   std::string node;  // the `node` label of every series: the agent's node name
