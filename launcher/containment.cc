@@ -149,6 +149,54 @@ int killCgroup(const std::string& path) {
   return killed;
 }
 
+// "ddpl-<run id>-<pid>": the pid of the launch that made it, or 0 when the name is not ours.
+pid_t launchPidOf(const std::string& name) {
+  if (name.rfind(kRunCgroupPrefix, 0) != 0) return 0;
+  auto dash = name.rfind('-');
+  if (dash == std::string::npos || dash + 1 >= name.size() || dash < std::strlen(kRunCgroupPrefix))
+    return 0;
+  const std::string digits = name.substr(dash + 1);
+  if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 9) return 0;
+  return static_cast<pid_t>(std::atol(digits.c_str()));
+}
+
+int removeStaleRunCgroups(const std::string& keep, int max_remove) {
+  std::string mount = cgroup2Mount(), own = ownCgroup();
+  if (mount.empty() || own.empty()) return 0;
+  std::string parent = mount + (own == "/" ? "" : own);
+  DIR* d = opendir(parent.c_str());
+  if (!d) return 0;
+  std::vector<std::string> stale;
+  while (dirent* e = readdir(d)) {
+    std::string name = e->d_name;
+    if (e->d_type != DT_DIR || name == keep) continue;
+    pid_t pid = launchPidOf(name);
+    if (pid <= 0) continue;
+    // Its launch still runs (or the pid is another launch's now): not ours to judge. A pid
+    // reused by another program does not keep a dead run's cgroup.
+    if (kill(pid, 0) == 0 || errno == EPERM) {
+      std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
+      std::string c;
+      if (!(comm >> c) || c == "launch") continue;
+    }
+    // Only an empty one: a process still inside (one that escaped its launch's death) is left
+    // to whoever can tell what it is.
+    std::ifstream events(parent + "/" + name + "/cgroup.events");
+    bool populated = true;
+    for (std::string key, value; events >> key >> value;)
+      if (key == "populated") populated = value != "0";
+    if (!populated) stale.push_back(parent + "/" + name);
+    if (static_cast<int>(stale.size()) >= max_remove) break;
+  }
+  closedir(d);
+  int removed = 0;
+  for (const auto& dir : stale) {
+    removeCgroupTree(dir, 0);
+    removed += access(dir.c_str(), F_OK) != 0;
+  }
+  return removed;
+}
+
 std::vector<pid_t> childrenOf(pid_t parent) {
   std::vector<pid_t> out;
   DIR* d = opendir("/proc");

@@ -58,6 +58,15 @@ int killCgroup(const std::string& path);
 // `max_wait_ms`) for their members to be gone.
 void removeCgroupTree(const std::string& path, int max_wait_ms = 2000);
 
+// Run cgroups are named kRunCgroupPrefix + "<run id>-<launch pid>", beside launch's own cgroup.
+inline constexpr const char* kRunCgroupPrefix = "ddpl-";
+
+// A launch killed with SIGKILL (the whole tree at once: no watchdog left to clean up) leaves its
+// run cgroup behind. Removes, beside this process's cgroup, those of ours whose launch is gone
+// (its pid not running, or running a program that is not launch) and that hold no process, at
+// most `max_remove` of them; never `keep` (the caller's own). Returns how many went.
+int removeStaleRunCgroups(const std::string& keep, int max_remove = 4096);
+
 // Live processes whose parent is `parent` (from /proc/<pid>/stat), zombies excluded.
 std::vector<pid_t> childrenOf(pid_t parent);
 
