@@ -10,6 +10,7 @@
 #include <poll.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/time.h>
 #include <sys/timerfd.h>
@@ -72,11 +73,19 @@ sigset_t signalSet(const std::vector<int>& signals) {
   return set;
 }
 
-std::string uniqueRunDir(const std::string& base, const std::string& run_id) {
-  fs::path p = fs::path(base) / run_id;
-  // Never write into an earlier run's logs: a reused run id gets a numbered sibling.
-  for (int k = 1; fs::exists(p); ++k) p = fs::path(base) / (run_id + "." + std::to_string(k));
-  return p.string();
+// Creates the run's directory and returns it. Never an earlier run's logs: a reused run id gets
+// a numbered sibling. Created by this mkdir, exclusively and private (0700): a --log-dir may be a
+// shared directory, where a name planted in advance (a symlink to somewhere else) must never
+// be written through, and the files inside hold the command line and environment (issue 33).
+std::string makeRunDir(const std::string& base, const std::string& run_id) {
+  for (int k = 0; k < 10000; ++k) {
+    fs::path p = fs::path(base) / (k == 0 ? run_id : run_id + "." + std::to_string(k));
+    if (mkdir(p.c_str(), 0700) == 0) return p.string();
+    if (errno != EEXIST)
+      throw Error("cannot create the run directory " + p.string() + ": " + strerror(errno));
+  }
+  throw Error("cannot create a run directory for run id '" + run_id + "' in " + base +
+              ": 10000 names taken");
 }
 
 }  // namespace
@@ -189,6 +198,7 @@ struct Agent::Impl {
   int groups_started = 0;  // names attempt_<n> log dirs: restarts and re-formed rounds alike
   std::string log_base, run_dir;
   bool temp_base = false;
+  std::vector<std::string> evidence;  // files and folders a report pointed at (kept at exit)
   WorldAssignment world;
   int attempt = 0;
   std::vector<Worker> workers;
@@ -220,7 +230,24 @@ struct Agent::Impl {
       if (ec)
         throw InvalidArgument("--log-dir '" + log_base + "' cannot be created: " + ec.message());
     }
-    run_dir = uniqueRunDir(log_base, cfg.run_id);
+    try {
+      setUp();
+    } catch (...) {
+      // The destructor does not run for a constructor that throws: nothing of ours stays.
+      rdzv.setRoundEndedCallback({});
+      rdzv.setStacksRequestedCallback({});
+      if (status_line) log::setConsoleWrapper({});
+      for (int fd : {epfd, sigfd, timerfd, wakefd, strayfd, monitorfd, controlfd})
+        if (fd >= 0) close(fd);
+      std::error_code ec;
+      if (temp_base) fs::remove_all(log_base, ec);
+      else if (!run_dir.empty()) fs::remove_all(run_dir, ec);
+      throw;
+    }
+  }
+
+  void setUp() {
+    run_dir = makeRunDir(log_base, cfg.run_id);
     openControlSocket();
 
     epfd = epoll_create1(EPOLL_CLOEXEC);
@@ -276,7 +303,9 @@ struct Agent::Impl {
       mo.port = *cfg.options.metrics_port;
       mo.node = cfg.host;
       metrics = startMetricsEndpoint(mo);
-      log::info("metrics of this node's ranks on http://{}:{}/metrics", mo.host, metrics->port());
+      const bool v6 = mo.host.find(':') != std::string::npos;
+      log::info("metrics of this node's ranks on http://{}{}{}:{}/metrics", v6 ? "[" : "", mo.host,
+                v6 ? "]" : "", metrics->port());
     }
   }
 
@@ -333,13 +362,42 @@ struct Agent::Impl {
     if (controlfd >= 0) unlink((run_dir + "/" + kControlSocket).c_str());
     if (temp_base) {
       std::error_code ec;
-      fs::remove_all(log_base, ec);
+      if (evidence.empty()) fs::remove_all(log_base, ec);
+      else keepOnlyEvidence();
     }
+  }
+
+  // A run without --log-dir removes its directory at exit, except what a report or an answer
+  // pointed the user at (saved stacks, and the manifest that says what ran): deleting the
+  // evidence of a hang as the user goes to read it helps nobody (issue 33).
+  void keepOnlyEvidence() {
+    std::error_code ec;
+    std::vector<fs::path> doomed;
+    for (fs::recursive_directory_iterator it(log_base, ec), end; !ec && it != end;
+         it.increment(ec)) {
+      if (it->is_directory(ec) && !it->is_symlink(ec)) continue;
+      std::string p = it->path().string();
+      bool keep = p == run_dir + "/manifest.json" ||
+                  std::any_of(evidence.begin(), evidence.end(), [&](const std::string& e) {
+                    return p == e || p.rfind(e + "/", 0) == 0;
+                  });
+      if (!keep) doomed.push_back(it->path());
+    }
+    for (const auto& p : doomed) fs::remove(p, ec);
+    // Directories left empty go too, deepest first.
+    std::vector<fs::path> dirs;
+    for (fs::recursive_directory_iterator it(log_base, ec), end; !ec && it != end;
+         it.increment(ec))
+      if (it->is_directory(ec) && !it->is_symlink(ec)) dirs.push_back(it->path());
+    std::sort(dirs.begin(), dirs.end(), [](const fs::path& a, const fs::path& b) {
+      return a.string().size() > b.string().size();
+    });
+    for (const auto& d : dirs) fs::remove(d, ec);  // removes only an empty one
   }
 
   static std::unique_ptr<RunCgroup> makeCgroup(const AgentConfig& c) {
     if (!c.options.use_cgroup) return nullptr;
-    std::string name = "ddpl-" + c.run_id + "-" + std::to_string(getpid());
+    std::string name = kRunCgroupPrefix + c.run_id + "-" + std::to_string(getpid());
     for (char& ch : name)
       if (!isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_' && ch != '.') ch = '_';
     std::string why;
@@ -382,12 +440,15 @@ struct Agent::Impl {
   }
 
   // A memfd per worker for its step count, mapped read-only here. Without one (memfd refused)
-  // the worker simply gets no DDPL_HEARTBEAT_FD.
+  // the worker simply gets no DDPL_HEARTBEAT_FD. Its size is sealed before the worker sees it:
+  // a worker that shrank the file would make our next read of the mapping a SIGBUS, killing
+  // launch (issue 33). Without sealing (a kernel that refuses it) there is no channel at all.
   void openHeartbeat(Worker& w) {
-    int fd = memfd_create("ddpl-heartbeat", MFD_CLOEXEC);
+    int fd = memfd_create("ddpl-heartbeat", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) return;
     void* map = MAP_FAILED;
-    if (ftruncate(fd, kHeartbeatBytes) == 0)
+    if (ftruncate(fd, kHeartbeatBytes) == 0 &&
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0)
       map = mmap(nullptr, kHeartbeatBytes, PROT_READ, MAP_SHARED, fd, 0);
     if (map == MAP_FAILED) {
       close(fd);
@@ -500,8 +561,7 @@ struct Agent::Impl {
     time_t t = time(nullptr);
     strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", localtime(&t));
     std::string dir = run_dir + "/snapshots/" + stamp;
-    std::error_code ec;
-    fs::create_directories(dir, ec);
+    makePrivateDirs(run_dir, dir);
     return dir;
   }
 
@@ -512,6 +572,7 @@ struct Agent::Impl {
     std::vector<std::string> lines;
     for (const auto& s : snapshotWorkers()) {
       std::string path = path_of(s.local_rank);
+      evidence.push_back(path);
       std::ofstream(path) << "# " << (s.tool.empty() ? "no tool" : s.tool) << "\n" << s.text;
       auto st = summarizeStack(s.text, s.pid);
       lines.push_back(fmt::format("rank {} (local rank {}, pid {}){}: {}",
@@ -859,8 +920,20 @@ struct Agent::Impl {
     return attemptDir() + "/" + std::to_string(local_rank);
   }
 
+  // The folders from `base` (the run directory) down to `dir`, none readable by others: they
+  // hold logs and error files, which may show the environment (issue 33).
+  static void makePrivateDirs(const std::string& base, const std::string& dir) {
+    fs::path p = base;
+    for (const auto& part : fs::path(dir).lexically_relative(base)) {
+      p /= part;
+      if (mkdir(p.c_str(), 0750) != 0 && errno != EEXIST)
+        throw Error("cannot create " + p.string() + ": " + strerror(errno));
+    }
+  }
+
   int openLog(const std::string& path) {
-    int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_APPEND, 0644);
+    int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_APPEND | O_NOFOLLOW,
+                  0640);
     if (fd < 0) throw Error("cannot open log file '" + path + "': " + strerror(errno));
     return fd;
   }
@@ -900,7 +973,7 @@ struct Agent::Impl {
     std::vector<SpawnedProcess> spawned;
     for (int lr = 0; lr < cfg.nproc; ++lr) {
       std::string dir = rankDir(lr);
-      fs::create_directories(dir);
+      makePrivateDirs(run_dir, dir);
       Worker& w = workers[lr];
       w.local_rank = lr;
       w.global_rank = world.rank_offset + lr;
@@ -1153,6 +1226,7 @@ struct Agent::Impl {
       }
     }
     finish();
+    sayWhatIsKept();
     return exit_code;
   }
 
@@ -1204,7 +1278,15 @@ struct Agent::Impl {
       while (read(sigfd, &si, sizeof(si)) == sizeof(si)) {
       }
     }
-    cgroup.reset();
+    if (cgroup) {
+      // Launches killed whole (SIGKILL to launch, workers and watchdog at once) leave their
+      // cgroups; nothing else ever removes them. Here, when this run's work is done, so the
+      // scan costs its start nothing.
+      const std::string own = fs::path(cgroup->path()).filename().string();
+      cgroup.reset();
+      if (int n = removeStaleRunCgroups(own))
+        log::info("removed {} stale run cgroup(s) of launches that were killed", n);
+    }
     router.setStatus("");  // the summary replaces it
     printSummary();
     bool job_ok = rdzv.finish(exit_code == 0);
@@ -1229,6 +1311,14 @@ struct Agent::Impl {
                  "interpreter that has it, or run the launch installed in that environment",
                  cfg.python_origin);
     if (!temp_base) log::info("logs and error files are in {}", run_dir);
+  }
+
+  // Said last, so that it is the line a user sees: where the files a report named stay.
+  void sayWhatIsKept() {
+    if (temp_base && !evidence.empty())
+      log::warn("the stacks saved during this run are kept in {} (private to you; remove it when "
+                "done)",
+                log_base);
   }
 };
 

@@ -84,3 +84,8 @@ ddpl_add_test(NAME launcher_doctor_test
   SOURCES unit/doctor_test.cc LIBS ddpl_launcher ddpl_test_util LABELS unit TIMEOUT 90)
 add_dependencies(launcher_doctor_test fake_nvml launch)
 target_compile_definitions(launcher_doctor_test PRIVATE FAKE_NVML="$<TARGET_FILE:fake_nvml>")
+
+# Issue 33: what a worker, another user or a bad command line could do to launch.
+ddpl_add_test(NAME launcher_hardening_test
+  SOURCES fault/launcher_hardening_test.cc LIBS ddpl_test_util LABELS fault TIMEOUT 240)
+add_dependencies(launcher_hardening_test launch rdzv-server)
