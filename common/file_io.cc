@@ -1,7 +1,10 @@
 #include "common/file_io.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cstdio>
 
 #include <cerrno>
 #include <cstring>
@@ -81,6 +84,29 @@ int pwriteAll(int fd, const void* data, size_t size, off_t offset) noexcept {
     offset += n;
   }
   return 0;
+}
+
+void ensurePrivateDirectory(const std::string& path) {
+  if (::mkdir(path.c_str(), 0700) == 0) return;
+  const int e = errno;
+  if (e != EEXIST)
+    throw Error("cannot create the directory " + path + ": " + std::strerror(e) + " (errno " +
+                std::to_string(e) + ")");
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0)
+    throw Error("cannot inspect " + path + ": " + std::strerror(errno));
+  if (!S_ISDIR(st.st_mode))
+    throw Error(path + " exists and is not a directory (a symlink or a file someone left there): "
+                "refusing to write through it; remove it or choose another directory");
+  if (st.st_uid != ::geteuid())
+    throw Error(path + " belongs to uid " + std::to_string(st.st_uid) + ", not to this user (" +
+                std::to_string(::geteuid()) + "): refusing to write into it");
+  if ((st.st_mode & 077) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%03o", static_cast<unsigned>(st.st_mode & 0777));
+    throw Error(path + " is open to other users (mode " + mode +
+                "): refusing to write into it; chmod 700 it or remove it");
+  }
 }
 
 std::string atomicWriteTempPath(const std::string& path) {

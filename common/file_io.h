@@ -47,6 +47,12 @@ void writeFileAtomically(const std::string& path,
 void writeFileAtomically(const std::string& path, std::string_view contents,
                          const AtomicWriteOptions& options = {});
 
+// A directory that only this user can enter, at a name others may know in advance (a shared
+// /tmp): made with mode 0700, or, when it exists, accepted only if it is a real directory (not
+// a symlink) owned by this user and closed to group and others. Throws ddpl::Error saying which
+// of these fails, so that nothing is ever written into a directory someone else planted.
+void ensurePrivateDirectory(const std::string& path);
+
 // The temporary writeFileAtomically uses for `path` in this process.
 std::string atomicWriteTempPath(const std::string& path);
 

@@ -211,6 +211,36 @@ TEST_F(FileIo, MissingDirectoryNamesThePath) {
   }
 }
 
+// Issue 33: a directory at a name known in advance (the MPI ranks' shared error directory).
+TEST_F(FileIo, PrivateDirectoryIsMadeOrAcceptedOnlyWhenItIsReallyOurs) {
+  const std::string fresh = dir_ + "/fresh";
+  ddpl::ensurePrivateDirectory(fresh);
+  struct stat st {};
+  ASSERT_EQ(::lstat(fresh.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  ddpl::ensurePrivateDirectory(fresh);  // the second rank: accepted
+  const std::string target = dir_ + "/target";
+  fs::create_directory(target);
+  ::chmod(target.c_str(), 0700);
+  const std::string planted = dir_ + "/planted";
+  ASSERT_EQ(::symlink(target.c_str(), planted.c_str()), 0);
+  try {
+    ddpl::ensurePrivateDirectory(planted);
+    ADD_FAILURE() << "a symlink was accepted";
+  } catch (const ddpl::Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("not a directory"));
+  }
+  const std::string open_dir = dir_ + "/open";
+  fs::create_directory(open_dir);
+  ::chmod(open_dir.c_str(), 0777);
+  try {
+    ddpl::ensurePrivateDirectory(open_dir);
+    ADD_FAILURE() << "a directory open to others was accepted";
+  } catch (const ddpl::Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("mode 777"));
+  }
+}
+
 TEST(WriteAll, RetriesShortWritesAndReportsErrno) {
   int fds[2];
   ASSERT_EQ(::pipe(fds), 0);
