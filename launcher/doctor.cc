@@ -750,9 +750,17 @@ std::vector<Finding> runDoctor(const DoctorOptions& o) {
   GpuFacts gpus = readGpuFacts(o.nvml_library);
   for (auto& f : checkGpus(gpus)) out.push_back(std::move(f));
   if (auto f = checkCudaVisibleDevices(o.env, gpus)) out.push_back(*f);
-  if (!o.fast && !o.python.empty())
-    for (auto& f : checkTorch(probeTorch(o.python, o.probe_timeout_sec), gpus))
+  if (!o.fast && !o.python.empty()) {
+    if (!o.python_origin.empty())
+      out.push_back({"python", Verdict::kOk, o.python_origin, ""});
+    for (auto& f : checkTorch(probeTorch(o.python, o.probe_timeout_sec), gpus)) {
+      if (o.python_is_default && f.check == "torch" && f.verdict == Verdict::kFail) {
+        f.verdict = Verdict::kWarn;
+        f.advice = "a Python program launched here would fail: " + f.advice;
+      }
       out.push_back(std::move(f));
+    }
+  }
   if (!o.fast && !o.program.empty())
     for (auto& f : checkNativeLibraries(o.program, o.probe_timeout_sec)) out.push_back(std::move(f));
   for (auto& f : checkNetworkNames(o.env, o.sys_root)) out.push_back(std::move(f));

@@ -62,6 +62,10 @@ struct DoctorOptions {
   std::string sys_root = "/sys";
   std::string shm_path = "/dev/shm";
   std::string python;   // empty: no torch checks
+  // `python` is the interpreter launch would run a .py with, not one the user named: it may
+  // lack torch on a machine that runs native programs, so a missing torch is a warning there.
+  bool python_is_default = false;
+  std::string python_origin;  // where it came from ("/usr/bin/python3 (python3 from PATH)")
   std::string program;  // a native program: the CUDA libraries it would load (ldd)
   std::vector<std::string> data_paths;  // where logs and checkpoints go (free space)
   int nproc = 0;                        // workers per node; 0: unknown

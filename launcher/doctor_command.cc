@@ -18,7 +18,9 @@ std::string doctorHelp() {
          "temperature, throttling), CUDA_VISIBLE_DEVICES, NCCL_SOCKET_IFNAME /\n"
          "GLOO_SOCKET_IFNAME / NCCL_IB_HCA, /dev/shm, memlock and open-files limits, threads\n"
          "against cores, free space for logs and checkpoints, MASTER_ADDR and the rendezvous\n"
-         "endpoint. For a Python PROGRAM (or --python): torch, its CUDA, cuDNN and NCCL, whether\n"
+         "endpoint. For a Python PROGRAM, --python, or with no PROGRAM the interpreter launch\n"
+         "would run a .py with (PYTHON_EXEC, else python3 from PATH): torch, its CUDA, cuDNN\n"
+         "and NCCL, whether\n"
          "CUDA is available, and its compiled architectures against each GPU ('no kernel image'\n"
          "predicted). For a native PROGRAM: the CUDA, NCCL and cuDNN libraries it would load.\n"
          "One line a check: ok, warn or fail, the value found, and what to do.\n"
@@ -82,6 +84,15 @@ int runDoctorCommand(const std::vector<std::string>& args, const Environment& en
       LaunchOptions p;
       p.python = python;
       d.python = pythonFor(p, path_only);
+    } else if (d.program.empty()) {
+      // No program named: whether torch sees CUDA is the first thing every GPU guide asks, so
+      // the interpreter `launch train.py` would use is checked (issue 33).
+      try {
+        d.python = pythonFor(lo, env, &d.python_origin);
+        d.python_is_default = true;
+      } catch (const UsageError&) {
+        // No python3 at all: a machine for native programs; nothing to check.
+      }
     }
   } catch (const std::exception& e) {
     fprintf(stderr, "launch doctor: error: %s\n", e.what());

@@ -315,6 +315,39 @@ TEST(DoctorCommand, ThisMachineWithoutAGpuGivesACleanReport) {
     EXPECT_TRUE(checks.count(c)) << c << " missing from " << r.out;
 }
 
+// Issue 33: `launch doctor` alone showed machine checks and nothing about torch. It checks the
+// interpreter `launch train.py` would use; one without torch is a warning there, not a failure.
+TEST(DoctorCommand, WithoutAProgramItChecksTheInterpreterLaunchWouldRun) {
+  std::string dir = ddpl::testing::makeTempDir("doctor_default_python");
+  std::string with = dir + "/with_torch", without = dir + "/without_torch";
+  std::ofstream(with) << "#!/bin/sh\nprintf 'torch=2.4.0\\ncuda=\\ncuda_available=0\\n"
+                         "device_count=0\\narch_list=\\n'\n";
+  std::ofstream(without) << "#!/bin/sh\nprintf \"error=No module named 'torch'\\n\"\n";
+  chmod(with.c_str(), 0755);
+  chmod(without.c_str(), 0755);
+  auto check = [&](const std::string& python, const std::string& name) {
+    ddpl::testing::RunOptions o;
+    o.env = {{"PYTHON_EXEC", python}};
+    o.unset_env = {"CUDA_VISIBLE_DEVICES", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME",
+                   "NCCL_IB_HCA", "MASTER_ADDR", "LD_LIBRARY_PATH"};
+    auto r = ddpl::testing::run({kLaunch, "doctor", "--json"}, o);
+    EXPECT_EQ(r.exit_code, 0) << r.all();
+    auto j = nlohmann::json::parse(r.out);
+    for (const auto& c : j["checks"])
+      if (c["check"] == name) return c;
+    ADD_FAILURE() << name << " missing from " << r.out;
+    return nlohmann::json();
+  };
+  auto torch = check(with, "torch");
+  EXPECT_EQ(torch["verdict"], "ok");
+  EXPECT_EQ(torch["value"], "2.4.0");
+  EXPECT_THAT(check(with, "python")["value"].get<std::string>(), HasSubstr(with));
+  auto missing = check(without, "torch");
+  EXPECT_EQ(missing["verdict"], "warn") << missing.dump();
+  EXPECT_THAT(missing["value"].get<std::string>(), HasSubstr("No module named 'torch'"));
+  fs::remove_all(dir);
+}
+
 TEST(DoctorCommand, FakeDriverBadGpuAndBogusInterfaceFailWithExitOne) {
   std::string dir = ddpl::testing::makeTempDir("doctor_cmd");
   std::ofstream(dir + "/nvml.conf") << kTwoGpus << "gpu1.ecc_volatile 0 4\n";
