@@ -147,7 +147,8 @@ JobFigures JobView::figures() const {
       min_step = std::min(min_step, r.step);
       if (b) base_min_step = std::min(base_min_step, b->step);
       if (b && r.step > b->step && dt > 0) {
-        ms_per_step.push_back(1000 * dt / static_cast<double>(r.step - b->step));
+        double waited = r.waited_us >= b->waited_us ? double(r.waited_us - b->waited_us) / 1e6 : 0;
+        ms_per_step.push_back(1000 * std::max(0.0, dt - waited) / static_cast<double>(r.step - b->step));
         ms_rank.push_back(r.global_rank);
       }
     }

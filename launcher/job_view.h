@@ -16,6 +16,7 @@ struct RankUsage {
   int global_rank = 0;
   bool alive = true;
   uint64_t step = 0;          // from the heartbeat; 0: none yet (or the rank never beats)
+  uint64_t waited_us = 0;     // the heartbeat's second field: time waited in collectives so far
   double cpu_seconds = 0;     // user + system so far
   int64_t rss_bytes = -1;     // resident memory; -1: unknown
   std::optional<double> gpu_util_percent;
@@ -28,8 +29,11 @@ struct JobFigures {
   bool stepping = false;          // some rank reports steps
   uint64_t step = 0;              // the slowest rank's step: where the job as a whole is
   std::optional<double> steps_per_sec;
-  // The rank with the most time per step over the window (only with two or more stepping
-  // ranks), and the median rank's time for comparison.
+  // The rank with the most time of its own per step over the window (only with two or more
+  // stepping ranks), and the median rank's for comparison. Its own time: the step time less the
+  // time it waited in collectives, where it reports that; in lockstep every rank's step time is
+  // the slowest one's, so only this tells the slow rank from those that wait for it (as the
+  // straggler warning does).
   std::optional<int> slowest_global_rank;
   double slowest_ms = 0, median_ms = 0;
   std::vector<std::optional<double>> cpu_percent;  // per local rank, over the window

@@ -49,6 +49,32 @@ TEST(JobView, RatesOverTheWindowAndTheSlowestRank) {
             "cpu% 100 100 50; mem 1.0GiB 1.0GiB 3.0GiB");
 }
 
+// Issue 33: in lockstep every rank makes the same steps in the same time, so wall time per step
+// named an arbitrary rank; its own time (less the time it waited in collectives, the
+// heartbeat's second field) names the one the others wait for, as the straggler warning does.
+TEST(JobView, SlowestRankByItsOwnTimeInLockstep) {
+  JobView v(10);
+  v.start(0);
+  auto lockstep = [](int lr, uint64_t step, uint64_t waited_us) {
+    RankUsage u = rank(lr, step, 0, 1 << 20);
+    u.waited_us = waited_us;
+    return u;
+  };
+  v.sample({lockstep(0, 100, 0), lockstep(1, 100, 0), lockstep(2, 100, 0), lockstep(3, 100, 0)}, 0);
+  // 4 s later, 100 steps of 40 ms for everyone: rank 1 (global 5) worked 39 ms of each, the
+  // others 14-16 ms and waited for it the rest.
+  v.sample({lockstep(0, 200, 2400000), lockstep(1, 200, 100000), lockstep(2, 200, 2600000),
+            lockstep(3, 200, 2500000)},
+           4);
+  JobFigures f = v.figures();
+  ASSERT_TRUE(f.slowest_global_rank);
+  EXPECT_EQ(*f.slowest_global_rank, 5);
+  EXPECT_DOUBLE_EQ(f.slowest_ms, 39);
+  EXPECT_DOUBLE_EQ(f.median_ms, 15.5);  // of 16, 39, 14, 15
+  EXPECT_NE(v.statusLine(200).find("slowest r5 39ms (median 16)"), std::string::npos)
+      << v.statusLine(200);
+}
+
 TEST(JobView, OldSamplesLeaveTheWindowAndANewAttemptStartsAfresh) {
   JobView v(10);
   v.start(0);
