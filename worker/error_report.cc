@@ -32,9 +32,20 @@ long unixSeconds() {
                                .count());
 }
 
-// Where the frames come from when the exception brings none. Caught and reported, an exception
-// has unwound the frames of its throw; escaped from a thread, it has not (nothing caught it).
+// Where the frames come from when the exception brings none and its throw went unrecorded
+// (worker/throw_stack.cc). Caught and reported, an exception has unwound the frames of its
+// throw; escaped from a thread, it has not (nothing caught it).
 enum class StackAtReport { kThrowUnwound, kThrowOnStack };
+
+const char kThrowHeader[] = "Thrown from (most recent call first):\n";
+
+// The frames of the throw, as recorded when the exception was made; empty when none were.
+std::string throwTrace(const std::exception_ptr& error, const NativeTraceOptions& options) {
+  std::vector<uintptr_t> frames = throwStackOf(error);
+  if (frames.empty()) return "";
+  if (frames.size() > options.maxFrames) frames.resize(options.maxFrames);
+  return kThrowHeader + formatTrace(symbolize(frames, options));
+}
 
 // Not inlined: it is the innermost frame of its own trace, and the launcher's report knows it by
 // name (launcher/error_report.cc) to leave it out.
@@ -43,7 +54,8 @@ __attribute__((noinline)) ErrorRecord describeImpl(const std::exception_ptr& err
                                                    StackAtReport stack) {
   ErrorRecord record;
   record.timestamp = unixSeconds();
-  // For exceptions that bring no frames of their own: this stack.
+  // For exceptions that bring no frames of their own and whose throw was not recorded: this
+  // stack.
   const std::string ownHeader =
       stack == StackAtReport::kThrowOnStack
           ? "Uncaught, in the thread that threw it (most recent call first):\n"
@@ -56,18 +68,17 @@ __attribute__((noinline)) ErrorRecord describeImpl(const std::exception_ptr& err
     // is reachable, and its lines carry each frame's address: symbolised from those.
     record.type = demangle(typeid(e).name());
     record.message = e.msg();
-    record.backtrace = e.backtrace() ? symbolizeBacktraceText(e.backtrace()->get(), trace)
-                                     : ownHeader + currentTrace(0, trace);
+    if (e.backtrace()) record.backtrace = symbolizeBacktraceText(e.backtrace()->get(), trace);
   } catch (const std::exception& e) {
     record.type = demangle(typeid(e).name());
     record.message = e.what();
-    record.backtrace = ownHeader + currentTrace(0, trace);
   } catch (...) {
     const std::type_info* type = abi::__cxa_current_exception_type();
     record.type = type ? demangle(type->name()) : "unknown";
     record.message = "(not a std::exception)";
-    record.backtrace = ownHeader + currentTrace(0, trace);
   }
+  if (record.backtrace.empty()) record.backtrace = throwTrace(error, trace);
+  if (record.backtrace.empty()) record.backtrace = ownHeader + currentTrace(0, trace);
   return record;
 }
 

@@ -21,8 +21,9 @@ struct ErrorReportOptions {
   NativeTraceOptions trace;  // how the C++ frames are named, and how long that may take
 };
 
-// The frames are c10::Error's own (where it was thrown) or, for other exceptions, those of the
-// caller, which still holds the throw site only in a terminate handler.
+// The frames are c10::Error's own (where it was thrown) or, for other exceptions, those its throw
+// recorded (native_trace.h: throwStackOf); failing both, the caller's, which still holds the throw
+// site only in a terminate handler.
 ErrorRecord describeException(const std::exception_ptr& error,
                               const NativeTraceOptions& trace = {});
 

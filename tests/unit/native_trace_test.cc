@@ -14,7 +14,9 @@
 #include <fstream>
 #include <regex>
 #include <sstream>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace dw = ddpl::worker;
@@ -38,6 +40,20 @@ __attribute__((always_inline)) inline void inlinedStep() {
 __attribute__((noinline)) void outerStep() {
   inlinedStep();  // marker: outer call
   asm volatile("");
+}
+
+__attribute__((noinline)) void throwHere(int value) {
+  if (value > 0) throw std::runtime_error("value " + std::to_string(value));  // marker: throw
+  asm volatile("");
+}
+
+__attribute__((noinline)) void callThrower(int value) {
+  throwHere(value);  // marker: call thrower
+  asm volatile("");
+}
+
+__attribute__((noinline)) std::exception_ptr madeHere() {
+  return std::make_exception_ptr(std::runtime_error("made"));  // marker: make
 }
 
 }  // namespace ddpl_test
@@ -210,6 +226,99 @@ TEST(NativeTrace, RewritesC10FramesAndKeepsEverythingElse) {
   EXPECT_EQ(out[3], in[3]);
   EXPECT_EQ(out[4], in[4]);
   expectNoChildLeft();
+}
+
+// Every exception keeps the stack of its throw (worker/throw_stack.cc), found again from the
+// exception once it has been caught and its frames unwound.
+const dw::SymbolizedFrame& throwFrame(const dw::SymbolizedTrace& trace, size_t i) {
+  static const dw::SymbolizedFrame kNone;
+  return i < trace.frames.size() ? trace.frames[i] : kNone;
+}
+
+std::string functionOf(const dw::SymbolizedFrame& f) {
+  return f.locations.empty() ? "" : f.locations.back().function;
+}
+
+TEST(ThrowStack, CaughtExceptionStillNamesItsThrowSite) {
+  std::exception_ptr error;
+  try {
+    ddpl_test::callThrower(7);
+  } catch (const std::exception&) {
+    error = std::current_exception();
+  }
+  ASSERT_TRUE(error);
+  const auto frames = dw::throwStackOf(error);
+  ASSERT_GE(frames.size(), 3u);
+  EXPECT_LE(frames.size(), dw::kThrowStackFrames);
+  const auto trace = dw::symbolize(frames);
+  EXPECT_EQ(trace.note, "");
+  // Innermost first: the throw expression, then its caller; no frame of the recording itself.
+  const auto& thrower = throwFrame(trace, 0);
+  EXPECT_EQ(functionOf(thrower), "ddpl_test::throwHere(int)") << dw::formatTrace(trace);
+  ASSERT_FALSE(thrower.locations.empty());
+  EXPECT_TRUE(endsWith(thrower.locations.back().file, kThisFile));
+  EXPECT_EQ(thrower.locations.back().line, lineOf("throw")) << dw::formatTrace(trace);
+  EXPECT_EQ(functionOf(throwFrame(trace, 1)), "ddpl_test::callThrower(int)");
+  ASSERT_FALSE(throwFrame(trace, 1).locations.empty());
+  EXPECT_EQ(throwFrame(trace, 1).locations.back().line, lineOf("call thrower"));
+  expectNoChildLeft();
+}
+
+// Thrown in one thread, reported in another (std::future does this).
+TEST(ThrowStack, FoundFromAnotherThread) {
+  std::exception_ptr error;
+  std::thread([&] {
+    try {
+      ddpl_test::callThrower(3);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }).join();
+  const auto trace = dw::symbolize(dw::throwStackOf(error));
+  EXPECT_EQ(functionOf(throwFrame(trace, 0)), "ddpl_test::throwHere(int)")
+      << dw::formatTrace(trace);
+}
+
+// std::make_exception_ptr makes an exception without throwing it, often at the address an
+// earlier exception of the same size freed: it has the stack of where it was made, not that one's.
+TEST(ThrowStack, MadeExceptionHasItsOwnStack) {
+  for (int i = 0; i < 3; ++i) {
+    try {
+      ddpl_test::callThrower(1);
+    } catch (...) {
+    }
+    const auto trace = dw::symbolize(dw::throwStackOf(ddpl_test::madeHere()));
+    // std::make_exception_ptr itself may have a frame of its own, inner to madeHere's.
+    const size_t maker = functionOf(throwFrame(trace, 0)) == "ddpl_test::madeHere()" ? 0 : 1;
+    EXPECT_EQ(functionOf(throwFrame(trace, maker)), "ddpl_test::madeHere()")
+        << dw::formatTrace(trace);
+    if (!throwFrame(trace, maker).locations.empty())
+      EXPECT_EQ(throwFrame(trace, maker).locations.back().line, lineOf("make"));
+    for (const auto& f : trace.frames) EXPECT_NE(functionOf(f), "ddpl_test::throwHere(int)");
+  }
+}
+
+TEST(ThrowStack, NoExceptionNoFrames) { EXPECT_TRUE(dw::throwStackOf(nullptr).empty()); }
+
+TEST(ThrowStack, FrameLimitAppliesToLaterThrows) {
+  const auto thrown = [] {
+    try {
+      ddpl_test::callThrower(2);
+    } catch (...) {
+      return std::current_exception();
+    }
+    return std::exception_ptr();
+  };
+  EXPECT_EQ(dw::setThrowStackFrames(1), dw::kThrowStackFrames);
+  const auto one = thrown();
+  EXPECT_EQ(dw::setThrowStackFrames(0), 1u);
+  EXPECT_TRUE(dw::throwStackOf(thrown()).empty());
+  EXPECT_EQ(dw::setThrowStackFrames(1000), 0u);  // at most kThrowStackFrames
+  EXPECT_GE(dw::throwStackOf(thrown()).size(), 3u);
+  EXPECT_EQ(dw::setThrowStackFrames(dw::kThrowStackFrames), dw::kThrowStackFrames);
+  ASSERT_EQ(dw::throwStackOf(one).size(), 1u);
+  EXPECT_EQ(functionOf(dw::symbolize(dw::throwStackOf(one)).frames[0]),
+            "ddpl_test::throwHere(int)");
 }
 
 }  // namespace
