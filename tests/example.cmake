@@ -11,3 +11,8 @@ add_dependencies(example_training_test ddp_resnet launch)
 ddpl_add_test(NAME example_fault_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fault/example_fault_test.cc
   LIBS ddpl_test_util nlohmann_json::nlohmann_json LABELS "example;fault" TIMEOUT 300)
 add_dependencies(example_fault_test ddp_resnet launch)
+
+# The frames of ddp_resnet's error files under launch (issue 33): the throw site, named.
+ddpl_add_test(NAME example_error_file_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/integration/example_error_file_test.cc
+  LIBS ddpl_test_util nlohmann_json::nlohmann_json LABELS "example;integration" TIMEOUT 240)
+add_dependencies(example_error_file_test ddp_resnet launch)
