@@ -49,6 +49,8 @@ bool isErrorMachinery(const std::string& frame_line) {
                                           "c10::get_backtrace",
                                           "c10::get_lazy_backtrace",
                                           "__cxa_throw",
+                                          "__cxa_allocate_exception",
+                                          "std::__throw_",  // libstdc++'s (vector::at, stoi)
                                           "__cxa_rethrow",
                                           "std::rethrow_exception",
                                           "std::terminate",

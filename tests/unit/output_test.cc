@@ -310,6 +310,26 @@ TEST(ErrorReport, NativeTraceShowsItsInnermostFramesPastTheThrow) {
             std::string::npos);
 }
 
+// An exception libstdc++ throws for the caller (vector::at, std::stoi): its helper is machinery
+// too, and the caller leads.
+TEST(ErrorReport, NativeTraceOfALibstdcxxThrowStartsAtItsCaller) {
+  const std::string trace =
+      "Thrown from (most recent call first):\n"
+      "frame #0: std::__throw_out_of_range_fmt(char const*, ...) + 0x56 (/usr/lib/libstdc++.so.6 "
+      "+ 0xa6e5c)\n"
+      "frame #1: ns::lookup(int) at /src/a.cc:7 (/bin/prog + 0x1000)\n";
+  FailureDetail root;
+  root.exit = {0, 4242, {false, 1}, 1700000000.0, false};
+  root.error_file = "/x/error.json";
+  root.error = ErrorFileContents{"std::out_of_range: vector::_M_range_check", trace, "1"};
+  const std::string r = formatFailureReport("train", {root}, root);
+  EXPECT_NE(r.find("    Thrown from (most recent call first):\n"
+                   "    frame #1: ns::lookup(int) at /src/a.cc:7"),
+            std::string::npos)
+      << r;
+  EXPECT_EQ(r.find("__throw_out_of_range", r.find("traceback :")), std::string::npos) << r;
+}
+
 // An exception that escaped a thread: the terminate machinery runs through libstdc++ frames that
 // have no names; they go with it, and the throwing function leads.
 TEST(ErrorReport, NativeTraceOfAnEscapedExceptionStartsAtTheThrower) {
