@@ -349,6 +349,26 @@ void RendezvousClient::leave(const std::string& run_id, const std::string& node_
   if (!s.ok()) impl_->fail(s, fmt::format("leave run '{}' as node '{}'", run_id, node_id));
 }
 
+RendezvousClient::Withdrawal RendezvousClient::withdraw(const JoinOptions& o,
+                                                       const std::string& reason) {
+  pb::WithdrawRequest req;
+  req.set_run_id(o.run_id);
+  req.set_node_id(o.node_id);
+  req.set_reason(reason);
+  req.set_min_nodes(o.min_nodes);
+  req.set_max_nodes(o.max_nodes);
+  req.set_join_timeout_ms(std::clamp<int64_t>(o.join_timeout.count(), 1, kMaxClientTimeout.count()));
+  pb::WithdrawResponse resp;
+  grpc::Status s = retryWhileUnavailable(impl_->options.connect_timeout, [&] {
+    grpc::ClientContext ctx;
+    prepare(ctx, impl_->options.token, impl_->options.call_timeout);
+    return impl_->stub->Withdraw(&ctx, req, &resp);
+  });
+  if (!s.ok())
+    impl_->fail(s, fmt::format("withdraw node '{}' from run '{}'", o.node_id, o.run_id));
+  return {resp.stopped_nodes(), resp.can_come(), resp.failed()};
+}
+
 std::unique_ptr<RoundWatch> RendezvousClient::watch(
     const RoundAssignment& assignment, std::function<void(const RoundChange&)> on_change) {
   return std::make_unique<RoundWatchImpl>(impl_, assignment, std::move(on_change));

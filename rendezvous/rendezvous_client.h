@@ -113,6 +113,18 @@ class RendezvousClient {
   // Retries an unreachable server for connect_timeout, as join() does.
   void leave(const std::string& run_id, const std::string& node_id);
 
+  // This node stops before joining (its preflight failed): the run's other nodes are told at
+  // once (rendezvous_state.h, withdraw). `options` gives the run, the node and the job's shape
+  // (run_id, node_id, min/max nodes, join timeout). One call bounded by call_timeout, retried
+  // while unavailable for connect_timeout; throws as leave() does (StoreError "UNIMPLEMENTED"
+  // from a server that predates it).
+  struct Withdrawal {
+    int32_t stopped_nodes = 0;
+    int32_t can_come = 0;
+    bool failed = false;  // the job cannot form: its waiting nodes were failed
+  };
+  Withdrawal withdraw(const JoinOptions& options, const std::string& reason);
+
   // `on_change` runs at most once, on a background thread, when the round ends or the
   // server can no longer be reached. Returns once the server has registered the watch (at
   // most call_timeout), so a change after that is reported with the server's reason.

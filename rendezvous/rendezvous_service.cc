@@ -300,6 +300,36 @@ class RendezvousService final : public pb::Rendezvous::CallbackService {
     });
   }
 
+  grpc::ServerUnaryReactor* Withdraw(grpc::CallbackServerContext* ctx,
+                                     const pb::WithdrawRequest* req,
+                                     pb::WithdrawResponse* resp) override {
+    return core_->unary(ctx, [&] {
+      if (req->join_timeout_ms() <= 0)
+        throw RpcError{grpc::INVALID_ARGUMENT,
+                       fmt::format("withdraw node '{}' from run '{}': join timeout {} ms is out "
+                                   "of range",
+                                   req->node_id(), req->run_id(), req->join_timeout_ms())};
+      JoinSpec spec;
+      spec.run_id = req->run_id();
+      spec.node.node_id = req->node_id();
+      spec.config.min_nodes = req->min_nodes();
+      spec.config.max_nodes = req->max_nodes();
+      spec.config.join_timeout = fromWire(req->join_timeout_ms());
+      Effects fx;
+      RdzvStatus st;
+      RendezvousState::Withdrawal w;
+      {
+        std::lock_guard<std::mutex> lock(core_->mu);
+        st = core_->state.withdraw(spec, req->reason(), Clock::now(), fx, &w);
+      }
+      core_->apply(fx);  // fails the parked joins, re-arms the timer
+      if (!st.ok()) throw RpcError{toGrpc(st.code), st.message};
+      resp->set_stopped_nodes(w.stopped);
+      resp->set_can_come(w.can_come);
+      resp->set_failed(w.failed);
+    });
+  }
+
   grpc::ServerWriteReactor<pb::WatchEvent>* Watch(grpc::CallbackServerContext* ctx,
                                                   const pb::WatchRequest* req) override {
     auto* call = new WatchCall(core_, ctx, req);

@@ -136,7 +136,14 @@ JoinTicket RendezvousState::joinRun(Run& run, const JoinSpec& spec, JoinTicket t
   const std::string& node = spec.node.node_id;
   Pending p{ticket, spec.node};
 
+  run.stopped.erase(node);  // stopped before joining, and came after all
+
   if (run.phase == Phase::kJoining) {
+    if (std::string why = cannotForm(run, now); !why.empty()) {
+      fx.joins.push_back({ticket, err(RdzvCode::kFailedPrecondition, why), nullptr, -1});
+      fx.events.push_back(fmt::format("run '{}': node '{}' refused: {}", run.id, node, why));
+      return ticket;
+    }
     tickets_[ticket] = {run.id, node};
     addJoiner(run, std::move(p), now, fx);
     return ticket;
@@ -197,7 +204,13 @@ void RendezvousState::refreshDeadlines(Run& run, TimePoint now, Effects& fx) {
     run.last_call_deadline.reset();
     return;
   }
-  if (n >= run.config.max_nodes) {
+  // Nodes that stopped before joining will not come: no waiting for them.
+  int32_t can_come = canCome(run, now);
+  if (n >= std::max(run.config.min_nodes, can_come)) {
+    if (n < run.config.max_nodes)
+      fx.events.push_back(fmt::format(
+          "run '{}': round {} has every node that can still come ({}/{}; {} {}): completing",
+          run.id, run.round, n, run.config.max_nodes, run.stopped.size(), kStoppedBeforeJoining));
     complete(run, now, fx);
     return;
   }
@@ -232,6 +245,10 @@ void RendezvousState::complete(Run& run, TimePoint now, Effects& fx) {
   }
   m->world_size = static_cast<int32_t>(world);
   run.membership = m;
+  // The stops concerned the round being formed; a later one (a node lost, another started in
+  // a stopped node's place) is not held to them.
+  run.stopped.clear();
+  run.stopped_until.reset();
   run.phase = Phase::kComplete;
   run.join_deadline.reset();
   run.last_call_deadline.reset();
@@ -254,10 +271,14 @@ void RendezvousState::failJoining(Run& run, TimePoint now, Effects& fx) {
       "run '{}': round {} timed out after {} (join timeout) with {}/{} nodes joined (min {})",
       run.id, run.round, seconds(run.config.join_timeout), run.joining.size(), run.config.max_nodes,
       run.config.min_nodes);
+  failJoiners(run, RdzvCode::kDeadlineExceeded, msg, fx);
+}
+
+void RendezvousState::failJoiners(Run& run, RdzvCode code, const std::string& msg, Effects& fx) {
   for (auto& [id, p] : run.joining) {
     tickets_.erase(p.ticket);
     run.world_bound -= p.node.local_world_size;
-    fx.joins.push_back({p.ticket, err(RdzvCode::kDeadlineExceeded, msg), nullptr, -1});
+    fx.joins.push_back({p.ticket, err(code, msg), nullptr, -1});
   }
   run.joining.clear();
   run.join_deadline.reset();
@@ -421,6 +442,95 @@ RdzvStatus RendezvousState::leaveRun(Run& run, const std::string& node_id, TimeP
   }
   return err(RdzvCode::kNotFound,
              fmt::format("node '{}' is not part of run '{}'", node_id, run_id));
+}
+
+int32_t RendezvousState::canCome(Run& run, TimePoint now) {
+  if (run.stopped_until && now >= *run.stopped_until) {
+    run.stopped.clear();  // past the window: a fresh start of the job may succeed
+    run.stopped_until.reset();
+  }
+  return run.config.max_nodes - static_cast<int32_t>(run.stopped.size());
+}
+
+std::string cannotFormMessage(const std::string& run_id, int64_t round, int32_t min_nodes,
+                              int32_t max_nodes, const std::map<std::string, std::string>& stopped) {
+  int64_t can_come = int64_t{max_nodes} - static_cast<int64_t>(stopped.size());
+  if (stopped.empty() || can_come >= min_nodes) return "";
+  // A few are named in full; a thousand would make a message nobody reads.
+  constexpr size_t kNamed = 3;
+  std::string who;
+  size_t i = 0;
+  for (const auto& [id, why] : stopped) {
+    if (i++ == kNamed) break;
+    who += fmt::format("{}node '{}' {}: {}", who.empty() ? "" : "; ", id, kStoppedBeforeJoining,
+                       why);
+  }
+  if (stopped.size() > kNamed) who += fmt::format("; and {} more", stopped.size() - kNamed);
+  return fmt::format(
+      "run '{}' cannot form: {}; round {} needs at least {} of {} nodes and at most {} can still "
+      "come",
+      run_id, who, round, min_nodes, max_nodes, std::max<int64_t>(can_come, 0));
+}
+
+std::string RendezvousState::cannotForm(Run& run, TimePoint now) {
+  canCome(run, now);  // forgets the stale ones
+  return cannotFormMessage(run.id, run.round, run.config.min_nodes, run.config.max_nodes,
+                           run.stopped);
+}
+
+RdzvStatus RendezvousState::withdraw(const JoinSpec& asked, const std::string& reason,
+                                     TimePoint now, Effects& fx, Withdrawal* out) {
+  RdzvStatus st = validate(asked);
+  if (!st.ok()) return st;
+  JoinSpec spec = asked;
+  spec.config.join_timeout = std::min(spec.config.join_timeout, kMaxTimeout);
+  spec.config.last_call_timeout = std::min(spec.config.last_call_timeout, kMaxTimeout);
+  const std::string& node = spec.node.node_id;
+  if (auto r = runs_.find(spec.run_id); r != runs_.end() && !r->second.empty()) {
+    const RunConfig& c = r->second.config;
+    if (c.min_nodes != spec.config.min_nodes || c.max_nodes != spec.config.max_nodes)
+      return err(RdzvCode::kFailedPrecondition,
+                 fmt::format("run '{}' expects {}:{} nodes but node '{}' (stopping before "
+                             "joining) asks for {}:{}",
+                             spec.run_id, c.min_nodes, c.max_nodes, node, spec.config.min_nodes,
+                             spec.config.max_nodes));
+  }
+  Run& run = runs_[spec.run_id];
+  run.id = spec.run_id;
+  if (run.empty()) run.config = spec.config;
+  if (run.joining.count(node) || run.waiting.count(node) || run.isMember(node))
+    leaveRun(run, node, now, fx);
+  // The reason comes from the wire: bounded, it is repeated in every refusal.
+  constexpr size_t kMaxReason = 2000;
+  std::string why = reason.size() > kMaxReason ? reason.substr(0, kMaxReason) + "..." : reason;
+  Withdrawal w;
+  if (run.phase == Phase::kJoining) {
+    canCome(run, now);  // forgets stale ones first
+    run.stopped[node] = why;
+    TimePoint until = now + spec.config.join_timeout;
+    if (!run.stopped_until || *run.stopped_until < until) run.stopped_until = until;
+    w.can_come = canCome(run, now);
+    fx.events.push_back(fmt::format("run '{}': node '{}' {}: {} ({} of {} nodes can still come, min {})",
+                                    run.id, node, kStoppedBeforeJoining, why,
+                                    std::max(w.can_come, 0), run.config.max_nodes,
+                                    run.config.min_nodes));
+    if (std::string msg = cannotForm(run, now); !msg.empty()) {
+      w.failed = true;
+      failJoiners(run, RdzvCode::kFailedPrecondition, msg, fx);
+    } else {
+      refreshDeadlines(run, now, fx);  // may complete now with every node that can come
+    }
+  } else {
+    // The running round never needed it; the next one is not held to it either (a node
+    // started later in its place may pass its checks).
+    w.can_come = run.config.max_nodes;
+    fx.events.push_back(fmt::format("run '{}': node '{}' {}: {} (round {} runs without it)",
+                                    run.id, node, kStoppedBeforeJoining, why, run.round));
+  }
+  w.stopped = static_cast<int32_t>(run.stopped.size());
+  reindex(run, now);
+  if (out) *out = w;
+  return {};
 }
 
 void RendezvousState::nodeLost(const std::string& run_id, const std::string& node_id, int64_t round,

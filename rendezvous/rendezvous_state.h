@@ -15,6 +15,12 @@
 //    ranks; rank offsets are prefix sums of local world sizes.
 //  - A member whose heartbeats stop for the window, whose watch stream breaks, or that
 //    leaves, ends the round for the others, who re-join; the run itself never closes.
+//  - A node that stops before joining (withdraw(): its preflight failed) will not come. Until
+//    a round forms, within a join timeout of the stop, the forming round waits for no more
+//    nodes than can still come (max_nodes less the nodes stopped); when min_nodes can no
+//    longer come, the round's joiners fail at once naming the stopped node and its reason, and
+//    so do later joins, instead of each waiting out the join timeout. A complete round is not
+//    disturbed.
 //  - Fast re-formation: when a round ends, the nodes expected in the next one are the old
 //    members that were not lost (evicted, left, stream broken) plus the nodes that were
 //    waiting. Once all of them have joined again and at least min_nodes have, the round
@@ -42,6 +48,9 @@ inline constexpr Duration kDefaultHeartbeatWindow{defaults::kHeartbeatWindow};
 // How long a run with nobody in it (every node left, was evicted or gave up) is kept before
 // it is forgotten with its keys; a node joining within that time finds it as it was.
 inline constexpr Duration kDefaultRunRetention{std::chrono::minutes(10)};
+// In the message of every join refused because a node stopped before joining (withdraw()):
+// how a client tells that refusal from the others (version skew, duplicate id).
+inline constexpr char kStoppedBeforeJoining[] = "stopped before joining";
 // Longest timeout the state machine arms: larger ones (up to INT64_MAX ms from the wire) mean
 // "wait very long" and are cut to this, never wrapped into the past.
 inline constexpr Duration kMaxTimeout{std::chrono::hours(24 * 365 * 10)};
@@ -148,6 +157,18 @@ class RendezvousState {
   RdzvStatus leave(const std::string& run_id, const std::string& node_id, TimePoint now,
                    Effects& fx);
 
+  struct Withdrawal {
+    int32_t stopped = 0;    // nodes of the run stopped before joining, this one included
+    int32_t can_come = 0;   // max_nodes less those: the most nodes the run can still have
+    bool failed = false;    // min_nodes can no longer come: the forming round's joins failed
+  };
+  // `spec.node.node_id` stops before joining, for `reason` (its preflight's failures): see the
+  // semantics above. `spec.config` is the run's shape, as a join would give it; the node's own
+  // place in the run, if it had one, is given up as leave() does. Errors: as join's validation
+  // (bad config, another shape than the run's).
+  RdzvStatus withdraw(const JoinSpec& spec, const std::string& reason, TimePoint now,
+                      Effects& fx, Withdrawal* out = nullptr);
+
   // OK when `node_id` is a member of `round` and that round is still the run's current one.
   RdzvStatus checkMember(const std::string& run_id, const std::string& node_id,
                          int64_t round) const;
@@ -198,6 +219,10 @@ class RendezvousState {
     // Sum of the local world sizes of the joining, waiting and member nodes: what the next
     // round's world size can reach. Kept within int32 by admit().
     int64_t world_bound = 0;
+    // Nodes that stopped before joining (withdraw()), with why, until stopped_until: the window
+    // in which the other nodes of the same start would be joining.
+    std::map<std::string, std::string> stopped;
+    std::optional<TimePoint> stopped_until;
 
     bool empty() const { return joining.empty() && waiting.empty() && !membership; }
     bool isMember(const std::string& node) const { return last_seen.count(node) > 0; }
@@ -208,6 +233,13 @@ class RendezvousState {
   void addJoiner(Run& run, Pending p, TimePoint now, Effects& fx);
   void complete(Run& run, TimePoint now, Effects& fx);
   void failJoining(Run& run, TimePoint now, Effects& fx);
+  // Fails every joiner of the forming round with `code` and `msg`; the round starts over empty.
+  void failJoiners(Run& run, RdzvCode code, const std::string& msg, Effects& fx);
+  // The most nodes the run can still have: max_nodes less the nodes stopped before joining
+  // (forgets the stopped ones past their window first).
+  int32_t canCome(Run& run, TimePoint now);
+  // Why a join into the forming round must fail now (min_nodes can no longer come); "" if not.
+  std::string cannotForm(Run& run, TimePoint now);
   // Ends the complete round (telling its watchers why) and opens the next with the waiters.
   void invalidate(Run& run, const std::string& reason, TimePoint now, Effects& fx);
   void refreshDeadlines(Run& run, TimePoint now, Effects& fx);
@@ -237,5 +269,11 @@ class RendezvousState {
 };
 
 const char* toString(RdzvCode code);
+
+// Why forming round `round` of a run of min:max nodes fails now that `stopped` (node id -> why)
+// stopped before joining: min nodes can no longer come; "" while they still can. One wording
+// for the gRPC service and the etcd backend (launcher/etcd_rendezvous.cc).
+std::string cannotFormMessage(const std::string& run_id, int64_t round, int32_t min_nodes,
+                              int32_t max_nodes, const std::map<std::string, std::string>& stopped);
 
 }  // namespace ddpl::rdzv

@@ -468,6 +468,69 @@ TEST_F(StateTest, Int64MaxTimeoutsMeanWaitVeryLong) {
   EXPECT_TRUE(outcome(a).status.ok());
 }
 
+// Issue 33: a node stopped by its preflight before joining a job of a fixed 2 nodes. The node
+// waiting in the forming round used to wait out the join timeout ("1/2 nodes joined"); it
+// fails at once with the stopped node's reason, and so does a node that comes later within a
+// join timeout of the stop. Past that window the run can form again (a fresh start).
+TEST_F(StateTest, NodeStoppedBeforeJoiningFailsAFixedSizeRoundAtOnceWithItsReason) {
+  auto a = join("r", "a", 2, 2);
+  Effects fx;
+  RendezvousState::Withdrawal w;
+  JoinSpec stop{"r", {"b", 1, "", ""}, {2, 2, seconds(60), seconds(10)}};
+  ASSERT_TRUE(state_.withdraw(stop, "preflight on hostb failed: fail NCCL_SOCKET_IFNAME", now_,
+                              fx, &w)
+                  .ok());
+  absorb(fx);
+  EXPECT_TRUE(w.failed);
+  EXPECT_EQ(w.stopped, 1);
+  EXPECT_EQ(w.can_come, 1);
+  ASSERT_TRUE(resolved(a));
+  EXPECT_EQ(outcome(a).status.code, RdzvCode::kFailedPrecondition);
+  EXPECT_THAT(outcome(a).status.message,
+              HasSubstr("node 'b' stopped before joining: preflight on hostb failed: fail "
+                        "NCCL_SOCKET_IFNAME"));
+  EXPECT_THAT(outcome(a).status.message,
+              HasSubstr("round 0 needs at least 2 of 2 nodes and at most 1 can still come"));
+  advance(seconds(30));
+  auto c = join("r", "c", 2, 2);  // came later, within the window
+  ASSERT_TRUE(resolved(c));
+  EXPECT_THAT(outcome(c).status.message, HasSubstr(kStoppedBeforeJoining));
+  advance(seconds(31));  // past the window: a fresh start forms
+  auto d = join("r", "d", 2, 2), e = join("r", "e", 2, 2);
+  ASSERT_TRUE(resolved(d) && resolved(e));
+  EXPECT_TRUE(outcome(d).status.ok()) << outcome(d).status.message;
+}
+
+// With min:max where the rest can still form, a stop fails nothing: the round waits for no
+// more nodes than can still come (no last call for a node that will not), and the running
+// round is not disturbed by a stop; the next round is not held to an old one.
+TEST_F(StateTest, NodeStoppedBeforeJoiningAnElasticJobTheOthersFormWithoutIt) {
+  auto a = join("r", "a", 1, 3);
+  auto b = join("r", "b", 1, 3);
+  EXPECT_FALSE(resolved(a));  // in its last call, waiting for a third
+  Effects fx;
+  RendezvousState::Withdrawal w;
+  JoinSpec stop{"r", {"c", 1, "", ""}, {1, 3, seconds(60), seconds(10)}};
+  ASSERT_TRUE(state_.withdraw(stop, "preflight failed", now_, fx, &w).ok());
+  absorb(fx);
+  EXPECT_FALSE(w.failed);
+  EXPECT_EQ(w.can_come, 2);
+  ASSERT_TRUE(resolved(a) && resolved(b)) << "both nodes that can come are in: no last call";
+  EXPECT_TRUE(outcome(a).status.ok()) << outcome(a).status.message;
+  EXPECT_EQ(outcome(a).round->nodes.size(), 2u);
+  // A stop while the round runs: nothing changes; and a 3rd node still gets in next.
+  JoinSpec late{"r", {"d", 1, "", ""}, {1, 3, seconds(60), seconds(10)}};
+  Effects fx2;
+  ASSERT_TRUE(state_.withdraw(late, "preflight failed", now_, fx2, &w).ok());
+  absorb(fx2);
+  EXPECT_TRUE(invalidated_.empty());
+  EXPECT_EQ(w.can_come, 3);
+  // A stop with another shape than the run's is refused, as a join would be.
+  JoinSpec other{"r", {"e", 1, "", ""}, {2, 2, seconds(60), seconds(10)}};
+  Effects fx3;
+  EXPECT_EQ(state_.withdraw(other, "x", now_, fx3).code, RdzvCode::kFailedPrecondition);
+}
+
 // Issue 11: a long-lived server forgets runs nobody is in after the retention, and the cost
 // of its timers does not grow with the runs that passed through it.
 TEST(StateRetentionTest, EmptyRunsAreForgottenAfterTheRetentionAndTimersOnlyVisitDueRuns) {
