@@ -23,6 +23,7 @@ namespace ddpl::launcher {
 namespace {
 
 using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
 
 std::pair<std::string, int> splitEndpoint(const std::string& endpoint) {
   HostPort hp = parseHostPort("rendezvous endpoint", endpoint, defaults::kRdzvPort);
@@ -125,6 +126,9 @@ class ElasticRendezvous : public MultiNodeRendezvous {
     ro.token = c_.token;
     ro.tls_ca_file = c_.tls_ca_file;
     ro.connect_timeout = c_.read_timeout;
+    // Heartbeats, leave and withdraw wait no longer than a store call: a server that does not
+    // answer within the read timeout is lost, whatever the call.
+    ro.call_timeout = std::min(ro.call_timeout, c_.read_timeout);
     client_ = std::make_unique<rdzv::RendezvousClient>(ro);
 
     rdzv::GrpcStoreOptions so;
@@ -156,12 +160,16 @@ class ElasticRendezvous : public MultiNodeRendezvous {
     if (!current) return true;
     if (watch_ && watch_->changed()) return false;
     try {
-      client_->heartbeat(*current);  // the server's word: throws when the round has ended
+      // The server's word: throws when the round has ended. Asked even when the service was
+      // lost (it may be back): recordFailure(), which follows, goes by this answer.
+      client_->heartbeat(*current);
+      clearLost();
       return true;
     } catch (const StoreError& e) {
       log::warn("round {} is over for this node: {}", current->round, e.what());
       return false;
     } catch (const std::exception& e) {
+      noteTransport(e);
       log::debug("cannot tell whether round {} is current ({}): counting the failure",
                  current->round, e.what());
       return true;
@@ -169,21 +177,35 @@ class ElasticRendezvous : public MultiNodeRendezvous {
   }
 
   int recordFailure(const std::string& summary) override {
-    int n = static_cast<int>(store_->add("failures", 1));
-    store_->set("last_failure", rdzv::toBytes(summary));
-    if (current_) store_->set(roundKey("end"), rdzv::toBytes("failed"));
-    leaveQuietly();  // the other nodes learn at once and stop their workers
-    return n;
+    std::string why;
+    // Each call would wait out the read timeout for a server that is gone (the heartbeat of
+    // roundStillCurrent() just before found it so); the agent gives up on the count at once
+    // instead (and the job's outcome is this node's own failure).
+    if (lost(&why))
+      throw NetworkError(fmt::format("the rendezvous service at {} is lost: {}", endpoint_, why));
+    try {
+      int n = static_cast<int>(store_->add("failures", 1));
+      store_->set("last_failure", rdzv::toBytes(summary));
+      if (current_) store_->set(roundKey("end"), rdzv::toBytes("failed"));
+      leaveQuietly();  // the other nodes learn at once and stop their workers
+      return n;
+    } catch (const std::exception& e) {
+      noteTransport(e);
+      throw;
+    }
   }
 
   void leaveEarly() override { leaveQuietly(); }
 
   std::string jobFailure() override {
     if (!cached_failure_.empty()) return cached_failure_;
+    std::string why;
+    if (lost(&why)) return "<could not read it: the rendezvous service is lost: " + why + ">";
     try {
       if (store_->check({"last_failure"}))
         return rdzv::toString(store_->get("last_failure", c_.read_timeout));
     } catch (const std::exception& e) {
+      noteTransport(e);
       return std::string("<could not read it: ") + e.what() + ">";
     }
     return "";
@@ -192,7 +214,8 @@ class ElasticRendezvous : public MultiNodeRendezvous {
   bool finish(bool success) override {
     stopHealth();  // nothing is published for a node on its way out
     bool job_ok = true;
-    if (success && current_) {
+    if (success && current_ &&
+        mayCall(Clock::time_point::max(), "waiting for the other nodes to finish")) {
       try {
         int64_t done = store_->add(roundKey("done"), 1);
         if (done >= current_->group_world_size) store_->set(roundKey("end"), rdzv::toBytes("done"));
@@ -204,11 +227,15 @@ class ElasticRendezvous : public MultiNodeRendezvous {
         log::warn("other nodes did not finish within the exit barrier ({}s); leaving anyway",
                   c_.exit_barrier_timeout.count() / 1000);
       } catch (const std::exception& e) {
+        noteTransport(e);
         log::warn("exit barrier: {}", e.what());
       }
     }
+    // Leaving, the outcome and "gone" share one read timeout: a server lost on the way out
+    // costs at most that, not a read timeout per call.
+    close_by_ = Clock::now() + c_.read_timeout;
     leaveQuietly();
-    if (current_) {
+    if (current_ && mayCall(close_by_, "closing the rendezvous")) {
       try {
         // The hosting agent must outlive the other members of its round: they may still be
         // reading the outcome (a failure's root cause) from the service it hosts.
@@ -230,6 +257,7 @@ class ElasticRendezvous : public MultiNodeRendezvous {
           store_->wait({roundKey("all_gone")}, kHostLinger);
         }
       } catch (const std::exception& e) {
+        noteTransport(e);
         log::warn("closing the rendezvous: {}", e.what());
       }
     }
@@ -238,6 +266,41 @@ class ElasticRendezvous : public MultiNodeRendezvous {
       server_->shutdown();
     }
     return job_ok;
+  }
+
+  void stopBeforeJoining(const std::string& reason) override {
+    rdzv::JoinOptions jo = joinOptions();
+    rdzv::RendezvousClient::Withdrawal w;
+    try {
+      w = client_->withdraw(jo, reason);
+    } catch (const std::exception& e) {
+      log::warn("cannot tell the other nodes that this node stops: {} (they wait up to the join "
+                "timeout, {}s, for it)",
+                e.what(), c_.join_timeout.count() / 1000);
+      return;
+    }
+    if (w.failed || w.can_come < c_.min_nodes)
+      log::error("the job cannot form without this node ({} of --nnodes={}:{} can still come): "
+                 "the other nodes are told",
+                 std::max(w.can_come, 0), c_.min_nodes, c_.max_nodes);
+    else
+      log::info("the other nodes go on without this node ({} of --nnodes={}:{} can still come)",
+                w.can_come, c_.min_nodes, c_.max_nodes);
+    if (!server_ || !(w.failed || w.can_come < c_.min_nodes)) return;
+    // The other nodes reach the service through this process: it serves until those that can
+    // still come have been turned away (each says so), within kHostLinger. Signals are not
+    // handled yet (main has them blocked), so this stays short.
+    int others = std::max(w.can_come, 0);
+    if (others <= 0) return;
+    log::info("keeping the rendezvous up to {}s for {} other node(s) to learn that the job "
+              "cannot form",
+              kHostLinger.count() / 1000, others);
+    try {
+      store_->wait({fmt::format("turned_away/{}", others)}, kHostLinger);
+    } catch (const std::exception& e) {
+      log::debug("not every other node learnt it: {}", e.what());
+    }
+    server_->shutdown();
   }
 
   std::string describe() const override { return "elastic via " + endpoint_; }
@@ -275,16 +338,7 @@ class ElasticRendezvous : public MultiNodeRendezvous {
     }
   }
 
-  std::optional<WorldAssignment> joinOnce() override {
-    // A node that stopped because another failed for good must not wait for a round that
-    // will never form: the count tells, and the supervisor reports the failure.
-    int failures = static_cast<int>(store_->add("failures", 0));
-    if (failures > c_.max_restarts) {
-      WorldAssignment w;
-      w.run_id = c_.run_id;
-      w.restart_count = failures;
-      return w;
-    }
+  rdzv::JoinOptions joinOptions() const {
     rdzv::JoinOptions jo;
     jo.run_id = c_.run_id;
     jo.node_id = c_.node_id;
@@ -294,7 +348,59 @@ class ElasticRendezvous : public MultiNodeRendezvous {
     jo.max_nodes = c_.max_nodes;
     jo.join_timeout = c_.join_timeout;
     jo.last_call_timeout = c_.last_call_timeout;
-    rdzv::RoundAssignment a = client_->join(jo);
+    return jo;
+  }
+
+  // A call failed: on the transport (no server, or no answer within the read timeout), the
+  // service counts as lost from now on (MultiNodeRendezvous::markLost). A timeout of a wait
+  // for a key is no such failure, but the calls this is given for do not wait for keys.
+  void noteTransport(const std::exception& e) {
+    if (dynamic_cast<const NetworkError*>(&e) || dynamic_cast<const TimeoutError*>(&e))
+      markLost(e.what());
+  }
+
+  std::optional<WorldAssignment> joinOnce() override {
+    try {
+      auto w = joinRound();
+      clearLost();  // the service answers (again)
+      return w;
+    } catch (const NetworkError& e) {
+      markLost(e.what());
+      throw;
+    }
+  }
+
+  std::optional<WorldAssignment> joinRound() {
+    // A node that stopped because another failed for good must not wait for a round that
+    // will never form: the count tells, and the supervisor reports the failure.
+    int failures;
+    try {
+      failures = static_cast<int>(store_->add("failures", 0));
+    } catch (const TimeoutError& e) {
+      markLost(e.what());  // no answer within the read timeout
+      throw;
+    }
+    if (failures > c_.max_restarts) {
+      WorldAssignment w;
+      w.run_id = c_.run_id;
+      w.restart_count = failures;
+      return w;
+    }
+    rdzv::RoundAssignment a;
+    try {
+      a = client_->join(joinOptions());
+    } catch (const StoreError& e) {
+      // Refused because a node stopped before joining and the job cannot form: say so to a
+      // hosting node that stopped, which serves until every node still to come has heard it.
+      if (std::string(e.what()).find(rdzv::kStoppedBeforeJoining) != std::string::npos) {
+        try {
+          int64_t n = store_->add("turned_away/count", 1);
+          store_->set(fmt::format("turned_away/{}", n), rdzv::toBytes(c_.node_id));
+        } catch (const std::exception&) {
+        }
+      }
+      throw;
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       current_ = a;
@@ -303,6 +409,7 @@ class ElasticRendezvous : public MultiNodeRendezvous {
     roundAssigned(a.group_rank, a.group_world_size, a.round);
     int64_t round = a.round;
     watch_ = client_->watch(a, [this, round](const rdzv::RoundChange& ch) {
+      if (ch.connection_lost) markLost(ch.reason);
       endRound(round, ch.connection_lost ? "lost the rendezvous service at " + endpoint_ + ": " + ch.reason
                                          : ch.reason);
     });
@@ -341,9 +448,11 @@ class ElasticRendezvous : public MultiNodeRendezvous {
     std::lock_guard<std::mutex> lock(mu_);
     if (left_ || !current_) return;
     left_ = true;
+    if (!mayCall(close_by_, "leaving the rendezvous")) return;
     try {
       client_->leave(c_.run_id, c_.node_id);
     } catch (const std::exception& e) {
+      noteTransport(e);
       log::warn("leaving the rendezvous: {}", e.what());
     }
   }
@@ -358,6 +467,8 @@ class ElasticRendezvous : public MultiNodeRendezvous {
   std::optional<rdzv::RoundAssignment> current_;
   bool left_ = false;
   std::string cached_failure_;
+  // finish(): when the calls on the way out give up (none before: max).
+  Clock::time_point close_by_ = Clock::time_point::max();
 };
 
 }  // namespace

@@ -50,6 +50,7 @@
 #include "common/parse.h"
 #include "launcher/multi_node_rendezvous.h"
 #include "launcher/ports.h"
+#include "rendezvous/rendezvous_state.h"
 
 namespace ddpl::launcher {
 namespace {
@@ -71,6 +72,12 @@ struct RoundState {
   std::vector<std::string> expected;  // survivors of the previous round, expected back
   std::string reason;                 // why the previous round ended
   int min_nodes = 1, max_nodes = 1;
+  // A forming round's nodes that stopped before joining (node id -> why), until stopped_until
+  // (unix seconds, the writer's clock: a join timeout after the last stop). As the gRPC
+  // service's rounds (rendezvous_state.h): the round waits for no more nodes than can come,
+  // and fails when min nodes cannot. Agents that predate it ignore the fields.
+  std::map<std::string, std::string> stopped;
+  double stopped_until = 0;
 
   bool has(const std::string& id) const {
     return std::any_of(nodes.begin(), nodes.end(), [&](const NodeEntry& n) { return n.id == id; });
@@ -87,7 +94,16 @@ struct RoundState {
     j["reason"] = reason;
     j["min"] = min_nodes;
     j["max"] = max_nodes;
+    if (!stopped.empty()) {
+      j["stopped"] = stopped;
+      j["stopped_until"] = stopped_until;
+    }
     return j.dump();
+  }
+
+  // The stops still in force at unix time `now`.
+  std::map<std::string, std::string> stops(double now) const {
+    return now < stopped_until ? stopped : std::map<std::string, std::string>{};
   }
 
   // The value comes from etcd, written by another agent (or anyone with access): parsed,
@@ -105,6 +121,10 @@ struct RoundState {
       s.reason = j.at("reason").get<std::string>();
       s.min_nodes = j.at("min").get<int>();
       s.max_nodes = j.at("max").get<int>();
+      if (j.contains("stopped")) {
+        s.stopped = j.at("stopped").get<std::map<std::string, std::string>>();
+        s.stopped_until = j.at("stopped_until").get<double>();
+      }
       return s;
     } catch (const std::exception& e) {
       throw StoreError(
@@ -130,6 +150,10 @@ NodeEntry decodeJoin(const std::string& key, const std::string& id, const std::s
 }
 
 std::string seconds(milliseconds d) { return fmt::format("{:.0f}s", d.count() / 1000.0); }
+
+double unixNow() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
 
 bool isLoopback(const std::string& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
@@ -252,6 +276,7 @@ class EtcdRendezvous : public MultiNodeRendezvous {
     // which is a membership change, not a failure of the job.
     try {
       std::string probe = std::to_string(etcd_->add(key("probes"), 1));
+      clearLost();  // etcd answers (again): recordFailure(), which follows, goes by that
       std::string answers = fmt::format("{}round/{}/pong/{}/", p_, cur->round, c_.node_id);
       int64_t rev =
           etcd_->put(fmt::format("{}round/{}/ping/{}", p_, cur->round, c_.node_id), probe);
@@ -280,6 +305,7 @@ class EtcdRendezvous : public MultiNodeRendezvous {
       RoundState s = RoundState::decode(key("state"), kv->value);
       return s.round == cur->round && s.complete && s.has(c_.node_id);
     } catch (const std::exception& e) {
+      noteTransport(e);
       log::debug("cannot tell whether round {} is current ({}): counting the failure", cur->round,
                  e.what());
       return true;
@@ -287,11 +313,21 @@ class EtcdRendezvous : public MultiNodeRendezvous {
   }
 
   int recordFailure(const std::string& summary) override {
-    int n = static_cast<int>(etcd_->add(key("failures"), 1));
-    etcd_->put(key("last_failure"), summary);
-    if (current_) etcd_->put(roundKey("end"), "failed");
-    leaveQuietly(fmt::format("node {}'s worker group failed", c_.node_id));
-    return n;
+    std::string why;
+    // Each call would wait out the call timeout for an etcd that is gone (as the probe of
+    // roundStillCurrent() just before found); the agent gives up on the count at once instead
+    // (and the job's outcome is this node's own failure).
+    if (lost(&why)) throw NetworkError("etcd is lost: " + why);
+    try {
+      int n = static_cast<int>(etcd_->add(key("failures"), 1));
+      etcd_->put(key("last_failure"), summary);
+      if (current_) etcd_->put(roundKey("end"), "failed");
+      leaveQuietly(fmt::format("node {}'s worker group failed", c_.node_id));
+      return n;
+    } catch (const std::exception& e) {
+      noteTransport(e);
+      throw;
+    }
   }
 
   // As recordFailure does once the workers are stopped: the others re-form at once.
@@ -299,10 +335,13 @@ class EtcdRendezvous : public MultiNodeRendezvous {
 
   std::string jobFailure() override {
     if (!cached_failure_.empty()) return cached_failure_;
+    std::string why;
+    if (lost(&why)) return "<could not read it: etcd is lost: " + why + ">";
     try {
       auto kv = etcd_->get(key("last_failure"));
       return kv ? kv->value : "";
     } catch (const std::exception& e) {
+      noteTransport(e);
       return std::string("<could not read it: ") + e.what() + ">";
     }
   }
@@ -313,7 +352,8 @@ class EtcdRendezvous : public MultiNodeRendezvous {
     stopHealth();           // nothing is published for a node on its way out
     waitForJoiner();        // place_ is the joiner's until then
     bool job_ok = true;
-    if (success && current_) {
+    if (success && current_ &&
+        mayCall(Clock::time_point::max(), "waiting for the other nodes to finish")) {
       try {
         watchPingsOnly();
         // A key per node and a count, not a shared counter: N nodes finishing together would
@@ -330,14 +370,18 @@ class EtcdRendezvous : public MultiNodeRendezvous {
           job_ok = *end == "done";
         job_done_ = end && *end == "done";
       } catch (const std::exception& e) {
+        noteTransport(e);
         log::warn("exit barrier: {}", e.what());
       }
     }
     // Kept through the barrier to answer other nodes' probes (roundStillCurrent): a node done
     // here is alive, whatever its workers' state.
     watch_.reset();
+    // Leaving, the outcome, "gone" and the lease share one call timeout: etcd lost on the way
+    // out costs at most about that, not a call timeout per call (five of them).
+    close_by_ = Clock::now() + etcd_->options().call_timeout;
     leaveQuietly(fmt::format("node {} left", c_.node_id));
-    if (current_) {
+    if (current_ && mayCall(close_by_, "closing the rendezvous")) {
       try {
         cached_failure_ = jobFailure();  // read before the last node clears it
         if (countAfterPut(roundKey("gone/")) >= current_->group_world_size) {
@@ -348,11 +392,64 @@ class EtcdRendezvous : public MultiNodeRendezvous {
           log::debug("the job's last node out: deleted its {} key(s) under '{}'", n, p_);
         }
       } catch (const std::exception& e) {
+        noteTransport(e);
         log::warn("closing the rendezvous: {}", e.what());
       }
     }
     revokeLease();
     return job_ok;
+  }
+
+  void stopBeforeJoining(const std::string& reason) override {
+    // The nodes joining read and watch the state: the stop goes into it, so that they learn
+    // it at once, and those still to come when they read it (within a join timeout).
+    constexpr size_t kMaxReason = 2000;
+    std::string why = reason.size() > kMaxReason ? reason.substr(0, kMaxReason) + "..." : reason;
+    try {
+      for (int tries = 0;; ++tries) {
+        auto kv = etcd_->get(key("state"));
+        RoundState s;
+        int64_t srev = 0;
+        if (kv) {
+          s = RoundState::decode(key("state"), kv->value);
+          checkConfig(s);
+          srev = kv->mod_revision;
+        } else {
+          s.min_nodes = c_.min_nodes;  // round 0, opened by its first node: this one
+          s.max_nodes = c_.max_nodes;
+        }
+        if (s.complete) {
+          log::info("round {} runs without this node; the next round is not held to its stop",
+                    s.round);
+          break;
+        }
+        double now = unixNow();
+        s.stopped = s.stops(now);
+        s.stopped[c_.node_id] = why;
+        s.stopped_until = std::max(s.stopped_until, now + c_.join_timeout.count() / 1000.0);
+        auto r = etcd_->txn({{key("state"), EtcdCompare::Target::kMod, srev}},
+                            {{EtcdOp::Kind::kPut, key("state"), s.encode()}});
+        if (r.succeeded) {
+          int can_come = c_.max_nodes - static_cast<int>(s.stopped.size());
+          if (can_come < c_.min_nodes)
+            log::error("the job cannot form without this node ({} of --nnodes={}:{} can still "
+                       "come): the other nodes are told",
+                       std::max(can_come, 0), c_.min_nodes, c_.max_nodes);
+          else
+            log::info("the other nodes go on without this node ({} of --nnodes={}:{} can still "
+                      "come)",
+                      can_come, c_.min_nodes, c_.max_nodes);
+          break;
+        }
+        // Another node changed the state meanwhile (joined, closed the round): read it again.
+        if (tries >= 100) throw StoreError("100 conflicting writes of the state in a row");
+      }
+    } catch (const std::exception& e) {
+      log::warn("cannot tell the other nodes that this node stops: {} (they wait up to the join "
+                "timeout, {}, for it)",
+                e.what(), seconds(c_.join_timeout));
+    }
+    revokeLease();
   }
 
   std::string describe() const override { return "etcd at " + etcd_->endpoints() + " under " + p_; }
@@ -450,8 +547,11 @@ class EtcdRendezvous : public MultiNodeRendezvous {
     for (int tries = 1;; ++tries) {
       try {
         assigning_ = false;
-        return joinUntil(deadline, rng);
+        auto w = joinUntil(deadline, rng);
+        clearLost();  // etcd answers (again)
+        return w;
       } catch (const NetworkError& e) {
+        markLost(e.what());
         if (assigning_ || Clock::now() >= deadline) throw;
         checkStop();
         log::warn("joining: {} (try {}; trying again, within the join timeout of {})", e.what(),
@@ -489,6 +589,16 @@ class EtcdRendezvous : public MultiNodeRendezvous {
       }
       RoundState s = RoundState::decode(key("state"), kv->value);
       checkConfig(s);
+      if (!s.complete) {
+        // A node stopped before joining and min nodes can no longer come: fail now, not at
+        // the join timeout (stopBeforeJoining() wrote the state, which wakes every wait here).
+        std::string why = rdzv::cannotFormMessage(c_.run_id, s.round, s.min_nodes, s.max_nodes,
+                                                  s.stops(unixNow()));
+        if (!why.empty()) {
+          givePlace();
+          throw StoreError(why);
+        }
+      }
       const int64_t srev = kv->mod_revision;
       int64_t ended;
       {
@@ -675,8 +785,10 @@ class EtcdRendezvous : public MultiNodeRendezvous {
       std::set<std::string> in;
       for (const auto* kv : order) in.insert(kv->key.substr(prefix.size()));
       int n = static_cast<int>(order.size());
+      // Nodes that stopped before joining will not come: no waiting for them.
+      int can_come = c_.max_nodes - static_cast<int>(s.stops(unixNow()).size());
       bool now =
-          n >= c_.max_nodes || (!s.expected.empty() && n >= c_.min_nodes &&
+          n >= std::max(c_.min_nodes, can_come) || (!s.expected.empty() && n >= c_.min_nodes &&
                                 std::all_of(s.expected.begin(), s.expected.end(),
                                             [&](const std::string& e) { return in.count(e) > 0; }));
       if (n >= c_.min_nodes && !last_call_at) last_call_at = Clock::now() + c_.last_call_timeout;
@@ -684,6 +796,8 @@ class EtcdRendezvous : public MultiNodeRendezvous {
       if (now || (last_call_at && Clock::now() >= *last_call_at)) {
         RoundState done = s;
         done.complete = true;
+        done.stopped.clear();  // they concerned the forming round only
+        done.stopped_until = 0;
         done.nodes.clear();
         for (const auto* kv : order)
           done.nodes.push_back(decodeJoin(kv->key, kv->key.substr(prefix.size()), kv->value));
@@ -880,7 +994,12 @@ class EtcdRendezvous : public MultiNodeRendezvous {
             }
           }
         },
-        [this, round](const std::string& why) { roundEnded(round, "lost etcd: " + why); });
+        [this, round](const std::string& why) {
+          // No endpoint took the watch over within the connect timeout: etcd is lost (not
+          // when its revisions were compacted away, which a reachable etcd says).
+          if (why.find("compacted") == std::string::npos) markLost("lost etcd: " + why);
+          roundEnded(round, "lost etcd: " + why);
+        });
   }
 
   // Another member asks whether this node is alive: answering is the proof. False: `ev` is
@@ -935,6 +1054,7 @@ class EtcdRendezvous : public MultiNodeRendezvous {
                 {{EtcdOp::Kind::kPut, key("state"), next.encode()}})
           .succeeded;
     } catch (const std::exception& e) {
+      noteTransport(e);
       log::warn("ending round {} in etcd: {}", round, e.what());
       return false;
     }
@@ -963,15 +1083,24 @@ class EtcdRendezvous : public MultiNodeRendezvous {
       srev = state_rev_;
     }
     watch_.reset();
+    if (!mayCall(close_by_, "leaving the rendezvous")) return;  // the lease expires instead
     // The others re-form at once instead of waiting out this node's lease.
     if (!job_done_) invalidate(cur->round, srev, members, c_.node_id, why);
     try {
-      if (!place_.empty()) etcd_->txn({}, {{EtcdOp::Kind::kDelete, place_}});
+      if (!place_.empty() && mayCall(close_by_, "giving up this node's place"))
+        etcd_->txn({}, {{EtcdOp::Kind::kDelete, place_}});
       place_.clear();
       place_round_ = -1;
     } catch (const std::exception& e) {
+      noteTransport(e);
       log::warn("leaving the rendezvous: {}", e.what());
     }
+  }
+
+  // A call failed on the transport (no endpoint answered within the call timeout): etcd
+  // counts as lost from now on (MultiNodeRendezvous::markLost).
+  void noteTransport(const std::exception& e) {
+    if (dynamic_cast<const NetworkError*>(&e)) markLost(e.what());
   }
 
   void revokeLease() {
@@ -983,6 +1112,7 @@ class EtcdRendezvous : public MultiNodeRendezvous {
     }
     cv_.notify_all();
     keeper_.reset();
+    if (!mayCall(close_by_, "revoking this node's etcd lease")) return;  // it expires in a TTL
     try {
       etcd_->revokeLease(id);
     } catch (const std::exception& e) {
@@ -1049,6 +1179,8 @@ class EtcdRendezvous : public MultiNodeRendezvous {
   bool left_ = false;
   std::atomic<bool> finishing_{false}, job_done_{false};
   std::string cached_failure_;
+  // finish(): when the calls on the way out give up (none before: max).
+  Clock::time_point close_by_ = Clock::time_point::max();
 };
 
 }  // namespace

@@ -90,6 +90,46 @@ std::tuple<int, int, int64_t> MultiNodeRendezvous::position() {
   return {rank_, nodes_, round_};
 }
 
+void MultiNodeRendezvous::markLost(const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!lost_) lost_why_ = why;
+  lost_ = true;
+}
+
+void MultiNodeRendezvous::clearLost() {
+  std::lock_guard<std::mutex> lock(mu_);
+  lost_ = false;
+  lost_why_.clear();
+  told_skipping_ = false;
+}
+
+bool MultiNodeRendezvous::lost(std::string* why) {
+  if (!lost_) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (why) *why = lost_why_;
+  return lost_;
+}
+
+bool MultiNodeRendezvous::mayCall(Clock::time_point by, const std::string& what) {
+  std::string why;
+  if (lost(&why)) {
+    why = "the rendezvous store was lost: " + why;
+  } else if (Clock::now() >= by) {
+    why = "the time to close the rendezvous is up";
+  } else {
+    return true;
+  }
+  bool first;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    first = !told_skipping_;
+    told_skipping_ = true;
+  }
+  if (first) log::warn("not {} ({})", what, why);
+  else log::debug("not {} ({})", what, why);
+  return false;
+}
+
 void MultiNodeRendezvous::roundAssigned(int group_rank, int group_world_size, int64_t round) {
   std::lock_guard<std::mutex> lock(mu_);
   rank_ = group_rank;
@@ -236,6 +276,10 @@ void MultiNodeRendezvous::healthLoop() {
     int me = rank_;
     int64_t round = round_;
     stacks_poked_ = false;
+    if (lost_) {  // each call would wait out the read timeout, and finish() for it
+      cv_.wait_for(lock, kStacksPoll, [this] { return health_stop_; });
+      continue;
+    }
     lock.unlock();
     bool more = false;
     try {

@@ -30,6 +30,7 @@
 //   a few call timeouts (the etcd backend's roundStillCurrent up to the lease TTL + 2 s: it
 //   waits for the other nodes' answers); finish() up to the exit barrier timeout, plus (when
 //   hosting the gRPC service) the time the other nodes take to leave, bounded.
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -119,6 +120,19 @@ class MultiNodeRendezvous : public RendezvousHandler {
   // first round.
   std::tuple<int, int, int64_t> position();
 
+  // The backend's store counts as lost once a call failed on the transport (unreachable, or
+  // no answer within the read timeout; or the round's watch lost it). Until a join succeeds
+  // again, what can wait no longer matters is not tried: the health thread makes no calls,
+  // and the calls on the way out (leave, the outcome, the exit barrier) are skipped, so that
+  // launch exits about one read timeout after the loss instead of one per call (issue 33:
+  // 4x it). Any thread.
+  void markLost(const std::string& why);
+  void clearLost();
+  bool lost(std::string* why = nullptr);
+  // On the way out: may this call still be made? No once the store is lost or `by` has passed
+  // (the calls of finish() share one deadline); says once in the log what was skipped and why.
+  bool mayCall(std::chrono::steady_clock::time_point by, const std::string& what);
+
   RoundEnded ended_;
 
  private:
@@ -141,6 +155,9 @@ class MultiNodeRendezvous : public RendezvousHandler {
   StacksRequested stacks_requested_;
   std::set<int64_t> mine_;        // requests this node made: not answered by itself
   int64_t preflight_cursor_ = 0;  // group rank 0: the preflight reports already in a table
+  std::atomic<bool> lost_{false};
+  std::string lost_why_;
+  bool told_skipping_ = false;
 };
 
 }  // namespace ddpl::launcher

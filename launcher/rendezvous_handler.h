@@ -66,12 +66,25 @@ class RendezvousHandler {
   // failure. Only while workers run (no join in flight). Bounded; finish() still runs later.
   // Default: nothing (one node).
   virtual void leaveEarly() {}
+  // Called on the agent's loop thread once a group's workers are forked and exec'ed: work that
+  // no worker needs at once (starting the embedded store's gRPC server) goes here, so that it
+  // neither delays the forks nor makes them copy a bigger process.
+  virtual void workersStarted() {}
 
   virtual std::string describe() const = 0;
 
   // This node's preflight (--preflight), before it joins: a few lines, for the job-wide table
   // that group rank 0's agent logs when the round forms (issue 13). Bounded; never throws.
   virtual void publishPreflight(const std::string& /*report*/) {}
+
+  // This node stops before joining: its preflight failed under --preflight=strict (`reason`:
+  // the host and the failed checks). Tells the job at once, instead of leaving the other nodes
+  // to wait out the join timeout for it: when min nodes can then no longer come, the round
+  // being formed fails on every node waiting in it, with this node's host and reason (and so
+  // does a join that comes later, within a join timeout); when they still can, the others go
+  // on without it. main() calls it instead of startRendezvous(), then exits. Bounded (a hosting
+  // agent keeps serving a little longer so that the other nodes can learn it). Never throws.
+  virtual void stopBeforeJoining(const std::string& /*reason*/) {}
 
   // ---- The job's health across nodes (issue 18). One node has nothing to share: the
   // defaults do nothing.

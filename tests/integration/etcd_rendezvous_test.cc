@@ -257,6 +257,88 @@ TEST_F(EtcdRendezvous, EtcdLeaderSigkilledMidTrainingTheJobCarriesOn) {
   EXPECT_EQ(both.find("restarting the worker group"), std::string::npos) << both;
 }
 
+// Issue 33, as with the gRPC service (multinode_test): etcd SIGKILLed under a running job.
+// The round's watch finds it lost within the connect timeout; the re-join tries for the join
+// timeout (etcd may come back: a slow or re-electing etcd must not end the job, issue 14).
+// Then the way out makes no more calls: before, leaving, the outcome, "gone" and the lease
+// each waited out the call timeout once more (about 5 of them).
+TEST_F(EtcdRendezvous, LostEtcdTheWayOutAddsNoCallTimeouts) {
+  start();
+  // call timeout = max(read_timeout, connect_timeout) = 2 s
+  auto sleeper = [&] {
+    return std::make_unique<Background>(
+        std::vector<std::string>{kBin + "/launch", "--nnodes=2", "--nproc-per-node=1",
+                                 "--rdzv-backend=etcd", "--rdzv-endpoint=" + etcd_->endpoints(),
+                                 "--rdzv-id=lost",
+                                 "--rdzv-conf=read_timeout=2,connect_timeout=2,join_timeout=5",
+                                 "--no-python", "/bin/sleep", "300"},
+        env_);
+  };
+  auto a0 = sleeper(), a1 = sleeper();
+  for (auto* a : {a0.get(), a1.get()})
+    ASSERT_TRUE(eventually(
+        [&] { return a->outputSoFar().find("attempt 0: starting") != std::string::npos; }, 60s))
+        << a->outputSoFar();
+  etcd_->kill9(0);
+  auto killed = Clock::now();
+  for (auto* a : {a0.get(), a1.get()}) {
+    auto r = a->wait(120s);
+    auto after = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - killed);
+    std::cout << "agent exited " << after.count() << " ms after etcd's SIGKILL\n";
+    EXPECT_NE(r.exit_code, 0) << r.all();
+    EXPECT_NE(r.err.find(etcd_->endpoint(0)), std::string::npos) << r.err;
+    // connect timeout (the watch) + join timeout + one call in flight at its end + 3 s
+    EXPECT_LT(after.count(), 2000 + 5000 + 2000 + 3000) << r.err;
+  }
+}
+
+// Issue 33, as with the gRPC service: a node stopped by --preflight=strict tells the others
+// through the round's state in etcd. With a fixed 2 nodes the node waiting fails at once,
+// naming the stopped node and its reason; with 2:3 the two others form at once without it
+// (no last call for a node that will not come).
+TEST_F(EtcdRendezvous, PreflightStrictStopFailsAFixedSizeJobAtOnceAnElasticOneGoesOn) {
+  start();
+  RunOptions bad_env = env_;
+  bad_env.env["NCCL_SOCKET_IFNAME"] = "ddpl-no-such-nic";
+  const std::vector<std::string> extra = {"--preflight=strict",
+                                          "--rdzv-conf=join_timeout=120,last_call_timeout=60"};
+  {
+    auto good = agent("2", extra, "fixed", nullptr, kEnvDump);
+    ASSERT_TRUE(eventually(
+        [&] { return good->outputSoFar().find("rendezvous in etcd") != std::string::npos; }, 30s));
+    auto bad = agent("2", extra, "fixed", &bad_env, kEnvDump);
+    auto started = Clock::now();
+    pid_t bad_pid = bad->pid();
+    auto rg = good->wait(60s);
+    auto after = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
+    auto rb = bad->wait(60s);
+    EXPECT_EQ(rb.exit_code, 1) << rb.all();
+    EXPECT_NE(rg.exit_code, 0) << rg.all();
+    EXPECT_LT(after.count(), 20000) << rg.all();
+    EXPECT_TRUE(std::regex_search(
+        rg.err, std::regex("node '[^']+-" + std::to_string(bad_pid) +
+                           "' stopped before joining: preflight on \\S+ failed "
+                           "\\(--preflight=strict\\): fail .*NCCL_SOCKET_IFNAME: "
+                           "'ddpl-no-such-nic'")))
+        << rg.err;
+    EXPECT_NE(rg.err.find("needs at least 2 of 2 nodes and at most 1 can still come"),
+              std::string::npos)
+        << rg.err;
+  }
+  {
+    auto t0 = Clock::now();
+    auto g0 = agent("2:3", extra, "elastic", nullptr, kEnvDump);
+    auto g1 = agent("2:3", extra, "elastic", nullptr, kEnvDump);
+    auto bad = agent("2:3", extra, "elastic", &bad_env, kEnvDump);
+    auto rb = bad->wait(60s), r0 = g0->wait(60s), r1 = g1->wait(60s);
+    EXPECT_EQ(rb.exit_code, 1) << rb.all();
+    EXPECT_EQ(r0.exit_code, 0) << r0.all();
+    EXPECT_EQ(r1.exit_code, 0) << r1.all();
+    EXPECT_EQ(count(r0.out + r1.out, "]:WORLD_SIZE=2"), 2) << r0.all() << r1.all();
+    EXPECT_LT(Clock::now() - t0, 30s) << "the last call (60 s) was waited out";
+  }
+}
+
 TEST_F(EtcdRendezvous, FewerThanMinNodesFailEveryAgentAfterTheJoinTimeout) {
   start();
   auto t0 = Clock::now();

@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <memory>
 #include <regex>
 #include <sstream>
@@ -215,6 +216,95 @@ TEST_F(MultiNode, UnreachableRendezvousFailsWithinTheDeadlineNamingIt) {
   auto r = a->wait(60s);
   EXPECT_EQ(r.exit_code, 1) << r.all();
   EXPECT_NE(r.err.find(endpoint()), std::string::npos) << r.err;
+}
+
+// Issue 33: the rendezvous server SIGKILLed under a running job. The agents used to log the
+// loss at the read timeout and exit only after about 4x it (leave, the job's outcome and
+// "gone" each waited out the read timeout again: 40.7 s for 10 s). Once the server is known
+// lost, the way out makes no more calls: each agent exits, naming the endpoint, within about
+// one read timeout of the loss. A bound against a hang, not a performance figure.
+TEST_F(MultiNode, LostServerEveryAgentExitsWithinAboutOneReadTimeout) {
+  constexpr auto kReadTimeout = 3s;
+  auto srv = server();
+  auto sleeper = [&] {
+    return std::make_unique<Background>(
+        std::vector<std::string>{kBin + "/launch", "--nnodes=2", "--nproc-per-node=1",
+                                 "--rdzv-backend=c10d", "--rdzv-endpoint=" + endpoint(),
+                                 "--rdzv-id=lost", "--rdzv-conf=read_timeout=3", "--no-python",
+                                 "/bin/sleep", "300"},
+        env_);
+  };
+  auto a0 = sleeper(), a1 = sleeper();
+  for (auto* a : {a0.get(), a1.get()})
+    ASSERT_TRUE(eventually(
+        [&] { return a->outputSoFar().find("attempt 0: starting") != std::string::npos; }, 60s))
+        << a->outputSoFar();
+  kill(srv->pid(), SIGKILL);
+  auto killed = std::chrono::steady_clock::now();
+  for (auto* a : {a0.get(), a1.get()}) {
+    auto r = a->wait(120s);
+    auto after = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::steady_clock::now() - killed);
+    std::cout << "agent exited " << after.count() << " ms after the server's SIGKILL (read timeout "
+              << std::chrono::milliseconds(kReadTimeout).count() << " ms)\n";
+    EXPECT_NE(r.exit_code, 0) << r.all();
+    EXPECT_NE(r.err.find(endpoint()), std::string::npos) << r.err;
+    EXPECT_LT(after.count(), std::chrono::milliseconds(kReadTimeout).count() * 5 / 2) << r.err;
+  }
+}
+
+// Issue 33: a node stopped by --preflight=strict in a job of a fixed 2 nodes. The other used to
+// wait out the whole join timeout and then say "1/2 nodes joined", without the reason. The
+// stopped node tells the rendezvous, which fails the round at once on the node waiting in it
+// (and refuses a node that comes later), naming the stopped node and its failed check. Both
+// orders: the good node hosting the service and waiting when the other stops, and the stopped
+// node hosting it (it keeps serving until the other has heard).
+TEST_F(MultiNode, PreflightStrictStopOfOneNodeOfAFixedSizeJobFailsTheOtherAtOnce) {
+  auto launch = [&](bool bad) {
+    RunOptions o = env_;
+    if (bad) o.env["NCCL_SOCKET_IFNAME"] = "ddpl-no-such-nic";
+    return std::make_unique<Background>(
+        std::vector<std::string>{kBin + "/launch", "--nnodes=2", "--nproc-per-node=1",
+                                 "--rdzv-backend=c10d", "--rdzv-endpoint=" + endpoint(),
+                                 "--rdzv-id=pf-fixed", "--preflight=strict",
+                                 "--rdzv-conf=join_timeout=120", kEnvDump},
+        o);
+  };
+  for (bool bad_first : {false, true}) {
+    SCOPED_TRACE(bad_first ? "the stopped node hosts" : "the good node hosts");
+    port_ = freeLoopbackPort();
+    auto first = launch(bad_first);
+    ASSERT_TRUE(eventually(
+        [&] { return first->outputSoFar().find("hosted by this agent") != std::string::npos; },
+        30s))
+        << first->outputSoFar();
+    auto second = launch(!bad_first);
+    auto started = std::chrono::steady_clock::now();
+    Background& good = bad_first ? *second : *first;
+    Background& bad = bad_first ? *first : *second;
+    pid_t bad_pid = bad.pid();
+    auto rg = good.wait(60s);
+    auto after = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::steady_clock::now() - started);
+    auto rb = bad.wait(60s);
+    std::cout << "the good node exited " << after.count() << " ms after the other started\n";
+    EXPECT_EQ(rb.exit_code, 1) << rb.all();
+    EXPECT_NE(rb.err.find("not joining"), std::string::npos) << rb.all();
+    EXPECT_NE(rg.exit_code, 0) << rg.all();
+    EXPECT_LT(after.count(), 20000) << rg.all();
+    EXPECT_EQ(rg.out.find("RANK="), std::string::npos) << "no worker may start: " << rg.all();
+    // The stopped node (its id is host-pid), what stopped it, and the numbers.
+    EXPECT_TRUE(std::regex_search(
+        rg.err, std::regex("node '[^']+-" + std::to_string(bad_pid) +
+                           "' stopped before joining: preflight on \\S+ failed "
+                           "\\(--preflight=strict\\): fail .*NCCL_SOCKET_IFNAME: "
+                           "'ddpl-no-such-nic'")))
+        << rg.err;
+    EXPECT_NE(rg.err.find("needs at least 2 of 2 nodes and at most 1 can still come"),
+              std::string::npos)
+        << rg.err;
+    EXPECT_EQ(rg.err.find("join timeout"), std::string::npos) << rg.err;
+  }
 }
 
 TEST_F(MultiNode, WorkerFailureRestartsEveryNodeAndCountsPerJob) {
