@@ -89,3 +89,8 @@ target_compile_definitions(launcher_doctor_test PRIVATE FAKE_NVML="$<TARGET_FILE
 ddpl_add_test(NAME launcher_hardening_test
   SOURCES fault/launcher_hardening_test.cc LIBS ddpl_test_util LABELS fault TIMEOUT 240)
 add_dependencies(launcher_hardening_test launch rdzv-server)
+
+# Issue 33: --hang-timeout for Python Gloo ranks that report no steps, judged by their CPU rate.
+ddpl_add_test(NAME launcher_idle_hang_test
+  SOURCES integration/idle_hang_test.cc LIBS ddpl_test_util LABELS python TIMEOUT 180)
+add_dependencies(launcher_idle_hang_test launch)
