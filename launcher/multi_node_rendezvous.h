@@ -8,7 +8,8 @@
 //
 // Threading contract (both backends):
 // - The agent's event loop calls every RendezvousHandler method, one at a time, never two at
-//   once; main() calls publishPreflight() before the first startRendezvous(). None of them is
+//   once; main() calls publishPreflight() before the first startRendezvous() (or, when this
+//   node's preflight stops it, before stopBeforeJoining() instead). None of them is
 //   called from the callbacks below.
 // - startRendezvous() returns at once. The join runs on the joiner thread (one at a time: a
 //   second start joins the first's thread, which has finished: `done` ran) and blocks there up
