@@ -318,6 +318,13 @@ int main(int argc, char** argv) {
       if (preflight_fatal) {
         ddpl::log::error("preflight: a failed check on {} and --preflight=strict: not joining "
                          "(launch doctor gives the full report)", cfg.host);
+        // The other nodes learn it now, with the failed checks, instead of waiting out the
+        // join timeout for a node that will not come (issue 33).
+        std::string failed;
+        for (const auto& p : problems)
+          if (p.rfind("fail", 0) == 0) failed += (failed.empty() ? "" : "; ") + p;
+        rdzv->stopBeforeJoining(fmt::format("preflight on {} failed (--preflight=strict): {}",
+                                            cfg.host, failed));
         return 1;
       }
     }
