@@ -483,9 +483,7 @@ struct Agent::Impl {
     for (const auto& w : workers)
       if (w.alive) progress.onStep(w.local_rank, stepOf(w), now, waitedOf(w));
     if (now >= next_view) updateView(now);  // also publishes the node's status for the job
-    while (first_group_started > 0 && after_start_done < cfg.after_start.size() &&
-           now - first_group_started >= cfg.after_start[after_start_done].first)
-      cfg.after_start[after_start_done++].second();
+    runAfterStartHooks(now);
     if (now >= next_straggler_check) {
       next_straggler_check = now + 1;
       for (const auto& s : progress.newStragglers()) {
@@ -1043,6 +1041,14 @@ struct Agent::Impl {
         pendingExecFailures[workers[lr].pid] = d;
       }
     }
+    rdzv.workersStarted();
+    runAfterStartHooks(unixNow());  // those due at once (the manifest, a deferred preflight)
+  }
+
+  void runAfterStartHooks(double now) {
+    while (first_group_started > 0 && after_start_done < cfg.after_start.size() &&
+           now - first_group_started >= cfg.after_start[after_start_done].first)
+      cfg.after_start[after_start_done++].second();
   }
   std::map<pid_t, FailureDetail> pendingExecFailures;
 

@@ -24,8 +24,9 @@ struct AgentConfig {
   std::string host;
   std::vector<NumaPlacement> numa;  // per local rank (--numa-binding); empty: no binding
   std::string python_origin;  // "/path/python3 (why)" when PROGRAM runs under Python
-  // Each called once, on the agent's thread, when the job has run that many seconds: work
-  // that must not compete with the workers' start (single-node preflight, the run manifest's
+  // Each called once, on the agent's thread, when the job has run that many seconds since its
+  // first group started (0: right after that group's workers are exec'ed): work that must not
+  // delay or compete with the workers' start (single-node preflight, the run manifest and its
   // probe).
   std::vector<std::pair<double, std::function<void()>>> after_start;
 };

@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -59,6 +61,11 @@ EmbeddedStore::EmbeddedStore(std::string host) : host_(std::move(host)), token_(
 }
 
 EmbeddedStore::~EmbeddedStore() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  stop_cv_.notify_all();
   if (starter_.joinable()) starter_.join();
   if (server_) GrpcPlugin::get().stopStore(server_);
   if (reserve_fd_ >= 0) close(reserve_fd_);
@@ -69,6 +76,23 @@ void EmbeddedStore::startInBackground() {
     std::string error;
     void* server = nullptr;
     try {
+      // The workers' own start (exec, their interpreters, their imports) comes first on a
+      // small machine: the server starts kStartDelay after them, and its libraries load at
+      // the lowest priority, in a thread of their own. The server itself starts here, at
+      // normal priority, so that its threads do not inherit the loader's.
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (stop_cv_.wait_for(lock, kStartDelay, [this] { return stopping_; })) return;
+      }
+      std::thread loader([] {
+        setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 19);
+        try {
+          GrpcPlugin::get();
+        } catch (const std::exception&) {
+          // said again below, where the store would start
+        }
+      });
+      loader.join();
       server = GrpcPlugin::get().startStore(host_, port_, token_);
     } catch (const std::exception& e) {
       error = e.what();
@@ -93,9 +117,12 @@ std::string EmbeddedStore::waitUntilServing() {
   return start_error_;
 }
 
+void EmbeddedStore::startServing() {
+  if (!starter_.joinable() && !server_) startInBackground();
+}
+
 std::map<std::string, std::string> EmbeddedStore::workerEnv(const std::string& run_id,
                                                             int attempt) {
-  if (!starter_.joinable() && !server_) startInBackground();
   return {{envvar::kStoreAddr, endpoint_},
           {envvar::kStoreToken, token_},
           {envvar::kStorePrefix, run_id + "/attempt_" + std::to_string(attempt) + "/"}};

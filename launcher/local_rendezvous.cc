@@ -64,4 +64,8 @@ std::string LocalRendezvous::describe() const {
                      local_world_size_, master_addr_);
 }
 
+void LocalRendezvous::workersStarted() {
+  if (store_) store_->startServing();
+}
+
 }  // namespace ddpl::launcher

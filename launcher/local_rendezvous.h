@@ -24,6 +24,7 @@ class LocalRendezvous : public RendezvousHandler {
   bool roundStillCurrent() override { return true; }
   std::string jobFailure() override { return ""; }
   bool finish(bool) override { return true; }
+  void workersStarted() override;
   std::string describe() const override;
 
   // The world of the next attempt, synchronously (what startRendezvous reports).

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "common/errors.h"
+#include "common/file_io.h"
 #include "common/log.h"
 #include "common/parse.h"
 #include "ddpl/config.h"
@@ -127,7 +128,19 @@ int runMpiRankShim(int argc, char** argv, const Environment& env) {
   try {
     auto run_id = env.find("TORCHELASTIC_RUN_ID");
     std::string tmp = env.count("TMPDIR") ? env.at("TMPDIR") : "/tmp";
-    std::string dir = tmp + "/ddpl-mpi-" + (run_id == env.end() ? "run" : run_id->second);
+    // One directory for the node's ranks, at a name known in advance: it must be ours and
+    // private, never one another user planted (a symlink elsewhere). Otherwise this rank's own.
+    std::string dir = tmp + "/ddpl-mpi-" + (run_id == env.end() ? "run" : run_id->second) + "-" +
+                      std::to_string(geteuid());
+    try {
+      ddpl::ensurePrivateDirectory(dir);
+    } catch (const std::exception& e) {
+      std::string own = tmp + "/ddpl-mpi-XXXXXX";
+      if (!mkdtemp(own.data())) throw;
+      fprintf(stderr, "launch: warning: %s; this rank's error file goes to %s\n", e.what(),
+              own.c_str());
+      dir = own;
+    }
     out = torchrunEnvFromMpi(env, dir);
     std::error_code ec;
     std::filesystem::create_directories(
@@ -258,10 +271,18 @@ int main(int argc, char** argv) {
                         formatCpuList(cfg.numa[lr].cpus), formatCpuList(cfg.numa[lr].mem_nodes));
     }
     // Before the rendezvous: a node that cannot run the job says so before anyone waits on it.
+    // One node under --preflight=warn has no one to tell and nothing to stop: its checks (NVML,
+    // the network's names, limits) run once its workers are started, off their start-up path.
     std::vector<Finding> findings;
     std::vector<std::string> problems;  // the findings that are not ok, one line each
     bool preflight_fatal = false;
-    if (o.preflight != "off") {
+    const bool preflight_after_start = o.preflight == "warn" && !o.elastic();
+    if (preflight_after_start) {
+      cfg.after_start.emplace_back(0.0, [o, env, nproc = cfg.nproc, host = cfg.host] {
+        for (const auto& p : preflightProblems(host, runPreflight(o, env, nproc)))
+          ddpl::log::warn("preflight: {}", p);
+      });
+    } else if (o.preflight != "off") {
       findings = runPreflight(o, env, cfg.nproc);
       problems = preflightProblems(cfg.host, findings);
       preflight_fatal = o.preflight == "strict" && anyFailed(findings);
@@ -278,7 +299,6 @@ int main(int argc, char** argv) {
                            cfg.run_id, cfg.host, cfg.nproc, usableCpus(),
                            std::filesystem::current_path().string(),
                            cfg.command.size() > 1 && cfg.command[1] == "-u" ? cfg.command[0] : ""};
-    std::string temp_dir = std::filesystem::temp_directory_path().string();
     cfg.base_env = std::move(env);
     cfg.options = o;
     becomeSubreaper();
@@ -330,28 +350,25 @@ int main(int argc, char** argv) {
     }
     int code;
     {
-      // The manifest's slow facts a few seconds into the job (the agent calls this), once the
-      // fast manifest is written below.
-      std::string manifest_path;
+      // The manifest, beside the logs in the run directory launch created for itself (private,
+      // never a shared name in /tmp: issue 33), once the workers are started: nothing in it is
+      // needed before. Without --log-dir that directory goes at exit unless a report points
+      // into it, and the manifest with it. Its slow facts come a few seconds into the job.
+      std::string run_dir, manifest_path;
+      cfg.after_start.emplace_back(0.0, [&] {
+        try {
+          writeManifest(manifest, run_dir + "/manifest.json");
+          manifest_path = run_dir + "/manifest.json";
+        } catch (const std::exception& e) {
+          ddpl::log::warn("no run manifest: {}", e.what());
+        }
+      });
       cfg.after_start.emplace_back(3.0, [&manifest_path] {
         if (!manifest_path.empty())
           startManifestProbe(manifest_path, "/proc/self/exe", kDefaultNvmlLibrary);
       });
       Agent agent(std::move(cfg), *rdzv);
-      // Beside the logs; a run without --log-dir has its logs removed at exit, so its manifest
-      // goes to the temporary directory instead, and the path is said.
-      std::string path = o.log_dir.empty()
-                             ? fmt::format("{}/ddpl-manifest-{}-{}.json", temp_dir,
-                                           manifest.run_id, getpid())
-                             : agent.runLogDir() + "/manifest.json";
-      try {
-        std::filesystem::create_directories(std::filesystem::path(path).parent_path());
-        writeManifest(manifest, path);
-        manifest_path = path;
-        if (o.log_dir.empty()) ddpl::log::info("run manifest: {}", path);
-      } catch (const std::exception& e) {
-        ddpl::log::warn("no run manifest: {}", e.what());
-      }
+      run_dir = agent.runLogDir();
       code = agent.run();
     }
     if (store || o.elastic()) {
