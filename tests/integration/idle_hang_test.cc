@@ -4,8 +4,6 @@
 // their rate of CPU time instead.
 #include <gtest/gtest.h>
 
-#include <chrono>
-
 #include "tests/common/subprocess.h"
 
 using namespace ddpl::testing;
@@ -33,18 +31,17 @@ RunOptions idleJob() {
 TEST(LaunchIdleHang, IdleGlooRanksWithoutStepsAreFoundHung) {
   RunOptions o = idleJob();
   o.env["HANG_RANK"] = "2";
-  auto started = std::chrono::steady_clock::now();
   auto r = run({kLaunch, "--standalone", "--nproc-per-node=4", "--hang-timeout=8",
                 "--rdzv-id=idle", kScript},
                o);
-  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   ASSERT_FALSE(r.timed_out) << "no hang found in 90 s\n" << r.all();
   EXPECT_EQ(r.exit_code, 124) << r.all();
   EXPECT_NE(r.out.find("rank 2 ready"), std::string::npos) << r.out;
+  // Found the first time a whole window of 8 s was idle (8.0-8.3 s: one reading is kept per
+  // 1/64 of the window), some 8 s after the ranks went quiet.
   EXPECT_NE(r.err.find("is hung: no CPU time and no output for 8."), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("likely culprit: rank(s) 2 "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("rank      : 2 (local_rank: 2)"), std::string::npos) << r.err;
-  EXPECT_LT(took, 60) << r.all();
 }
 
 // The no-false-alarm side: rank 1 computes for 14 s (one long step) while the others wait for it
