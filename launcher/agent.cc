@@ -499,7 +499,8 @@ struct Agent::Impl {
       uint64_t bytes = router.bytesFrom(w.local_rank);
       bool wrote = bytes != output_seen[w.local_rank];
       output_seen[w.local_rank] = bytes;
-      hang.observe(w.local_rank, stepOf(w), want_cpu ? processCpuSeconds(w.pid) : 0, wrote, now);
+      hang.observe(w.local_rank, stepOf(w), want_cpu ? processTreeCpuSeconds(w.pid) : 0, wrote,
+                   now);
     }
     auto hangs = hang.check(now);
     if (!hangs.empty()) onHangs(hangs, now);
@@ -752,6 +753,7 @@ struct Agent::Impl {
       u.global_rank = w.global_rank;
       u.alive = w.alive;
       u.step = stepOf(w);
+      u.waited_us = waitedOf(w);
       if (w.alive) {
         u.cpu_seconds = processCpuSeconds(w.pid);
         u.rss_bytes = processRssBytes(w.pid);

@@ -208,7 +208,8 @@ const std::vector<Flag>& flags() {
        "the group stops and restarts as for a failure (exit 124 when out of restarts). "
        "Default: automatic for ranks that report steps (DDPL_HEARTBEAT_FD): 10x their slowest "
        "step, at least 600 s; 0 turns detection off. Given, ranks that report no steps count "
-       "as hung after this long without CPU time or output",
+       "as hung after this long idle (under 2% of a core, their child processes included, and "
+       "no output) while no rank of the node works",
        [](auto& f, auto& v, auto& o) { o.hang_timeout_sec = parseNumber(f, v, 0, 1e7); }},
       {{"--hang-first-timeout"}, true, "SECONDS",
        "a rank with no step yet while others report steps is hung this long after its start "

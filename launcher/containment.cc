@@ -229,6 +229,26 @@ double processCpuSeconds(pid_t pid) {
   return (std::strtod(f[11].c_str(), nullptr) + std::strtod(f[12].c_str(), nullptr)) / ticks;
 }
 
+double processTreeCpuSeconds(pid_t root, int max_processes) {
+  static const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
+  double total = 0;
+  std::vector<pid_t> todo{root};
+  std::vector<std::string> f;
+  for (int seen = 0; !todo.empty() && seen < max_processes; ++seen) {
+    pid_t pid = todo.back();
+    todo.pop_back();
+    // utime, stime, cutime, cstime: fields 14-17; the waited-for children's time stays in the
+    // sum after they exit (a DataLoader worker that finished), so it never goes backwards.
+    if (!statFields(pid, f) || f.size() < 15) continue;
+    for (int k = 11; k <= 14; ++k) total += std::strtod(f[k].c_str(), nullptr) / ticks;
+    // Children forked by the main thread, where Python's multiprocessing and DataLoader fork.
+    std::ifstream children("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) +
+                           "/children");
+    for (pid_t c; children >> c;) todo.push_back(c);
+  }
+  return total;
+}
+
 int64_t processRssBytes(pid_t pid) {
   // statm: size resident shared ...; in pages.
   std::ifstream in("/proc/" + std::to_string(pid) + "/statm");

@@ -76,6 +76,11 @@ unsigned long long processStartTime(pid_t pid);
 
 // User plus system CPU seconds a process has used (/proc/<pid>/stat), 0 when it is gone.
 double processCpuSeconds(pid_t pid);
+
+// The same for a process and its descendants (those forked by each one's main thread), with the
+// time of children already waited for, at most `max_processes` of them: a rank whose DataLoader
+// workers compute while its main process waits is not idle.
+double processTreeCpuSeconds(pid_t root, int max_processes = 256);
 // Resident memory of a process in bytes; -1 when it is gone.
 int64_t processRssBytes(pid_t pid);
 
