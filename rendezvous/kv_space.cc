@@ -47,7 +47,7 @@ void KvSpace::collectReadyLocked(const std::string& key, Fired& fired) {
     bool all = std::all_of(w->second.keys.begin(), w->second.keys.end(),
                            [&](const std::string& k) { return data_.count(k) > 0; });
     if (!all) continue;
-    std::vector<Bytes> values;
+    Values values;
     if (w->second.want_values)
       for (const auto& k : w->second.keys) values.push_back(data_.at(k));
     fired.emplace_back(std::move(w->second.on_ready), std::move(values));
@@ -67,7 +67,7 @@ void KvSpace::unparkLocked(WaitId id, const Waiter& w) {
   }
 }
 
-void KvSpace::set(const std::string& key, Bytes value) {
+void KvSpace::setShared(const std::string& key, Value value) {
   Fired fired;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -78,6 +78,13 @@ void KvSpace::set(const std::string& key, Bytes value) {
 }
 
 void KvSpace::multiSet(const std::vector<std::string>& keys, std::vector<Bytes> values) {
+  Values shared;
+  shared.reserve(values.size());
+  for (auto& v : values) shared.push_back(share(std::move(v)));
+  multiSetShared(keys, std::move(shared));
+}
+
+void KvSpace::multiSetShared(const std::vector<std::string>& keys, Values values) {
   if (keys.size() != values.size())
     throw InvalidArgument(
         fmt::format("multiSet: {} keys but {} values", keys.size(), values.size()));
@@ -96,13 +103,13 @@ int64_t KvSpace::add(const std::string& key, int64_t delta) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = data_.find(key);
-    int64_t old = it == data_.end() ? 0 : parseCounter(key, it->second);
+    int64_t old = it == data_.end() ? 0 : parseCounter(key, *it->second);
     if (__builtin_add_overflow(old, delta, &v))
       throw StoreError(
           fmt::format("add on key '{}': {} + {} does not fit a 64-bit counter "
                       "(range {}..{}); the value stays {}",
                       key, old, delta, INT64_MIN, INT64_MAX, old));
-    data_[key] = toBytes(std::to_string(v));
+    data_[key] = share(toBytes(std::to_string(v)));
     collectReadyLocked(key, fired);
   }
   run(fired);
@@ -118,13 +125,13 @@ Bytes KvSpace::compareSet(const std::string& key, const Bytes& expected, Bytes d
     if (it == data_.end()) {
       if (!expected.empty()) return expected;  // c10d returns `expected` for a missing key
       result = desired;
-      data_[key] = std::move(desired);
+      data_[key] = share(std::move(desired));
       collectReadyLocked(key, fired);
-    } else if (it->second == expected) {
-      it->second = std::move(desired);
-      result = it->second;
+    } else if (*it->second == expected) {
+      result = desired;
+      it->second = share(std::move(desired));
     } else {
-      return it->second;
+      return *it->second;
     }
   }
   run(fired);
@@ -181,7 +188,22 @@ size_t KvSpace::parkedCount() const {
 
 KvSpace::WaitStart KvSpace::waitFor(const std::vector<std::string>& keys, bool want_values,
                                     Ready on_ready) {
+  auto shared = waitForShared(keys, want_values, [on_ready = std::move(on_ready)](Values v) {
+    std::vector<Bytes> copies;
+    copies.reserve(v.size());
+    for (auto& p : v) copies.push_back(*p);
+    on_ready(std::move(copies));
+  });
   WaitStart start;
+  start.ready = shared.ready;
+  start.id = shared.id;
+  for (auto& p : shared.values) start.values.push_back(*p);
+  return start;
+}
+
+KvSpace::SharedStart KvSpace::waitForShared(const std::vector<std::string>& keys,
+                                            bool want_values, ReadyShared on_ready) {
+  SharedStart start;
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::string> absent;
   for (const auto& k : keys)
