@@ -550,6 +550,13 @@ void ConnectionGate::noteCall(const std::string& peer, bool authorized) {
   if (wake_up) wake();
 }
 
+void ConnectionGate::closePeer(const std::string& peer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = by_peer_.find(peer);
+  if (it == by_peer_.end()) return;
+  shutDownLocked(conns_.at(it->second));
+}
+
 GateStats ConnectionGate::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   GateStats s = stats_;

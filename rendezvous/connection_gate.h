@@ -77,6 +77,11 @@ class ConnectionGate {
   // refused for its token.
   void noteCall(const std::string& peer, bool authorized);
 
+  // Ends `peer`'s connection now, authorized or not: it broke a rule no conforming client
+  // breaks (more streams than the server's SETTINGS allow, which gRPC 1.51 enforces only on a
+  // client that acknowledged them).
+  void closePeer(const std::string& peer);
+
   // The store socket is about to close `fd`, a connection it adopted: it no longer counts.
   // Called before close(2), so the number cannot belong to a newer connection yet. (The gate
   // keeps no duplicate of a store socket and does not watch it for its end: this call is

@@ -53,7 +53,7 @@ Serves the ddplaunch rendezvous (membership rounds) and key-value store over gRP
                            RESOURCE_EXHAUSTED (default 268435456)
   --max-parked N           gets and waits parked at once (default 100000)
   --max-streams-per-connection N
-                           concurrent calls per connection (default 8192)
+                           concurrent calls per connection (default 1024)
   --max-connection-idle SECS
                            close connections without a call this long (default 30)
   --max-connections N      connections held at once; silent or refused peers make room

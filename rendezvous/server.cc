@@ -118,6 +118,7 @@ RendezvousServer::RendezvousServer(const ServerOptions& options) : impl_(std::ma
   cfg.heartbeat_window = options.heartbeat_window;
   cfg.run_retention = options.run_retention;
   cfg.limits = options.limits;
+  cfg.max_sessions_per_connection = options.connections.max_streams_per_connection;
   cfg.stats_interval = options.stats_interval;
   cfg.log_name = options.log_name;
   grpc_detail::GateOptions gate_options;
@@ -129,6 +130,7 @@ RendezvousServer::RendezvousServer(const ServerOptions& options) : impl_(std::ma
   impl_->port = impl_->gate->port();
   auto* gate = impl_->gate.get();
   cfg.on_token_checked = [gate](const std::string& peer, bool ok) { gate->noteCall(peer, ok); };
+  cfg.on_too_many_streams = [gate](const std::string& peer) { gate->closePeer(peer); };
   impl_->services = std::make_unique<grpc_detail::Services>(cfg);
   if (options.store_socket && options.tls_cert_file.empty()) {
     grpc_detail::WireOptions wire_options;

@@ -32,7 +32,11 @@ struct StreamLimits {
 // handler) and hands each to gRPC: it holds at most max_connections, and a peer refused for
 // its token is closed at once.
 struct ConnectionLimits {
-  int max_streams_per_connection = 8192;  // HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS
+  // HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS; Session streams are held to it by the server too,
+  // for a client that ignores the SETTINGS. Each stream costs gRPC about 33 KB (its call, its
+  // buffers, requests not read yet) besides the answers it queues: 8,192 let one connection
+  // pin 270 MB of that alone. A process with more agents than this on one server raises it.
+  int max_streams_per_connection = 1024;
   // A connection without a call for this long is closed (GOAWAY); clients reconnect on their
   // next call. Members and workers always hold a stream open, so only idle peers go.
   Duration max_connection_idle{std::chrono::seconds(30)};

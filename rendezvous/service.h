@@ -23,11 +23,18 @@ struct ServiceConfig {
   Duration heartbeat_window = kDefaultHeartbeatWindow;
   Duration run_retention = kDefaultRunRetention;
   StreamLimits limits;
+  // Session streams one gRPC connection may hold open (ConnectionLimits::
+  // max_streams_per_connection): HTTP/2's own limit binds only a client that acknowledges the
+  // server's SETTINGS, this one binds every client.
+  int max_sessions_per_connection = 1024;
   Duration stats_interval = kDefaultStatsInterval;
   std::string log_name = "rdzv";
   // Told of every call's token check, with gRPC's name for the peer (the connection gate
   // closes refused peers and spares authorized ones). Empty: no one is told.
   std::function<void(const std::string& peer, bool authorized)> on_token_checked;
+  // Told of a connection that opened more Session streams than max_sessions_per_connection
+  // (the connection gate ends it). Empty: the stream is refused, the connection stays.
+  std::function<void(const std::string& peer)> on_too_many_streams;
 };
 
 class Core;

@@ -1,5 +1,8 @@
 #include "rendezvous/service_core.h"
 
+#include <google/protobuf/io/coded_stream.h>
+#include <malloc.h>
+
 #include "common/log.h"
 #include "ddpl/config.h"
 #include "rendezvous/grpc_common.h"
@@ -12,6 +15,17 @@ namespace ddpl::rdzv::grpc_detail {
 namespace {
 
 Bytes bytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
+
+// Given back this much, the heap is worth trimming (glibc keeps large freed blocks otherwise);
+// the trim runs this long after the first release, so that a burst of streams ending is one.
+constexpr int64_t kTrimAfterBytes = int64_t{8} << 20;
+constexpr Duration kTrimDelay{200};
+
+// The bytes a length-delimited field of `len` bytes takes with its tag (field numbers < 16).
+int64_t delimited(int64_t len) {
+  return 1 + google::protobuf::io::CodedOutputStream::VarintSize64(static_cast<uint64_t>(len)) +
+         len;
+}
 
 }  // namespace
 
@@ -208,6 +222,32 @@ void Core::onTick() {
   apply(fx);  // re-arms the timer for the next deadline
 }
 
+std::shared_ptr<Core::ConnectionUse> Core::openSession(const std::string& peer) {
+  std::lock_guard<std::mutex> lock(connections_mu_);
+  auto& use = connections_[peer];
+  if (!use) use = std::make_shared<ConnectionUse>();
+  if (use->sessions >= cfg.max_sessions_per_connection) return nullptr;
+  ++use->sessions;
+  return use;
+}
+
+void Core::closeSession(const std::string& peer, const std::shared_ptr<ConnectionUse>& use) {
+  std::lock_guard<std::mutex> lock(connections_mu_);
+  if (--use->sessions > 0) return;
+  auto it = connections_.find(peer);
+  if (it != connections_.end() && it->second == use) connections_.erase(it);
+}
+
+void Core::released(int64_t bytes) {
+  if (released_bytes_.fetch_add(bytes) + bytes < kTrimAfterBytes) return;
+  if (trim_armed_.exchange(true)) return;
+  timers.schedule(Clock::now() + kTrimDelay, [this] {
+    released_bytes_ = 0;
+    trim_armed_ = false;
+    malloc_trim(0);
+  });
+}
+
 ServerStats Core::stats() {
   ServerStats s;
   s.parked_store_calls = parked_store.load();
@@ -305,6 +345,13 @@ void fill(pb::WaitResponse*, std::vector<Bytes>&) {}
 void fill(pb::MultiGetResponse* resp, std::vector<Bytes>& v) {
   for (auto& b : v) resp->add_values(b.data(), b.size());
 }
+void fill(pb::GetResponse* resp, const KvSpace::Values& v) {
+  resp->set_value(v[0]->data(), v[0]->size());
+}
+void fill(pb::WaitResponse*, const KvSpace::Values&) {}
+void fill(pb::MultiGetResponse* resp, const KvSpace::Values& v) {
+  for (auto& b : v) resp->add_values(b->data(), b->size());
+}
 
 }  // namespace ops
 
@@ -342,6 +389,62 @@ SessionStep runSessionRequest(Core& c, const pb::StoreRequest& req) {
   return step;
 }
 
+Answer answerOf(pb::StoreResponse resp) {
+  Answer a;
+  a.wire_bytes = static_cast<int64_t>(resp.ByteSizeLong());
+  a.resp = std::move(resp);
+  return a;
+}
+
+Answer parkedAnswer(uint64_t id, pb::StoreRequest::OpCase c, const grpc::Status& s,
+                    KvSpace::Values& values) {
+  Answer a;
+  a.resp.set_id(id);
+  if (!s.ok()) {
+    setOpError(a.resp, s);
+    a.wire_bytes = static_cast<int64_t>(a.resp.ByteSizeLong());
+    return a;
+  }
+  // The values' share of the wire size, computed as protobuf would: each value a bytes field of
+  // the sub-message, the sub-message a field of StoreResponse.
+  int64_t sub = 0;
+  if (c == pb::StoreRequest::kGet) {
+    a.resp.mutable_get();
+    if (!values.empty() && !values[0]->empty()) sub = delimited(values[0]->size());
+  } else if (c == pb::StoreRequest::kMultiGet) {
+    a.resp.mutable_multi_get();
+    for (const auto& v : values) sub += delimited(static_cast<int64_t>(v->size()));
+  } else {
+    visitStoreOp(c, [&](auto op) {
+      using Op = decltype(op);
+      if constexpr (Op::kKind == OpKind::kParked) ops::fill(Op::response(a.resp), values);
+    });
+    a.wire_bytes = static_cast<int64_t>(a.resp.ByteSizeLong());
+    return a;
+  }
+  a.values = std::move(values);
+  // resp holds the id and an empty sub-message (its tag and a zero length); the values make
+  // the sub-message `sub` bytes long instead.
+  a.wire_bytes = static_cast<int64_t>(a.resp.ByteSizeLong()) - 2 + delimited(sub);
+  return a;
+}
+
+void intoMessage(Answer&& a, pb::StoreResponse* out) {
+  *out = std::move(a.resp);
+  if (a.values.empty()) return;
+  if (out->has_get()) {
+    ops::fill(out->mutable_get(), a.values);
+  } else if (out->has_multi_get()) {
+    ops::fill(out->mutable_multi_get(), a.values);
+  }
+}
+
+void setOpError(Answer& a, const grpc::Status& s) {
+  a.values.clear();
+  setOpError(a.resp, s);
+  a.wire_bytes = static_cast<int64_t>(a.resp.ByteSizeLong());
+}
+
 pb::StoreResponse parkedAnswer(uint64_t id, pb::StoreRequest::OpCase c, const grpc::Status& s,
                                std::vector<Bytes>& values) {
   pb::StoreResponse resp;
@@ -366,19 +469,24 @@ void setOpError(pb::StoreResponse& resp, const grpc::Status& s) {
   e->set_message(s.error_message());
 }
 
-int64_t admitAnswer(Core& c, pb::StoreResponse& resp) {
-  auto size = static_cast<int64_t>(resp.ByteSizeLong());
+void admitAnswer(Core& c, Answer& a, int64_t own_bytes) {
   const auto& limits = c.cfg.limits;
-  if (size > 0 && c.queued_bytes.load() + size > limits.max_queued_bytes) {
-    ++c.refused_for_memory;
-    setOpError(resp,
-               grpc::Status(grpc::RESOURCE_EXHAUSTED,
-                            fmt::format("answer of {} bytes refused: the server already "
-                                        "queues {} bytes of answers (limit {} bytes)",
-                                        size, c.queued_bytes.load(), limits.max_queued_bytes)));
-    size = static_cast<int64_t>(resp.ByteSizeLong());
-  }
-  return size;
+  int64_t queued = c.queued_bytes.load();
+  if (queued + a.cost() <= limits.max_queued_bytes) return;
+  if (own_bytes == 0 && a.cost() <= kSmallAnswerBytes) return;
+  ++c.refused_for_memory;
+  setOpError(a, grpc::Status(grpc::RESOURCE_EXHAUSTED,
+                             fmt::format("answer of {} bytes refused: the server already queues "
+                                         "{} bytes of answers (limit {} bytes)",
+                                         a.wire_bytes, queued, limits.max_queued_bytes)));
+}
+
+bool overLimit(const Core& c, int64_t unanswered, int64_t own_bytes, int64_t connection_bytes) {
+  const auto& limits = c.cfg.limits;
+  if (unanswered >= limits.max_stream_pending || own_bytes >= limits.max_stream_queued_bytes)
+    return true;
+  return own_bytes > 0 && (connection_bytes >= limits.max_stream_queued_bytes ||
+                           c.queued_bytes.load() >= limits.max_queued_bytes);
 }
 
 // ---- ParkedOp ----------------------------------------------------------------------------
@@ -386,8 +494,8 @@ int64_t admitAnswer(Core& c, pb::StoreResponse& resp) {
 void ParkedOp::start() {
   auto deadline = Clock::now() + timeout_;  // timeout_ <= max_wait: no overflow
   auto self = shared_from_this();
-  auto st = core_->kv.waitFor(park_.keys, park_.want_values,
-                              [self](std::vector<Bytes> v) { self->ready(std::move(v)); });
+  auto st = core_->kv.waitForShared(park_.keys, park_.want_values,
+                                    [self](KvSpace::Values v) { self->ready(std::move(v)); });
   if (st.ready) {
     --core_->parked_store;
     done_(grpc::Status::OK, st.values);
@@ -410,7 +518,7 @@ void ParkedOp::cancel() {
   auto id = wait_id_.load();
   if (id == 0 || !core_->kv.cancelWait(id)) return;
   finishing();
-  std::vector<Bytes> none;
+  KvSpace::Values none;
   done_(grpc::Status(grpc::CANCELLED, fmt::format("{} cancelled", park_.op)), none);
 }
 
@@ -420,7 +528,7 @@ void ParkedOp::finishing() {
   if (t != 0 && t != kFinished) core_->timers.cancel(t);
 }
 
-void ParkedOp::ready(std::vector<Bytes> values) {
+void ParkedOp::ready(KvSpace::Values values) {
   finishing();
   done_(grpc::Status::OK, values);
 }
@@ -435,7 +543,7 @@ void ParkedOp::timedOut() {
                         keys[0])
           : fmt::format("{}: timed out after {} waiting for {}/{} keys: {}", park_.op,
                         describe(timeout_), missing.size(), keys.size(), quoteKeys(missing));
-  std::vector<Bytes> none;
+  KvSpace::Values none;
   done_(grpc::Status(grpc::DEADLINE_EXCEEDED, msg), none);
 }
 

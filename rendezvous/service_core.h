@@ -118,6 +118,23 @@ class Core {
 
   ServerStats stats();
 
+  // What the Session streams of one gRPC connection hold together (gRPC's peer string names
+  // the connection: its address and port). A stream takes it when it opens and drops it when
+  // it ends; the entry goes with the connection's last stream.
+  struct ConnectionUse {
+    std::atomic<int64_t> queued_bytes{0};  // answers queued by all its streams
+    int sessions = 0;                      // guarded by Core::connections_mu_
+  };
+  // Null when the connection already holds cfg.max_sessions_per_connection streams.
+  std::shared_ptr<ConnectionUse> openSession(const std::string& peer);
+  void closeSession(const std::string& peer, const std::shared_ptr<ConnectionUse>& use);
+
+  // A stream or connection that ended gave back about `bytes` (its queued answers at their
+  // peak, its share of gRPC's buffers). glibc keeps freed memory in its heaps; once enough was
+  // given back, one malloc_trim on the timer thread returns it to the system (a burst of
+  // streams ending is trimmed once, shortly after the last).
+  void released(int64_t bytes);
+
   ServiceConfig cfg;
   KvSpace kv;
   TimerQueue timers;
@@ -151,6 +168,10 @@ class Core {
   std::string last_refusal_;
   std::mutex stats_mu_;
   std::string last_stats_line_;  // guarded by stats_mu_
+  std::mutex connections_mu_;
+  std::unordered_map<std::string, std::shared_ptr<ConnectionUse>> connections_;
+  std::atomic<int64_t> released_bytes_{0};  // given back since the last trim
+  std::atomic<bool> trim_armed_{false};
 };
 
 // How long the refusal log stays quiet after a line.
@@ -187,6 +208,9 @@ Park park(const pb::MultiGetRequest& r);
 void fill(pb::GetResponse* resp, std::vector<Bytes>& v);
 void fill(pb::WaitResponse* resp, std::vector<Bytes>& v);
 void fill(pb::MultiGetResponse* resp, std::vector<Bytes>& v);
+void fill(pb::GetResponse* resp, const KvSpace::Values& v);
+void fill(pb::WaitResponse* resp, const KvSpace::Values& v);
+void fill(pb::MultiGetResponse* resp, const KvSpace::Values& v);
 
 }  // namespace ops
 
@@ -200,7 +224,7 @@ class ParkedOp : public std::enable_shared_from_this<ParkedOp> {
  public:
   // Runs exactly once: OK with the values (in key order, when wanted), DEADLINE_EXCEEDED
   // naming the missing keys, or CANCELLED.
-  using Done = std::function<void(const grpc::Status&, std::vector<Bytes>& values)>;
+  using Done = std::function<void(const grpc::Status&, KvSpace::Values& values)>;
 
   // The caller has counted it with Core::admitPark.
   ParkedOp(Core* core, ops::Park park, Duration timeout, Done done)
@@ -214,7 +238,7 @@ class ParkedOp : public std::enable_shared_from_this<ParkedOp> {
   static constexpr TimerQueue::TimerId kFinished = ~TimerQueue::TimerId{0};
 
   void finishing();
-  void ready(std::vector<Bytes> values);
+  void ready(KvSpace::Values values);
   void timedOut();
 
   Core* core_;
@@ -240,17 +264,63 @@ struct SessionStep {
 // start as a ParkedOp. A quiet set that succeeded needs no answer (kQuiet).
 SessionStep runSessionRequest(Core& c, const pb::StoreRequest& req);
 
-// The answer of a parked operation of request `id` (op `c`), OK or not.
+// What one queued answer costs in memory besides its bytes on the wire: the queue's entry,
+// the message object and its sub-message. Measured: 1,024 streams holding 1,023 numKeys
+// answers each (6 bytes on the wire) took 139 MB more than the same streams holding one; the
+// server used to count those answers as 6 bytes each (6,000 such streams: 818 MB used, 30 MB
+// counted).
+inline constexpr int64_t kAnswerOverheadBytes = 160;
+
+// An answer on its way to a Session stream or a store socket. The values of a get or
+// multiGet are not copied into `resp`: they are the store's own, shared (KvSpace::Value), and
+// put into the message (gRPC) or the socket (wire_server.cc) only when the answer is written.
+struct Answer {
+  pb::StoreResponse resp;  // a get/multiGet's has its result case set, without the values
+  KvSpace::Values values;  // the get's or multiGet's values, in key order
+  int64_t wire_bytes = 0;  // the serialized StoreResponse with its values
+  // What it counts against the bounds on queued answers while it waits: its bytes on the
+  // wire (each value in full, though shared: a value the store has since replaced lives on in
+  // the answer) plus kAnswerOverheadBytes.
+  int64_t cost() const { return wire_bytes + kAnswerOverheadBytes; }
+};
+
+// An answer of `resp`, values (if any) already in it.
+Answer answerOf(pb::StoreResponse resp);
+
+// The answer of a parked operation of request `id` (op `c`), OK or not; `values` are moved
+// into it.
+Answer parkedAnswer(uint64_t id, pb::StoreRequest::OpCase c, const grpc::Status& s,
+                    KvSpace::Values& values);
+// The same, as a message with the values copied in (unary calls, tests).
 pb::StoreResponse parkedAnswer(uint64_t id, pb::StoreRequest::OpCase c, const grpc::Status& s,
                                std::vector<Bytes>& values);
 
+// Moves `a` into `*out`, its values copied into the message: what gRPC then writes (for
+// WriteQueue<pb::StoreResponse, Answer>).
+void intoMessage(Answer&& a, pb::StoreResponse* out);
+
 // Replaces what `resp` holds by the error `s`, keeping its id.
 void setOpError(pb::StoreResponse& resp, const grpc::Status& s);
+void setOpError(Answer& a, const grpc::Status& s);
 
-// The size an answer counts against the server-wide bytes of queued answers. An answer that
-// would take that count past StreamLimits::max_queued_bytes is replaced, here, by
-// RESOURCE_EXHAUSTED naming the limit (the operation itself has run).
-int64_t admitAnswer(Core& c, pb::StoreResponse& resp);
+// Admits an answer against StreamLimits::max_queued_bytes, the bytes of answers queued by all
+// streams and sockets together, for a stream or socket that holds `own_bytes` already. One
+// that would take that count past the limit is replaced, here, by RESOURCE_EXHAUSTED naming
+// the limit (the operation itself has run), unless it is small (kSmallAnswerBytes) and its
+// stream holds nothing: a client that reads its answers is served while others that do not
+// fill the server's budget. The error is admitted past the limit too, but the stream or
+// socket then stops being read while the server is over the limit and it still holds an
+// answer (overLimit below), so answers past the limit cannot pile up: at most one per stream
+// or socket, and one per parked operation answered.
+void admitAnswer(Core& c, Answer& a, int64_t own_bytes);
+inline constexpr int64_t kSmallAnswerBytes = 4 << 10;
+
+// Whether a stream or socket that holds `own_bytes` of answers (and `unanswered` operations)
+// must stop being read: past its own limits, or, while it holds anything, when its
+// connection's streams together (`connection_bytes`; the socket's own for a store socket) or
+// all of them on the server are at theirs. A stream that holds nothing is always read: the
+// one answer it may then add is its share past the bounds.
+bool overLimit(const Core& c, int64_t unanswered, int64_t own_bytes, int64_t connection_bytes);
 
 // A JoinRequest from the wire as the state machine's JoinSpec: timeouts range-checked
 // (INVALID_ARGUMENT naming the value) and saturated at kMaxTimeout; the state machine checks

@@ -21,7 +21,7 @@ class ParkedCall : public grpc::ServerUnaryReactor {
       : ctx_(ctx),
         op_(std::make_shared<ParkedOp>(
             core, std::move(park), timeout,
-            [this, resp](const grpc::Status& s, std::vector<Bytes>& values) {
+            [this, resp](const grpc::Status& s, KvSpace::Values& values) {
               if (s.ok()) ops::fill(resp, values);
               Finish(s);
             })) {}

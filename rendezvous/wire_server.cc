@@ -3,9 +3,11 @@
 #include <fmt/format.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <google/protobuf/io/coded_stream.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -25,10 +27,36 @@ constexpr uint64_t kWakeTag = ~uint64_t{0};
 constexpr size_t kReadChunk = 64 << 10;
 // Reads per wake-up of one connection before the loop serves the others.
 constexpr int kReadsPerWake = 4;
-// An output buffer that held more than this is given back once it drains.
-constexpr size_t kKeepOutBytes = 1 << 20;
+// Requests of one connection handled per turn of the loop: the rest wait for the next turn,
+// after every other connection that is ready has had its turn (a client that pipelines
+// thousands of requests must not hold the one thread that serves everyone).
+constexpr int kFramesPerTurn = 512;
+// Small answers are appended to one buffer up to this size, then a new one is started.
+constexpr size_t kChunkBytes = 64 << 10;
+// What a buffer of output costs besides its bytes (the chunk, the string's allocation).
+constexpr int64_t kChunkOverheadBytes = 96;
+// sendmsg's iovec entries per call.
+constexpr int kMaxIov = 64;
+
+void appendVarint(std::string& out, uint64_t v) {
+  uint8_t buf[10];
+  uint8_t* end = google::protobuf::io::CodedOutputStream::WriteVarint64ToArray(v, buf);
+  out.append(reinterpret_cast<const char*>(buf), static_cast<size_t>(end - buf));
+}
+
+int64_t varintSize(uint64_t v) {
+  return static_cast<int64_t>(google::protobuf::io::CodedOutputStream::VarintSize64(v));
+}
 
 }  // namespace
+
+// One piece of a connection's output: bytes of its own, then (if set) a value of the store,
+// written from where it lies.
+struct WireServer::OutChunk {
+  std::string bytes;
+  KvSpace::Value value;
+  size_t size() const { return bytes.size() + (value ? value->size() : 0); }
+};
 
 struct WireServer::Conn {
   uint64_t id = 0;
@@ -49,12 +77,21 @@ struct WireServer::Conn {
   // it is written, so that answers owed before the error arrive whole.
   bool ending = false;
   bool shut_wr = false;
-  std::string out;
-  size_t out_off = 0;
+  // More requests have been read than one turn of the loop handles: EPOLLIN stays off until
+  // they are (the loop comes back to it on its next turn).
+  bool backlog = false;
+  std::deque<OutChunk> out;  // answers not yet written, in order
+  size_t out_off = 0;        // bytes of out.front() already written
+  int64_t out_bytes = 0;     // bytes of `out` not yet written
+  int64_t peak_out = 0;      // the most outBytes() has been, for Core::released
   uint64_t next_slot = 1;
   std::unordered_map<uint64_t, std::shared_ptr<ParkedOp>> parked;
 
-  int64_t outBytes() const { return static_cast<int64_t>(out.size() - out_off); }
+  // What the output counts against the bounds on queued answers: its bytes (each value in
+  // full, though shared with the store) and its chunks.
+  int64_t outBytes() const {
+    return out_bytes + kChunkOverheadBytes * static_cast<int64_t>(out.size());
+  }
 };
 
 WireServer::WireServer(Core* core, WireOptions options)
@@ -189,6 +226,7 @@ void WireServer::loop() {
 
 int WireServer::nextTimeoutMs(SteadyClock::time_point now) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (!resumes_.empty()) return 0;  // connections with requests left from the last turn
   SteadyClock::time_point next = SteadyClock::time_point::max();
   if (!hellos_.empty()) next = hellos_.front().first;
   if (!lingers_.empty()) next = std::min(next, lingers_.front().first);
@@ -242,11 +280,12 @@ void WireServer::onReadable(const ConnPtr& c, uint32_t events) {
   bool reading;
   {
     std::lock_guard<std::mutex> lock(c->mu);
-    reading = c->reading;
+    reading = c->reading && !c->backlog;
   }
   if (!reading) {
-    // Held back (back-pressure): its input stays in the kernel, which stops the client. Only
-    // its end is acted on; a client of this protocol never half-closes.
+    // Held back (back-pressure, or requests already read wait for the next turn): its input
+    // stays in the kernel, which stops the client. Only its end is acted on; a client of this
+    // protocol never half-closes.
     if (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) close(c);
     return;
   }
@@ -294,7 +333,8 @@ void WireServer::processFrames(const ConnPtr& c) {
   }
   size_t off = 0;
   bool ended = false;
-  while (!ended) {
+  int handled = 0;
+  while (!ended && handled < kFramesPerTurn) {
     if (c->magic_seen < kWireMagicBytes) {
       size_t n = std::min(kWireMagicBytes - c->magic_seen, c->in.size() - off);
       if (n == 0) break;
@@ -349,8 +389,11 @@ void WireServer::processFrames(const ConnPtr& c) {
       continue;
     }
     handle(c, req);
+    ++handled;
     std::lock_guard<std::mutex> lock(c->mu);
     if (c->closed) return;
+    // Over a bound while holding answers: what the socket takes now may be enough to go on.
+    if (overLimitLocked(*c) && c->outBytes() > 0) flushLocked(*c);
     if (overLimitLocked(*c)) {
       // Resumed by maybeResumeLocked once answers are written or parked operations answer;
       // the frames already read wait in `in`.
@@ -360,13 +403,28 @@ void WireServer::processFrames(const ConnPtr& c) {
       break;
     }
   }
+  // A whole request left unhandled (the turn's budget is spent, or back-pressure stopped it):
+  // nothing more is read from the socket until it is handled, so that what waits in `in` is
+  // at most one read's worth.
+  bool more = false;
   if (!ended) {
     c->in.erase(0, off);
     inputCounter(*c) -= static_cast<int64_t>(off);
+    more = c->magic_seen == kWireMagicBytes && c->in.size() >= kFrameHeaderBytes &&
+           c->in.size() - kFrameHeaderBytes >= readFrameHeader(c->in.data());
   }
   std::lock_guard<std::mutex> lock(c->mu);
   c->batching = false;
-  if (!c->closed) flushLocked(*c);
+  if (c->closed) return;
+  if (!ended && more != c->backlog) {
+    c->backlog = more;
+    armLocked(*c);
+  }
+  if (more && c->reading) {
+    std::lock_guard<std::mutex> g(mu_);
+    resumes_.push_back(c->id);  // the next turn, after the others
+  }
+  flushLocked(*c);
 }
 
 bool WireServer::hello(const ConnPtr& c, const pb::StoreRequest& req) {
@@ -392,7 +450,7 @@ bool WireServer::hello(const ConnPtr& c, const pb::StoreRequest& req) {
   pb::StoreResponse resp;
   resp.set_id(0);
   ops::apply(*core_, req.ping(), resp.mutable_ping());
-  respond(c, std::move(resp));
+  respond(c, answerOf(std::move(resp)));
   return true;
 }
 
@@ -400,7 +458,7 @@ void WireServer::handle(const ConnPtr& c, const pb::StoreRequest& req) {
   SessionStep step = runSessionRequest(*core_, req);
   if (step.what == SessionStep::kQuiet) return;
   if (step.what == SessionStep::kAnswer) {
-    respond(c, std::move(step.resp));
+    respond(c, answerOf(std::move(step.resp)));
     return;
   }
   uint64_t slot;
@@ -412,7 +470,7 @@ void WireServer::handle(const ConnPtr& c, const pb::StoreRequest& req) {
   // answered: the cycle ends when the callback removes it, after its answer.
   auto op = std::make_shared<ParkedOp>(core_, std::move(step.park), step.timeout,
                                        [this, c, id = req.id(), oc = req.op_case(), slot](
-                                           const grpc::Status& st, std::vector<Bytes>& values) {
+                                           const grpc::Status& st, KvSpace::Values& values) {
                                          respond(c, parkedAnswer(id, oc, st, values));
                                          std::lock_guard<std::mutex> lock(c->mu);
                                          c->parked.erase(slot);
@@ -428,55 +486,135 @@ void WireServer::handle(const ConnPtr& c, const pb::StoreRequest& req) {
   if (cancelled) op->cancel();  // close() ran while it was being parked and could not see it
 }
 
-void WireServer::respond(const ConnPtr& c, pb::StoreResponse resp) {
-  int64_t size = admitAnswer(*core_, resp);
-  (void)size;
+void WireServer::respond(const ConnPtr& c, Answer a) {
   std::lock_guard<std::mutex> lock(c->mu);
   if (c->closed || c->ending) return;  // nothing follows the error that ended it
+  admitAnswer(*core_, a, c->outBytes());
   int64_t before = c->outBytes();
-  appendFrame(c->out, resp);
+  appendAnswerLocked(*c, a);
   accountOutLocked(*c, before);
   if (!c->batching && !c->want_write) flushLocked(*c);
 }
 
+std::string& WireServer::tailLocked(Conn& c) {
+  if (c.out.empty() || c.out.back().value || c.out.back().bytes.size() >= kChunkBytes)
+    c.out.emplace_back();
+  return c.out.back().bytes;
+}
+
+void WireServer::appendMessageLocked(Conn& c, const pb::StoreResponse& resp) {
+  std::string& tail = tailLocked(c);
+  size_t at = tail.size();
+  appendFrame(tail, resp);
+  c.out_bytes += static_cast<int64_t>(tail.size() - at);
+}
+
+void WireServer::appendAnswerLocked(Conn& c, const Answer& a) {
+  bool get = a.resp.has_get();
+  if (a.values.empty() || !(get || a.resp.has_multi_get())) {
+    appendMessageLocked(c, a.resp);
+    return;
+  }
+  // The frame by hand, so that the values go out from where the store keeps them: the id
+  // (field 1), then the get (field 5) or multiGet (field 12) holding each value as field 1.
+  int64_t sub = 0;
+  for (const auto& v : a.values)
+    if (!get || !v->empty()) sub += 1 + varintSize(v->size()) + static_cast<int64_t>(v->size());
+  int64_t len = (a.resp.id() ? 1 + varintSize(a.resp.id()) : 0) + 1 + varintSize(sub) + sub;
+  std::string* tail = &tailLocked(c);
+  size_t at = tail->size();
+  appendFrameHeader(*tail, static_cast<uint32_t>(len));
+  if (a.resp.id()) {
+    tail->push_back('\x08');
+    appendVarint(*tail, a.resp.id());
+  }
+  tail->push_back(get ? '\x2a' : '\x62');
+  appendVarint(*tail, static_cast<uint64_t>(sub));
+  for (const auto& v : a.values) {
+    if (get && v->empty()) continue;  // proto3 leaves an empty value out
+    if (!tail) {  // the last chunk ends with a value: the next field starts a new one
+      tail = &tailLocked(c);
+      at = tail->size();
+    }
+    tail->push_back('\x0a');
+    appendVarint(*tail, v->size());
+    if (v->empty()) continue;
+    c.out_bytes += static_cast<int64_t>(tail->size() - at) + static_cast<int64_t>(v->size());
+    c.out.back().value = v;
+    tail = nullptr;
+  }
+  if (tail) c.out_bytes += static_cast<int64_t>(tail->size() - at);
+}
+
 void WireServer::accountOutLocked(Conn& c, int64_t before) {
-  core_->queued_bytes += c.outBytes() - before;
+  int64_t now = c.outBytes();
+  core_->queued_bytes += now - before;
+  c.peak_out = std::max(c.peak_out, now);
+}
+
+void WireServer::dropOutLocked(Conn& c) {
+  c.out.clear();
+  c.out_off = 0;
+  c.out_bytes = 0;
 }
 
 void WireServer::flushLocked(Conn& c) {
   int64_t before = c.outBytes();
   bool broke = false;
-  while (c.out_off < c.out.size()) {
-    ssize_t n =
-        send(c.fd, c.out.data() + c.out_off, c.out.size() - c.out_off, MSG_NOSIGNAL | MSG_DONTWAIT);
+  while (!c.out.empty()) {
+    iovec iov[kMaxIov];
+    int n_iov = 0;
+    size_t skip = c.out_off;
+    for (auto it = c.out.begin(); it != c.out.end() && n_iov + 2 <= kMaxIov; ++it) {
+      const OutChunk& k = *it;
+      if (skip < k.bytes.size()) {
+        iov[n_iov++] = {const_cast<char*>(k.bytes.data()) + skip, k.bytes.size() - skip};
+        skip = 0;
+      } else {
+        skip -= k.bytes.size();
+      }
+      if (k.value && skip < k.value->size()) {
+        iov[n_iov++] = {const_cast<uint8_t*>(k.value->data()) + skip, k.value->size() - skip};
+      }
+      skip = 0;
+    }
+    if (n_iov == 0) {  // only empty chunks left
+      dropOutLocked(c);
+      break;
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(n_iov);
+    ssize_t n = sendmsg(c.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n > 0) {
-      c.out_off += static_cast<size_t>(n);
+      auto left = static_cast<size_t>(n);
+      c.out_bytes -= n;
+      while (!c.out.empty()) {
+        size_t rest = c.out.front().size() - c.out_off;
+        if (left < rest) {
+          c.out_off += left;
+          break;
+        }
+        left -= rest;  // written to its end: its value is let go
+        c.out.pop_front();
+        c.out_off = 0;
+      }
+      if (c.out_bytes == 0) dropOutLocked(c);
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
     broke = true;  // the loop sees the connection end and closes it
-    c.out_off = c.out.size();
+    dropOutLocked(c);
     shutdown(c.fd, SHUT_RDWR);
     break;
   }
-  if (c.out_off == c.out.size()) {
-    if (c.out.capacity() > kKeepOutBytes) {
-      std::string().swap(c.out);
-    } else {
-      c.out.clear();
-    }
-    c.out_off = 0;
-  } else if (c.out_off > c.out.size() / 2) {
-    c.out.erase(0, c.out_off);
-    c.out_off = 0;
-  }
   accountOutLocked(c, before);
-  if (c.ending && c.outBytes() == 0 && !c.shut_wr) {
+  if (c.ending && c.out_bytes == 0 && !c.shut_wr) {
     c.shut_wr = true;
     shutdown(c.fd, SHUT_WR);  // the error was the last frame: the client reads EOF after it
   }
-  bool want = c.outBytes() > 0 && !broke;
+  bool want = c.out_bytes > 0 && !broke;
   if (want != c.want_write) {
     c.want_write = want;
     armLocked(c);
@@ -487,15 +625,15 @@ void WireServer::flushLocked(Conn& c) {
 void WireServer::armLocked(Conn& c) {
   if (c.closed) return;
   epoll_event ev{};
-  ev.events = EPOLLRDHUP | (c.reading ? EPOLLIN : 0u) | (c.want_write ? EPOLLOUT : 0u);
+  ev.events =
+      EPOLLRDHUP | (c.reading && !c.backlog ? EPOLLIN : 0u) | (c.want_write ? EPOLLOUT : 0u);
   ev.data.u64 = c.id;
   epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.fd, &ev);
 }
 
 bool WireServer::overLimitLocked(const Conn& c) const {
-  const auto& limits = core_->cfg.limits;
-  return static_cast<int64_t>(c.parked.size()) >= limits.max_stream_pending ||
-         c.outBytes() >= limits.max_stream_queued_bytes;
+  // One stream per connection: the connection's bound is the stream's.
+  return overLimit(*core_, static_cast<int64_t>(c.parked.size()), c.outBytes(), c.outBytes());
 }
 
 void WireServer::maybeResumeLocked(Conn& c) {
@@ -517,10 +655,11 @@ void WireServer::fail(const ConnPtr& c, int code, const std::string& message) {
     std::lock_guard<std::mutex> lock(c->mu);
     if (c->closed || c->ending) return;
     int64_t before = c->outBytes();
-    appendFrame(c->out, resp);
+    appendMessageLocked(*c, resp);
     accountOutLocked(*c, before);
     c->ending = true;
     c->reading = true;  // its input is read and dropped until the client closes
+    c->backlog = false;
     armLocked(*c);
     // Writes what the socket takes now, answers owed first; the write side is shut once all
     // of it is written (here or on EPOLLOUT), or the connection closed when the linger ends.
@@ -545,9 +684,9 @@ void WireServer::close(const ConnPtr& c) {
     ::close(c->fd);
     c->closed = true;
     int64_t before = c->outBytes();
-    c->out.clear();
-    c->out_off = 0;
+    dropOutLocked(*c);
     accountOutLocked(*c, before);
+    core_->released(c->peak_out + static_cast<int64_t>(c->in.capacity()));
     for (auto& [slot, op] : c->parked) parked.push_back(op);
   }
   for (auto& op : parked) op->cancel();  // their answers go nowhere: closed

@@ -41,6 +41,7 @@
 namespace ddpl::rdzv::grpc_detail {
 
 class Core;
+struct Answer;
 
 struct WireOptions {
   Duration hello_timeout{std::chrono::seconds(10)};
@@ -80,6 +81,7 @@ class WireServer {
 
  private:
   struct Conn;
+  struct OutChunk;
   using ConnPtr = std::shared_ptr<Conn>;
 
   void loop();
@@ -89,7 +91,7 @@ class WireServer {
   void processFrames(const ConnPtr& c);
   bool hello(const ConnPtr& c, const ::ddpl::rendezvous::v1::StoreRequest& req);
   void handle(const ConnPtr& c, const ::ddpl::rendezvous::v1::StoreRequest& req);
-  void respond(const ConnPtr& c, ::ddpl::rendezvous::v1::StoreResponse resp);
+  void respond(const ConnPtr& c, Answer a);
   void fail(const ConnPtr& c, int code, const std::string& message);
   void close(const ConnPtr& c);
   void expire(std::chrono::steady_clock::time_point now);
@@ -97,6 +99,10 @@ class WireServer {
   void runResumes();
 
   // Under the connection's mutex.
+  std::string& tailLocked(Conn& c);  // where the next small answer is appended
+  void appendMessageLocked(Conn& c, const ::ddpl::rendezvous::v1::StoreResponse& resp);
+  void appendAnswerLocked(Conn& c, const Answer& a);
+  void dropOutLocked(Conn& c);
   void flushLocked(Conn& c);
   void armLocked(Conn& c);
   bool overLimitLocked(const Conn& c) const;

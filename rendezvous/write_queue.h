@@ -7,6 +7,11 @@
 //
 // It also counts what is queued, in messages and bytes, so that a reactor can apply
 // back-pressure (stop reading) and a server can bound the memory its streams hold.
+//
+// What waits may be lighter than what is written (`Item`, e.g. an answer that references the
+// store's values instead of holding copies): it becomes the message, through
+// intoMessage(Item&&, Msg*) (found by argument-dependent lookup), only when its turn to be
+// written comes, so a stream that does not read holds one full message, not one per answer.
 #include <cstddef>
 #include <deque>
 #include <utility>
@@ -14,6 +19,11 @@
 namespace ddpl::rdzv::grpc_detail {
 
 template <typename Msg>
+void intoMessage(Msg&& m, Msg* out) {
+  *out = std::move(m);
+}
+
+template <typename Msg, typename Item = Msg>
 class WriteQueue {
  public:
   // What the caller must write now, outside its lock: `msg` is null when nothing is to be
@@ -26,14 +36,14 @@ class WriteQueue {
 
   // Queues `m` (of `bytes` bytes, as counted against the caller's limits), or hands it back
   // to be written at once when no write is in flight.
-  Start push(Msg m, size_t bytes, bool last = false) {
+  Start push(Item m, size_t bytes, bool last = false) {
     if (writing_) {
       queue_.push_back({std::move(m), bytes, last});
       queued_bytes_ += bytes;
       return {};
     }
     writing_ = true;
-    current_ = std::move(m);
+    intoMessage(std::move(m), &current_);
     current_bytes_ = bytes;
     return {&current_, last};
   }
@@ -49,7 +59,7 @@ class WriteQueue {
     Entry e = std::move(queue_.front());
     queue_.pop_front();
     queued_bytes_ -= e.bytes;
-    current_ = std::move(e.msg);
+    intoMessage(std::move(e.msg), &current_);
     current_bytes_ = e.bytes;
     return {&current_, e.last};
   }
@@ -73,7 +83,7 @@ class WriteQueue {
 
  private:
   struct Entry {
-    Msg msg;
+    Item msg;
     size_t bytes;
     bool last;
   };

@@ -44,3 +44,11 @@ if(TARGET ddpl_rdzv_server)
                 LABELS fault TIMEOUT 180)
   add_dependencies(rdzv_socket_hostile_test rdzv-server)
 endif()
+if(TARGET ddpl_rdzv_server)
+  # Issue 33: bounds per connection and in total, against real rdzv-server processes.
+  ddpl_add_test(NAME rdzv_stream_bounds_test
+                SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fault/rdzv_stream_bounds_test.cc
+                LIBS ddpl_rdzv_client ddpl_rdzv_server ddpl_proto ddpl_test_util
+                LABELS fault TIMEOUT 120)
+  add_dependencies(rdzv_stream_bounds_test rdzv-server)
+endif()

@@ -20,6 +20,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -672,6 +673,142 @@ TEST(StoreSocketBackPressureTest, NonReadingClientOfLargeValuesStaysBoundedNearI
   EXPECT_TRUE(eventually([&] { return server.stats().queued_bytes == 0; }))
       << server.stats().queued_bytes << " bytes still queued";
   EXPECT_TRUE(eventually([&] { return server.stats().store_sockets == 1; }));
+}
+
+// ---- issue 33: bounds that bound ----------------------------------------------------------
+
+// Waits until the server's queued answers stop moving (its clients' kernel buffers are full and
+// it holds back what it will); returns the most it saw.
+int64_t settledQueue(RendezvousServer& server) {
+  int64_t peak = 0, last = -1;
+  int still = 0;
+  for (int i = 0; i < 200 && still < 10; ++i) {
+    std::this_thread::sleep_for(milliseconds(50));
+    int64_t q = server.stats().queued_bytes;
+    peak = std::max(peak, q);
+    still = q == last ? still + 1 : 0;
+    last = q;
+  }
+  return peak;
+}
+
+std::unique_ptr<RawClient> nonReadingClient(int port) {
+  auto c = std::make_unique<RawClient>(port);
+  int small = 64 << 10;
+  setsockopt(c->fd(), SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  EXPECT_TRUE(c->hello("").has_ping());
+  return c;
+}
+
+std::string getsOf(const std::string& key, int n, int64_t timeout_ms = 1000) {
+  std::string gets;
+  for (int i = 1; i <= n; ++i) gets += frameOf(getRequest(static_cast<uint64_t>(i), key, timeout_ms));
+  return gets;
+}
+
+// The issue's second finding: answers refused past the server-wide bound (max_queued_bytes) were
+// queued anyway, as errors, and a connection was held back only at its own bound, so 5 + 12
+// clients that never read pinned 1,057 MB against a 256 MiB bound. Here (16 MiB in all, 4 MiB
+// per connection, 4 KiB values) 5 clients fill the server's budget and 12 more then send
+// 30,000 gets each: each of the 12 is held back after its first refusal, the queue stays at the
+// bound plus one answer per connection, and it empties when they leave.
+TEST(StoreSocketBoundsTest, ErrorAnswersAreBoundedTooAndTheServerWideBoundHoldsForEveryAnswer) {
+  constexpr int64_t kAll = 16 << 20, kPerConnection = 4 << 20, kValue = 4 << 10;
+  ServerOptions o;
+  o.limits.max_queued_bytes = kAll;
+  o.limits.max_stream_queued_bytes = kPerConnection;
+  RendezvousServer server(o);
+  auto good = connectStore(server.endpoint());
+  good->set("v", Bytes(kValue, 1));
+  ASSERT_EQ(good->get("v", seconds(5)).size(), static_cast<size_t>(kValue));  // stored
+  std::vector<std::unique_ptr<RawClient>> hostile;
+  for (int i = 0; i < 5; ++i) {
+    hostile.push_back(nonReadingClient(server.port()));
+    hostile.back()->sendSome(getsOf("v", 2000), seconds(2));
+  }
+  int64_t filled = settledQueue(server);
+  EXPECT_GE(filled, kAll * 3 / 4) << "the first five did not fill the server's budget";
+  // 100,000 gets each (2 MB of requests), sent to the twelve side by side for as long as the
+  // server takes them: refusals for all of them would be 11 MB per client.
+  const std::string gets = getsOf("v", 100000);
+  std::vector<size_t> sent(12);
+  for (int i = 0; i < 12; ++i) hostile.push_back(nonReadingClient(server.port()));
+  const int64_t baseline = rssOf(getpid());
+  for (int idle = 0; idle < 10;) {
+    size_t before = std::accumulate(sent.begin(), sent.end(), size_t{0});
+    for (int i = 0; i < 12; ++i)
+      sent[i] += hostile[5 + i]->sendSome(gets.substr(sent[i], 256 << 10), milliseconds(0));
+    bool progress = std::accumulate(sent.begin(), sent.end(), size_t{0}) > before;
+    idle = progress ? 0 : idle + 1;
+    if (!progress) std::this_thread::sleep_for(milliseconds(50));
+  }
+  int64_t peak = settledQueue(server);
+  const int64_t grown = rssOf(getpid()) - baseline;
+  auto s = server.stats();
+  EXPECT_GT(s.refused_for_memory, 0);
+  // The bound, plus one answer of each connection past it (the one that took it over, or the
+  // refusal it then got).
+  const int64_t slack = 17 * (kValue + 1024);
+  EXPECT_LE(peak, kAll + slack) << fmt::format(
+      "{} bytes of answers queued against a bound of {} ({} refused)", peak, kAll,
+      s.refused_for_memory);
+  // What the server holds for them: the values are the store's own, the refusals a few.
+  EXPECT_LT(grown, kAll) << fmt::format("this process grew by {} MiB", grown >> 20);
+  for (auto& c : hostile) c->close();
+  EXPECT_TRUE(eventually([&] { return server.stats().queued_bytes == 0; }))
+      << server.stats().queued_bytes << " bytes still queued";
+  good->set("after", toBytes("x"));
+  EXPECT_EQ(toString(good->get("after", seconds(5))), "x");
+}
+
+// The issue's third finding: one client that never reads, asking for a 16 MiB value, made the
+// single socket thread copy the value for every answer (a thousand gets parked before the value
+// came were a thousand copies, 16 GB, made while the store's lock was held), and other clients'
+// round trips timed out. The value is shared with the answers now, and a connection gets a
+// bounded share of each turn of the loop. Here 1,024 gets of a 4 MiB value park before it is
+// set, then the client keeps sending gets of it: the server's memory stays near one copy of the
+// value, and another client's round trips all complete meanwhile (a generous deadline each: a
+// liveness check, not a speed check).
+TEST(StoreSocketBoundsTest, OneNonReadingClientOfALargeValueDoesNotStarveTheOthers) {
+  constexpr size_t kValue = 4 << 20;
+  RendezvousServer server(ServerOptions{});
+  auto good = connectStore(server.endpoint());
+  good->set("warm", toBytes("x"));
+  const int64_t baseline = rssOf(getpid());
+  auto hostile = nonReadingClient(server.port());
+  ASSERT_TRUE(hostile->send(getsOf("big", 1024, 60000)));
+  ASSERT_TRUE(eventually([&] { return server.stats().parked_store_calls == 1024; }))
+      << server.stats().parked_store_calls;
+  good->set("big", Bytes(kValue, 3));  // answers the 1,024 at once
+  std::atomic<bool> stop{false};
+  std::thread flood([&] {
+    std::string more = getsOf("big", 64);
+    while (!stop && hostile->sendSome(more, milliseconds(200)) > 0) {
+    }
+  });
+  int64_t peak = baseline;
+  for (int i = 0; i < 20; ++i) {
+    try {
+      good->set(fmt::format("k{}", i), toBytes("v"));
+      EXPECT_EQ(toString(good->get(fmt::format("k{}", i), seconds(10))), "v") << i;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "round trip " << i << " while the flood went on: " << e.what();
+    }
+    peak = std::max(peak, rssOf(getpid()));
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  stop = true;
+  flood.join();
+  peak = std::max(peak, rssOf(getpid()));
+  // One copy of the value in the store, one in the client that set it, and the kernel's and
+  // the client's buffers; a copy per answer was 1,024 x 4 MiB.
+  EXPECT_LT(peak - baseline, int64_t{160} << 20)
+      << fmt::format("this process (server and clients) grew by {} MiB", (peak - baseline) >> 20);
+  EXPECT_LE(server.stats().queued_bytes,
+            ServerOptions{}.limits.max_queued_bytes + 2 * static_cast<int64_t>(kValue));
+  hostile->close();
+  EXPECT_TRUE(eventually([&] { return server.stats().queued_bytes == 0; }))
+      << server.stats().queued_bytes << " bytes still queued";
 }
 
 // ---- connections ---------------------------------------------------------------------------
