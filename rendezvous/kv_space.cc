@@ -201,8 +201,8 @@ KvSpace::WaitStart KvSpace::waitFor(const std::vector<std::string>& keys, bool w
   return start;
 }
 
-KvSpace::SharedStart KvSpace::waitForShared(const std::vector<std::string>& keys,
-                                            bool want_values, ReadyShared on_ready) {
+KvSpace::SharedStart KvSpace::waitForShared(const std::vector<std::string>& keys, bool want_values,
+                                            ReadyShared on_ready) {
   SharedStart start;
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::string> absent;

@@ -150,18 +150,17 @@ class StoreSession : public grpc::ServerBidiReactor<pb::StoreRequest, pb::StoreR
       slot = next_slot_++;
     }
     ++refs_;
-    auto op = std::make_shared<ParkedOp>(
-        core_, std::move(step.park), step.timeout,
-        [this, id = req.id(), c = req.op_case(), slot](const grpc::Status& st,
-                                                        KvSpace::Values& values) {
-          Answer resp = parkedAnswer(id, c, st, values);
-          {
-            std::lock_guard<std::mutex> lock(mu_);
-            parked_.erase(slot);
-          }
-          respond(std::move(resp));
-          unref();
-        });
+    auto op = std::make_shared<ParkedOp>(core_, std::move(step.park), step.timeout,
+                                         [this, id = req.id(), c = req.op_case(), slot](
+                                             const grpc::Status& st, KvSpace::Values& values) {
+                                           Answer resp = parkedAnswer(id, c, st, values);
+                                           {
+                                             std::lock_guard<std::mutex> lock(mu_);
+                                             parked_.erase(slot);
+                                           }
+                                           respond(std::move(resp));
+                                           unref();
+                                         });
     bool cancelled;
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -1,9 +1,9 @@
 #include "rendezvous/wire_server.h"
 
 #include <fmt/format.h>
+#include <google/protobuf/io/coded_stream.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <google/protobuf/io/coded_stream.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>

@@ -702,7 +702,8 @@ std::unique_ptr<RawClient> nonReadingClient(int port) {
 
 std::string getsOf(const std::string& key, int n, int64_t timeout_ms = 1000) {
   std::string gets;
-  for (int i = 1; i <= n; ++i) gets += frameOf(getRequest(static_cast<uint64_t>(i), key, timeout_ms));
+  for (int i = 1; i <= n; ++i)
+    gets += frameOf(getRequest(static_cast<uint64_t>(i), key, timeout_ms));
   return gets;
 }
 

@@ -197,13 +197,15 @@ class ZeroWindowClient {
         uint8_t type = b[3], flags = b[4];
         std::string payload = buf.substr(off + 9, len);
         off += 9 + len;
-        if (type == kSettings && !(flags & kAck) && ack_settings_) send(frame(kSettings, kAck, 0, ""));
+        if (type == kSettings && !(flags & kAck) && ack_settings_)
+          send(frame(kSettings, kAck, 0, ""));
         if (type == kPing && !(flags & kAck)) send(frame(kPing, kAck, 0, payload));
         if (type == kRstStream) ++resets_;
         if (type == kWindowUpdate && len == 4 &&
             (uint32_t{b[5]} << 24 | uint32_t{b[6]} << 16 | uint32_t{b[7]} << 8 | b[8]) == 0) {
           auto w = reinterpret_cast<const unsigned char*>(payload.data());
-          int64_t inc = int64_t{w[0] & 0x7f} << 24 | int64_t{w[1]} << 16 | int64_t{w[2]} << 8 | w[3];
+          int64_t inc =
+              int64_t{w[0] & 0x7f} << 24 | int64_t{w[1]} << 16 | int64_t{w[2]} << 8 | w[3];
           std::lock_guard<std::mutex> lock(window_mu_);
           window_ += inc;
           window_cv_.notify_all();
@@ -271,10 +273,10 @@ void zeroWindowAttack(const Attack& a) {
   auto good = connectGrpcStore(o);
   EXPECT_EQ(good->add("n", 1), 1);
   EXPECT_EQ(toString(good->get("p/k", seconds(10))), "v");
-  EXPECT_LT(peak - baseline, a.bound) << fmt::format(
-      "server grew by {} MiB; the client opened {} streams, {} were reset{}",
-      (peak - baseline) >> 20, opened, hostile.resets(),
-      hostile.goaway() ? ", then the connection went away" : "");
+  EXPECT_LT(peak - baseline, a.bound)
+      << fmt::format("server grew by {} MiB; the client opened {} streams, {} were reset{}",
+                     (peak - baseline) >> 20, opened, hostile.resets(),
+                     hostile.goaway() ? ", then the connection went away" : "");
   hostile.close();
   EXPECT_TRUE(eventually([&] { return rssOf(server.pid()) - baseline < (32 << 20); }, seconds(10)))
       << fmt::format("server still {} MiB above its baseline after the client left",
