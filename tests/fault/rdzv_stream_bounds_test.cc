@@ -22,6 +22,14 @@
 #include "tests/common/rdzv_server_process.h"
 #include "tests/common/subprocess.h"
 
+#if defined(__SANITIZE_THREAD__)
+#define DDPL_TEST_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define DDPL_TEST_TSAN 1
+#endif
+#endif
+
 namespace ddpl::rdzv {
 namespace {
 
@@ -242,6 +250,11 @@ struct Attack {
 // numKeys (max_stream_pending, 1,024, would be reached on each). The server must stay within
 // `bound` meanwhile, serve another client, and give the memory back when the client leaves.
 void zeroWindowAttack(const Attack& a) {
+#ifdef DDPL_TEST_TSAN
+  // Debian's gRPC is not built with TSan: a TSan-built server reports every hand-off between
+  // gRPC's threads (scripts/test_sanitized.sh leaves the gRPC suites out for that reason).
+  GTEST_SKIP() << "floods gRPC, which TSan cannot follow here";
+#endif
   TokenFile token("tok");
   std::vector<std::string> args = {"--token-file", token.path()};
   args.insert(args.end(), a.server_args.begin(), a.server_args.end());
@@ -278,7 +291,7 @@ void zeroWindowAttack(const Attack& a) {
                      (peak - baseline) >> 20, opened, hostile.resets(),
                      hostile.goaway() ? ", then the connection went away" : "");
   hostile.close();
-  EXPECT_TRUE(eventually([&] { return rssOf(server.pid()) - baseline < (32 << 20); }, seconds(10)))
+  EXPECT_TRUE(eventually([&] { return rssOf(server.pid()) - baseline < (32 << 20); }, seconds(20)))
       << fmt::format("server still {} MiB above its baseline after the client left",
                      (rssOf(server.pid()) - baseline) >> 20);
 }
