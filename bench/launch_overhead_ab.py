@@ -6,18 +6,8 @@ cost is measured against the code before it under the same machine load. Usage:
 import argparse
 import os
 import statistics
-import subprocess
-import sys
-import time
 
-
-def timed(cmd, env):
-    t0 = time.perf_counter()
-    r = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    dt = time.perf_counter() - t0
-    if r.returncode != 0:
-        sys.exit(f"command failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr.decode()}")
-    return dt
+from launch_overhead import timed  # this script's folder is on sys.path when it runs
 
 
 def main():

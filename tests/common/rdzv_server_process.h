@@ -29,6 +29,19 @@
 
 namespace ddpl::testing {
 
+// A file holding a token, for rdzv-server's --token-file; removed with its directory.
+class TokenFile {
+ public:
+  explicit TokenFile(const std::string& token) : dir_(makeTempDir("rdzv_token")) {
+    std::ofstream(path()) << token << "\n";
+  }
+  ~TokenFile() { std::filesystem::remove_all(dir_); }
+  std::string path() const { return dir_ + "/token"; }
+
+ private:
+  std::string dir_;
+};
+
 // Resident memory of a process, in bytes (-1 when it cannot be read).
 inline int64_t rssOf(pid_t pid) {
   std::ifstream in(fmt::format("/proc/{}/status", pid));

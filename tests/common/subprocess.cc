@@ -213,4 +213,12 @@ std::string makeTempDir(const std::string& prefix) {
   return tmpl;
 }
 
+std::vector<std::string> frameLines(const std::string& trace) {
+  std::vector<std::string> out;
+  std::istringstream in(trace);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("frame #", 0) == 0) out.push_back(line);
+  return out;
+}
+
 }  // namespace ddpl::testing

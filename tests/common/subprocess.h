@@ -66,6 +66,9 @@ int freeLoopbackPort();
 int connectLoopback(int port);
 std::string makeTempDir(const std::string& prefix);
 
+// The "frame #N: ..." lines of a C++ worker's traceback (worker/native_trace.h), in order.
+std::vector<std::string> frameLines(const std::string& trace);
+
 }  // namespace ddpl::testing
 
 #include <thread>

@@ -59,18 +59,7 @@ using ::ddpl::testing::OpenFilesRaised;
 using ::ddpl::testing::ServerProcess;
 using ::ddpl::testing::tooFewOpenFiles;
 
-// A file holding a token, for rdzv-server's --token-file; removed with its directory.
-class TokenFile {
- public:
-  explicit TokenFile(const std::string& token) : dir_(::ddpl::testing::makeTempDir("rdzv_token")) {
-    std::ofstream(path()) << token << "\n";
-  }
-  ~TokenFile() { fs::remove_all(dir_); }
-  std::string path() const { return dir_ + "/token"; }
-
- private:
-  std::string dir_;
-};
+using ::ddpl::testing::TokenFile;
 
 std::unique_ptr<Store> connectStore(const std::string& endpoint, const std::string& token = "",
                                     bool socket = true) {

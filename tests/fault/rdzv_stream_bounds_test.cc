@@ -41,17 +41,7 @@ using ::ddpl::testing::ServerProcess;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-class TokenFile {
- public:
-  explicit TokenFile(const std::string& token) : dir_(::ddpl::testing::makeTempDir("rdzv_token")) {
-    std::ofstream(path()) << token << "\n";
-  }
-  ~TokenFile() { fs::remove_all(dir_); }
-  std::string path() const { return dir_ + "/token"; }
-
- private:
-  std::string dir_;
-};
+using ::ddpl::testing::TokenFile;
 
 // ---- a minimal HTTP/2 client ---------------------------------------------------------------
 

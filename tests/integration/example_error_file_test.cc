@@ -41,13 +41,7 @@ int lineOf(const std::string& source, const std::string& text) {
   return found;
 }
 
-std::vector<std::string> frameLines(const std::string& trace) {
-  std::vector<std::string> out;
-  std::istringstream in(trace);
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("frame #", 0) == 0) out.push_back(line);
-  return out;
-}
+using ::ddpl::testing::frameLines;
 
 // "frame #N: <function> at <file>:<line> (<module> + 0x<offset>)", named with its source.
 struct Frame {

@@ -103,13 +103,7 @@ int sourceLineOf(const std::string& marker) {
   return -1;
 }
 
-std::vector<std::string> frameLines(const std::string& trace) {
-  std::vector<std::string> out;
-  std::istringstream in(trace);
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("frame #", 0) == 0) out.push_back(line);
-  return out;
-}
+using ::ddpl::testing::frameLines;
 
 // Index of the one frame line that names `function` at worker_rank_main.cc:`line` in worker_rank.
 int namedFrame(const std::vector<std::string>& frames, const std::string& function, int line) {
