@@ -37,9 +37,9 @@ TEST(LaunchIdleHang, IdleGlooRanksWithoutStepsAreFoundHung) {
   ASSERT_FALSE(r.timed_out) << "no hang found in 90 s\n" << r.all();
   EXPECT_EQ(r.exit_code, 124) << r.all();
   EXPECT_NE(r.out.find("rank 2 ready"), std::string::npos) << r.out;
-  // Found the first time a whole window of 8 s was idle (8.0-8.3 s: one reading is kept per
-  // 1/64 of the window), some 8 s after the ranks went quiet.
-  EXPECT_NE(r.err.find("is hung: no CPU time and no output for 8."), std::string::npos) << r.err;
+  // Found the first time a whole window of 8 s was idle (8.0-8.3 s on a quiet machine: one
+  // reading is kept per 1/64 of the window; later monitor ticks on a loaded one).
+  EXPECT_NE(r.err.find("is hung: no CPU time and no output for "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("likely culprit: rank(s) 2 "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("rank      : 2 (local_rank: 2)"), std::string::npos) << r.err;
 }
