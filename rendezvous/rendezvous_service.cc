@@ -141,6 +141,19 @@ class WatchCall : public grpc::ServerWriteReactor<pb::WatchEvent>, public RoundW
   void start() {
     grpc::Status s = core_->authorize(ctx_);
     if (s.ok()) {
+      // A watch lasts the round: it counts against its connection's limit of long-lived calls,
+      // as a Session stream does (issue 33).
+      peer_ = ctx_->peer();
+      connection_ = core_->openSession(peer_);
+      if (!connection_) {
+        s = grpc::Status(grpc::RESOURCE_EXHAUSTED,
+                         fmt::format("this connection already holds {} long-lived calls, the "
+                                     "server's limit per connection; it is closed",
+                                     core_->cfg.max_sessions_per_connection));
+        if (core_->cfg.on_too_many_streams) core_->cfg.on_too_many_streams(peer_);
+      }
+    }
+    if (s.ok()) {
       std::lock_guard<std::mutex> lock(core_->mu);
       s = toGrpc(core_->state.checkMember(run_, node_, round_));
       if (s.ok()) {
@@ -159,7 +172,9 @@ class WatchCall : public grpc::ServerWriteReactor<pb::WatchEvent>, public RoundW
 
   void ref() override { ++refs_; }
   void unref() override {
-    if (--refs_ == 0) delete this;
+    if (--refs_ != 0) return;
+    if (connection_) core_->closeSession(peer_, connection_);
+    delete this;
   }
 
   void sendInvalidated(const Invalidation& inv) override {
@@ -251,6 +266,8 @@ class WatchCall : public grpc::ServerWriteReactor<pb::WatchEvent>, public RoundW
   grpc::CallbackServerContext* ctx_;
   std::string run_, node_;
   int64_t round_;
+  std::string peer_;
+  std::shared_ptr<Core::ConnectionUse> connection_;  // this stream counts in its connection's
   std::mutex mu_;             // guards the three below; never held while calling into gRPC
   bool finished_ = false;     // Finish or StartWriteAndFinish called
   bool last_queued_ = false;  // the last event is queued or written

@@ -118,14 +118,18 @@ class Core {
 
   ServerStats stats();
 
-  // What the Session streams of one gRPC connection hold together (gRPC's peer string names
-  // the connection: its address and port). A stream takes it when it opens and drops it when
-  // it ends; the entry goes with the connection's last stream.
+  // What the long-lived calls of one gRPC connection hold together (gRPC's peer string names
+  // the connection: its address and port): its Session streams, Watch streams and parked
+  // unary store calls, each of which pins gRPC's call state for as long as it lasts. A call
+  // takes it when it starts and drops it when it ends; the entry goes with the last one.
   struct ConnectionUse {
     std::atomic<int64_t> queued_bytes{0};  // answers queued by all its streams
     int sessions = 0;                      // guarded by Core::connections_mu_
   };
-  // Null when the connection already holds cfg.max_sessions_per_connection streams.
+  // Null when the connection already holds cfg.max_sessions_per_connection such calls: the
+  // caller refuses the call (RESOURCE_EXHAUSTED) and ends the connection
+  // (cfg.on_too_many_streams), since only a client that ignores the stream limit its SETTINGS
+  // announced gets here.
   std::shared_ptr<ConnectionUse> openSession(const std::string& peer);
   void closeSession(const std::string& peer, const std::shared_ptr<ConnectionUse>& use);
 

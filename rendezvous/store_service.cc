@@ -17,8 +17,11 @@ class ParkedCall : public grpc::ServerUnaryReactor {
  public:
   template <typename Resp>
   ParkedCall(Core* core, grpc::CallbackServerContext* ctx, ops::Park park, Duration timeout,
-             Resp* resp)
-      : ctx_(ctx),
+             Resp* resp, std::string peer, std::shared_ptr<Core::ConnectionUse> connection)
+      : core_(core),
+        ctx_(ctx),
+        peer_(std::move(peer)),
+        connection_(std::move(connection)),
         op_(std::make_shared<ParkedOp>(
             core, std::move(park), timeout,
             [this, resp](const grpc::Status& s, KvSpace::Values& values) {
@@ -37,10 +40,15 @@ class ParkedCall : public grpc::ServerUnaryReactor {
 
  private:
   void unref() {
-    if (--refs_ == 0) delete this;
+    if (--refs_ != 0) return;
+    core_->closeSession(peer_, connection_);
+    delete this;
   }
 
+  Core* core_;
   grpc::CallbackServerContext* ctx_;
+  std::string peer_;
+  std::shared_ptr<Core::ConnectionUse> connection_;  // this call counts in its connection's
   std::shared_ptr<ParkedOp> op_;
   std::atomic<int> refs_{2};  // gRPC (until OnDone) and start()
 };
@@ -117,12 +125,24 @@ class StoreService final : public pb::Store::CallbackService {
         timeout = core_->waitTimeout(p.timeout_ms);
         core_->admitPark();
       });
+      // A parked call pins gRPC's call state: it counts against its connection's limit of
+      // long-lived calls, as a Session stream does (issue 33).
+      std::string peer = ctx->peer();
+      std::shared_ptr<Core::ConnectionUse> connection;
+      if (s.ok() && !(connection = core_->openSession(peer))) {
+        s = grpc::Status(grpc::RESOURCE_EXHAUSTED,
+                         fmt::format("this connection already holds {} long-lived calls, the "
+                                     "server's limit per connection; it is closed",
+                                     core_->cfg.max_sessions_per_connection));
+        if (core_->cfg.on_too_many_streams) core_->cfg.on_too_many_streams(peer);
+      }
       if (!s.ok()) {
         auto* r = ctx->DefaultReactor();
         r->Finish(s);
         return r;
       }
-      auto* c = new ParkedCall(core_, ctx, std::move(p), timeout, resp);
+      auto* c = new ParkedCall(core_, ctx, std::move(p), timeout, resp, std::move(peer),
+                               std::move(connection));
       c->start();
       return c;
     }

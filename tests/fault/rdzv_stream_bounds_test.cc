@@ -47,7 +47,7 @@ using ::ddpl::testing::TokenFile;
 
 constexpr uint8_t kData = 0, kHeaders = 1, kRstStream = 3, kSettings = 4, kPing = 6, kGoaway = 7,
                   kWindowUpdate = 8;
-constexpr uint8_t kEndHeaders = 0x4, kAck = 0x1;
+constexpr uint8_t kEndHeaders = 0x4, kAck = 0x1, kEndStream = 0x1;
 
 std::string frame(uint8_t type, uint8_t flags, uint32_t stream, const std::string& payload) {
   std::string f;
@@ -73,7 +73,7 @@ void literalHeader(std::string& block, const std::string& name, const std::strin
 }
 
 // A gRPC message on the wire: uncompressed flag, 4-byte big-endian length, the protobuf.
-std::string grpcMessage(const pb::StoreRequest& r) {
+std::string grpcMessage(const google::protobuf::MessageLite& r) {
   std::string body = r.SerializeAsString();
   std::string m(1, '\0');
   uint32_t len = static_cast<uint32_t>(body.size());
@@ -107,10 +107,25 @@ class ZeroWindowClient {
       r.mutable_num_keys()->set_prefix("p/");
       messages += grpcMessage(r);
     }
+    return openCalls(streams, "/ddpl.rendezvous.v1.Store/Session", messages, false);
+  }
+
+  // Opens `calls` unary Wait calls for a key nobody sets, each of which parks on the server.
+  int openParkedWaits(int calls) {
+    pb::WaitRequest w;
+    w.add_keys("never/set");
+    w.set_timeout_ms(600000);
+    return openCalls(calls, "/ddpl.rendezvous.v1.Store/Wait", grpcMessage(w), true);
+  }
+
+  // Opens `streams` calls of `path`, each sending `messages`, and ending its side when
+  // `end_stream` (a unary call).
+  int openCalls(int streams, const std::string& path, const std::string& messages,
+                bool end_stream) {
     std::string block;
     literalHeader(block, ":method", "POST");
     literalHeader(block, ":scheme", "http");
-    literalHeader(block, ":path", "/ddpl.rendezvous.v1.Store/Session");
+    literalHeader(block, ":path", path);
     literalHeader(block, ":authority", "127.0.0.1");
     literalHeader(block, "content-type", "application/grpc");
     literalHeader(block, "te", "trailers");
@@ -124,7 +139,8 @@ class ZeroWindowClient {
       // server has granted so far, waited for.
       if (!awaitWindow(static_cast<int64_t>(messages.size()))) return opened;
       for (size_t off = 0; off < messages.size(); off += 16384)
-        batch += frame(kData, 0, id, messages.substr(off, 16384));
+        batch += frame(kData, end_stream && off + 16384 >= messages.size() ? kEndStream : 0, id,
+                       messages.substr(off, 16384));
       if (!send(batch)) return opened;
       ++opened;
     }
@@ -232,6 +248,7 @@ class ZeroWindowClient {
 struct Attack {
   int streams = 3000;
   bool ack_settings = true;
+  bool parked_waits = false;  // unary Wait calls that park, instead of Session streams
   std::vector<std::string> server_args;
   int64_t bound = 0;  // the most the server may grow by
 };
@@ -259,7 +276,9 @@ void zeroWindowAttack(const Attack& a) {
   ASSERT_GT(baseline, 0);
   ZeroWindowClient hostile(server.port(), "tok", a.ack_settings);
   int opened = 0;
-  std::thread opener([&] { opened = hostile.openSessions(a.streams, 1030); });
+  std::thread opener([&] {
+    opened = a.parked_waits ? hostile.openParkedWaits(a.streams) : hostile.openSessions(a.streams, 1030);
+  });
   // Settled: the server's memory stops moving once it has read what it will.
   int64_t peak = baseline, last = -1;
   int still = 0;
@@ -304,6 +323,19 @@ TEST(StreamBoundsTest, ThousandsOfZeroWindowSessionStreamsOnOneConnectionStayBou
 TEST(StreamBoundsTest, AClientIgnoringTheStreamLimitIsBoundedByTheServerItself) {
   Attack a;
   a.ack_settings = false;
+  a.bound = int64_t{160} << 20;
+  zeroWindowAttack(a);
+}
+
+// Parked unary calls pin gRPC's call state as streams do, and count against the same limit:
+// 6,000 Wait calls on one connection that ignores the stream limit are bounded by the server,
+// which ends the connection past 1,024. They were bounded only by --max-parked (100,000), and
+// what they held stayed after the client left.
+TEST(StreamBoundsTest, ParkedUnaryCallsCountAgainstTheConnectionsLimitToo) {
+  Attack a;
+  a.streams = 6000;
+  a.ack_settings = false;
+  a.parked_waits = true;
   a.bound = int64_t{160} << 20;
   zeroWindowAttack(a);
 }
