@@ -300,9 +300,12 @@ void zeroWindowAttack(const Attack& a) {
                      (peak - baseline) >> 20, opened, hostile.resets(),
                      hostile.goaway() ? ", then the connection went away" : "");
   hostile.close();
+#ifndef DDPL_TEST_ASAN
+  // An ASan-built server keeps what it frees in its quarantine: its memory cannot go back.
   EXPECT_TRUE(eventually([&] { return rssOf(server.pid()) - baseline < (32 << 20); }, seconds(20)))
       << fmt::format("server still {} MiB above its baseline after the client left",
                      (rssOf(server.pid()) - baseline) >> 20);
+#endif
 }
 
 // The first finding: one token-holding connection opened 6,000 Session streams with a
