@@ -272,7 +272,14 @@ int main(int argc, char** argv) {
   }
   benchLogWarningsOnly();
   Host h;
-  h.server = std::make_unique<ddpl::rdzv::RendezvousServer>(ddpl::rdzv::ServerOptions{});
+  // Every rank thread's gRPC store shares this process's one connection to the server, whose
+  // limit of long-lived calls per connection (1,024 by default) a real job never meets: one
+  // rank per process. Raised above the largest N, as rdzv_scale_bench does.
+  ddpl::rdzv::ServerOptions so;
+  for (int n : sizes)
+    so.connections.max_streams_per_connection =
+        std::max(so.connections.max_streams_per_connection, n + 64);
+  h.server = std::make_unique<ddpl::rdzv::RendezvousServer>(so);
   h.endpoint = h.server->endpoint();
   c10d::TCPStoreOptions mo;
   mo.port = 0;
