@@ -12,6 +12,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -99,8 +100,18 @@ constexpr const char* kSecretWords[] = {"PAT", "PWD", "PW", "PASS", "CRED", "CRE
 bool secretName(const std::string& name) {
   const std::string upper = upperCase(name);
   if (upper == "PWD" || upper == "OLDPWD") return false;  // the shell's working directories
-  for (const char* part : kSecretParts)
-    if (upper.find(part) != std::string::npos) return true;
+  for (const char* part : kSecretParts) {
+    for (size_t at = upper.find(part); at != std::string::npos; at = upper.find(part, at + 1)) {
+      // Counts of tokens and tokenizers are training settings, not secrets (MAX_TOKENS,
+      // TOKENIZERS_PARALLELISM, --tokenizer): a manifest that hid them would hide a change.
+      const std::string after = upper.substr(at + std::strlen(part));
+      if (std::strcmp(part, "TOKEN") == 0 &&
+          (after.rfind("IZER", 0) == 0 || after == "S" || after.rfind("S_", 0) == 0 ||
+           after.rfind("S-", 0) == 0))
+        continue;
+      return true;
+    }
+  }
   size_t start = 0;
   while (start <= upper.size()) {
     size_t end = upper.find_first_of("_-.", start);

@@ -21,7 +21,8 @@ inline constexpr const char* kNotProbed = "not probed";
 inline constexpr const char* kMasked = "<masked>";
 
 // What a manifest never shows (docs/doctor.md says the rule to users):
-// - the value of a variable whose name, in any case, contains TOKEN, SECRET, PASSWORD, PASSWD,
+// - the value of a variable whose name, in any case, contains TOKEN (not TOKENS or TOKENIZER),
+//   SECRET, PASSWORD, PASSWD,
 //   PASSPHRASE, CREDENTIAL, AUTH, KEY, COOKIE or PRIVATE, or has PAT, PWD, PW, PASS, CRED, CREDS
 //   as a whole word between '_', '-' or '.' (GITHUB_PAT, DB_PWD; not PATH or PWD itself);
 // - the password of any URL with one (scheme://user:password@host), in any value.

@@ -417,7 +417,10 @@ TEST(Manifest, PasswordsPatsAuthAndUrlCredentialsAreMaskedPathIsNot) {
                            {"PATH", "/usr/bin"},
                            {"PWD", "/home/u"},
                            {"PYTHONPATH", "/src"},
-                           {"MIRROR", "https://pypi.example/simple"}};
+                           {"MIRROR", "https://pypi.example/simple"},
+                           {"TOKENIZERS_PARALLELISM", "false"},
+                           {"MAX_TOKENS", "4096"},
+                           {"HF_TOKEN", "hf_x"}};
   auto m = maskEnvironment(env);
   for (const char* k : {"GITHUB_PAT", "MY_PASSWD", "NETRC_AUTH", "DB_PWD", "SMTP_PASS"})
     EXPECT_EQ(m[k], kMasked) << k;
@@ -426,11 +429,16 @@ TEST(Manifest, PasswordsPatsAuthAndUrlCredentialsAreMaskedPathIsNot) {
   EXPECT_EQ(m["PWD"], "/home/u");
   EXPECT_EQ(m["PYTHONPATH"], "/src");
   EXPECT_EQ(m["MIRROR"], "https://pypi.example/simple");
+  EXPECT_EQ(m["TOKENIZERS_PARALLELISM"], "false");
+  EXPECT_EQ(m["MAX_TOKENS"], "4096");
+  EXPECT_EQ(m["HF_TOKEN"], kMasked);
   auto c = maskCommandLine({"launch", "train.py", "--db-password", "hunter2", "--api-key=k1",
-                            "--data", "s3://user:pw@bucket/x", "--lr", "0.1"});
+                            "--data", "s3://user:pw@bucket/x", "--lr", "0.1", "--max-tokens",
+                            "512"});
   std::vector<std::string> want = {"launch", "train.py", "--db-password", kMasked,
                                    std::string("--api-key=") + kMasked, "--data",
-                                   std::string("s3://user:") + kMasked + "@bucket/x", "--lr", "0.1"};
+                                   std::string("s3://user:") + kMasked + "@bucket/x", "--lr", "0.1",
+                                   "--max-tokens", "512"};
   EXPECT_EQ(c, want);
 }
 
