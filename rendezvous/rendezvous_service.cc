@@ -173,7 +173,10 @@ class WatchCall : public grpc::ServerWriteReactor<pb::WatchEvent>, public RoundW
   void ref() override { ++refs_; }
   void unref() override {
     if (--refs_ != 0) return;
-    if (connection_) core_->closeSession(peer_, connection_);
+    if (connection_) {
+      core_->closeSession(peer_, connection_);
+      core_->released(Core::kStreamOverheadBytes);
+    }
     delete this;
   }
 

@@ -138,6 +138,10 @@ class Core {
   // given back, one malloc_trim on the timer thread returns it to the system (a burst of
   // streams ending is trimmed once, shortly after the last).
   void released(int64_t bytes);
+  // What gRPC holds for a long-lived call besides its answers (the call, its buffers, requests
+  // read and not yet handled), for released(): measured about 33 KB per stream of 3,000 on one
+  // connection, each with 11 KB of requests unread.
+  static constexpr int64_t kStreamOverheadBytes = 32 << 10;
 
   ServiceConfig cfg;
   KvSpace kv;

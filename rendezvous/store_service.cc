@@ -42,6 +42,9 @@ class ParkedCall : public grpc::ServerUnaryReactor {
   void unref() {
     if (--refs_ != 0) return;
     core_->closeSession(peer_, connection_);
+    // What its call held goes back to the system with the others' (a client that parked
+    // thousands and left: issue 33).
+    core_->released(Core::kStreamOverheadBytes);
     delete this;
   }
 
