@@ -223,6 +223,7 @@ struct Agent::Impl {
         throw Error(std::string("cannot create a temporary log directory: ") + strerror(errno));
       log_base = tmpl;
       temp_base = true;
+      watchdog.removeOnDeath(log_base);
     } else {
       log_base = cfg.options.log_dir;
       std::error_code ec;

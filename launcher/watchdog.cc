@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <set>
 
@@ -44,7 +45,7 @@ bool environHas(pid_t pid, const std::string& needle) {
                                const std::string& cgroup_path) {
   std::set<pid_t> groups;
   std::map<pid_t, unsigned long long> strays;
-  std::string line;
+  std::string line, private_dir;
   char buf[256];
   bool clean = false;
   while (true) {
@@ -57,6 +58,7 @@ bool environHas(pid_t pid, const std::string& needle) {
         continue;
       }
       if (line == "bye") clean = true;
+      else if (line.size() > 1 && line[0] == 'd') private_dir = line.substr(1);
       else if (line.size() > 1 && line[0] == '+') groups.insert(std::atoi(line.c_str() + 1));
       else if (line.size() > 1 && line[0] == '-') groups.erase(std::atoi(line.c_str() + 1));
       else if (line.size() > 1 && line[0] == 's') {
@@ -76,6 +78,9 @@ bool environHas(pid_t pid, const std::string& needle) {
       if (processStartTime(pid) == start) kill(pid, SIGKILL);
     // The cgroup can go once its members are gone (bounded: they were all SIGKILLed).
     if (!cgroup_path.empty()) removeCgroupTree(cgroup_path);
+    // So can launch's private temporary directory: nobody was told of anything in it.
+    std::error_code ec;
+    if (!private_dir.empty()) std::filesystem::remove_all(private_dir, ec);
   }
   _exit(0);
 }
@@ -143,6 +148,12 @@ void Watchdog::send(const char* line, int len) {
   if (pipe_fd_ < 0 || len <= 0) return;
   ssize_t ignored = write(pipe_fd_, line, static_cast<size_t>(len));
   (void)ignored;
+}
+
+void Watchdog::removeOnDeath(const std::string& dir) {
+  if (dir.empty() || dir.find('\n') != std::string::npos) return;
+  std::string line = "d" + dir + "\n";
+  send(line.data(), static_cast<int>(line.size()));
 }
 
 void Watchdog::watchGroup(pid_t pgid) {

@@ -25,6 +25,9 @@ class Watchdog {
   // Tells the watchdog the launcher finished cleanly and reaps it. Idempotent.
   void release();
 
+  // A directory of launch's own (its temporary run directory without --log-dir) that goes
+  // too when launch dies without finishing: a SIGKILLed launch left one in /tmp each time.
+  void removeOnDeath(const std::string& dir);
   void watchGroup(pid_t pgid);
   void unwatchGroup(pid_t pgid);
   // A process that is not a worker but became the launcher's child (an orphaned descendant);

@@ -261,3 +261,19 @@ TEST(LaunchHardening, StaleRunCgroupsAreRemovedByTheNextLaunchLiveOnesAreNot) {
   EXPECT_FALSE(fs::exists(stale)) << r.all();
   EXPECT_TRUE(fs::exists(live_cgroup));
 }
+
+// A launch SIGKILLed without --log-dir left its private temporary directory behind every time
+// (64 of them after one make test): its watchdog removes it with the rest of the run.
+TEST(LaunchHardening, ASigkilledLaunchLeavesNoTemporaryDirectory) {
+  std::string tmp = makeTempDir("hardening_killed");
+  RunOptions o;
+  o.env = {{"TMPDIR", tmp}};
+  Background bg({kLaunch, "--nproc-per-node=1", "--no-python", "sleep", "60"}, o);
+  ASSERT_TRUE(eventually([&] { return !tree(tmp).empty() && !descendantsOf(bg.pid()).empty(); },
+                         15s))
+      << bg.outputSoFar();
+  kill(bg.pid(), SIGKILL);
+  bg.wait(10s);
+  EXPECT_TRUE(eventually([&] { return tree(tmp).empty(); }, 10s)) << describe(tree(tmp));
+  fs::remove_all(tmp);
+}
