@@ -4,6 +4,8 @@
 // their rate of CPU time instead.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include "tests/common/subprocess.h"
 
 using namespace ddpl::testing;
@@ -18,8 +20,9 @@ RunOptions idleJob() {
   // A thread in every rank works 10 ms every 2 s, as library threads do (measured: 0.7% of a
   // core with the interpreter's own wake-ups): CPU time grows every few seconds, which counted
   // as progress before, and is idle now (under 2% of a core).
+  // The stacks launch keeps after a hang go to the test's own directory, removed at its end.
   o.env = {{"PYTHON_EXEC", DDPL_PYTHON}, {"OMP_NUM_THREADS", "1"}, {"HANG_STEP", "20"},
-           {"WAKE_SEC", "2"}, {"WAKE_MS", "10"}};
+           {"WAKE_SEC", "2"}, {"WAKE_MS", "10"}, {"TMPDIR", makeTempDir("idle_hang_tmp")}};
   o.timeout = 90s;
   return o;
 }
@@ -42,6 +45,7 @@ TEST(LaunchIdleHang, IdleGlooRanksWithoutStepsAreFoundHung) {
   EXPECT_NE(r.err.find("is hung: no CPU time and no output for "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("likely culprit: rank(s) 2 "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("rank      : 2 (local_rank: 2)"), std::string::npos) << r.err;
+  std::filesystem::remove_all(o.env["TMPDIR"]);
 }
 
 // The no-false-alarm side: rank 1 computes for 14 s (one long step) while the others wait for it
@@ -59,4 +63,5 @@ TEST(LaunchIdleHang, ARankThatComputesIsNotHungNorAreThoseWaitingForIt) {
   EXPECT_EQ(r.err.find("hung"), std::string::npos) << r.err;
   for (int rank = 0; rank < 4; ++rank)
     EXPECT_NE(r.out.find("rank " + std::to_string(rank) + " finished"), std::string::npos) << r.out;
+  std::filesystem::remove_all(o.env["TMPDIR"]);
 }

@@ -1,6 +1,7 @@
 // Real PyTorch Python scripts, unchanged, under `launch` (the pinned torch from .venv).
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -82,8 +83,10 @@ TEST(LaunchHang, HungRankIsFoundWithStacksAndTheGroupRestarts) {
 
 TEST(LaunchHang, OutOfRestartsExitsWithTheHangCodeAndReport) {
   RunOptions o;
+  // launch keeps the stacks a hang report names (issue 33): in a directory of the test's own.
+  std::string tmp = makeTempDir("hang_tmp");
   o.env = {{"PYTHON_EXEC", DDPL_PYTHON}, {"HANG_RANK", "1"}, {"HANG_STEP", "2"},
-           {"OMP_NUM_THREADS", "1"}};
+           {"OMP_NUM_THREADS", "1"}, {"TMPDIR", tmp}};
   o.timeout = 240s;
   auto r = run({kLaunch, "--standalone", "--nproc-per-node=2", "--hang-timeout=6",
                 kScripts + "/hang_gloo.py"},
@@ -92,6 +95,7 @@ TEST(LaunchHang, OutOfRestartsExitsWithTheHangCodeAndReport) {
   EXPECT_NE(r.err.find("hung: no step for"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("Root Cause"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("rank      : 1 (local_rank: 1)"), std::string::npos) << r.err;
+  std::filesystem::remove_all(tmp);
 }
 
 // Without --hang-timeout, a program that reports no steps is never watched: a silent wait is
@@ -102,10 +106,15 @@ TEST(LaunchHang, SilentProgramWithoutStepsIsNotHungWithoutTheFlag) {
   EXPECT_EQ(r.exit_code, 0) << r.all();
   EXPECT_EQ(r.err.find("hung"), std::string::npos) << r.err;
   // With the flag, the same silence is a hang.
+  std::string tmp = makeTempDir("hang_tmp");  // for the stacks launch keeps
+  RunOptions o;
+  o.env = {{"TMPDIR", tmp}};
   auto flagged = run({kLaunch, "--nproc-per-node=1", "--hang-timeout=1", "--monitor-interval=0.05",
-                      "/bin/sh", "-c", "sleep 30"});
+                      "/bin/sh", "-c", "sleep 30"},
+                     o);
   EXPECT_EQ(flagged.exit_code, 124) << flagged.all();
   EXPECT_NE(flagged.err.find("no CPU time and no output"), std::string::npos) << flagged.err;
+  std::filesystem::remove_all(tmp);
 }
 
 // `launch stacks RUN_DIR` snapshots a running job's stacks without stopping it.
