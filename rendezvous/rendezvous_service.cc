@@ -144,14 +144,7 @@ class WatchCall : public grpc::ServerWriteReactor<pb::WatchEvent>, public RoundW
       // A watch lasts the round: it counts against its connection's limit of long-lived calls,
       // as a Session stream does (issue 33).
       peer_ = ctx_->peer();
-      connection_ = core_->openSession(peer_);
-      if (!connection_) {
-        s = grpc::Status(grpc::RESOURCE_EXHAUSTED,
-                         fmt::format("this connection already holds {} long-lived calls, the "
-                                     "server's limit per connection; it is closed",
-                                     core_->cfg.max_sessions_per_connection));
-        if (core_->cfg.on_too_many_streams) core_->cfg.on_too_many_streams(peer_);
-      }
+      connection_ = core_->admitLongCall(peer_, "a watch", &s);
     }
     if (s.ok()) {
       std::lock_guard<std::mutex> lock(core_->mu);

@@ -231,6 +231,25 @@ std::shared_ptr<Core::ConnectionUse> Core::openSession(const std::string& peer) 
   return use;
 }
 
+std::shared_ptr<Core::ConnectionUse> Core::admitLongCall(const std::string& peer,
+                                                         const char* what,
+                                                         grpc::Status* refused) {
+  auto use = openSession(peer);
+  if (use) return use;
+  // Past the stream limit its SETTINGS announced: only a client that ignores them gets here,
+  // and its connection is ended (gRPC ends one that acknowledged them).
+  *refused = grpc::Status(grpc::RESOURCE_EXHAUSTED,
+                          fmt::format("this connection already holds {} long-lived calls (store "
+                                      "sessions, watches, parked calls), the server's limit per "
+                                      "connection; it is closed",
+                                      cfg.max_sessions_per_connection));
+  log::debug("[{}] {} opened more than {} long-lived calls on one connection ({} the last): "
+             "closing it",
+             cfg.log_name, peer, cfg.max_sessions_per_connection, what);
+  if (cfg.on_too_many_streams) cfg.on_too_many_streams(peer);
+  return nullptr;
+}
+
 void Core::closeSession(const std::string& peer, const std::shared_ptr<ConnectionUse>& use) {
   std::lock_guard<std::mutex> lock(connections_mu_);
   if (--use->sessions > 0) return;

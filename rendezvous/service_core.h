@@ -131,6 +131,10 @@ class Core {
   // (cfg.on_too_many_streams), since only a client that ignores the stream limit its SETTINGS
   // announced gets here.
   std::shared_ptr<ConnectionUse> openSession(const std::string& peer);
+  // openSession for a call that is starting: null with `refused` set to RESOURCE_EXHAUSTED
+  // (naming `what` and the limit), and the connection ended, when it is past the limit.
+  std::shared_ptr<ConnectionUse> admitLongCall(const std::string& peer, const char* what,
+                                               grpc::Status* refused);
   void closeSession(const std::string& peer, const std::shared_ptr<ConnectionUse>& use);
 
   // A stream or connection that ended gave back about `bytes` (its queued answers at their

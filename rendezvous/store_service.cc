@@ -132,13 +132,7 @@ class StoreService final : public pb::Store::CallbackService {
       // long-lived calls, as a Session stream does (issue 33).
       std::string peer = ctx->peer();
       std::shared_ptr<Core::ConnectionUse> connection;
-      if (s.ok() && !(connection = core_->openSession(peer))) {
-        s = grpc::Status(grpc::RESOURCE_EXHAUSTED,
-                         fmt::format("this connection already holds {} long-lived calls, the "
-                                     "server's limit per connection; it is closed",
-                                     core_->cfg.max_sessions_per_connection));
-        if (core_->cfg.on_too_many_streams) core_->cfg.on_too_many_streams(peer);
-      }
+      if (s.ok()) connection = core_->admitLongCall(peer, "a parked call", &s);
       if (!s.ok()) {
         auto* r = ctx->DefaultReactor();
         r->Finish(s);

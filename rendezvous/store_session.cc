@@ -44,18 +44,7 @@ class StoreSession : public grpc::ServerBidiReactor<pb::StoreRequest, pb::StoreR
     grpc::Status s = core_->authorize(ctx);
     if (s.ok()) {
       peer_ = ctx->peer();
-      connection_ = core_->openSession(peer_);
-      if (!connection_) {
-        // Past the stream limit its SETTINGS announced: only a client that ignores them gets
-        // here, and its connection is ended (gRPC ends one that acknowledged them).
-        s = grpc::Status(grpc::RESOURCE_EXHAUSTED,
-                         fmt::format("this connection already holds {} store sessions, the "
-                                     "server's limit per connection; it is closed",
-                                     core_->cfg.max_sessions_per_connection));
-        log::debug("[{}] {} opened more than {} store sessions on one connection: closing it",
-                   core_->cfg.log_name, peer_, core_->cfg.max_sessions_per_connection);
-        if (core_->cfg.on_too_many_streams) core_->cfg.on_too_many_streams(peer_);
-      }
+      connection_ = core_->admitLongCall(peer_, "a store session", &s);
     }
     if (!s.ok()) {
       finished_ = true;
