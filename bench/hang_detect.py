@@ -2,12 +2,11 @@
 `launch` against the pinned torchrun on the same 4-rank Gloo job, in one run.
 
 The job (this file with --worker) trains in lockstep: a little compute and one all-reduce of a
-256x256 "gradient" per step, reporting each step to launch with the documented one-liner
-(DDPL_HEARTBEAT_FD; a no-op under torchrun). After --hang-after steps, rank 2 finishes its
-compute and then blocks forever on a lock before its next all-reduce (a deadlock in its own
-code), having written time.time() to a file first: that is the hang's start. The other ranks
-wait for it inside the all-reduce. The process group keeps torch's default timeout (30 min for
-Gloo), as users run it.
+256x256 "gradient" per step, reporting each step to launch with ddplaunch.step() (a no-op
+under torchrun). After --hang-after steps, rank 2 finishes its compute and then blocks forever
+on a lock before its next all-reduce (a deadlock in its own code), having written time.time()
+to a file first: that is the hang's start. The other ranks wait for it inside the all-reduce.
+The process group keeps torch's default timeout (30 min for Gloo), as users run it.
 
 Measured for launch (--hang-timeout T, or the automatic limit with --auto):
   detect  hang start -> launch's first "is hung" log line (the log's own timestamp)
@@ -24,7 +23,8 @@ is capped (--cap seconds): torchrun gets SIGTERM at the cap (its own clean-up), 
 of the run still alive 30 s later is SIGKILLed. Reported as "more than CAP s, no stacks".
 
 Also the heartbeat's cost per call, with the exact commands of docs/benchmarks.md (the C++
-build/bench/heartbeat_bench when it was built, and the Python one-liner through timeit).
+build/bench/heartbeat_bench when it was built, and the Python one-liner through timeit), and
+ddplaunch.step() on a memfd as launch gives it.
 
   .venv/bin/python bench/hang_detect.py --build build --rounds 5 --hang-timeout 5 --cap 180
 """
@@ -45,6 +45,8 @@ import uuid
 HANG_RANK = 2
 TAG_VAR = "DDPL_HANG_BENCH_TAG"
 BLOCK_FUNCTION = "deadlock_before_allreduce"
+# The checkout's ddplaunch, ahead of any installed one: the bench measures the code beside it.
+PYTHON_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -64,12 +66,14 @@ def worker():
     import torch
     import torch.distributed as dist
 
+    sys.path.insert(0, PYTHON_DIR)
+    import ddplaunch
+
     dist.init_process_group("gloo")  # torch's default timeout (30 min), as users run it
     rank = dist.get_rank()
     hang_after = int(os.environ["HANG_AFTER"])
     mark = os.environ["HANG_MARK"]
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
-    hb = int(os.environ.get("DDPL_HEARTBEAT_FD", -1))  # the documented one-liner, part 1
     torch.manual_seed(rank)
     w = torch.randn(256, 256)
     x = torch.randn(64, 256)
@@ -83,7 +87,7 @@ def worker():
         dist.all_reduce(grad)
         w -= 1e-4 * grad.view(256, 256) / dist.get_world_size()
         time.sleep(0.02)
-        hb >= 0 and os.pwrite(hb, step.to_bytes(8, "little"), 0)  # part 2, every step
+        ddplaunch.step(step)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -332,6 +336,14 @@ def heartbeat_cost(build):
          'hb >= 0 and os.pwrite(hb, step.to_bytes(8, "little"), 0)'],
         capture_output=True, text=True).stdout.strip()
     print(f"  python -m timeit (the one-liner): {out}", flush=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "timeit", "-s",
+         f'import os, sys; sys.path.insert(0, {PYTHON_DIR!r}); hb = os.memfd_create("hb"); '
+         'os.ftruncate(hb, 64); os.environ["DDPL_HEARTBEAT_FD"] = str(hb); import ddplaunch; '
+         'assert ddplaunch.enabled()',
+         'ddplaunch.step()'],
+        capture_output=True, text=True).stdout.strip()
+    print(f"  python -m timeit (ddplaunch.step()): {out}", flush=True)
 
 
 def main():

@@ -39,6 +39,12 @@ add_test(NAME deploy_manifests_test
   COMMAND ${DDPL_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/deploy_manifests_test.py ${CMAKE_BINARY_DIR}/bin)
 set_tests_properties(deploy_manifests_test PROPERTIES TIMEOUT 60 LABELS integration)
 
+# The Python package's progress calls (python/ddplaunch/progress.py): the bytes ddplaunch.step()
+# leaves where launch reads a heartbeat, and no write or error without launch.
+add_test(NAME python_progress_test
+  COMMAND ${DDPL_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/unit/python_progress_test.py)
+set_tests_properties(python_progress_test PROPERTIES TIMEOUT 60 LABELS unit)
+
 # launch under a real one-host Slurm cluster that the test starts (skipped, saying why, where
 # it cannot start one).
 add_test(NAME slurm_test

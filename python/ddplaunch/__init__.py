@@ -2,14 +2,35 @@
 
 Installing the wheel puts `launch` and `rdzv-server` on the environment's PATH. They are native
 programs (this package holds them under ddplaunch/bin/); the entry points only exec them.
+
+In a training script, `ddplaunch.step()` once per step reports progress to launch; it does
+nothing under torchrun or without a launcher (ddplaunch.progress: step, current, add_wait,
+waiting, enabled).
 """
 import os
 
-__all__ = ["binary"]
+__all__ = ["binary", "step", "current", "add_wait", "waiting", "enabled"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+_PROGRESS = ("step", "current", "add_wait", "waiting", "enabled")
 
 
 def binary(name):
     """Absolute path of one of the package's programs: 'launch' or 'rdzv-server'."""
     return os.path.join(_HERE, "bin", name)
+
+
+def __getattr__(name):
+    # The progress calls load on first use: every `launch` started from the wheel's entry point
+    # imports this package, and launch's start-up is counted in milliseconds.
+    if name in _PROGRESS:
+        from ddplaunch import progress
+
+        value = getattr(progress, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'ddplaunch' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_PROGRESS))

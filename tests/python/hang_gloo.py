@@ -1,7 +1,7 @@
 """A Gloo job that hangs as real ones do: rank HANG_RANK stops before the all-reduce of step
 HANG_STEP (stuck in its own code), and the other ranks wait for it inside the collective.
 
-Reports steps to launch (DDPL_HEARTBEAT_FD). Hangs only in the first attempt
+Reports steps to launch (ddplaunch.step). Hangs only in the first attempt
 (TORCHELASTIC_RESTART_COUNT=0), so a restarted group runs to the end. STEPS steps in all.
 """
 import os
@@ -10,6 +10,10 @@ import time
 
 import torch
 import torch.distributed as dist
+
+# The checkout's ddplaunch, ahead of any installed one: this tests the code beside it.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../python"))
+import ddplaunch  # noqa: E402
 
 
 def stuck_in_data_loading():
@@ -20,7 +24,6 @@ def stuck_in_data_loading():
 def main():
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    hb = int(os.environ.get("DDPL_HEARTBEAT_FD", -1))
     hang_rank = int(os.environ.get("HANG_RANK", "2"))
     hang_step = int(os.environ.get("HANG_STEP", "3"))
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
@@ -30,7 +33,7 @@ def main():
         t = torch.ones(1)
         dist.all_reduce(t)
         time.sleep(0.05)
-        hb >= 0 and os.pwrite(hb, step.to_bytes(8, "little"), 0)
+        ddplaunch.step(step)
     print(f"rank {rank} finished", flush=True)
     dist.destroy_process_group()
 
