@@ -7,7 +7,7 @@
 //   grpc_floor_bench [--server callback|sync|async] [--clients 1] [--ops 20000]
 //                    [--connection own|shared]
 //
-// callback: the callback API, as rendezvous/store_session.cc uses it (every reaction of a
+// callback: the callback API, as rendezvous/server/store_session.cc uses it (every reaction of a
 //           stream runs on a gRPC callback thread: gRPC 1.51 never runs them inline).
 // sync:     the synchronous API: one thread per stream blocks in Read and Write.
 // async:    the completion-queue API with two polling threads, handling each event inline.

@@ -54,8 +54,8 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "common/parse.h"
-#include "rendezvous/grpc_store.h"
-#include "rendezvous/server.h"
+#include "rendezvous/client/grpc_store.h"
+#include "rendezvous/server/server.h"
 #include "worker/store_adapter.h"
 
 void benchLogWarningsOnly();  // rdzv_bootstrap_log.cc

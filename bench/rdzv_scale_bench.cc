@@ -26,8 +26,8 @@
 
 #include "common/log.h"
 #include "common/parse.h"
-#include "rendezvous/rendezvous_client.h"
-#include "rendezvous/server.h"
+#include "rendezvous/client/rendezvous_client.h"
+#include "rendezvous/server/server.h"
 
 using namespace ddpl::rdzv;
 

@@ -20,8 +20,8 @@
 
 #include "common/log.h"
 #include "common/parse.h"
-#include "rendezvous/grpc_store.h"
-#include "rendezvous/server.h"
+#include "rendezvous/client/grpc_store.h"
+#include "rendezvous/server/server.h"
 
 using namespace ddpl::rdzv;
 

@@ -52,9 +52,9 @@ install(FILES
   worker/log_bridge.h worker/native_trace.h worker/sampler.h worker/session.h
   worker/store_adapter.h
   DESTINATION include/ddplaunch/worker COMPONENT dev)
-install(FILES common/defaults.h common/environment.h common/errors.h
+install(FILES common/defaults.h common/environment.h common/errors.h common/torchrun_env.h
   DESTINATION include/ddplaunch/common COMPONENT dev)
-install(FILES rendezvous/store.h DESTINATION include/ddplaunch/rendezvous COMPONENT dev)
+install(FILES rendezvous/store/store.h DESTINATION include/ddplaunch/rendezvous COMPONENT dev)
 
 set(DDPL_CMAKE_DIR lib/cmake/ddplaunch)
 install(EXPORT ddplaunchTargets NAMESPACE ddplaunch:: DESTINATION ${DDPL_CMAKE_DIR}

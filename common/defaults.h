@@ -50,7 +50,8 @@ inline constexpr const char kStorePrefix[] = "DDPL_STORE_PREFIX";
 inline constexpr const char kStoreSocket[] = "DDPL_STORE_SOCKET";
 // Set by launch for each worker: the pipe its step heartbeats go to (common/heartbeat.h).
 inline constexpr const char kHeartbeatFd[] = "DDPL_HEARTBEAT_FD";
-// Set by launch on every process it starts, to find strays after it dies (launcher/watchdog.h).
+// Set by launch on every process it starts, to find strays after it dies
+// (launcher/agent/watchdog.h).
 inline constexpr const char kLaunchId[] = "DDPL_LAUNCH_ID";
 
 // Read by the worker library's SessionOptions::fromEnvironment.

@@ -48,4 +48,13 @@ class AuthError : public Error {
   using Error::Error;
 };
 
+// A bad flag or value from the person at the keyboard. Programs print what() and exit with
+// kUsageExitCode. Not an Error: usage mistakes are caught apart from failures of the job.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+inline constexpr int kUsageExitCode = 2;
+
 }  // namespace ddpl

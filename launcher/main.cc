@@ -1,5 +1,6 @@
 // `launch`: the torchrun-compatible launcher. Parses everything once here; the libraries below
 // get plain options.
+#include <fmt/format.h>
 #include <sched.h>
 #include <unistd.h>
 
@@ -11,28 +12,31 @@
 #include <memory>
 #include <random>
 
-#include <fmt/format.h>
-
 #include "common/errors.h"
 #include "common/file_io.h"
 #include "common/log.h"
 #include "common/parse.h"
+#include "common/torchrun_env.h"
 #include "ddpl/config.h"
-#include "launcher/agent.h"
-#include "launcher/cli.h"
-#include "launcher/doctor_command.h"
-#include "launcher/manifest.h"
-#include "launcher/numa.h"
-#include "launcher/preflight.h"
-#include "launcher/embedded_store.h"
-#include "launcher/etcd_config.h"
-#include "launcher/gpu.h"
-#include "launcher/grpc_plugin.h"
-#include "launcher/local_rendezvous.h"
-#include "launcher/mpi_launch.h"
-#include "launcher/process.h"
-#include "launcher/worker_spec.h"
-#include "rendezvous/token.h"
+#include "launcher/agent/agent.h"
+#include "launcher/agent/numa.h"
+#include "launcher/agent/process.h"
+#include "launcher/agent/worker_spec.h"
+#include "launcher/cli/cli.h"
+#include "launcher/doctor/doctor_command.h"
+#include "launcher/doctor/manifest.h"
+#include "launcher/doctor/preflight.h"
+#include "launcher/gpu/gpu.h"
+#include "launcher/membership/embedded_store.h"
+#include "launcher/membership/etcd/etcd_config.h"
+#include "launcher/membership/grpc_plugin.h"
+#include "launcher/membership/local_rendezvous.h"
+#include "launcher/mpi/mpi_launch.h"
+#include "rendezvous/store/token.h"
+
+using ddpl::kUsageExitCode;
+using ddpl::UsageError;
+namespace torchrun_env = ddpl::torchrun_env;
 
 namespace {
 
@@ -126,7 +130,7 @@ int runMpiRankShim(int argc, char** argv, const Environment& env) {
   if (first >= argc) return usage(std::string(kMpiRankShimFlag) + " needs -- PROGRAM [ARGS...]");
   Environment out;
   try {
-    auto run_id = env.find("TORCHELASTIC_RUN_ID");
+    auto run_id = env.find(torchrun_env::kRunId);
     std::string tmp = env.count("TMPDIR") ? env.at("TMPDIR") : "/tmp";
     // One directory for the node's ranks, at a name known in advance: it must be ours and
     // private, never one another user planted (a symlink elsewhere). Otherwise this rank's own.
@@ -144,7 +148,7 @@ int runMpiRankShim(int argc, char** argv, const Environment& env) {
     out = torchrunEnvFromMpi(env, dir);
     std::error_code ec;
     std::filesystem::create_directories(
-        std::filesystem::path(out.at("TORCHELASTIC_ERROR_FILE")).parent_path(), ec);
+        std::filesystem::path(out.at(torchrun_env::kErrorFile)).parent_path(), ec);
   } catch (const std::exception& e) {
     return usage(e.what());
   }
@@ -192,7 +196,7 @@ int main(int argc, char** argv) {
   LaunchOptions& o = parsed.options;
   o.python = environmentPython(env);
   if (o.launcher == "mpi") {
-    // launcher/mpi_launch.h: exec mpirun (or print its command); nothing below applies.
+    // launcher/mpi/mpi_launch.h: exec mpirun (or print its command); nothing below applies.
     try {
       const auto& g = parsed.given_flags;
       const bool nproc_given = std::find(g.begin(), g.end(), "--nproc-per-node") != g.end();
@@ -246,7 +250,7 @@ int main(int argc, char** argv) {
     }
     cfg.run_id = o.rdzv_id.empty() ? randomRunId() : o.rdzv_id;
     cfg.host = ddpl::log::hostname();
-    if (cfg.nproc > 1 && !env.count("OMP_NUM_THREADS"))
+    if (cfg.nproc > 1 && !env.count(torchrun_env::kOmpNumThreads))
       ddpl::log::warn(
           "OMP_NUM_THREADS is not set: setting it to 1 for each of the {} workers so they do "
           "not oversubscribe the CPUs; set it yourself to tune",

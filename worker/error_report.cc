@@ -48,7 +48,7 @@ std::string throwTrace(const std::exception_ptr& error, const NativeTraceOptions
 }
 
 // Not inlined: it is the innermost frame of its own trace, and the launcher's report knows it by
-// name (launcher/error_report.cc) to leave it out.
+// name (launcher/agent/error_report.cc) to leave it out.
 __attribute__((noinline)) ErrorRecord describeImpl(const std::exception_ptr& error,
                                                    const NativeTraceOptions& trace,
                                                    StackAtReport stack) {

@@ -1,28 +1,29 @@
 #include "worker/session.h"
 
-#include <pthread.h>
 #include <malloc.h>
+#include <pthread.h>
 #include <signal.h>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <atomic>
 #include <exception>
 #include <mutex>
 #include <thread>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "common/errors.h"
 #include "common/heartbeat.h"
 #include "common/parse.h"
+#include "common/torchrun_env.h"
 #include "ddpl/config.h"
-#include "worker/log_bridge.h"
 #include "worker/backends.h"
 #include "worker/build_config.h"
 #include "worker/heartbeat.h"
+#include "worker/log_bridge.h"
 #include "worker/mpi_env.h"
 #include "worker/store_adapter.h"
 #if DDPL_WORKER_GRPC_STORE
-#include "rendezvous/grpc_store.h"
+#include "rendezvous/client/grpc_store.h"
 #endif
 #if DDPL_WITH_MPI
 #include "worker/mpi_bootstrap.h"
@@ -59,7 +60,8 @@ bool isSet(const Environment& env, const std::string& name) { return !lookup(env
 // torchrun variable also present (`launch --launcher=mpi` exports WORLD_SIZE) must agree.
 void applyMpiLaunch(SessionOptions& o, const Environment& env) {
   const BootstrapMode mode = parseBootstrapMode(lookup(env, envvar::kBootstrap, "auto"));
-  const bool hasRank = isSet(env, "RANK"), hasWorld = isSet(env, "WORLD_SIZE");
+  const bool hasRank = isSet(env, torchrun_env::kRank),
+             hasWorld = isSet(env, torchrun_env::kWorldSize);
   std::optional<MpiLaunch> launch;
   // Both torchrun variables win over MPI's: `launch` or torchrun may itself run under mpirun.
   if (mode == BootstrapMode::kMpi || (mode == BootstrapMode::kAuto && !(hasRank && hasWorld))) {
@@ -71,10 +73,11 @@ void applyMpiLaunch(SessionOptions& o, const Environment& env) {
                             "OMPI_COMM_WORLD_RANK, PMI_RANK, PMIX_RANK, or SLURM_PROCID in a job step is set)");
     }
     if (hasRank != hasWorld) {
-      throw InvalidArgument(std::string(hasRank ? "RANK" : "WORLD_SIZE") + " is set but " +
-                            (hasRank ? "WORLD_SIZE" : "RANK") +
-                            " is not: a partial launcher environment; set both, or start the program with "
-                            "launch, torchrun or mpirun");
+      throw InvalidArgument(
+          std::string(hasRank ? torchrun_env::kRank : torchrun_env::kWorldSize) + " is set but " +
+          (hasRank ? torchrun_env::kWorldSize : torchrun_env::kRank) +
+          " is not: a partial launcher environment; set both, or start the program with "
+          "launch, torchrun or mpirun");
     }
     return;
   }
@@ -86,18 +89,19 @@ void applyMpiLaunch(SessionOptions& o, const Environment& env) {
                             std::to_string(*mpiValue) + vars + ": inconsistent launcher environment");
     }
   };
-  agree("RANK", o.rank, launch->rank, "rank");
-  agree("WORLD_SIZE", o.worldSize, launch->worldSize, "world size");
-  agree("LOCAL_RANK", o.localRank, launch->localRank, "local rank");
-  agree("LOCAL_WORLD_SIZE", o.localWorldSize, launch->localWorldSize, "local world size");
+  agree(torchrun_env::kRank, o.rank, launch->rank, "rank");
+  agree(torchrun_env::kWorldSize, o.worldSize, launch->worldSize, "world size");
+  agree(torchrun_env::kLocalRank, o.localRank, launch->localRank, "local rank");
+  agree(torchrun_env::kLocalWorldSize, o.localWorldSize, launch->localWorldSize,
+        "local world size");
   o.mpiBootstrap = true;
   o.mpiVariables = launch->source + ": " + launch->variables;
   o.rank = launch->rank;
   o.worldSize = launch->worldSize.value_or(-1);
   o.localRank = launch->localRank.value_or(-1);
   o.localWorldSize = launch->localWorldSize.value_or(-1);
-  o.masterAddr = lookup(env, "MASTER_ADDR", "");
-  o.masterPort = parseInt(env, "MASTER_PORT", 0);
+  o.masterAddr = lookup(env, torchrun_env::kMasterAddr, "");
+  o.masterPort = parseInt(env, torchrun_env::kMasterPort, 0);
 }
 
 // The launcher's stop signals, and SIGUSR1/2, which `launch --signals-to-handle` may forward.
@@ -138,18 +142,18 @@ SessionOptions SessionOptions::fromEnvironment() {
 
 SessionOptions SessionOptions::fromEnvironment(const Environment& env) {
   SessionOptions o;
-  o.rank = parseInt(env, "RANK", 0);
-  o.worldSize = parseInt(env, "WORLD_SIZE", 1);
-  o.localRank = parseInt(env, "LOCAL_RANK", 0);
-  o.localWorldSize = parseInt(env, "LOCAL_WORLD_SIZE", 1);
+  o.rank = parseInt(env, torchrun_env::kRank, 0);
+  o.worldSize = parseInt(env, torchrun_env::kWorldSize, 1);
+  o.localRank = parseInt(env, torchrun_env::kLocalRank, 0);
+  o.localWorldSize = parseInt(env, torchrun_env::kLocalWorldSize, 1);
   o.heartbeatFd = parseInt(env, kHeartbeatFdEnv, -1);
-  o.masterAddr = lookup(env, "MASTER_ADDR", o.masterAddr);
-  o.masterPort = parseInt(env, "MASTER_PORT", o.masterPort);
+  o.masterAddr = lookup(env, torchrun_env::kMasterAddr, o.masterAddr);
+  o.masterPort = parseInt(env, torchrun_env::kMasterPort, o.masterPort);
   applyMpiLaunch(o, env);
-  o.agentHostsStore = parseBool(lookup(env, "TORCHELASTIC_USE_AGENT_STORE", "False"));
-  o.restartCount = parseInt(env, "TORCHELASTIC_RESTART_COUNT", 0);
-  o.runId = lookup(env, "TORCHELASTIC_RUN_ID", "");
-  o.errorFile = lookup(env, "TORCHELASTIC_ERROR_FILE", "");
+  o.agentHostsStore = parseBool(lookup(env, torchrun_env::kUseAgentStore, "False"));
+  o.restartCount = parseInt(env, torchrun_env::kRestartCount, 0);
+  o.runId = lookup(env, torchrun_env::kRunId, "");
+  o.errorFile = lookup(env, torchrun_env::kErrorFile, "");
   o.storeAddr = lookup(env, envvar::kStoreAddr, "");
   o.storeToken = lookup(env, envvar::kStoreToken, "");
   o.storePrefix = lookup(env, envvar::kStorePrefix, "");
@@ -179,7 +183,7 @@ SessionOptions SessionOptions::fromEnvironment(const Environment& env) {
   }
   // A program run on its own (one rank, no launcher) needs no agreed port: a fixed default such
   // as 29500 would make two such runs on one machine collide. Port 0 lets the kernel choose.
-  const bool alone = o.worldSize == 1 && !o.mpiBootstrap && !env.count("MASTER_PORT");
+  const bool alone = o.worldSize == 1 && !o.mpiBootstrap && !env.count(torchrun_env::kMasterPort);
   if (alone) o.masterPort = 0;
   if (o.masterPort < (o.mpiBootstrap || alone ? 0 : 1) || o.masterPort > 65535) {
     throw InvalidArgument("MASTER_PORT " + std::to_string(o.masterPort) + " is not a port");

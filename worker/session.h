@@ -2,17 +2,19 @@
 // One rank of a job started by `launch`, torchrun or mpirun: reads the launcher's variables
 // (explicitly, through SessionOptions::fromEnvironment), connects to the store, binds the
 // device, creates the process group, and tears all of it down again on every way out.
-#include "common/defaults.h"
-#include "common/environment.h"
 #include <c10/core/Device.h>
-#include <torch/csrc/distributed/c10d/Backend.hpp>
-#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "common/defaults.h"
+#include "common/environment.h"
+#include "common/torchrun_env.h"
 
 namespace ddpl::worker {
 
@@ -30,7 +32,7 @@ inline constexpr std::chrono::milliseconds kDefaultStoreTimeout{defaults::kStore
 
 // ProcessGroupNCCL's error handling switch (it also honours the older NCCL_ASYNC_ERROR_HANDLING),
 // and the value SessionOptions::fromEnvironment() gives it when neither is set.
-inline constexpr const char kNcclAsyncErrorHandlingEnv[] = "TORCH_NCCL_ASYNC_ERROR_HANDLING";
+inline constexpr const char* kNcclAsyncErrorHandlingEnv = torchrun_env::kNcclAsyncErrorHandling;
 inline constexpr const char kLegacyNcclAsyncErrorHandlingEnv[] = "NCCL_ASYNC_ERROR_HANDLING";
 inline constexpr const char kDefaultNcclAsyncErrorHandling[] = "1";
 

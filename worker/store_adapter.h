@@ -1,11 +1,10 @@
 #pragma once
 // c10d::Store over ddpl::rdzv::Store, so that LibTorch's process groups bootstrap from our
 // rendezvous store (gRPC client, or MemoryStore in tests).
+#include <memory>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include <memory>
-
-#include "rendezvous/store.h"
+#include "rendezvous/store/store.h"
 
 namespace ddpl::worker {
 

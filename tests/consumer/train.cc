@@ -12,7 +12,7 @@
 // Every installed header, not only those used: one that needs a header the package lacks fails
 // to compile here.
 #include "common/errors.h"
-#include "rendezvous/store.h"
+#include "rendezvous/store/store.h"
 #include "worker/amp.h"
 #include "worker/auto_batch.h"
 #include "worker/checkpoint.h"

@@ -20,10 +20,10 @@
 #include <thread>
 
 #include "common/errors.h"
-#include "rendezvous/grpc_store.h"
-#include "rendezvous/rendezvous_client.h"
+#include "rendezvous/client/grpc_store.h"
+#include "rendezvous/client/rendezvous_client.h"
+#include "rendezvous/server/server.h"
 #include "tests/common/subprocess.h"
-#include "rendezvous/server.h"
 
 namespace ddpl::rdzv {
 namespace {

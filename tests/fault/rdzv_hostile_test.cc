@@ -7,9 +7,9 @@
 #include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -24,13 +24,12 @@
 
 #include "common/errors.h"
 #include "proto/rendezvous.grpc.pb.h"
-#include "rendezvous/grpc_common.h"
-#include "rendezvous/grpc_store.h"
-#include "rendezvous/rendezvous_client.h"
-#include "rendezvous/server.h"
+#include "rendezvous/client/grpc_store.h"
+#include "rendezvous/client/rendezvous_client.h"
+#include "rendezvous/protocol/grpc_common.h"
+#include "rendezvous/server/server.h"
 #include "tests/common/rdzv_server_process.h"
 #include "tests/common/subprocess.h"
-
 
 namespace ddpl::rdzv {
 namespace {

@@ -26,13 +26,12 @@
 #include <thread>
 
 #include "proto/rendezvous.pb.h"
-#include "rendezvous/grpc_common.h"
-#include "rendezvous/grpc_store.h"
-#include "rendezvous/server.h"
-#include "rendezvous/wire_format.h"
+#include "rendezvous/client/grpc_store.h"
+#include "rendezvous/protocol/grpc_common.h"
+#include "rendezvous/protocol/wire_format.h"
+#include "rendezvous/server/server.h"
 #include "tests/common/rdzv_server_process.h"
 #include "tests/common/subprocess.h"
-
 
 namespace ddpl::rdzv {
 namespace {

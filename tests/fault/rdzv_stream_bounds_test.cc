@@ -18,7 +18,7 @@
 #include <thread>
 
 #include "proto/rendezvous.pb.h"
-#include "rendezvous/grpc_store.h"
+#include "rendezvous/client/grpc_store.h"
 #include "tests/common/rdzv_server_process.h"
 #include "tests/common/subprocess.h"
 

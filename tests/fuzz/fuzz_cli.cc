@@ -1,4 +1,4 @@
-// libFuzzer target: launch's command-line parser (launcher/cli.h, through its public
+// libFuzzer target: launch's command-line parser (launcher/cli/cli.h, through its public
 // functions only). The input is NUL-separated arguments; a leading "PET_X=v" run of them is
 // the environment. A UsageError is the documented answer to bad input; anything else thrown
 // (std::out_of_range from a number, say) or any sanitizer report is a finding.
@@ -8,9 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "launcher/cli.h"
+#include "launcher/cli/cli.h"
 
 using namespace ddpl::launcher;
+using ddpl::UsageError;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<std::string> args;

@@ -1,4 +1,4 @@
-// libFuzzer target: the reader of torchrun's error files (launcher/error_report.h). The input
+// libFuzzer target: the reader of torchrun's error files (launcher/agent/error_report.h). The input
 // is the file's contents, handed over through a memfd so that no disk is touched. It must
 // never throw: a file it cannot parse yields its raw text as the message; only an empty file
 // yields nothing.
@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <string>
 
-#include "launcher/error_report.h"
+#include "launcher/agent/error_report.h"
 
 using namespace ddpl::launcher;
 

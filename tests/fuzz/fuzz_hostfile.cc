@@ -1,14 +1,15 @@
 // libFuzzer target: the OpenMPI hostfile parser and the --mpi-args word splitter
-// (launcher/mpi_launch.h, public functions only). UsageError is their documented answer to bad
+// (launcher/mpi/mpi_launch.h, public functions only). UsageError is their documented answer to bad
 // input; anything else thrown or any sanitizer report is a finding.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
-#include "launcher/cli.h"
-#include "launcher/mpi_launch.h"
+#include "launcher/cli/cli.h"
+#include "launcher/mpi/mpi_launch.h"
 
 using namespace ddpl::launcher;
+using ddpl::UsageError;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string text(reinterpret_cast<const char*>(data), size);

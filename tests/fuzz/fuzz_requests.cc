@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "common/errors.h"
-#include "rendezvous/service_core.h"
-#include "rendezvous/store_ops.h"
+#include "rendezvous/protocol/store_ops.h"
+#include "rendezvous/server/service_core.h"
 
 using namespace ddpl;
 using namespace ddpl::rdzv;

@@ -19,9 +19,9 @@
 #include <string>
 #include <thread>
 
-#include "rendezvous/service_core.h"
-#include "rendezvous/wire_format.h"
-#include "rendezvous/wire_server.h"
+#include "rendezvous/protocol/wire_format.h"
+#include "rendezvous/server/service_core.h"
+#include "rendezvous/server/wire_server.h"
 
 using namespace ddpl;
 using namespace ddpl::rdzv;

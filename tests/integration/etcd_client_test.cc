@@ -1,9 +1,9 @@
-// launcher/etcd_client.h against a real etcd: the calls the etcd rendezvous is built on, checked
-// on the wire (our proto/etcd/ messages against etcd's server), with the properties it relies
-// on: of agents racing a compare-and-swap exactly one wins, a key on a lease vanishes when the
-// keep-alives stop and a watch says so, a dead endpoint is skipped, TLS with client
-// certificates works and a client without one is refused.
-#include "launcher/etcd_client.h"
+// launcher/membership/etcd/etcd_client.h against a real etcd: the calls the etcd rendezvous is
+// built on, checked on the wire (our proto/etcd/ messages against etcd's server), with the
+// properties it relies on: of agents racing a compare-and-swap exactly one wins, a key on a lease
+// vanishes when the keep-alives stop and a watch says so, a dead endpoint is skipped, TLS with
+// client certificates works and a client without one is refused.
+#include "launcher/membership/etcd/etcd_client.h"
 
 #include <gtest/gtest.h>
 

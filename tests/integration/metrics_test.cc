@@ -1,9 +1,6 @@
-// launcher/metrics.h: the Prometheus endpoint, scraped over real HTTP on loopback with a plain
-// socket, against the names and labels that docs/monitoring.md documents.
-#include "launcher/metrics.h"
-#include "common/errors.h"
-#include "common/log.h"
-#include "tests/common/subprocess.h"
+// launcher/health/metrics.h: the Prometheus endpoint, scraped over real HTTP on loopback with a
+// plain socket, against the names and labels that docs/monitoring.md documents.
+#include "launcher/health/metrics.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -23,6 +20,10 @@
 #include <set>
 #include <sstream>
 #include <thread>
+
+#include "common/errors.h"
+#include "common/log.h"
+#include "tests/common/subprocess.h"
 
 using namespace ddpl::launcher;
 using ::testing::HasSubstr;

@@ -14,8 +14,8 @@
 
 #include "common/errors.h"
 #include "proto/rendezvous.grpc.pb.h"
-#include "rendezvous/rendezvous_client.h"
-#include "rendezvous/server.h"
+#include "rendezvous/client/rendezvous_client.h"
+#include "rendezvous/server/server.h"
 
 namespace ddpl::rdzv {
 namespace {

@@ -13,8 +13,8 @@
 
 #include "common/errors.h"
 #include "proto/rendezvous.grpc.pb.h"
-#include "rendezvous/grpc_store.h"
-#include "rendezvous/server.h"
+#include "rendezvous/client/grpc_store.h"
+#include "rendezvous/server/server.h"
 #include "tests/common/subprocess.h"
 
 namespace ddpl::rdzv {

@@ -14,10 +14,10 @@
 
 #include "common/errors.h"
 #include "proto/rendezvous.grpc.pb.h"
-#include "rendezvous/grpc_store.h"
-#include "rendezvous/rendezvous_client.h"
-#include "rendezvous/server.h"
-#include "rendezvous/store_ops.h"
+#include "rendezvous/client/grpc_store.h"
+#include "rendezvous/client/rendezvous_client.h"
+#include "rendezvous/protocol/store_ops.h"
+#include "rendezvous/server/server.h"
 #include "tests/common/subprocess.h"
 
 namespace ddpl::rdzv {

@@ -1,10 +1,12 @@
+#include "launcher/cli/cli.h"
+
 #include <gtest/gtest.h>
 
 #include <csignal>
 
-#include "launcher/cli.h"
-
 using namespace ddpl::launcher;
+using ddpl::UsageError;
+using ddpl::signalName;
 
 namespace {
 ParseResult parse(std::vector<std::string> args, std::map<std::string, std::string> env = {}) {

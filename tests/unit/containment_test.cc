@@ -1,5 +1,5 @@
-// launcher/containment.h's /proc readings, on real processes.
-#include "launcher/containment.h"
+// launcher/agent/containment.h's /proc readings, on real processes.
+#include "launcher/agent/containment.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>

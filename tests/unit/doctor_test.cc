@@ -1,21 +1,21 @@
-// launcher/doctor.h: each check's ok/warn/fail paths against fakes (the fake NVML, fake /proc
-// and /sys roots, a fake Python that prints a chosen torch configuration), and `launch doctor`
-// itself, on this machine and against the fake NVML.
-#include "launcher/doctor.h"
-#include "launcher/manifest.h"
+// launcher/doctor/doctor.h: each check's ok/warn/fail paths against fakes (the fake NVML, fake
+// /proc and /sys roots, a fake Python that prints a chosen torch configuration), and `launch
+// doctor` itself, on this machine and against the fake NVML.
+#include "launcher/doctor/doctor.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <sys/stat.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 
 #include "common/errors.h"
+#include "launcher/doctor/manifest.h"
 #include "tests/common/subprocess.h"
 
 using namespace ddpl::launcher;

@@ -1,15 +1,16 @@
 // --rdzv-backend=etcd's settings: torchrun's keys and ours, from the command line as `launch`
 // parses it, with secrets from files or the environment only.
-#include "launcher/etcd_config.h"
+#include "launcher/membership/etcd/etcd_config.h"
 
 #include <gtest/gtest.h>
 
 #include <fstream>
 
 #include "common/errors.h"
-#include "launcher/cli.h"
+#include "launcher/cli/cli.h"
 
 using namespace ddpl::launcher;
+using ddpl::UsageError;
 
 namespace {
 

@@ -1,5 +1,5 @@
-// The live view's figures and lines (launcher/job_view.h), on injected samples and times.
-#include "launcher/job_view.h"
+// The live view's figures and lines (launcher/health/job_view.h), on injected samples and times.
+#include "launcher/health/job_view.h"
 
 #include <gtest/gtest.h>
 

@@ -1,9 +1,9 @@
 // `launch --launcher=mpi` without running anything: the hostfile parser, --mpi-args splitting,
-// and the mpirun command the launcher builds (launcher/mpi_launch.h).
+// and the mpirun command the launcher builds (launcher/mpi/mpi_launch.h).
 #include <gtest/gtest.h>
 
-#include "launcher/cli.h"
-#include "launcher/mpi_launch.h"
+#include "launcher/cli/cli.h"
+#include "launcher/mpi/mpi_launch.h"
 
 namespace dl = ddpl::launcher;
 
@@ -12,7 +12,7 @@ namespace {
 std::string usageError(const std::function<void()>& f) {
   try {
     f();
-  } catch (const dl::UsageError& e) {
+  } catch (const ddpl::UsageError& e) {
     return e.what();
   }
   return "(no UsageError)";

@@ -1,6 +1,6 @@
 // --numa-binding over a fake sysfs: two NUMA nodes on two sockets, two L3 complexes per node,
 // two NVIDIA GPUs (one per node, listed out of bus order) and a network card.
-#include "launcher/numa.h"
+#include "launcher/agent/numa.h"
 
 #include <gtest/gtest.h>
 

@@ -1,9 +1,6 @@
-// launcher/nvml.h against the fake NVML of tests/fake_nvml (its figures come from the file that
+// launcher/gpu/nvml.h against the fake NVML of tests/fake_nvml (its figures come from the file that
 // FAKE_NVML_CONFIG names), and against this machine's missing driver.
-#include "launcher/nvml.h"
-#include "common/errors.h"
-#include "launcher/gpu.h"
-#include "tests/common/subprocess.h"
+#include "launcher/gpu/nvml.h"
 
 #include <dlfcn.h>
 #include <gmock/gmock.h>
@@ -12,6 +9,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+
+#include "common/errors.h"
+#include "launcher/gpu/gpu.h"
+#include "tests/common/subprocess.h"
 
 using namespace ddpl::launcher;
 using ::testing::HasSubstr;

@@ -1,11 +1,11 @@
-#include "launcher/output.h"
+#include "launcher/agent/output.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include "launcher/error_report.h"
+#include "launcher/agent/error_report.h"
 #include "tests/common/subprocess.h"
 
 using namespace ddpl::launcher;
@@ -360,7 +360,7 @@ TEST(ErrorReport, NativeTraceOfAnEscapedExceptionStartsAtTheThrower) {
       << r;
 }
 
-#include "launcher/stacks.h"
+#include "launcher/health/stacks.h"
 
 TEST(Stacks, PySpyMainThreadAndCollectives) {
   const std::string dump =

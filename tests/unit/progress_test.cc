@@ -1,5 +1,5 @@
-// The end-of-run summary's figures and advice (launcher/progress.h), on injected times.
-#include "launcher/progress.h"
+// The end-of-run summary's figures and advice (launcher/health/progress.h), on injected times.
+#include "launcher/health/progress.h"
 
 #include <gtest/gtest.h>
 

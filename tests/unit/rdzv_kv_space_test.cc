@@ -7,8 +7,8 @@
 #include <thread>
 
 #include "common/errors.h"
-#include "rendezvous/kv_space.h"
-#include "rendezvous/timer_queue.h"
+#include "rendezvous/state/timer_queue.h"
+#include "rendezvous/store/kv_space.h"
 
 namespace ddpl::rdzv {
 namespace {

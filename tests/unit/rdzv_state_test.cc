@@ -9,7 +9,7 @@
 #include <numeric>
 #include <random>
 
-#include "rendezvous/rendezvous_state.h"
+#include "rendezvous/state/rendezvous_state.h"
 
 namespace ddpl::rdzv {
 namespace {

@@ -1,10 +1,10 @@
-// One name for the rendezvous token in launch and rdzv-server (rendezvous/token.h); the old one
-// still works, with a warning naming both.
+// One name for the rendezvous token in launch and rdzv-server (rendezvous/store/token.h); the old
+// one still works, with a warning naming both.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "common/errors.h"
-#include "rendezvous/token.h"
+#include "rendezvous/store/token.h"
 
 using ddpl::rdzv::rdzvTokenFromEnvironment;
 using ::testing::HasSubstr;

@@ -16,11 +16,11 @@
 #include <thread>
 
 #include "common/errors.h"
-#include "rendezvous/file_store.h"
-#include "rendezvous/grpc_store.h"
-#include "rendezvous/memory_store.h"
-#include "rendezvous/prefix_store.h"
-#include "rendezvous/server.h"
+#include "rendezvous/client/grpc_store.h"
+#include "rendezvous/server/server.h"
+#include "rendezvous/store/file_store.h"
+#include "rendezvous/store/memory_store.h"
+#include "rendezvous/store/prefix_store.h"
 
 namespace ddpl::rdzv {
 namespace {

@@ -1,4 +1,4 @@
-#include "launcher/supervisor.h"
+#include "launcher/agent/supervisor.h"
 
 #include <gtest/gtest.h>
 

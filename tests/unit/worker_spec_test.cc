@@ -1,15 +1,16 @@
-#include "launcher/worker_spec.h"
+#include "launcher/agent/worker_spec.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
 #include <fstream>
 
-#include "launcher/cli.h"
-#include "launcher/gpu.h"
+#include "launcher/cli/cli.h"
+#include "launcher/gpu/gpu.h"
 #include "tests/common/subprocess.h"
 
 using namespace ddpl::launcher;
+using ddpl::UsageError;
 
 TEST(WorkerEnv, TorchrunVariables) {
   WorldAssignment w;

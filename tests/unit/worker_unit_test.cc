@@ -2,26 +2,26 @@
 // MemoryStore, including a real Gloo group), GradScaler and DistributedSampler against the
 // pinned PyTorch, checkpoints, error files, environment parsing.
 #include <ATen/autocast_mode.h>
-#include <gtest/gtest.h>
-#include <torch/torch.h>
-
 #include <dirent.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <torch/torch.h>
 #include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <optional>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <thread>
 
 #include "common/errors.h"
-#include "rendezvous/memory_store.h"
+#include "rendezvous/store/memory_store.h"
 #include "worker/amp.h"
 #include "worker/backends.h"
 #include "worker/checkpoint.h"

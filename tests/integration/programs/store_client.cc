@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "rendezvous/grpc_store.h"
+#include "rendezvous/client/grpc_store.h"
 
 int main() {
   using namespace ddpl::rdzv;

@@ -1,0 +1,60 @@
+#pragma once
+// The local agent: carries out the supervisor's decisions with real processes. Event driven:
+// one epoll loop over a signalfd (SIGCHLD and the handled signals), the workers' output pipes
+// and a timerfd for the shutdown grace period. Nothing polls.
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "launcher/agent/numa.h"
+#include "launcher/agent/worker_spec.h"
+#include "launcher/cli/options.h"
+#include "launcher/membership/rendezvous_handler.h"
+
+namespace ddpl::launcher {
+
+struct AgentConfig {
+  LaunchOptions options;
+  int nproc = 1;
+  std::vector<std::string> command;  // resolved, before ${local_rank} substitution
+  Environment base_env;              // the launcher's environment, inherited by workers
+  Environment extra_env;             // added for every worker (store endpoint, ...)
+  std::string run_id;
+  std::string host;
+  std::vector<NumaPlacement> numa;  // per local rank (--numa-binding); empty: no binding
+  std::string python_origin;        // "/path/python3 (why)" when PROGRAM runs under Python
+  // Each called once, on the agent's thread, when the job has run that many seconds since its
+  // first group started (0: right after that group's workers are exec'ed): work that must not
+  // delay or compete with the workers' start (single-node preflight, the run manifest and its
+  // probe).
+  std::vector<std::pair<double, std::function<void()>>> after_start;
+};
+
+class Agent {
+ public:
+  Agent(AgentConfig config, RendezvousHandler& rendezvous);
+  ~Agent();
+  // Runs the job to the end and returns the launcher's exit code. The caller must have blocked
+  // SIGCHLD and the handled signals in every thread (blockSignals) before any thread started.
+  int run();
+
+  // The directory holding attempt_<n>/<local_rank>/ for this run.
+  const std::string& runLogDir() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// `launch stacks RUN_DIR` / `launch status RUN_DIR`: asks the launch running that directory's
+// job (its control socket) for a snapshot of every worker's stack on every node (the job keeps
+// running; prints where each went and each rank's innermost frame), or for the status of every
+// node. Returns the exit code: 0, or 1 with a message when no launch answers there.
+int controlRequest(const std::string& run_dir, const std::string& what);
+
+// Blocks SIGCHLD, SIGPIPE-as-ignored, and `signals` so that the agent receives them through a
+// signalfd. Call first thing in main, before starting any thread.
+void blockSignals(const std::vector<int>& signals);
+
+}  // namespace ddpl::launcher

@@ -1,0 +1,14 @@
+#pragma once
+// Starts the metrics endpoint from libddpl_launch_metrics.so (next to the gRPC plugin, in
+// ../lib beside the launcher), loaded on first use: runs without --metrics-port pay nothing.
+#include <memory>
+
+#include "launcher/health/metrics.h"
+
+namespace ddpl::launcher {
+
+// Throws ddpl::Error naming the plugin's path when it cannot be loaded, ddpl::NetworkError
+// naming host:port when the endpoint cannot listen.
+std::unique_ptr<MetricsEndpoint> startMetricsEndpoint(const MetricsOptions& options);
+
+}  // namespace ddpl::launcher

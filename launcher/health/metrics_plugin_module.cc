@@ -1,0 +1,24 @@
+// The metrics endpoint as a plugin (libddpl_launch_metrics.so): `launch` links no
+// prometheus-cpp; jobs with --metrics-port load this (launcher/health/metrics_plugin.h). Errors
+// cross the boundary as text, never as exceptions.
+#include <cstdio>
+#include <exception>
+
+#include "common/log.h"
+#include "launcher/health/metrics.h"
+
+extern "C" {
+
+__attribute__((visibility("default"))) ddpl::launcher::MetricsEndpoint* ddpl_metrics_start(
+    const ddpl::launcher::MetricsOptions* options, int log_level, char* error, size_t error_len) {
+  try {
+    // The plugin has its own copy of the logging facade: give it the launcher's identity.
+    ddpl::log::init({"launch", -1, ""}, static_cast<spdlog::level::level_enum>(log_level));
+    return new ddpl::launcher::MetricsExporter(*options);
+  } catch (const std::exception& e) {
+    snprintf(error, error_len, "%s", e.what());
+    return nullptr;
+  }
+}
+
+}  // extern "C"

@@ -1,0 +1,513 @@
+#include "launcher/membership/elastic_rendezvous.h"
+
+#include <arpa/inet.h>
+#include <fmt/format.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <mutex>
+
+#include "common/defaults.h"
+#include "common/errors.h"
+#include "common/log.h"
+#include "common/parse.h"
+#include "launcher/membership/multi_node_rendezvous.h"
+#include "launcher/membership/ports.h"
+#include "rendezvous/client/grpc_store.h"
+#include "rendezvous/client/rendezvous_client.h"
+#include "rendezvous/server/server.h"
+
+namespace ddpl::launcher {
+namespace {
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+std::pair<std::string, int> splitEndpoint(const std::string& endpoint) {
+  HostPort hp = parseHostPort("rendezvous endpoint", endpoint, defaults::kRdzvPort);
+  return {hp.host, hp.port};
+}
+
+// How long a hosting agent keeps serving for nodes that have not finished yet (a node that was
+// SIGKILLed never says goodbye, so this is bounded).
+constexpr milliseconds kHostLinger{std::chrono::seconds(30)};
+
+// A health read (`launch status`, stacks) waits at most this long for one key.
+constexpr milliseconds kHealthCallTimeout{std::chrono::seconds(3)};
+
+bool isLoopback(const std::string& host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+// Does `host` name this machine? Compared by name and by address: an address of this machine
+// can be bound.
+bool namesThisMachine(const std::string& host) {
+  if (isLoopback(host)) return true;
+  if (host == log::hostname()) return true;
+  char full[256] = {0};
+  gethostname(full, sizeof(full) - 1);
+  if (host == full) return true;
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return false;
+  bool local = false;
+  for (addrinfo* ai = res; ai && !local; ai = ai->ai_next) {
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_storage ss{};
+    memcpy(&ss, ai->ai_addr, ai->ai_addrlen);
+    reinterpret_cast<sockaddr_in*>(&ss)->sin_port = 0;  // same offset for v6
+    local = bind(fd, reinterpret_cast<sockaddr*>(&ss), ai->ai_addrlen) == 0;
+    close(fd);
+  }
+  freeaddrinfo(res);
+  return local;
+}
+
+// The job's health keys in the rendezvous service's store (under ddpl-agents/<run>/). The
+// service keeps no list and pushes nothing: lists are a counter and numbered keys, and the
+// health thread polls.
+class StoreJobKv : public JobKv {
+ public:
+  explicit StoreJobKv(rdzv::Store* store) : store_(store) {}
+  int64_t add(const std::string& key, int64_t delta) override { return store_->add(key, delta); }
+  void set(const std::string& key, const std::string& value) override {
+    store_->set(key, rdzv::toBytes(value));
+  }
+  std::optional<std::string> get(const std::string& key) override {
+    if (!store_->check({key})) return std::nullopt;
+    return rdzv::toString(store_->get(key, kHealthCallTimeout));
+  }
+  void append(const std::string& list, const std::string& /*node*/,
+              const std::string& value) override {
+    int64_t id = store_->add(list + "/count", 1);
+    set(fmt::format("{}/{}", list, id), value);
+  }
+  std::vector<std::string> readNew(const std::string& list, int64_t* cursor) override {
+    std::vector<std::string> out;
+    int64_t n = store_->add(list + "/count", 0);
+    for (int64_t id = *cursor + 1; id <= n; ++id) {
+      auto v = get(fmt::format("{}/{}", list, id));
+      if (!v) continue;  // being written: the next read has it
+      out.push_back(*v);
+      *cursor = id;
+    }
+    return out;
+  }
+
+ private:
+  rdzv::Store* store_;
+};
+
+// Rounds through the gRPC rendezvous service (rdzv::RendezvousClient), job-wide facts and the
+// health view in its store. Threads, on top of multi_node_rendezvous.h's contract:
+// - the joiner thread blocks in RendezvousClient::join() (up to the join timeout) and then in
+//   the store for MASTER_PORT (up to the read timeout);
+// - RoundEnded runs on the RoundWatch's stream thread; roundStillCurrent() asks the service
+//   (one heartbeat, bounded by the read timeout);
+// - the health thread polls the store once a second (no push);
+// - when this agent hosts the service (server_), finish() keeps it up until the other nodes
+//   of the last round have left, at most kHostLinger more.
+class ElasticRendezvous : public MultiNodeRendezvous {
+ public:
+  explicit ElasticRendezvous(const ElasticConfig& c) : MultiNodeRendezvous(c.node_id), c_(c) {
+    auto [host, port] = splitEndpoint(c_.endpoint);
+    endpoint_ =
+        fmt::format("{}:{}", host.find(':') != std::string::npos ? "[" + host + "]" : host, port);
+    if (c_.host != ElasticConfig::Host::kNo &&
+        (c_.host == ElasticConfig::Host::kYes || namesThisMachine(host)))
+      maybeHost(host, port);
+    address_ = c_.local_addr.empty() ? routeAddressTo(host, port) : c_.local_addr;
+
+    rdzv::RendezvousClientOptions ro;
+    ro.endpoint = endpoint_;
+    ro.token = c_.token;
+    ro.tls_ca_file = c_.tls_ca_file;
+    ro.connect_timeout = c_.read_timeout;
+    // Heartbeats, leave and withdraw wait no longer than a store call: a server that does not
+    // answer within the read timeout is lost, whatever the call.
+    ro.call_timeout = std::min(ro.call_timeout, c_.read_timeout);
+    client_ = std::make_unique<rdzv::RendezvousClient>(ro);
+
+    rdzv::GrpcStoreOptions so;
+    so.endpoint = endpoint_;
+    so.token = c_.token;
+    so.tls_ca_file = c_.tls_ca_file;
+    so.connect_timeout = c_.read_timeout;
+    so.default_timeout = c_.read_timeout;
+    // Job-wide facts every agent shares: the failure count and the last root cause.
+    so.prefix = "ddpl-agents/" + c_.run_id + "/";
+    store_ = rdzv::connectGrpcStore(so);
+    setKv(std::make_unique<StoreJobKv>(store_.get()));
+    log::info("rendezvous {} ({}), run '{}', node '{}' at {}, {}:{} nodes", endpoint_,
+              server_ ? "hosted by this agent" : "client", c_.run_id, c_.node_id, address_,
+              c_.min_nodes, c_.max_nodes);
+  }
+
+  ~ElasticRendezvous() override {
+    stopThreads();
+    watch_.reset();
+  }
+
+  bool roundStillCurrent() override {
+    std::optional<rdzv::RoundAssignment> current;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      current = current_;
+    }
+    if (!current) return true;
+    if (watch_ && watch_->changed()) return false;
+    try {
+      // The server's word: throws when the round has ended. Asked even when the service was
+      // lost (it may be back): recordFailure(), which follows, goes by this answer.
+      client_->heartbeat(*current);
+      clearLost();
+      return true;
+    } catch (const StoreError& e) {
+      log::warn("round {} is over for this node: {}", current->round, e.what());
+      return false;
+    } catch (const std::exception& e) {
+      noteTransport(e);
+      log::debug("cannot tell whether round {} is current ({}): counting the failure",
+                 current->round, e.what());
+      return true;
+    }
+  }
+
+  int recordFailure(const std::string& summary) override {
+    std::string why;
+    // Each call would wait out the read timeout for a server that is gone (the heartbeat of
+    // roundStillCurrent() just before found it so); the agent gives up on the count at once
+    // instead (and the job's outcome is this node's own failure).
+    if (lost(&why))
+      throw NetworkError(fmt::format("the rendezvous service at {} is lost: {}", endpoint_, why));
+    try {
+      int n = static_cast<int>(store_->add("failures", 1));
+      store_->set("last_failure", rdzv::toBytes(summary));
+      if (current_) store_->set(roundKey("end"), rdzv::toBytes("failed"));
+      leaveQuietly();  // the other nodes learn at once and stop their workers
+      return n;
+    } catch (const std::exception& e) {
+      noteTransport(e);
+      throw;
+    }
+  }
+
+  void leaveEarly() override { leaveQuietly(); }
+
+  std::string jobFailure() override {
+    if (!cached_failure_.empty()) return cached_failure_;
+    std::string why;
+    if (lost(&why)) return "<could not read it: the rendezvous service is lost: " + why + ">";
+    try {
+      if (store_->check({"last_failure"}))
+        return rdzv::toString(store_->get("last_failure", c_.read_timeout));
+    } catch (const std::exception& e) {
+      noteTransport(e);
+      return std::string("<could not read it: ") + e.what() + ">";
+    }
+    return "";
+  }
+
+  bool finish(bool success) override {
+    stopHealth();  // nothing is published for a node on its way out
+    bool job_ok = true;
+    if (success && current_ &&
+        mayCall(Clock::time_point::max(), "waiting for the other nodes to finish")) {
+      try {
+        int64_t done = store_->add(roundKey("done"), 1);
+        if (done >= current_->group_world_size) store_->set(roundKey("end"), rdzv::toBytes("done"));
+        // Leaving ends the round for nodes still running, so wait for them: returns at once when
+        // the last node is done or any node failed.
+        store_->wait({roundKey("end")}, c_.exit_barrier_timeout);
+        job_ok = rdzv::toString(store_->get(roundKey("end"), c_.read_timeout)) == "done";
+      } catch (const TimeoutError&) {
+        log::warn("other nodes did not finish within the exit barrier ({}s); leaving anyway",
+                  c_.exit_barrier_timeout.count() / 1000);
+      } catch (const std::exception& e) {
+        noteTransport(e);
+        log::warn("exit barrier: {}", e.what());
+      }
+    }
+    // Leaving, the outcome and "gone" share one read timeout: a server lost on the way out
+    // costs at most that, not a read timeout per call.
+    close_by_ = Clock::now() + c_.read_timeout;
+    leaveQuietly();
+    if (current_ && mayCall(close_by_, "closing the rendezvous")) {
+      try {
+        // The hosting agent must outlive the other members of its round: they may still be
+        // reading the outcome (a failure's root cause) from the service it hosts.
+        // Read the job's outcome before saying goodbye: the last node to leave clears it.
+        cached_failure_ = jobFailure();
+        int64_t gone = store_->add(roundKey("gone"), 1);
+        if (gone >= current_->group_world_size) {
+          // The job is over on every node of its last round. Its failure count must not
+          // outlive it: a job re-run under the same --rdzv-id (a Kubernetes Job's pods
+          // restarting, say) on a long-lived rdzv-server would otherwise start "already
+          // failed". (A node SIGKILLed never gets here; then the count stays.)
+          store_->deleteKey("failures");
+          store_->deleteKey("last_failure");
+          store_->set(roundKey("all_gone"), rdzv::toBytes("1"));
+        }
+        if (server_ && gone < current_->group_world_size) {
+          log::info("waiting for {} other node(s) to finish before closing the rendezvous",
+                    current_->group_world_size - gone);
+          store_->wait({roundKey("all_gone")}, kHostLinger);
+        }
+      } catch (const std::exception& e) {
+        noteTransport(e);
+        log::warn("closing the rendezvous: {}", e.what());
+      }
+    }
+    if (server_) {
+      if (cached_failure_.empty()) cached_failure_ = jobFailure();  // nobody serves it after this
+      server_->shutdown();
+    }
+    return job_ok;
+  }
+
+  void stopBeforeJoining(const std::string& reason) override {
+    rdzv::JoinOptions jo = joinOptions();
+    rdzv::RendezvousClient::Withdrawal w;
+    try {
+      w = client_->withdraw(jo, reason);
+    } catch (const std::exception& e) {
+      log::warn(
+          "cannot tell the other nodes that this node stops: {} (they wait up to the join "
+          "timeout, {}s, for it)",
+          e.what(), c_.join_timeout.count() / 1000);
+      return;
+    }
+    if (w.failed || w.can_come < c_.min_nodes)
+      log::error(
+          "the job cannot form without this node ({} of --nnodes={}:{} can still come): "
+          "the other nodes are told",
+          std::max(w.can_come, 0), c_.min_nodes, c_.max_nodes);
+    else
+      log::info("the other nodes go on without this node ({} of --nnodes={}:{} can still come)",
+                w.can_come, c_.min_nodes, c_.max_nodes);
+    if (!server_ || !(w.failed || w.can_come < c_.min_nodes)) return;
+    // The other nodes reach the service through this process: it serves until those that can
+    // still come have been turned away (each says so), within kHostLinger. Signals are not
+    // handled yet (main has them blocked), so this stays short.
+    int others = std::max(w.can_come, 0);
+    if (others <= 0) return;
+    log::info(
+        "keeping the rendezvous up to {}s for {} other node(s) to learn that the job "
+        "cannot form",
+        kHostLinger.count() / 1000, others);
+    try {
+      store_->wait({fmt::format("turned_away/{}", others)}, kHostLinger);
+    } catch (const std::exception& e) {
+      log::debug("not every other node learnt it: {}", e.what());
+    }
+    server_->shutdown();
+  }
+
+  std::string describe() const override { return "elastic via " + endpoint_; }
+
+ private:
+  void beforeJoin() override { watch_.reset(); }
+
+  std::string roundKey(const std::string& what) const {
+    return fmt::format("round/{}/{}", current_ ? current_->round : -1, what);
+  }
+
+  void maybeHost(const std::string& host, int port) {
+    std::string bind_host = isLoopback(host) ? "127.0.0.1" : "0.0.0.0";
+    if (c_.host == ElasticConfig::Host::kAuto) {
+      // Usual case on every node but one: the port is taken by the hosting agent. Find out
+      // quietly instead of through gRPC's bind error.
+      try {
+        checkPortFree(bind_host, port);
+      } catch (const NetworkError&) {
+        return;
+      }
+    }
+    rdzv::ServerOptions so;
+    so.host = bind_host;
+    so.port = port;
+    so.token = c_.token;
+    so.heartbeat_window = c_.heartbeat_window;
+    so.log_name = "rdzv";
+    try {
+      server_ = std::make_unique<rdzv::RendezvousServer>(so);
+    } catch (const NetworkError& e) {
+      if (c_.host == ElasticConfig::Host::kYes) throw;
+      // Another agent (or an rdzv-server) holds the port: it hosts, we are a client.
+      log::debug("not hosting the rendezvous: {}", e.what());
+    }
+  }
+
+  rdzv::JoinOptions joinOptions() const {
+    rdzv::JoinOptions jo;
+    jo.run_id = c_.run_id;
+    jo.node_id = c_.node_id;
+    jo.local_world_size = c_.local_world_size;
+    jo.address = address_;
+    jo.min_nodes = c_.min_nodes;
+    jo.max_nodes = c_.max_nodes;
+    jo.join_timeout = c_.join_timeout;
+    jo.last_call_timeout = c_.last_call_timeout;
+    return jo;
+  }
+
+  // A call failed: on the transport (no server, or no answer within the read timeout), the
+  // service counts as lost from now on (MultiNodeRendezvous::markLost). A timeout of a wait
+  // for a key is no such failure, but the calls this is given for do not wait for keys.
+  void noteTransport(const std::exception& e) {
+    if (dynamic_cast<const NetworkError*>(&e) || dynamic_cast<const TimeoutError*>(&e))
+      markLost(e.what());
+  }
+
+  std::optional<WorldAssignment> joinOnce() override {
+    try {
+      auto w = joinRound();
+      clearLost();  // the service answers (again)
+      return w;
+    } catch (const NetworkError& e) {
+      markLost(e.what());
+      throw;
+    }
+  }
+
+  std::optional<WorldAssignment> joinRound() {
+    // A node that stopped because another failed for good must not wait for a round that
+    // will never form: the count tells, and the supervisor reports the failure.
+    int failures;
+    try {
+      failures = static_cast<int>(store_->add("failures", 0));
+    } catch (const TimeoutError& e) {
+      markLost(e.what());  // no answer within the read timeout
+      throw;
+    }
+    if (failures > c_.max_restarts) {
+      WorldAssignment w;
+      w.run_id = c_.run_id;
+      w.restart_count = failures;
+      return w;
+    }
+    rdzv::RoundAssignment a;
+    try {
+      a = client_->join(joinOptions());
+    } catch (const StoreError& e) {
+      // Refused because a node stopped before joining and the job cannot form: say so to a
+      // hosting node that stopped, which serves until every node still to come has heard it.
+      if (std::string(e.what()).find(rdzv::kStoppedBeforeJoining) != std::string::npos) {
+        try {
+          int64_t n = store_->add("turned_away/count", 1);
+          store_->set(fmt::format("turned_away/{}", n), rdzv::toBytes(c_.node_id));
+        } catch (const std::exception&) {
+        }
+      }
+      throw;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      current_ = a;
+      left_ = false;
+    }
+    roundAssigned(a.group_rank, a.group_world_size, a.round);
+    int64_t round = a.round;
+    watch_ = client_->watch(a, [this, round](const rdzv::RoundChange& ch) {
+      if (ch.connection_lost) markLost(ch.reason);
+      endRound(round, ch.connection_lost
+                          ? "lost the rendezvous service at " + endpoint_ + ": " + ch.reason
+                          : ch.reason);
+    });
+
+    WorldAssignment w;
+    w.run_id = a.run_id;
+    w.round = a.round;
+    w.group_rank = a.group_rank;
+    w.group_world_size = a.group_world_size;
+    w.rank_offset = a.rank_offset;
+    w.world_size = a.world_size;
+    w.master_addr = a.master_address;
+    w.restart_count = static_cast<int>(store_->add("failures", 0));
+    // Group rank 0 picks MASTER_PORT on its own machine and tells the others.
+    std::string port_key = roundKey("master_port");
+    if (a.group_rank == 0) {
+      std::string bind_addr = c_.local_addr.empty() ? "0.0.0.0" : c_.local_addr;
+      int port = pickFreePort(isLoopback(a.master_address) ? "127.0.0.1" : bind_addr);
+      store_->set(port_key, rdzv::toBytes(std::to_string(port)));
+      w.master_port = port;
+    } else {
+      w.master_port = parsePort("MASTER_PORT published by node 0 under '" + port_key + "'",
+                                rdzv::toString(store_->get(port_key, c_.read_timeout)));
+    }
+    w.worker_env = {{envvar::kStoreAddr, endpoint_},
+                    {envvar::kStoreToken, c_.token},
+                    {envvar::kStorePrefix, a.store_prefix}};
+    log::info("round {}: node {}/{} ({} nodes, world size {}), ranks {}..{}", a.round, a.group_rank,
+              a.group_world_size, a.group_world_size, a.world_size, a.rank_offset,
+              a.rank_offset + a.local_world_size - 1);
+    if (a.group_rank == 0) logPreflightTable();
+    return w;
+  }
+
+  void leaveQuietly() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (left_ || !current_) return;
+    left_ = true;
+    if (!mayCall(close_by_, "leaving the rendezvous")) return;
+    try {
+      client_->leave(c_.run_id, c_.node_id);
+    } catch (const std::exception& e) {
+      noteTransport(e);
+      log::warn("leaving the rendezvous: {}", e.what());
+    }
+  }
+
+  ElasticConfig c_;
+  std::string endpoint_, address_;
+  std::unique_ptr<rdzv::RendezvousServer> server_;
+  std::unique_ptr<rdzv::RendezvousClient> client_;
+  std::unique_ptr<rdzv::Store> store_;
+  std::unique_ptr<rdzv::RoundWatch> watch_;
+  std::mutex mu_;
+  std::optional<rdzv::RoundAssignment> current_;
+  bool left_ = false;
+  std::string cached_failure_;
+  // finish(): when the calls on the way out give up (none before: max).
+  Clock::time_point close_by_ = Clock::time_point::max();
+};
+
+}  // namespace
+
+std::string routeAddressTo(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0)
+    throw NetworkError(fmt::format("cannot resolve rendezvous host '{}'", host));
+  std::string out;
+  for (addrinfo* ai = res; ai && out.empty(); ai = ai->ai_next) {
+    int fd = socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
+      sockaddr_storage ss{};
+      socklen_t len = sizeof(ss);
+      getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
+      char buf[INET6_ADDRSTRLEN] = {0};
+      if (ss.ss_family == AF_INET)
+        inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&ss)->sin_addr, buf, sizeof(buf));
+      else
+        inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr, buf, sizeof(buf));
+      out = buf;
+    }
+    close(fd);
+  }
+  freeaddrinfo(res);
+  if (out.empty())
+    throw NetworkError(fmt::format("no route to the rendezvous host '{}' from this machine", host));
+  return out;
+}
+
+std::unique_ptr<RendezvousHandler> makeElasticRendezvous(const ElasticConfig& config) {
+  return std::make_unique<ElasticRendezvous>(config);
+}
+
+}  // namespace ddpl::launcher

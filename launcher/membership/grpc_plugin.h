@@ -1,0 +1,31 @@
+#pragma once
+// Loads libddpl_launch_grpc.so (next to the launcher, in ../lib) on first use. Everything in
+// `launch` that needs gRPC goes through here, so runs that need none pay nothing for it.
+#include <memory>
+#include <string>
+
+#include "launcher/membership/elastic_rendezvous.h"
+#include "launcher/membership/etcd/etcd_rendezvous.h"
+
+namespace ddpl::launcher {
+
+class GrpcPlugin {
+ public:
+  // Throws ddpl::Error naming the path and the loader's message when it cannot be loaded.
+  static GrpcPlugin& get();
+
+  // Returns an opaque server handle; throws ddpl::Error with the server's message.
+  void* startStore(const std::string& host, int port, const std::string& token);
+  void stopStore(void* server);
+  std::unique_ptr<RendezvousHandler> makeElastic(const ElasticConfig& config);
+  std::unique_ptr<RendezvousHandler> makeEtcd(const EtcdRendezvousConfig& config);
+
+  static std::string defaultPath();
+
+ private:
+  explicit GrpcPlugin(void* handle) : handle_(handle) {}
+  void* symbol(const char* name);
+  void* handle_;
+};
+
+}  // namespace ddpl::launcher

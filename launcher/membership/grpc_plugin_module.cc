@@ -1,0 +1,70 @@
+// The gRPC half of `launch`, built as a plugin (libddpl_launch_grpc.so) so that the launcher
+// links no gRPC: the embedded store of --standalone and the multi-node rendezvous. Loaded only
+// by jobs that use them (launcher/membership/grpc_plugin.h). Errors cross the boundary as text,
+// never as exceptions.
+#include <cstdio>
+#include <exception>
+
+#include "common/log.h"
+#include "launcher/membership/elastic_rendezvous.h"
+#include "launcher/membership/etcd/etcd_rendezvous.h"
+#include "rendezvous/server/server.h"
+
+namespace {
+void initLog(int log_level) {
+  // The plugin has its own copy of the logging facade: give it the launcher's identity.
+  ddpl::log::init({"launch", -1, ""}, static_cast<spdlog::level::level_enum>(log_level));
+}
+}  // namespace
+
+extern "C" {
+
+__attribute__((visibility("default"))) void* ddpl_embedded_store_start(const char* host, int port,
+                                                                       const char* token,
+                                                                       int log_level, char* error,
+                                                                       size_t error_len) {
+  try {
+    initLog(log_level);
+    ddpl::rdzv::ServerOptions opts;
+    opts.host = host;
+    opts.port = port;
+    opts.token = token;
+    opts.log_name = "launch-store";
+    return new ddpl::rdzv::RendezvousServer(opts);
+  } catch (const std::exception& e) {
+    snprintf(error, error_len, "%s", e.what());
+    return nullptr;
+  }
+}
+
+__attribute__((visibility("default"))) void ddpl_embedded_store_stop(void* server) {
+  delete static_cast<ddpl::rdzv::RendezvousServer*>(server);
+}
+
+// Returns a heap RendezvousHandler the caller owns (same build, same C++ ABI), or null with the
+// reason in `error`.
+__attribute__((visibility("default"))) ddpl::launcher::RendezvousHandler*
+ddpl_make_elastic_rendezvous(const ddpl::launcher::ElasticConfig* config, int log_level,
+                             char* error, size_t error_len) {
+  try {
+    initLog(log_level);
+    return ddpl::launcher::makeElasticRendezvous(*config).release();
+  } catch (const std::exception& e) {
+    snprintf(error, error_len, "%s", e.what());
+    return nullptr;
+  }
+}
+
+// The same for the etcd backend (launcher/membership/etcd/etcd_rendezvous.h).
+__attribute__((visibility("default"))) ddpl::launcher::RendezvousHandler* ddpl_make_etcd_rendezvous(
+    const ddpl::launcher::EtcdRendezvousConfig* config, int log_level, char* error,
+    size_t error_len) {
+  try {
+    initLog(log_level);
+    return ddpl::launcher::makeEtcdRendezvous(*config).release();
+  } catch (const std::exception& e) {
+    snprintf(error, error_len, "%s", e.what());
+    return nullptr;
+  }
+}
+}

@@ -1,0 +1,68 @@
+#include "launcher/membership/local_rendezvous.h"
+
+#include <arpa/inet.h>
+#include <fmt/format.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "common/errors.h"
+#include "launcher/cli/options.h"
+#include "launcher/membership/ports.h"
+
+namespace ddpl::launcher {
+LocalRendezvous::LocalRendezvous(std::string run_id, int local_world_size, std::string master_addr,
+                                 std::optional<int> master_port, EmbeddedStore* store,
+                                 int node_rank, int nnodes)
+    : run_id_(std::move(run_id)),
+      local_world_size_(local_world_size),
+      master_addr_(std::move(master_addr)),
+      master_port_(master_port),
+      store_(store),
+      node_rank_(node_rank),
+      nnodes_(nnodes) {}
+
+void LocalRendezvous::startRendezvous(Done done) {
+  try {
+    done(nextWorld(), "");
+  } catch (const std::exception& e) {
+    done(std::nullopt, e.what());
+  }
+}
+
+WorldAssignment LocalRendezvous::nextWorld() {
+  WorldAssignment w;
+  w.run_id = run_id_;
+  w.round = round_++;
+  w.restart_count = failures_;
+  w.world_size = local_world_size_ * nnodes_;
+  w.group_rank = node_rank_;
+  w.group_world_size = nnodes_;
+  w.rank_offset = node_rank_ * local_world_size_;
+  w.master_addr = master_addr_;
+  if (nnodes_ > 1) {
+    w.master_port = master_port_.value_or(kDefaultMasterPort);  // node 0's, maybe elsewhere
+  } else if (master_port_) {
+    checkPortFree(master_addr_, *master_port_);
+    w.master_port = *master_port_;
+  } else {
+    w.master_port = pickFreePort(master_addr_);
+  }
+  if (store_) w.worker_env = store_->workerEnv(run_id_, static_cast<int>(w.round));
+  return w;
+}
+
+std::string LocalRendezvous::describe() const {
+  return fmt::format("static (node {}/{}, {} workers, MASTER_ADDR {})", node_rank_, nnodes_,
+                     local_world_size_, master_addr_);
+}
+
+void LocalRendezvous::workersStarted() {
+  if (store_) store_->startServing();
+}
+
+}  // namespace ddpl::launcher

@@ -1,0 +1,44 @@
+#pragma once
+#include <optional>
+
+#include "launcher/membership/embedded_store.h"
+#include "launcher/membership/ports.h"
+#include "launcher/membership/rendezvous_handler.h"
+
+namespace ddpl::launcher {
+
+// Static rendezvous, as torchrun's: no agent talks to another. One node: every rank is local and
+// MASTER_PORT is a free port picked per attempt unless the user fixed one (then it must be
+// free, or we say so). Several nodes (--nnodes=N --node-rank=R): each node computes its ranks
+// as R * nproc, so every node must run the same --nproc-per-node, and MASTER_ADDR:MASTER_PORT
+// (default 29500) is node 0's.
+class LocalRendezvous : public RendezvousHandler {
+ public:
+  // `store`, when given, is started for the first attempt and its endpoint handed to workers.
+  LocalRendezvous(std::string run_id, int local_world_size, std::string master_addr,
+                  std::optional<int> master_port, EmbeddedStore* store = nullptr, int node_rank = 0,
+                  int nnodes = 1);
+  void startRendezvous(Done done) override;
+  void setRoundEndedCallback(RoundEnded) override {}  // one node: rounds never end under us
+  int recordFailure(const std::string&) override { return ++failures_; }
+  bool roundStillCurrent() override { return true; }
+  std::string jobFailure() override { return ""; }
+  bool finish(bool) override { return true; }
+  void workersStarted() override;
+  std::string describe() const override;
+
+  // The world of the next attempt, synchronously (what startRendezvous reports).
+  WorldAssignment nextWorld();
+
+ private:
+  std::string run_id_;
+  int local_world_size_;
+  std::string master_addr_;
+  std::optional<int> master_port_;
+  EmbeddedStore* store_;
+  int node_rank_, nnodes_;
+  int failures_ = 0;
+  int64_t round_ = 0;
+};
+
+}  // namespace ddpl::launcher

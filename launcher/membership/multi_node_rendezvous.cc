@@ -1,0 +1,326 @@
+#include "launcher/membership/multi_node_rendezvous.h"
+
+#include <fmt/format.h>
+
+#include <regex>
+
+#include "common/log.h"
+
+namespace ddpl::launcher {
+namespace {
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+// The health thread publishes this node's status this often (a node summary, not a message
+// per step). Where the store cannot push, it looks for another node's request for stacks this
+// often (one read a second per node).
+constexpr milliseconds kStatusEvery{std::chrono::seconds(5)};
+constexpr milliseconds kStacksPoll{std::chrono::seconds(1)};
+// Calls the agent makes for the user (`launch status`) or on a hang wait at most this long in
+// all.
+constexpr milliseconds kHealthCallTimeout{std::chrono::seconds(3)};
+
+double unixSeconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+MultiNodeRendezvous::MultiNodeRendezvous(std::string node_id) : node_id_(std::move(node_id)) {}
+
+MultiNodeRendezvous::~MultiNodeRendezvous() { stopThreads(); }
+
+void MultiNodeRendezvous::stopThreads() {
+  stopHealth();
+  if (joiner_.joinable()) joiner_.join();
+}
+
+void MultiNodeRendezvous::waitForJoiner() {
+  if (joiner_.joinable()) joiner_.join();
+}
+
+void MultiNodeRendezvous::startRendezvous(Done done) {
+  if (joiner_.joinable()) joiner_.join();
+  beforeJoin();
+  // Joining blocks until the round completes (up to the join timeout): a thread of its own,
+  // so the agent keeps handling signals meanwhile.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_end_.reset();
+  }
+  joiner_ = std::thread([this, done = std::move(done)] {
+    std::optional<WorldAssignment> w;
+    try {
+      w = joinOnce();
+    } catch (const std::exception& e) {
+      done(std::nullopt, e.what());
+      return;
+    }
+    done(w, "");
+    if (w) delivered(w->round);
+  });
+}
+
+void MultiNodeRendezvous::delivered(int64_t round) {
+  std::optional<std::pair<int64_t, std::string>> end;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    delivered_round_ = round;
+    if (pending_end_ && pending_end_->first == round) end = pending_end_;
+    pending_end_.reset();
+  }
+  if (end && ended_) ended_(end->first, end->second);
+}
+
+void MultiNodeRendezvous::endRound(int64_t round, const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (round > delivered_round_) {
+      // Its join is still finishing: the agent would take this for news of an older round.
+      if (!pending_end_) pending_end_ = {round, why};
+      return;
+    }
+  }
+  if (ended_) ended_(round, why);
+}
+
+std::tuple<int, int, int64_t> MultiNodeRendezvous::position() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {rank_, nodes_, round_};
+}
+
+void MultiNodeRendezvous::markLost(const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!lost_) lost_why_ = why;
+  lost_ = true;
+}
+
+void MultiNodeRendezvous::clearLost() {
+  std::lock_guard<std::mutex> lock(mu_);
+  lost_ = false;
+  lost_why_.clear();
+  told_skipping_ = false;
+}
+
+bool MultiNodeRendezvous::lost(std::string* why) {
+  if (!lost_) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (why) *why = lost_why_;
+  return lost_;
+}
+
+bool MultiNodeRendezvous::mayCall(Clock::time_point by, const std::string& what) {
+  std::string why;
+  if (lost(&why)) {
+    why = "the rendezvous store was lost: " + why;
+  } else if (Clock::now() >= by) {
+    why = "the time to close the rendezvous is up";
+  } else {
+    return true;
+  }
+  bool first;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    first = !told_skipping_;
+    told_skipping_ = true;
+  }
+  if (first)
+    log::warn("not {} ({})", what, why);
+  else
+    log::debug("not {} ({})", what, why);
+  return false;
+}
+
+void MultiNodeRendezvous::roundAssigned(int group_rank, int group_world_size, int64_t round) {
+  std::lock_guard<std::mutex> lock(mu_);
+  rank_ = group_rank;
+  nodes_ = group_world_size;
+  round_ = round;
+  if (!health_.joinable() && !health_stop_) health_ = std::thread([this] { healthLoop(); });
+}
+
+void MultiNodeRendezvous::stopHealth() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    health_stop_ = true;
+  }
+  cv_.notify_all();
+  if (health_.joinable()) health_.join();
+}
+
+void MultiNodeRendezvous::publishPreflight(const std::string& report) {
+  try {
+    kv_->append("preflight", node_id_, report);
+  } catch (const std::exception& e) {
+    log::warn("cannot publish this node's preflight to the job: {}", e.what());
+  }
+}
+
+void MultiNodeRendezvous::logPreflightTable() {
+  try {
+    std::string table;
+    int problems = 0, reports = 0;
+    for (const auto& r : kv_->readNew("preflight", &preflight_cursor_)) {
+      problems += r.find('\n') != std::string::npos;
+      ++reports;
+      table += "\n  " + std::regex_replace(r, std::regex("\n"), "\n    ");
+    }
+    if (reports == 0) return;
+    if (problems > 0)
+      log::warn("preflight of the job, {} node(s) reporting, {} with findings:{}", reports,
+                problems, table);
+    else
+      log::info("preflight of the job, {} node(s) reporting, all ok:{}", reports, table);
+  } catch (const std::exception& e) {
+    log::debug("no preflight table: {}", e.what());
+  }
+}
+
+void MultiNodeRendezvous::publishStatus(const std::string& line) {
+  std::lock_guard<std::mutex> lock(mu_);
+  status_ = line;
+}
+
+std::vector<std::string> MultiNodeRendezvous::otherNodesStatus() {
+  auto [me, nodes, round] = position();
+  std::vector<std::string> out;
+  auto deadline = Clock::now() + kHealthCallTimeout;
+  for (int r = 0; r < nodes; ++r) {
+    if (r == me) continue;
+    try {
+      std::optional<std::string> v;
+      if (Clock::now() <= deadline) v = kv_->get(fmt::format("status/{}", r));
+      // "<round>\n<host>\n<unix time>\n<line>"
+      size_t a = v ? v->find('\n') : std::string::npos;
+      size_t b = a == std::string::npos ? a : v->find('\n', a + 1);
+      size_t c = b == std::string::npos ? b : v->find('\n', b + 1);
+      if (c == std::string::npos || v->substr(0, a) != std::to_string(round)) {
+        out.push_back(fmt::format("node {}: no status published in round {} yet", r, round));
+        continue;
+      }
+      double age = unixSeconds() - std::strtod(v->substr(b + 1, c - b - 1).c_str(), nullptr);
+      out.push_back(fmt::format("node {} ({}): {} ({:.0f}s ago)", r, v->substr(a + 1, b - a - 1),
+                                v->substr(c + 1), std::max(0.0, age)));
+    } catch (const std::exception& e) {
+      out.push_back(fmt::format("node {}: cannot read its status: {}", r, e.what()));
+    }
+  }
+  return out;
+}
+
+void MultiNodeRendezvous::setStacksRequestedCallback(StacksRequested requested) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stacks_requested_ = std::move(requested);
+}
+
+int64_t MultiNodeRendezvous::requestStacks(const std::string& why) {
+  auto [me, nodes, round] = position();
+  if (nodes <= 1) return 0;
+  try {
+    int64_t id = kv_->add("stacks/next", 1);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      mine_.insert(id);
+    }
+    kv_->set(fmt::format("stacks/{}", id), why);
+    return id;
+  } catch (const std::exception& e) {
+    log::warn("cannot ask the other nodes for their stacks: {}", e.what());
+    return 0;
+  }
+}
+
+void MultiNodeRendezvous::answerStacks(int64_t id, const std::string& answer) {
+  auto [me, nodes, round] = position();
+  try {
+    kv_->set(fmt::format("stacks/{}/{}", id, me), answer);
+  } catch (const std::exception& e) {
+    log::warn("cannot answer request {} for stacks: {}", id, e.what());
+  }
+}
+
+RendezvousHandler::StacksAnswers MultiNodeRendezvous::stacksAnswers(int64_t id) {
+  auto [me, nodes, round] = position();
+  StacksAnswers out;
+  if (id <= 0) return out;
+  auto deadline = Clock::now() + kHealthCallTimeout;
+  for (int r = 0; r < nodes; ++r) {
+    if (r == me) continue;
+    try {
+      if (Clock::now() <= deadline) {
+        if (auto v = kv_->get(fmt::format("stacks/{}/{}", id, r))) {
+          out.answers.push_back(*v);
+          continue;
+        }
+      }
+    } catch (const std::exception& e) {
+      log::debug("stacks of node {}: {}", r, e.what());
+    }
+    out.missing.push_back(r);
+  }
+  return out;
+}
+
+// Publishes this node's status every few seconds and hands other nodes' requests for stacks
+// to the agent: at once where the store pushes them (etcd's watch), within a second where it
+// does not. Errors (the service restarting, etcd electing a leader) are retried on the next
+// turn: health is best effort, never fatal.
+void MultiNodeRendezvous::healthLoop() {
+  int64_t next = -1;  // the next request id to look for
+  std::unique_ptr<JobKv::Subscription> pushed;
+  bool subscribed = false;
+  auto published = Clock::time_point{};
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!health_stop_) {
+    std::string line = status_;
+    StacksRequested requested = stacks_requested_;
+    int me = rank_;
+    int64_t round = round_;
+    stacks_poked_ = false;
+    if (lost_) {  // each call would wait out the read timeout, and finish() for it
+      cv_.wait_for(lock, kStacksPoll, [this] { return health_stop_; });
+      continue;
+    }
+    lock.unlock();
+    bool more = false;
+    try {
+      if (!subscribed) {
+        // Before reading where requests stand, so that none falls between the two.
+        pushed = kv_->subscribe("stacks/", [this] {
+          std::lock_guard<std::mutex> l(mu_);
+          stacks_poked_ = true;
+          cv_.notify_all();
+        });
+        subscribed = true;
+      }
+      if (next < 0) next = kv_->add("stacks/next", 0) + 1;  // earlier requests are over
+      auto now = Clock::now();
+      if (!line.empty() && me >= 0 && now - published >= kStatusEvery) {
+        kv_->set(fmt::format("status/{}", me),
+                 fmt::format("{}\n{}\n{:.3f}\n{}", round, log::hostname(), unixSeconds(), line));
+        published = now;
+      }
+      if (auto why = kv_->get(fmt::format("stacks/{}", next))) {
+        bool own;
+        {
+          std::lock_guard<std::mutex> l(mu_);
+          own = mine_.count(next) > 0;
+        }
+        if (!own && requested) requested(next, *why);
+        ++next;
+        more = true;  // another may follow at once
+      }
+    } catch (const std::exception& e) {
+      log::debug("job health: {}", e.what());
+    }
+    lock.lock();
+    if (!more)
+      cv_.wait_for(lock, pushed ? kStatusEvery : kStacksPoll,
+                   [this] { return health_stop_ || stacks_poked_; });
+  }
+  lock.unlock();
+  pushed.reset();
+}
+
+}  // namespace ddpl::launcher

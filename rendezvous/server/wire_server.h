@@ -1,0 +1,137 @@
+#pragma once
+// The store's plain-socket transport, server side (wire_format.h has the protocol; the
+// design and why it exists are in docs/rendezvous.md, "The store's socket transport").
+// Internal to the server: included by server.cc and service_core.cc only.
+//
+// One thread runs an epoll loop over the connections the connection gate hands over (those
+// that start with kWireMagic). It reads requests, runs them through the same
+// runSessionRequest / ParkedOp as the gRPC Session stream, and writes the answers itself:
+// a round trip costs the server one epoll_wait, one read and one write, where gRPC's callback
+// stream costs several thread hand-offs (docs/bench-rendezvous.md §7).
+//
+// Threads: the loop thread reads, runs requests and writes; a parked operation answers on the
+// thread that decides it (a set's, the timer's), which appends to the connection's output
+// under the connection's mutex and writes it, or leaves it to the loop when the socket is
+// full. adopt() comes from the gate's thread, stop() and connections() from anywhere.
+//
+// Bounds, the same as the Session stream's (StreamLimits): a connection stops being read
+// while it has max_stream_pending operations parked or max_stream_queued_bytes of answers
+// unwritten; answers count against max_queued_bytes server-wide; requests are at most
+// max_value_bytes plus kMessageOverheadBytes; bytes of requests read and not yet handled, all
+// connections together, at most max_queued_bytes (past it the connection that would add more
+// is closed with RESOURCE_EXHAUSTED); connections that have not shown their token are counted
+// apart, against the same limit, so that they cannot use up the others' budget. A connection
+// must send its token within hello_timeout, in a first request of at most kMaxHelloFrameBytes.
+// How many connections there may be is the connection gate's to decide, for gRPC's and these
+// together (at the cap it shuts down the oldest one without its token; the loop then closes it).
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "proto/rendezvous.pb.h"
+#include "rendezvous/store/store.h"
+
+namespace ddpl::rdzv::grpc_detail {
+
+class Core;
+struct Answer;
+
+struct WireOptions {
+  Duration hello_timeout{std::chrono::seconds(10)};
+  // After an error that ends a connection, how long it is still read (and the input dropped)
+  // so that the error frame reaches the client before the close.
+  Duration linger{std::chrono::seconds(1)};
+  // Called with a connection's descriptor just before it is closed (on the loop thread, or in
+  // stop()), while its number cannot yet be another connection's: the connection gate's
+  // count of it ends here (ConnectionGate::wireClosed).
+  std::function<void(int fd)> before_close;
+};
+
+struct WireStats {
+  int64_t open = 0;             // connections held now
+  int64_t accepted = 0;         // adopted since start
+  int64_t hello_timeouts = 0;   // closed for not sending the token in time
+  int64_t protocol_errors = 0;  // closed for a malformed or oversized frame
+  int64_t input_refused = 0;    // closed because the server's input buffers were full
+};
+
+class WireServer {
+ public:
+  WireServer(Core* core, WireOptions options);
+  ~WireServer();  // stop()
+  WireServer(const WireServer&) = delete;
+  WireServer& operator=(const WireServer&) = delete;
+
+  // Takes over a connected non-blocking socket whose first bytes are kWireMagic (not yet
+  // read). Returns false after stop(); the caller then closes it.
+  bool adopt(int fd, const std::string& peer);
+
+  // Closes every connection (their parked operations are cancelled) and ends the loop.
+  // Returns once no parked operation can still answer into a connection. Idempotent.
+  void stop();
+
+  WireStats stats() const;
+
+ private:
+  struct Conn;
+  struct OutChunk;
+  using ConnPtr = std::shared_ptr<Conn>;
+
+  void loop();
+  void wake();
+  ConnPtr find(uint64_t id);
+  void onReadable(const ConnPtr& c, uint32_t events);
+  void processFrames(const ConnPtr& c);
+  bool hello(const ConnPtr& c, const ::ddpl::rendezvous::v1::StoreRequest& req);
+  void handle(const ConnPtr& c, const ::ddpl::rendezvous::v1::StoreRequest& req);
+  void respond(const ConnPtr& c, Answer a);
+  void fail(const ConnPtr& c, int code, const std::string& message);
+  void close(const ConnPtr& c);
+  void expire(std::chrono::steady_clock::time_point now);
+  int nextTimeoutMs(std::chrono::steady_clock::time_point now);
+  void runResumes();
+
+  // Under the connection's mutex.
+  std::string& tailLocked(Conn& c);  // where the next small answer is appended
+  void appendMessageLocked(Conn& c, const ::ddpl::rendezvous::v1::StoreResponse& resp);
+  void appendAnswerLocked(Conn& c, const Answer& a);
+  void dropOutLocked(Conn& c);
+  void flushLocked(Conn& c);
+  void armLocked(Conn& c);
+  bool overLimitLocked(const Conn& c) const;
+  void maybeResumeLocked(Conn& c);
+  void accountOutLocked(Conn& c, int64_t before);
+
+  Core* core_;
+  WireOptions options_;
+  uint32_t max_frame_bytes_;
+  int epoll_fd_ = -1;
+  int wake_fd_ = -1;
+  std::thread thread_;
+  std::atomic<bool> stopping_{false};
+  std::vector<char> read_buf_;           // the loop thread's
+  std::atomic<int64_t> input_bytes_{0};  // requests read and not yet handled, all connections
+  std::atomic<int64_t> hello_bytes_{0};  // the same, of connections without their token yet
+  std::atomic<int64_t>& inputCounter(const Conn& c);  // which of the two counts c's input
+
+  // Guards the members below; may be taken under a connection's mutex,
+  // never the other way round.
+  mutable std::mutex mu_;
+  bool stopped_ = false;
+  uint64_t next_id_ = 1;
+  std::unordered_map<uint64_t, ConnPtr> conns_;
+  // Deadlines in the order they were set: each kind has one fixed delay, so the front is due
+  // first.
+  std::deque<std::pair<std::chrono::steady_clock::time_point, uint64_t>> hellos_, lingers_;
+  std::vector<uint64_t> resumes_;  // connections to read again (back-pressure lifted)
+  WireStats stats_;
+};
+
+}  // namespace ddpl::rdzv::grpc_detail

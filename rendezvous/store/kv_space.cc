@@ -1,0 +1,237 @@
+#include "rendezvous/store/kv_space.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "common/errors.h"
+
+namespace ddpl::rdzv {
+
+int64_t parseCounter(const std::string& key, const Bytes& value) {
+  std::string s = toString(value);
+  try {
+    size_t used = 0;
+    int64_t v = std::stoll(s, &used);
+    if (used == s.size()) return v;
+  } catch (const std::exception&) {
+  }
+  throw StoreError(
+      fmt::format("add on key '{}': its value is not an integer ({} bytes)", key, value.size()));
+}
+
+int64_t addCounter(const std::string& key, int64_t old, int64_t delta) {
+  int64_t v;
+  if (__builtin_add_overflow(old, delta, &v))
+    throw StoreError(fmt::format(
+        "add on key '{}': {} + {} does not fit a 64-bit counter (range {}..{}); the value "
+        "stays {}",
+        key, old, delta, std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(),
+        old));
+  return v;
+}
+
+void KvSpace::run(Fired& fired) {
+  for (auto& [fn, values] : fired) fn(std::move(values));
+}
+
+void KvSpace::collectReadyLocked(const std::string& key, Fired& fired) {
+  auto it = by_key_.find(key);
+  if (it == by_key_.end()) return;
+  std::vector<WaitId> ids = it->second;  // unparkLocked edits the list
+  for (WaitId id : ids) {
+    auto w = waiters_.find(id);
+    if (w == waiters_.end()) continue;
+    bool all = std::all_of(w->second.keys.begin(), w->second.keys.end(),
+                           [&](const std::string& k) { return data_.count(k) > 0; });
+    if (!all) continue;
+    Values values;
+    if (w->second.want_values)
+      for (const auto& k : w->second.keys) values.push_back(data_.at(k));
+    fired.emplace_back(std::move(w->second.on_ready), std::move(values));
+    Waiter done = std::move(w->second);
+    unparkLocked(id, done);
+  }
+}
+
+void KvSpace::unparkLocked(WaitId id, const Waiter& w) {
+  waiters_.erase(id);
+  for (const auto& k : w.keys) {
+    auto it = by_key_.find(k);
+    if (it == by_key_.end()) continue;
+    auto& ids = it->second;
+    ids.erase(std::remove(ids.begin(), ids.end(), id), ids.end());
+    if (ids.empty()) by_key_.erase(it);
+  }
+}
+
+void KvSpace::setShared(const std::string& key, Value value) {
+  Fired fired;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    data_[key] = std::move(value);
+    collectReadyLocked(key, fired);
+  }
+  run(fired);
+}
+
+void KvSpace::multiSet(const std::vector<std::string>& keys, std::vector<Bytes> values) {
+  Values shared;
+  shared.reserve(values.size());
+  for (auto& v : values) shared.push_back(share(std::move(v)));
+  multiSetShared(keys, std::move(shared));
+}
+
+void KvSpace::multiSetShared(const std::vector<std::string>& keys, Values values) {
+  if (keys.size() != values.size())
+    throw InvalidArgument(
+        fmt::format("multiSet: {} keys but {} values", keys.size(), values.size()));
+  Fired fired;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < keys.size(); ++i) data_[keys[i]] = std::move(values[i]);
+    for (const auto& k : keys) collectReadyLocked(k, fired);
+  }
+  run(fired);
+}
+
+int64_t KvSpace::add(const std::string& key, int64_t delta) {
+  Fired fired;
+  int64_t v;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = data_.find(key);
+    int64_t old = it == data_.end() ? 0 : parseCounter(key, *it->second);
+    if (__builtin_add_overflow(old, delta, &v))
+      throw StoreError(
+          fmt::format("add on key '{}': {} + {} does not fit a 64-bit counter "
+                      "(range {}..{}); the value stays {}",
+                      key, old, delta, INT64_MIN, INT64_MAX, old));
+    data_[key] = share(toBytes(std::to_string(v)));
+    collectReadyLocked(key, fired);
+  }
+  run(fired);
+  return v;
+}
+
+Bytes KvSpace::compareSet(const std::string& key, const Bytes& expected, Bytes desired) {
+  Fired fired;
+  Bytes result;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = data_.find(key);
+    if (it == data_.end()) {
+      if (!expected.empty()) return expected;  // c10d returns `expected` for a missing key
+      result = desired;
+      data_[key] = share(std::move(desired));
+      collectReadyLocked(key, fired);
+    } else if (*it->second == expected) {
+      result = desired;
+      it->second = share(std::move(desired));
+    } else {
+      return *it->second;
+    }
+  }
+  run(fired);
+  return result;
+}
+
+bool KvSpace::check(const std::vector<std::string>& keys) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::all_of(keys.begin(), keys.end(),
+                     [&](const std::string& k) { return data_.count(k) > 0; });
+}
+
+bool KvSpace::deleteKey(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return data_.erase(key) > 0;
+}
+
+int64_t KvSpace::numKeys(const std::string& prefix) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (prefix.empty()) return static_cast<int64_t>(data_.size());
+  int64_t n = 0;
+  for (auto it = data_.lower_bound(prefix);
+       it != data_.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it)
+    ++n;
+  return n;
+}
+
+int64_t KvSpace::deletePrefix(const std::string& prefix) {
+  if (prefix.empty()) throw InvalidArgument("deletePrefix: the prefix is empty");
+  std::lock_guard<std::mutex> lock(mu_);
+  auto first = data_.lower_bound(prefix);
+  auto last = first;
+  int64_t n = 0;
+  while (last != data_.end() && last->first.compare(0, prefix.size(), prefix) == 0) {
+    ++last;
+    ++n;
+  }
+  data_.erase(first, last);
+  return n;
+}
+
+std::vector<std::string> KvSpace::missing(const std::vector<std::string>& keys) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> out;
+  for (const auto& k : keys)
+    if (!data_.count(k)) out.push_back(k);
+  return out;
+}
+
+size_t KvSpace::parkedCount() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return waiters_.size();
+}
+
+KvSpace::WaitStart KvSpace::waitFor(const std::vector<std::string>& keys, bool want_values,
+                                    Ready on_ready) {
+  auto shared = waitForShared(keys, want_values, [on_ready = std::move(on_ready)](Values v) {
+    std::vector<Bytes> copies;
+    copies.reserve(v.size());
+    for (auto& p : v) copies.push_back(*p);
+    on_ready(std::move(copies));
+  });
+  WaitStart start;
+  start.ready = shared.ready;
+  start.id = shared.id;
+  for (auto& p : shared.values) start.values.push_back(*p);
+  return start;
+}
+
+KvSpace::SharedStart KvSpace::waitForShared(const std::vector<std::string>& keys, bool want_values,
+                                            ReadyShared on_ready) {
+  SharedStart start;
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> absent;
+  for (const auto& k : keys)
+    if (!data_.count(k)) absent.push_back(k);
+  if (absent.empty()) {
+    start.ready = true;
+    if (want_values)
+      for (const auto& k : keys) start.values.push_back(data_.at(k));
+    return start;
+  }
+  start.id = next_id_++;
+  waiters_.emplace(start.id, Waiter{keys, want_values, std::move(on_ready)});
+  // Parked under every key, not only the missing ones: a present key may be deleted before
+  // the others arrive, and its later set must still wake this waiter.
+  std::vector<std::string> unique = keys;
+  std::sort(unique.begin(), unique.end());
+  unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
+  for (const auto& k : unique) by_key_[k].push_back(start.id);
+  return start;
+}
+
+bool KvSpace::cancelWait(WaitId id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = waiters_.find(id);
+  if (it == waiters_.end()) return false;
+  Waiter w = std::move(it->second);
+  unparkLocked(id, w);
+  return true;
+}
+
+}  // namespace ddpl::rdzv
