@@ -27,7 +27,11 @@ test-tsan: setup
 fuzz: setup
 	@bash scripts/fuzz.sh
 
-demo: build
+# Only what the demo runs (launch, its gRPC plugin for --standalone, the example): a new user's
+# first run does not wait for the test suite to build.
+DEMO_TARGETS := launch ddpl_launch_grpc ddp_resnet
+demo: setup
+	@bash scripts/build.sh $(BUILD_DIR) $(JOBS) $(DEMO_TARGETS)
 	@bash scripts/demo.sh $(BUILD_DIR)
 
 wheel: setup

@@ -54,7 +54,7 @@ install(FILES
   DESTINATION include/ddplaunch/worker COMPONENT dev)
 install(FILES common/defaults.h common/environment.h common/errors.h common/torchrun_env.h
   DESTINATION include/ddplaunch/common COMPONENT dev)
-install(FILES rendezvous/store/store.h DESTINATION include/ddplaunch/rendezvous COMPONENT dev)
+install(FILES rendezvous/store/store.h DESTINATION include/ddplaunch/rendezvous/store COMPONENT dev)
 
 set(DDPL_CMAKE_DIR lib/cmake/ddplaunch)
 install(EXPORT ddplaunchTargets NAMESPACE ddplaunch:: DESTINATION ${DDPL_CMAKE_DIR}

@@ -3,8 +3,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR="${1:-build}"
-# Two cores: run two test binaries at once; each test carries its own timeout.
-ctest --test-dir "$BUILD_DIR" --output-on-failure -j 2 --timeout 600
+# Most cases wait on processes, sockets and timeouts rather than compute: TEST_JOBS (default 4)
+# run at once on two cores. The cases that keep two cores busy count as two (PROCESSORS), the
+# ones that judge a process by its CPU rate run alone (RUN_SERIAL): cmake/DdplHelpers.cmake.
+# Each test carries its own timeout.
+ctest --test-dir "$BUILD_DIR" --output-on-failure -j "${TEST_JOBS:-4}" --timeout 600
 # Then the rendezvous and launcher suites again under ASan + UBSan, in build-asan (no LibTorch;
 # a few minutes with ccache warm). DDPL_TEST_ASAN=0 skips it.
 if [ "${DDPL_TEST_ASAN:-1}" != 0 ]; then

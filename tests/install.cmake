@@ -12,5 +12,5 @@ set_tests_properties(package_test PROPERTIES TIMEOUT 180 LABELS "install;integra
 if(TARGET ddpl_worker)
   add_test(NAME consumer_test
     COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/consumer_test.sh ${PROJECT_SOURCE_DIR} ${CMAKE_BINARY_DIR})
-  set_tests_properties(consumer_test PROPERTIES TIMEOUT 600 LABELS "install;integration")
+  set_tests_properties(consumer_test PROPERTIES TIMEOUT 600 LABELS "install;integration" PROCESSORS 2)
 endif()

@@ -20,7 +20,7 @@ if(TARGET ddpl_worker AND TARGET worker_rank)
 
   # Torch-free driver: starts mpirun and launch, compares what the ranks leave.
   ddpl_add_test(NAME mpi_job_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/integration/mpi_job_test.cc
-    LIBS ddpl_test_util nlohmann_json::nlohmann_json LABELS "mpi;integration" TIMEOUT 300)
+    LIBS ddpl_test_util nlohmann_json::nlohmann_json LABELS "mpi;integration" TIMEOUT 300 PROCESSORS 2)
   add_dependencies(mpi_job_test mpi_rank worker_rank launch)
   if(TARGET ddp_resnet)
     add_dependencies(mpi_job_test ddp_resnet)

@@ -21,11 +21,11 @@ target_include_directories(native_trace_test PRIVATE ${PROJECT_SOURCE_DIR})
 
 # Drivers are torch-free: they only start processes and read what they leave.
 ddpl_add_test(NAME worker_multiproc_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/integration/worker_multiproc_test.cc
-  LIBS ddpl_test_util nlohmann_json::nlohmann_json LABELS "worker;integration" TIMEOUT 240)
+  LIBS ddpl_test_util nlohmann_json::nlohmann_json LABELS "worker;integration" TIMEOUT 240 PROCESSORS 2)
 target_include_directories(worker_multiproc_test PRIVATE ${PROJECT_SOURCE_DIR})
 add_dependencies(worker_multiproc_test worker_rank launch)
 
 ddpl_add_test(NAME worker_fault_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fault/worker_fault_test.cc
-  LABELS "worker;fault" TIMEOUT 240)
+  LABELS "worker;fault" TIMEOUT 240 PROCESSORS 2)
 target_include_directories(worker_fault_test PRIVATE ${PROJECT_SOURCE_DIR})
 add_dependencies(worker_fault_test worker_rank)
