@@ -1,19 +1,13 @@
 #include "launcher/doctor/doctor.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <poll.h>
-#include <signal.h>
 #include <sys/statvfs.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <chrono>
 #include <nlohmann/json.hpp>
 
 #include "common/torchrun_env.h"
+#include "launcher/agent/child_process.h"
 #include "launcher/doctor/check_util.h"
 
 namespace ddpl::launcher {
@@ -112,72 +106,13 @@ std::vector<Finding> findingsFromJson(const std::string& text) {
 }
 
 int captureOutput(const std::vector<std::string>& argv, double timeout_sec, std::string* output) {
-  output->clear();
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) return -1;
-  int exec_fds[2];
-  if (pipe2(exec_fds, O_CLOEXEC) != 0) {
-    close(fds[0]);
-    close(fds[1]);
-    return -1;
-  }
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid = fork();
-  if (pid < 0) return -1;
-  if (pid == 0) {
-    // launch blocks its handled signals for the signalfd: the child must not inherit that.
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    signal(SIGPIPE, SIG_DFL);
-    setpgid(0, 0);
-    int devnull = open("/dev/null", O_RDONLY);
-    dup2(devnull, 0);
-    dup2(fds[1], 1);
-    dup2(fds[1], 2);
-    execvp(args[0], args.data());
-    int e = errno;
-    ssize_t ignored = write(exec_fds[1], &e, sizeof(e));
-    (void)ignored;
-    _exit(127);
-  }
-  close(fds[1]);
-  close(exec_fds[1]);
-  int exec_errno = 0;
-  bool exec_failed = read(exec_fds[0], &exec_errno, sizeof(exec_errno)) == sizeof(exec_errno);
-  close(exec_fds[0]);
-  auto deadline = std::chrono::steady_clock::now() +
-                  std::chrono::milliseconds(static_cast<int64_t>(timeout_sec * 1000));
-  bool timed_out = false;
-  char buf[4096];
-  while (true) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                    deadline - std::chrono::steady_clock::now())
-                    .count();
-    if (left <= 0) {
-      timed_out = true;
-      break;
-    }
-    pollfd p{fds[0], POLLIN, 0};
-    int r = poll(&p, 1, static_cast<int>(left));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) continue;
-    ssize_t n = read(fds[0], buf, sizeof(buf));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    if (output->size() < (1u << 20)) output->append(buf, static_cast<size_t>(n));
-  }
-  close(fds[0]);
-  if (timed_out) kill(-pid, SIGKILL);
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (exec_failed) return -1;
-  if (timed_out) return 124;
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  return 128 + WTERMSIG(status);
+  ChildRun run;
+  run.argv = argv;
+  run.stderr_to = ChildRun::Stderr::kIntoStdout;
+  run.timeout_sec = timeout_sec;
+  ChildResult r = runChild(run);
+  *output = std::move(r.out);
+  return r.status();
 }
 
 }  // namespace ddpl::launcher
