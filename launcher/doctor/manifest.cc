@@ -216,8 +216,8 @@ static void writeManifestText(const std::string& path, const std::string& text) 
 
 void startManifestProbe(const std::string& path, const std::string& self_exe,
                         const std::string& nvml_library) {
-  // In launch's group, as the workers' neighbour it is: it dies with launch (runManifestProbe).
-  // Its signal mask is cleared (launch blocks its signals for the signalfd); nothing waits.
+  // Left in launch's group, as posix_spawn left it (it dies with launch: runManifestProbe), its
+  // signal mask cleared (launch blocks its signals for the signalfd). Nothing waits for it.
   ChildSetup setup;
   setup.group = ProcessGroup::kInherit;
   startDetached({self_exe, kManifestProbeFlag, path, nvml_library}, setup);
