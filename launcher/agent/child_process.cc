@@ -128,6 +128,7 @@ struct Job {
   int in = -1, out = -1, err = -1;  // launch's ends
   size_t written = 0;
   bool exited = false;
+  bool reaped_elsewhere = false;
   bool done = false;
   Clock::time_point deadline;
 
@@ -195,28 +196,54 @@ void start(Job& job) {
   if (job.in >= 0 && run.input->empty()) closeFd(job.in);
 }
 
+// Whether the child is still ours to signal and reap: not yet exited, or a zombie only we
+// can reap. ECHILD: someone else reaped it (a waitpid(-1) on another thread, against the
+// contract); its pid may then be another process's already, so nothing more is sent to it.
+// When it has exited, its status is kept here from the siginfo, while it is still known.
+bool stillOurs(Job& job) {
+  siginfo_t si{};
+  int r;
+  do {
+    r = waitid(P_PID, static_cast<id_t>(job.pid), &si, WEXITED | WNOHANG | WNOWAIT);
+  } while (r < 0 && errno == EINTR);
+  if (r < 0) {
+    job.reaped_elsewhere = true;
+    job.exited = true;
+    return false;
+  }
+  if (si.si_pid == job.pid) {
+    job.exited = true;
+    job.result.exit_code = si.si_code == CLD_EXITED ? si.si_status : -1;
+    job.result.term_signal = si.si_code == CLD_EXITED ? 0 : si.si_status;
+  }
+  return true;
+}
+
 // Kills what is left (at the deadline the child and its group; after a clean exit whatever
 // the child left running in its group) and reaps the child. The group is killed while the
 // child is still unreaped: its pid, and so the group's id, cannot have been reused yet.
 void finish(Job& job, bool timed_out) {
   job.result.timed_out = timed_out;
-  if (job.ownGroup())
-    kill(-job.pid, SIGKILL);
-  else if (timed_out)
-    kill(job.pid, SIGKILL);
-  int status = 0;
-  reap(job.pid, &status);
-  if (WIFEXITED(status)) job.result.exit_code = WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) job.result.term_signal = WTERMSIG(status);
+  if (job.reaped_elsewhere || !stillOurs(job)) {
+    if (job.result.exit_code < 0 && job.result.term_signal == 0)
+      job.result.error = "reaped by another waiter: its exit status is unknown";
+  } else {
+    if (job.ownGroup())
+      kill(-job.pid, SIGKILL);
+    else if (timed_out)
+      kill(job.pid, SIGKILL);
+    int status = 0;
+    reap(job.pid, &status);
+    job.result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    job.result.term_signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+  }
   for (int* fd : {&job.in, &job.out, &job.err, &job.pidfd}) closeFd(*fd);
   job.done = true;
 }
 
 void checkExited(Job& job) {
-  siginfo_t si{};
-  if (waitid(P_PID, static_cast<id_t>(job.pid), &si, WEXITED | WNOHANG | WNOWAIT) == 0 &&
-      si.si_pid == job.pid) {
-    job.exited = true;
+  stillOurs(job);
+  if (job.exited) {
     closeFd(job.in);  // nobody reads it any more
     closeFd(job.pidfd);
   }

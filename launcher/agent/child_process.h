@@ -8,7 +8,9 @@
 // the child reaped. Every descriptor it opens is O_CLOEXEC and closed before it returns.
 //
 // Threads: any. It reaps only the pids it started (never waitpid(-1)); a caller that reaps with
-// waitpid(-1) on another thread (the agent's loop) must not run it at the same time.
+// waitpid(-1) on another thread (the agent's loop) must not run it at the same time. If that
+// happens anyway, the child's end is still noticed (no wait for the deadline), nothing is sent
+// to its pid any more (it may have been reused) and its exit status reads as unknown (-1).
 #include <sys/types.h>
 
 #include <cstddef>
