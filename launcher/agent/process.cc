@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "common/errors.h"
+#include "launcher/agent/child_process.h"
 
 namespace ddpl::launcher {
 namespace {
@@ -114,6 +115,11 @@ SpawnedProcess spawnProcess(const std::vector<std::string>& argv,
     if (n >= 0 && static_cast<unsigned long>(n) < kMaxNode)
       nodemask[n / (8 * sizeof(unsigned long))] |= 1UL << (n % (8 * sizeof(unsigned long)));
 
+  ChildSetup setup;
+  setup.group = ProcessGroup::kNew;
+  setup.death_signal = SIGKILL;
+  setup.all_signals_default = true;
+
   bool started_in_cgroup = false;
   pid_t pid = forkInto(options.cgroup_dir_fd, &started_in_cgroup);
   if (pid < 0) {
@@ -122,10 +128,9 @@ SpawnedProcess spawnProcess(const std::vector<std::string>& argv,
     throw Error(std::string("fork failed: ") + std::strerror(e));
   }
   if (pid == 0) {
-    setpgid(0, 0);
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    // The launcher may have died between fork and prctl: then we were already reparented.
-    if (getppid() != parent) _exit(127);
+    // Its own group, dead with the launcher (exits 127 if the launcher died before the prctl),
+    // no signal state of the launcher's.
+    applyChildSetup(setup, parent);
     // Into the run's cgroup before anything else can fork: every descendant stays there.
     if (!started_in_cgroup && options.cgroup_procs_fd >= 0) {
       ssize_t ignored = write(options.cgroup_procs_fd, "0", 1);
@@ -134,10 +139,6 @@ SpawnedProcess spawnProcess(const std::vector<std::string>& argv,
     if (options.inherit_fd >= 0) fcntl(options.inherit_fd, F_SETFD, 0);
     if (!options.cpus.empty()) sched_setaffinity(0, sizeof(cpus), &cpus);
     if (!options.mem_nodes.empty()) syscall(SYS_set_mempolicy, kMpolBind, nodemask, kMaxNode + 1);
-    sigset_t none;
-    sigemptyset(&none);
-    for (int s = 1; s < NSIG; ++s) signal(s, SIG_DFL);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
     dup2(out[1], STDOUT_FILENO);
     dup2(err[1], STDERR_FILENO);
     execve(cargv[0], cargv.data(), cenvp.data());

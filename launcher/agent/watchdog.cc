@@ -12,6 +12,7 @@
 #include <map>
 #include <set>
 
+#include "launcher/agent/child_process.h"
 #include "launcher/agent/containment.h"
 
 namespace ddpl::launcher {
@@ -111,19 +112,17 @@ Watchdog::Watchdog(std::string marker_value, std::string cgroup_path)
     : marker_(std::move(marker_value)), cgroup_path_(std::move(cgroup_path)) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return;  // without it we still have PDEATHSIG for workers
-  pid_t pid = fork();
-  if (pid == 0) {
-    setsid();  // out of the launcher's group: a terminal's ^C or a killpg must not reach it
-    for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE}) signal(s, SIG_IGN);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    close(fds[1]);
-    // Keep nothing else of the launcher's open (its pipes would otherwise never reach EOF).
-    if (fds[0] > 3) close_range(3, static_cast<unsigned>(fds[0]) - 1, 0);
-    close_range(static_cast<unsigned>(fds[0]) + 1, ~0U, 0);
+  ChildSetup setup;
+  // Out of the launcher's group: a terminal's ^C or a killpg must not reach it.
+  setup.group = ProcessGroup::kNewSession;
+  setup.ignored_signals = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE};
+  // Keep nothing else of the launcher's open (its pipes would otherwise never reach EOF).
+  setup.close_other_fds = true;
+  setup.keep_fds = {fds[0]};
+  pid_t pid = forkChild(setup, [&]() -> int {
+    close(fds[1]);  // also where launch runs with 0-2 closed and the pipe took one of them
     watchdogMain(fds[0], marker_, cgroup_path_);
-  }
+  });
   close(fds[0]);
   if (pid < 0) {
     close(fds[1]);

@@ -105,8 +105,9 @@ std::string formatFindings(const std::vector<Finding>& findings);
 std::string findingsJson(const std::vector<Finding>& findings);
 std::vector<Finding> findingsFromJson(const std::string& json);
 
-// Runs argv with stdin closed and both streams captured, killed after `timeout_sec`. Returns
-// the exit status (-1: could not run, 124: timed out) and sets *output.
+// Runs argv with stdin closed and both streams captured, killed after `timeout_sec` with all it
+// started (runChild, stderr into stdout, 1 MiB kept). Returns the exit status (-1: could not
+// run, 124: timed out) and sets *output.
 int captureOutput(const std::vector<std::string>& argv, double timeout_sec, std::string* output);
 
 }  // namespace ddpl::launcher

@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
-#include <spawn.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -22,6 +21,7 @@
 #include "common/errors.h"
 #include "common/file_io.h"
 #include "common/log.h"
+#include "launcher/agent/child_process.h"
 #include "launcher/doctor/doctor.h"
 
 namespace ddpl::launcher {
@@ -216,25 +216,11 @@ static void writeManifestText(const std::string& path, const std::string& text) 
 
 void startManifestProbe(const std::string& path, const std::string& self_exe,
                         const std::string& nvml_library) {
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t none;
-  sigemptyset(&none);
-  posix_spawnattr_setsigmask(&attr, &none);  // launch blocks its signals for the signalfd
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
-  std::vector<std::string> args = {self_exe, kManifestProbeFlag, path, nvml_library};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  posix_spawn(&pid, self_exe.c_str(), &fa, &attr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&attr);
+  // Left in launch's group, as posix_spawn left it (it dies with launch: runManifestProbe), its
+  // signal mask cleared (launch blocks its signals for the signalfd). Nothing waits for it.
+  ChildSetup setup;
+  setup.group = ProcessGroup::kInherit;
+  startDetached({self_exe, kManifestProbeFlag, path, nvml_library}, setup);
 }
 
 void writeManifest(const ManifestFacts& facts, const std::string& path) {
