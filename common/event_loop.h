@@ -4,9 +4,9 @@
 // and timers on the steady clock. The agent, the rendezvous server's connection gate and its
 // store socket each run one; before this there were three hand-written copies.
 //
-// Threads: post() and wake() from any thread; everything else on the loop's thread (or before
-// the loop's thread starts). Timers and posted closures run inside wait(), on the loop's
-// thread, never while another handler of the same loop runs.
+// Threads: post(), wake() and the descriptor calls (add, modify, remove: epoll_ctl) from any
+// thread; timers and wait() on the loop's thread (or before it starts). Timers and posted
+// closures run inside wait(), on the loop's thread, never while another of its handlers runs.
 #include <sys/epoll.h>
 
 #include <chrono>
