@@ -1,19 +1,10 @@
 #include "launcher/agent/agent.h"
 
 #include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
-#include <sys/ioctl.h>
-#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/time.h>
-#include <sys/timerfd.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,29 +13,29 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
-#include <mutex>
+#include <optional>
 #include <set>
-#include <sstream>
-#include <thread>
-#include <variant>
+#include <utility>
 
-#include "common/defaults.h"
 #include "common/errors.h"
+#include "common/event_loop.h"
 #include "common/heartbeat.h"
 #include "common/log.h"
 #include "common/signals.h"
 #include "common/torchrun_env.h"
+#include "launcher/agent/agent_options.h"
 #include "launcher/agent/containment.h"
 #include "launcher/agent/error_report.h"
+#include "launcher/agent/hang_responder.h"
+#include "launcher/agent/live_view.h"
 #include "launcher/agent/output.h"
 #include "launcher/agent/process.h"
+#include "launcher/agent/run_dir.h"
+#include "launcher/agent/stacks_service.h"
 #include "launcher/agent/supervisor.h"
 #include "launcher/agent/watchdog.h"
-#include "launcher/gpu/nvml.h"
-#include "launcher/health/job_view.h"
-#include "launcher/health/metrics_plugin.h"
+#include "launcher/health/heartbeat_channel.h"
 #include "launcher/health/progress.h"
 #include "launcher/health/stacks.h"
 
@@ -56,14 +47,18 @@ namespace {
 // Without a cgroup, how often orphaned descendants are looked for (for the watchdog only: the
 // end of a run finds them all regardless).
 constexpr int kStrayScanSeconds = 1;
-// How long a stack snapshot tool may take per hang (all ranks at once).
-constexpr double kStackSeconds = 10;
-constexpr const char* kControlSocket = "control.sock";
+// The loop's tag for the signalfd; the workers' output pipes are tagged with their fd, the
+// stacks service's descriptors with tags of its own (StacksService::owns).
+constexpr uint64_t kSignalTag = uint64_t{1} << 40;
 
 double unixNow() {
   timeval tv{};
   gettimeofday(&tv, nullptr);
   return static_cast<double>(tv.tv_sec) + tv.tv_usec / 1e6;
+}
+
+EventLoop::Clock::duration seconds(double s) {
+  return std::chrono::duration_cast<EventLoop::Clock::duration>(std::chrono::duration<double>(s));
 }
 
 sigset_t signalSet(const std::vector<int>& signals) {
@@ -74,58 +69,21 @@ sigset_t signalSet(const std::vector<int>& signals) {
   return set;
 }
 
-// Creates the run's directory and returns it. Never an earlier run's logs: a reused run id gets
-// a numbered sibling. Created by this mkdir, exclusively and private (0700): a --log-dir may be a
-// shared directory, where a name planted in advance (a symlink to somewhere else) must never
-// be written through, and the files inside hold the command line and environment (issue 33).
-std::string makeRunDir(const std::string& base, const std::string& run_id) {
-  for (int k = 0; k < 10000; ++k) {
-    fs::path p = fs::path(base) / (k == 0 ? run_id : run_id + "." + std::to_string(k));
-    if (mkdir(p.c_str(), 0700) == 0) return p.string();
-    if (errno != EEXIST)
-      throw Error("cannot create the run directory " + p.string() + ": " + strerror(errno));
-  }
-  throw Error("cannot create a run directory for run id '" + run_id + "' in " + base +
-              ": 10000 names taken");
+int openLog(const std::string& path) {
+  int fd =
+      open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_APPEND | O_NOFOLLOW, 0640);
+  if (fd < 0) throw Error("cannot open log file '" + path + "': " + strerror(errno));
+  return fd;
+}
+
+bool lacksTorch(const FailureDetail& d) {
+  const std::string needle = "No module named 'torch'";
+  if (d.error && d.error->message.find(needle) != std::string::npos) return true;
+  return std::any_of(d.stderr_tail.begin(), d.stderr_tail.end(),
+                     [&](const std::string& l) { return l.find(needle) != std::string::npos; });
 }
 
 }  // namespace
-
-int controlRequest(const std::string& run_dir, const std::string& what) {
-  std::string path = run_dir + "/" + kControlSocket;
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(addr.sun_path)) {
-    fprintf(stderr, "launch %s: '%s' is too long a path for a socket\n", what.c_str(),
-            path.c_str());
-    return 1;
-  }
-  memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    fprintf(stderr,
-            "launch %s: no running launch answers at %s (%s): give the run directory "
-            "launch printed at start, while its job runs\n",
-            what.c_str(), path.c_str(), strerror(errno));
-    if (fd >= 0) close(fd);
-    return 1;
-  }
-  std::string request = what + "\n";
-  writeAll(fd, request.data(), request.size());
-  std::string reply;
-  char buf[4096];
-  pollfd p{fd, POLLIN, 0};
-  // A snapshot takes at most kStackSeconds here, then as long again waiting for the other
-  // nodes' (they take theirs at the same time); a little more for the files.
-  while (poll(&p, 1, static_cast<int>(2 * kStackSeconds * 1000) + 10000) == 1) {
-    ssize_t n = read(fd, buf, sizeof(buf));
-    if (n <= 0) break;
-    reply.append(buf, static_cast<size_t>(n));
-  }
-  close(fd);
-  fputs(reply.c_str(), stdout);
-  return reply.rfind("ok", 0) == 0 ? 0 : 1;
-}
 
 void blockSignals(const std::vector<int>& signals) {
   signal(SIGPIPE, SIG_IGN);
@@ -140,72 +98,42 @@ struct Agent::Impl {
     pid_t pid = -1;
     bool alive = false;
     std::string error_file;
-    int heartbeat_fd = -1;  // memfd the worker writes its step to (common/heartbeat.h)
-    const volatile uint64_t* heartbeat = nullptr;  // launch's read-only mapping of it
+    std::unique_ptr<HeartbeatChannel> heartbeat;  // null: the worker has none
+    uint64_t step() const { return heartbeat ? heartbeat->step() : 0; }
+    uint64_t waited() const { return heartbeat ? heartbeat->waitedMicros() : 0; }
+    WorkerState state() const { return {local_rank, global_rank, pid, alive}; }
   };
 
   AgentConfig cfg;
   RendezvousHandler& rdzv;
   Supervisor sup;
   OutputRouter router;
+  HangDetector hang;
   std::optional<winsize> console_size;  // set when the console is a terminal (live mode)
   std::unique_ptr<RunCgroup> cgroup;    // null where the machine gives no writable cgroup v2
   Watchdog watchdog;
-  int epfd = -1, sigfd = -1, timerfd = -1, wakefd = -1;
-  // Without a cgroup: a periodic look for orphaned descendants (our subreaper children), so
-  // that the watchdog knows them should launch be SIGKILLed.
-  int strayfd = -1;
+  EventLoop loop;
+  int sigfd = -1;
+  EventLoop::TimerId shutdown_timer = 0, monitor_timer = 0, stray_timer = 0;
   std::set<pid_t> known_strays;
-  // Reads the workers' heartbeats every --monitor-interval, for the end-of-run summary.
-  int monitorfd = -1;
-  // `launch stacks RUN_DIR` connects here (RUN_DIR/control.sock) for a snapshot of every
-  // worker's stack while the job runs on.
-  int controlfd = -1;
   ProgressTracker progress;
-  // This node's stacks saved at its own hang detection (for another node that asks).
-  int own_hang_attempt = -1;
-  std::string own_hang_answer;
-  // The live view (--monitor): a status line kept at the bottom of a terminal, or a log line
-  // every --monitor-log-interval.
-  JobView view;
-  std::unique_ptr<MetricsEndpoint> metrics;  // --metrics-port
-  // GPU figures: NVML is loaded at the first view update (off the start-up path); null when
-  // the machine has no driver.
-  std::unique_ptr<Nvml> nvml;
-  bool nvml_tried = false;
-  bool status_line = false, view_log = false;
-  double next_view = 0, next_view_log = 0;
-  double first_group_started = 0;  // for cfg.after_start; 0: no group yet
-  size_t after_start_done = 0;     // how many of cfg.after_start have run (sorted by time)
-  double next_straggler_check = 0;
-  HangDetector hang;
+  bool status_line = false;
+  LiveView view;
+  HangResponder hang_response;
+  std::unique_ptr<StacksService> stacks;
+  double first_group_started = 0;     // for cfg.after_start; 0: no group yet
+  size_t after_start_done = 0;        // how many of cfg.after_start have run (sorted by time)
   std::vector<uint64_t> output_seen;  // bytes of each local rank's output at the last tick
-  // Rendezvous answers and round ends arrive on other threads; the loop takes them from here.
-  struct RdzvDone {
-    std::optional<WorldAssignment> world;
-    std::string error;
-  };
-  struct RoundEnd {
-    int64_t round;
-    std::string reason;
-  };
-  struct StacksRequest {  // from another node, through the rendezvous service
-    int64_t id;
-    std::string why;
-  };
-  using InboxEvent = std::variant<RdzvDone, RoundEnd, StacksRequest>;
-  std::mutex inbox_mu;
-  std::vector<InboxEvent> inbox;
   int groups_started = 0;  // names attempt_<n> log dirs: restarts and re-formed rounds alike
   std::string log_base, run_dir;
   bool temp_base = false;
-  std::vector<std::string> evidence;  // files and folders a report pointed at (kept at exit)
   WorldAssignment world;
   int attempt = 0;
   std::vector<Worker> workers;
   std::vector<pid_t> pgids;             // every worker group of the current attempt
   std::vector<int> stream_fds;          // open output pipes of the current attempt
   std::vector<FailureDetail> failures;  // of the current attempt
+  std::map<pid_t, FailureDetail> pendingExecFailures;
   bool done = false;
   int exit_code = 0;
 
@@ -217,7 +145,10 @@ struct Agent::Impl {
         hang(hangOptions(cfg.options)),
         console_size(terminalSize()),
         cgroup(makeCgroup(cfg)),
-        watchdog(cfg.run_id + "-" + std::to_string(getpid()), cgroup ? cgroup->path() : "") {
+        watchdog(cfg.run_id + "-" + std::to_string(getpid()), cgroup ? cgroup->path() : ""),
+        status_line(consoleOptions(cfg.options).status_line),
+        view(cfg.options, cfg.host, status_line, router, rdzv),
+        hang_response(cfg.host) {
     if (cfg.options.log_dir.empty()) {
       std::string tmpl = (fs::temp_directory_path() / "ddpl-launch-XXXXXX").string();
       if (!mkdtemp(tmpl.data()))
@@ -239,8 +170,8 @@ struct Agent::Impl {
       rdzv.setRoundEndedCallback({});
       rdzv.setStacksRequestedCallback({});
       if (status_line) log::setConsoleWrapper({});
-      for (int fd : {epfd, sigfd, timerfd, wakefd, strayfd, monitorfd, controlfd})
-        if (fd >= 0) close(fd);
+      stacks.reset();
+      if (sigfd >= 0) close(sigfd);
       std::error_code ec;
       if (temp_base)
         fs::remove_all(log_base, ec);
@@ -252,104 +183,74 @@ struct Agent::Impl {
 
   void setUp() {
     run_dir = makeRunDir(log_base, cfg.run_id);
-    openControlSocket();
+    if (loop.error())
+      throw Error(std::string("cannot set up the event loop: ") + strerror(loop.error()));
+    // launch added the interpreter, or the command names one (`launch --no-python python3 x.py`).
+    StacksService::Config sc;
+    sc.run_dir = run_dir;
+    sc.host = cfg.host;
+    sc.python = !cfg.python_origin.empty() || runsPython(cfg.command);
+    sc.interpreter = cfg.command[0];
+    auto path = cfg.base_env.find("PATH");
+    sc.path_env = path == cfg.base_env.end() ? "" : path->second;
+    sc.status_line = [this] {
+      return fmt::format("node {} ({}): {}", world.group_rank, cfg.host, view.logLine());
+    };
+    stacks = std::make_unique<StacksService>(std::move(sc), loop, rdzv);
+    stacks->openControlSocket();
 
-    epfd = epoll_create1(EPOLL_CLOEXEC);
     sigset_t set = signalSet(cfg.options.signals_to_handle);
     sigfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
-    timerfd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
-    wakefd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (epfd < 0 || sigfd < 0 || timerfd < 0 || wakefd < 0)
+    if (sigfd < 0 || !loop.add(sigfd, EPOLLIN, kSignalTag))
       throw Error(std::string("cannot set up the event loop: ") + strerror(errno));
-    addFd(sigfd);
-    addFd(timerfd);
-    addFd(wakefd);
-    if (controlfd >= 0) addFd(controlfd);
-    monitorfd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
-    if (monitorfd >= 0) {
-      itimerspec every{};
-      double t = std::max(cfg.options.monitor_interval_sec, 0.01);
-      every.it_interval.tv_sec = static_cast<time_t>(t);
-      every.it_interval.tv_nsec =
-          static_cast<long>((t - static_cast<double>(every.it_interval.tv_sec)) * 1e9);
-      every.it_value = every.it_interval;
-      timerfd_settime(monitorfd, 0, &every, nullptr);
-      addFd(monitorfd);
-    }
+    // Reads the workers' heartbeats every --monitor-interval, for the end-of-run summary.
+    auto every = seconds(std::max(cfg.options.monitor_interval_sec, 0.01));
+    monitor_timer = loop.addTimer(EventLoop::Clock::now() + every, every, [this] {
+      if (!done) onMonitorTick();
+    });
+    // Without a cgroup: a periodic look for orphaned descendants (our subreaper children), so
+    // that the watchdog knows them should launch be SIGKILLed.
     if (!cgroup) {
-      strayfd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
-      if (strayfd >= 0) {
-        itimerspec every{};
-        every.it_interval.tv_sec = every.it_value.tv_sec = kStrayScanSeconds;
-        timerfd_settime(strayfd, 0, &every, nullptr);
-        addFd(strayfd);
-      }
+      auto scan = std::chrono::seconds(kStrayScanSeconds);
+      stray_timer = loop.addTimer(EventLoop::Clock::now() + scan, scan, [this] {
+        if (!done) onStrayScan();
+      });
     }
-    MonitorMode mode = cfg.options.monitor;
-    status_line = consoleOptions(cfg.options).status_line;
-    view_log = mode == MonitorMode::kLog || (mode == MonitorMode::kAuto && !status_line);
     // Launch's own log lines go above the status line, not through it.
     if (status_line)
       log::setConsoleWrapper(
           [this](const std::function<void()>& write) { router.aroundConsoleWrite(write); });
     std::sort(cfg.after_start.begin(), cfg.after_start.end(),
               [](const auto& a, const auto& b) { return a.first < b.first; });
+    // Rendezvous answers, round ends and the other nodes' requests arrive on other threads;
+    // the loop takes them in order.
     rdzv.setRoundEndedCallback([this](int64_t round, std::string reason) {
-      post(RoundEnd{round, std::move(reason)});
+      loop.post([this, round, reason = std::move(reason)] { onRoundEnded(round, reason); });
     });
     rdzv.setStacksRequestedCallback([this](int64_t id, std::string why) {
-      post(StacksRequest{id, std::move(why)});
+      loop.post([this, id, why = std::move(why)]() mutable {
+        if (!done) stacks->onRemoteRequest(id, std::move(why));
+      });
     });
-    if (cfg.options.metrics_port) {
-      MetricsOptions mo;
-      mo.host = cfg.options.metrics_host;
-      mo.port = *cfg.options.metrics_port;
-      mo.node = cfg.host;
-      metrics = startMetricsEndpoint(mo);
-      const bool v6 = mo.host.find(':') != std::string::npos;
-      log::info("metrics of this node's ranks on http://{}{}{}:{}/metrics", v6 ? "[" : "", mo.host,
-                v6 ? "]" : "", metrics->port());
+    view.startMetrics();
+  }
+
+  void onRendezvousDone(std::optional<WorldAssignment> w, const std::string& error) {
+    if (done) return;
+    if (w) {
+      world = *w;
+      stacks->setGroup(stacksGroup());
+      execute(sup.onRendezvousComplete(world.restart_count));
+    } else {
+      log::error("rendezvous failed: {}", error);
+      execute(sup.onRendezvousFailed());
     }
   }
 
-  template <typename E>
-  void post(E event) {
-    {
-      std::lock_guard<std::mutex> lock(inbox_mu);
-      inbox.emplace_back(std::move(event));
-    }
-    uint64_t one = 1;
-    ssize_t ignored = write(wakefd, &one, sizeof(one));
-    (void)ignored;
-  }
-
-  void onWake() {
-    uint64_t n;
-    ssize_t ignored = read(wakefd, &n, sizeof(n));
-    (void)ignored;
-    std::vector<InboxEvent> events;
-    {
-      std::lock_guard<std::mutex> lock(inbox_mu);
-      events.swap(inbox);
-    }
-    for (auto& e : events) {
-      if (done) return;
-      if (auto* d = std::get_if<RdzvDone>(&e)) {
-        if (d->world) {
-          world = *d->world;
-          execute(sup.onRendezvousComplete(world.restart_count));
-        } else {
-          log::error("rendezvous failed: {}", d->error);
-          execute(sup.onRendezvousFailed());
-        }
-      } else if (auto* r = std::get_if<RoundEnd>(&e)) {
-        if (r->round != world.round || sup.phase() != Phase::kRunning) continue;  // stale
-        log::warn("round {} ended: {}; stopping workers to re-form the group", r->round, r->reason);
-        execute(sup.onMembershipChange());
-      } else if (auto* q = std::get_if<StacksRequest>(&e)) {
-        answerStacksRequest(q->id, q->why);
-      }
-    }
+  void onRoundEnded(int64_t round, const std::string& reason) {
+    if (done || round != world.round || sup.phase() != Phase::kRunning) return;  // stale
+    log::warn("round {} ended: {}; stopping workers to re-form the group", round, reason);
+    execute(sup.onMembershipChange());
   }
 
   ~Impl() {
@@ -359,60 +260,27 @@ struct Agent::Impl {
       router.setStatus("");
     }
     closeHeartbeats();
-    for (int fd : {epfd, sigfd, timerfd, wakefd, strayfd, monitorfd, controlfd})
-      if (fd >= 0) close(fd);
-    if (controlfd >= 0) unlink((run_dir + "/" + kControlSocket).c_str());
+    done = true;         // what the stacks thread still hands back changes nothing now
+    stacks->shutdown();  // waits for its thread (a no-op after finish())
+    std::vector<std::string> evidence = stacks->evidence();
+    stacks.reset();  // removes the control socket
+    if (sigfd >= 0) close(sigfd);
     if (temp_base) {
       std::error_code ec;
       if (evidence.empty())
         fs::remove_all(log_base, ec);
       else
-        keepOnlyEvidence();
+        keepOnlyEvidence(log_base, run_dir, evidence);
     }
   }
 
-  // A run without --log-dir removes its directory at exit, except what a report or an answer
-  // pointed the user at (saved stacks, and the manifest that says what ran): deleting the
-  // evidence of a hang as the user goes to read it helps nobody (issue 33).
-  void keepOnlyEvidence() {
-    std::error_code ec;
-    std::vector<fs::path> doomed;
-    for (fs::recursive_directory_iterator it(log_base, ec), end; !ec && it != end;
-         it.increment(ec)) {
-      if (it->is_directory(ec) && !it->is_symlink(ec)) continue;
-      std::string p = it->path().string();
-      bool keep = p == run_dir + "/manifest.json" ||
-                  std::any_of(evidence.begin(), evidence.end(), [&](const std::string& e) {
-                    return p == e || p.rfind(e + "/", 0) == 0;
-                  });
-      if (!keep) doomed.push_back(it->path());
-    }
-    for (const auto& p : doomed) fs::remove(p, ec);
-    // Directories left empty go too, deepest first.
-    std::vector<fs::path> dirs;
-    for (fs::recursive_directory_iterator it(log_base, ec), end; !ec && it != end; it.increment(ec))
-      if (it->is_directory(ec) && !it->is_symlink(ec)) dirs.push_back(it->path());
-    std::sort(dirs.begin(), dirs.end(), [](const fs::path& a, const fs::path& b) {
-      return a.string().size() > b.string().size();
-    });
-    for (const auto& d : dirs) fs::remove(d, ec);  // removes only an empty one
+  std::vector<WorkerState> workerStates() const {
+    std::vector<WorkerState> out;
+    for (const auto& w : workers) out.push_back(w.state());
+    return out;
   }
-
-  static std::unique_ptr<RunCgroup> makeCgroup(const AgentConfig& c) {
-    if (!c.options.use_cgroup) return nullptr;
-    std::string name = kRunCgroupPrefix + c.run_id + "-" + std::to_string(getpid());
-    for (char& ch : name)
-      if (!isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_' && ch != '.') ch = '_';
-    std::string why;
-    auto cg = RunCgroup::create(name, &why);
-    if (cg)
-      log::debug("workers run in cgroup {}: nothing they start can outlive the run", cg->path());
-    else
-      log::debug(
-          "no cgroup for this run ({}): processes that leave their group and their "
-          "environment are found as launch's orphaned children instead",
-          why);
-    return cg;
+  StacksGroup stacksGroup() const {
+    return StacksGroup{attempt, attemptDir(), world.group_rank, workerStates()};
   }
 
   // Our children that are not workers or the watchdog: descendants orphaned to us.
@@ -428,9 +296,6 @@ struct Agent::Impl {
   }
 
   void onStrayScan() {
-    uint64_t expirations;
-    ssize_t ignored = read(strayfd, &expirations, sizeof(expirations));
-    (void)ignored;
     // Strays descend from workers: none before the first group starts. The scan reads every
     // process's /proc stat; 1024 agents waiting on one machine for their rendezvous each did
     // it every second, and with some 2,000 processes that took most of both cores (issue 14's
@@ -442,59 +307,22 @@ struct Agent::Impl {
     }
   }
 
-  // A memfd per worker for its step count, mapped read-only here. Without one (memfd refused)
-  // the worker simply gets no DDPL_HEARTBEAT_FD. Its size is sealed before the worker sees it:
-  // a worker that shrank the file would make our next read of the mapping a SIGBUS, killing
-  // launch (issue 33). Without sealing (a kernel that refuses it) there is no channel at all.
-  void openHeartbeat(Worker& w) {
-    int fd = memfd_create("ddpl-heartbeat", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (fd < 0) return;
-    void* map = MAP_FAILED;
-    if (ftruncate(fd, kHeartbeatBytes) == 0 &&
-        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0)
-      map = mmap(nullptr, kHeartbeatBytes, PROT_READ, MAP_SHARED, fd, 0);
-    if (map == MAP_FAILED) {
-      close(fd);
-      return;
-    }
-    w.heartbeat_fd = fd;
-    w.heartbeat = static_cast<const volatile uint64_t*>(map);
-  }
-
   void closeHeartbeats() {
-    for (auto& w : workers) {
-      if (w.heartbeat) munmap(const_cast<uint64_t*>(w.heartbeat), kHeartbeatBytes);
-      if (w.heartbeat_fd >= 0) close(w.heartbeat_fd);
-      w.heartbeat = nullptr;
-      w.heartbeat_fd = -1;
-    }
-  }
-
-  // Little-endian on disk and in memory alike on the machines we run on (x86-64, AArch64).
-  static uint64_t stepOf(const Worker& w) {
-    return w.heartbeat ? w.heartbeat[kHeartbeatStepOffset / sizeof(uint64_t)] : 0;
-  }
-  static uint64_t waitedOf(const Worker& w) {
-    return w.heartbeat ? w.heartbeat[kHeartbeatWaitOffset / sizeof(uint64_t)] : 0;
+    for (auto& w : workers) w.heartbeat.reset();
   }
 
   void onMonitorTick() {
-    uint64_t expirations;
-    ssize_t ignored = read(monitorfd, &expirations, sizeof(expirations));
-    (void)ignored;
     double now = unixNow();
-    for (const auto& w : workers)
-      if (w.alive) progress.onStep(w.local_rank, stepOf(w), now, waitedOf(w));
-    if (now >= next_view) updateView(now);  // also publishes the node's status for the job
-    runAfterStartHooks(now);
-    if (now >= next_straggler_check) {
-      next_straggler_check = now + 1;
-      for (const auto& s : progress.newStragglers()) {
-        log::warn("straggler on {}: {}", cfg.host, s.describe());
-        if (metrics) metrics->onStraggler(s.global_rank, s.local_rank);
-      }
+    std::vector<RankReading> readings;
+    for (const auto& w : workers) {
+      if (w.alive) progress.onStep(w.local_rank, w.step(), now, w.waited());
+      readings.push_back({w.state(), w.step(), w.waited()});
     }
-    if (!hangDetectionOn() || sup.phase() != Phase::kRunning) return;
+    view.maybeUpdate(readings, progress, now);  // also publishes the node's status for the job
+    runAfterStartHooks(now);
+    view.reportStragglers(progress, now);
+    // While a hang's stacks are being taken, the group is about to stop: no second response.
+    if (!hangDetectionOn() || sup.phase() != Phase::kRunning || hang_response.busy()) return;
     // CPU time counts only for ranks without steps, and only when a limit was given.
     bool want_cpu = cfg.options.hang_timeout_sec.has_value();
     for (const auto& w : workers) {
@@ -502,343 +330,34 @@ struct Agent::Impl {
       uint64_t bytes = router.bytesFrom(w.local_rank);
       bool wrote = bytes != output_seen[w.local_rank];
       output_seen[w.local_rank] = bytes;
-      hang.observe(w.local_rank, stepOf(w), want_cpu ? processTreeCpuSeconds(w.pid) : 0, wrote,
-                   now);
+      hang.observe(w.local_rank, w.step(), want_cpu ? processTreeCpuSeconds(w.pid) : 0, wrote, now);
     }
     auto hangs = hang.check(now);
     if (!hangs.empty()) onHangs(hangs, now);
   }
 
-  void openControlSocket() {
-    std::string path = run_dir + "/" + kControlSocket;
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::error_code ec;
-    fs::create_directories(run_dir, ec);
-    if (ec || path.size() >= sizeof(addr.sun_path)) {
-      log::debug("no control socket ({}): launch stacks is not available for this run",
-                 ec ? ec.message() : "path too long: " + path);
-      return;
-    }
-    memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-        listen(fd, 4) != 0) {
-      log::debug("no control socket at {}: {}", path, strerror(errno));
-      if (fd >= 0) close(fd);
-      return;
-    }
-    controlfd = fd;
-    log::info("run directory {} (`launch stacks {}` saves every worker's stack while it runs)",
-              run_dir, run_dir);
-  }
-
-  // One request per connection: "stacks\n". Answered with where the snapshot went and each
-  // rank's innermost frame; anything else is refused. Bounded: a client that sends nothing in
-  // a second is dropped.
-  void onControl() {
-    int c = accept4(controlfd, nullptr, nullptr, SOCK_CLOEXEC);
-    if (c < 0) return;
-    pollfd p{c, POLLIN, 0};
-    char buf[64] = {0};
-    ssize_t n = poll(&p, 1, 1000) == 1 ? read(c, buf, sizeof(buf) - 1) : -1;
-    std::string reply, request = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
-    if (request.rfind("stacks", 0) == 0) {
-      reply = snapshotForUser();
-    } else if (request.rfind("status", 0) == 0) {
-      reply =
-          "ok\n" + fmt::format("node {} ({}): {}\n", world.group_rank, cfg.host, view.logLine());
-      for (const auto& line : rdzv.otherNodesStatus()) reply += line + "\n";
-    } else {
-      reply = "error: unknown request (launch stacks|status RUN_DIR send 'stacks' or 'status')\n";
-    }
-    writeAll(c, reply.data(), reply.size());
-    close(c);
-  }
-
-  std::string snapshotDir() {
-    char stamp[32];
-    time_t t = time(nullptr);
-    strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", localtime(&t));
-    std::string dir = run_dir + "/snapshots/" + stamp;
-    makePrivateDirs(run_dir, dir);
-    return dir;
-  }
-
-  // Saves every running worker's stack, each in the file `path_of(local_rank)` names, and
-  // describes each rank in one line: "rank R (local rank L, pid P): <innermost frame>".
-  std::vector<std::string> saveStacks(const std::function<std::string(int)>& path_of,
-                                      std::map<int, StackSummary>* summaries = nullptr) {
-    std::vector<std::string> lines;
-    for (const auto& s : snapshotWorkers()) {
-      std::string path = path_of(s.local_rank);
-      evidence.push_back(path);
-      std::ofstream(path) << "# " << (s.tool.empty() ? "no tool" : s.tool) << "\n" << s.text;
-      auto st = summarizeStack(s.text, s.pid);
-      lines.push_back(fmt::format("rank {} (local rank {}, pid {}){}: {}",
-                                  workers[s.local_rank].global_rank, s.local_rank, s.pid,
-                                  st.in_collective ? "" : " outside any collective",
-                                  st.innermost.empty() ? "<no frames>" : st.innermost[0]));
-      if (summaries) (*summaries)[s.local_rank] = std::move(st);
-    }
-    return lines;
-  }
-
-  // Another node asked (a hang there, or `launch stacks` on it): save this node's stacks
-  // where a hang's or a snapshot's go here, and answer with where and what.
-  void answerStacksRequest(int64_t id, const std::string& why) {
-    bool hang = why.rfind("hang", 0) == 0;
-    log::warn("another node asks for every worker's stack ({})", why);
-    // Ranks here wait in the same collective, so this node usually finds the hang at the same
-    // moment and has saved its stacks already (its workers may be stopping now): say so.
-    if (hang && own_hang_attempt == attempt && !own_hang_answer.empty()) {
-      rdzv.answerStacks(id, own_hang_answer);
-      return;
-    }
-    std::string dir = hang ? "" : snapshotDir();
-    auto lines = saveStacks([&](int lr) {
-      return hang ? rankDir(lr) + "/stacks.txt" : dir + "/" + std::to_string(lr) + ".txt";
-    });
-    std::string answer = fmt::format(
-        "node {} ({}): {}", world.group_rank, cfg.host,
-        lines.empty() ? "no worker running"
-                      : fmt::format("{} stack(s) saved in {}", lines.size(),
-                                    hang ? attemptDir() + "/<local rank>/stacks.txt" : dir));
-    for (const auto& l : lines) answer += "\n  " + l;
-    rdzv.answerStacks(id, answer);
-    log::info("{}", answer);
-  }
-
-  // The other nodes' answers to request `id`, waiting for them (bounded) while answering
-  // their own requests: nodes whose ranks wait in one collective find a hang at the same
-  // moment and ask each other.
-  std::vector<std::string> gatherRemoteStacks(int64_t id) {
-    if (id <= 0) return {};
-    const double limit = kStackSeconds + 5;
-    auto deadline =
-        std::chrono::steady_clock::now() +
-        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(limit));
-    RendezvousHandler::StacksAnswers got;
-    while (true) {
-      answerPendingStacksRequests();
-      got = rdzv.stacksAnswers(id);
-      if (got.missing.empty() || std::chrono::steady_clock::now() >= deadline) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    }
-    for (int node : got.missing)
-      got.answers.push_back(fmt::format("node {}: no answer within {:.0f}s", node, limit));
-    return got.answers;
-  }
-
-  void answerPendingStacksRequests() {
-    std::vector<StacksRequest> requests;
-    {
-      std::lock_guard<std::mutex> lock(inbox_mu);
-      for (auto it = inbox.begin(); it != inbox.end();) {
-        if (auto* q = std::get_if<StacksRequest>(&*it)) {
-          requests.push_back(std::move(*q));
-          it = inbox.erase(it);
-        } else {
-          ++it;
-        }
-      }
-    }
-    for (const auto& q : requests) answerStacksRequest(q.id, q.why);
-  }
-
-  std::string snapshotForUser() {
-    if (std::none_of(workers.begin(), workers.end(), [](const Worker& w) { return w.alive; }))
-      return "error: no worker is running now\n";
-    int64_t remote = rdzv.requestStacks(
-        fmt::format("snapshot asked on node {} ({})", world.group_rank, cfg.host));
-    std::string dir = snapshotDir();
-    auto lines = saveStacks([&](int lr) { return dir + "/" + std::to_string(lr) + ".txt"; });
-    std::string reply = "ok " + dir + "\n";
-    for (const auto& l : lines) reply += l + "\n";
-    log::info("stacks of {} worker(s) saved in {} (asked through the control socket)", lines.size(),
-              dir);
-    for (const auto& a : gatherRemoteStacks(remote)) reply += a + "\n";
-    return reply;
-  }
-
-  // The stacks of every running worker, taken at once (py-spy for Python workers).
-  std::vector<StackSnapshot> snapshotWorkers() const {
-    std::vector<std::pair<int, pid_t>> alive;
-    for (const auto& w : workers)
-      if (w.alive) alive.emplace_back(w.local_rank, w.pid);
-    // launch added the interpreter, or the command names one (`launch --no-python python3 x.py`).
-    bool python = !cfg.python_origin.empty() || runsPython(cfg.command);
-    auto path = cfg.base_env.find("PATH");
-    auto tools = findStackTools(python ? cfg.command[0] : "",
-                                path == cfg.base_env.end() ? "" : path->second);
-    return snapshotStacks(alive, python, tools, kStackSeconds);
-  }
-
-  // Ranks made no progress past their limits: save every rank's stacks, name the hung ones and
-  // the likely culprit (a rank not inside a collective while the others wait in one), then
-  // stop the group as for a failure.
+  // Ranks made no progress past their limits: every node's stacks are saved (off this thread),
+  // the hung ones and the likely culprit named, then the group stopped as for a failure.
   void onHangs(const std::vector<Hang>& hangs, double now) {
-    for (const auto& h : hangs) {
-      log::error("rank {} (local rank {}) is hung: {}", workers[h.local_rank].global_rank,
-                 h.local_rank, h.why);
-      if (metrics) metrics->onHang(workers[h.local_rank].global_rank, h.local_rank);
-    }
-    std::string steps;
-    for (const auto& r : progress.ranks())
-      steps += fmt::format("{}rank {}: {}", steps.empty() ? "" : ", ", r.global_rank,
-                           r.first_beat ? "step " + std::to_string(r.step) : "no step reported");
-    log::error("last step of each rank: {}", steps);
-
-    // The other nodes save theirs at the same time, before anything is stopped here.
-    std::string names;
-    for (const auto& h : hangs)
-      names += (names.empty() ? "" : ", ") + std::to_string(workers[h.local_rank].global_rank);
-    int64_t remote = rdzv.requestStacks(
-        fmt::format("hang: rank(s) {} on node {} ({})", names, world.group_rank, cfg.host));
-    std::map<int, StackSummary> summary;
-    auto lines = saveStacks([&](int lr) { return rankDir(lr) + "/stacks.txt"; }, &summary);
-    own_hang_attempt = attempt;
-    own_hang_answer = fmt::format("node {} ({}): found the hang itself; {} stack(s) saved in {}",
-                                  world.group_rank, cfg.host, lines.size(),
-                                  attemptDir() + "/<local rank>/stacks.txt");
-    for (const auto& l : lines) own_hang_answer += "\n  " + l;
-    std::vector<int> outside;
-    for (const auto& [lr, st] : summary)
-      if (!st.in_collective && !st.innermost.empty()) outside.push_back(lr);
-    if (!outside.empty() && outside.size() < summary.size()) {
-      std::string names;
-      for (int lr : outside)
-        names += (names.empty() ? "" : ", ") + std::to_string(workers[lr].global_rank);
-      log::error(
-          "likely culprit: rank(s) {} (not inside a collective while the others wait in "
-          "one)",
-          names);
-    }
-    for (const auto& [lr, st] : summary) {
-      std::string frames;
-      for (const auto& f : st.innermost) frames += "\n    " + f;
-      log::error("rank {} stack ({}), innermost first:{}", workers[lr].global_rank,
-                 rankDir(lr) + "/stacks.txt", frames.empty() ? " <none>" : frames);
-    }
-    for (const auto& a : gatherRemoteStacks(remote)) log::error("stacks on another node: {}", a);
-    // The likely culprits first: the first one recorded is the report's root cause.
-    std::vector<Hang> ordered = hangs;
-    std::stable_partition(ordered.begin(), ordered.end(), [&](const Hang& h) {
-      return std::find(outside.begin(), outside.end(), h.local_rank) != outside.end();
-    });
-    for (const auto& h : ordered) {
-      Worker& w = workers[h.local_rank];
-      FailureDetail d;
-      std::string frames;
-      for (const auto& f : summary[h.local_rank].innermost) frames += f + "\n";
-      d.error = ErrorFileContents{"hung: " + h.why, frames, fmt::format("{:.0f}", now)};
-      d.exit = WorkerExit{w.local_rank, w.pid, ExitStatus{false, kHangExitCode, true}, now, false};
-      d.global_rank = w.global_rank;
-      d.host = cfg.host;
-      d.error_file = rankDir(h.local_rank) + "/stacks.txt";
-      failures.push_back(std::move(d));
-      execute(sup.onWorkerHung(w.local_rank, w.pid, now));
-    }
-  }
-
-  // Samples every rank for the live view and shows it: twice a second at most, whatever
-  // --monitor-interval is (reading /proc for every rank is not free on a 64-rank node).
-  void updateView(double now) {
-    next_view = now + std::max(0.5, cfg.options.monitor_interval_sec);
-    std::vector<RankUsage> usage;
-    usage.reserve(workers.size());
-    for (const auto& w : workers) {
-      RankUsage u;
-      u.local_rank = w.local_rank;
-      u.global_rank = w.global_rank;
-      u.alive = w.alive;
-      u.step = stepOf(w);
-      u.waited_us = waitedOf(w);
-      if (w.alive) {
-        u.cpu_seconds = processCpuSeconds(w.pid);
-        u.rss_bytes = processRssBytes(w.pid);
-      }
-      usage.push_back(std::move(u));
-    }
-    addGpuFigures(usage);
-    for (const auto& u : usage)
-      if (u.gpu_util_percent || u.gpu_memory_bytes)
-        progress.onGpu(u.local_rank, u.gpu_util_percent, u.gpu_memory_bytes);
-    std::vector<RankMetrics> rank_metrics;
-    if (metrics) rank_metrics = rankMetrics(usage);
-    view.sample(std::move(usage), now);
-    if (metrics) {
-      JobFigures f = view.figures();
-      for (size_t i = 0; i < rank_metrics.size() && i < f.cpu_percent.size(); ++i)
-        rank_metrics[i].cpu_percent = f.cpu_percent[i];
-      metrics->update(rank_metrics);
-    }
-    const std::string line = view.logLine();  // the node's status, for the job and the log
-    rdzv.publishStatus(line);
-    if (status_line) router.setStatus(view.statusLine(SIZE_MAX));
-    if (view_log && now >= next_view_log) {
-      if (next_view_log > 0) log::info("ranks: {}", line);
-      next_view_log = now + cfg.options.monitor_log_interval_sec;
-    }
-  }
-
-  // Each rank's GPU: the devices where NVML sees its process hold memory (utilisation is per
-  // device: the one where it holds the most). A rank NVML does not list (no GPU, another pid
-  // namespace) has none.
-  void addGpuFigures(std::vector<RankUsage>& usage) {
-    if (!nvml_tried) {
-      nvml_tried = true;
-      std::string why;
-      nvml = Nvml::load(kDefaultNvmlLibrary, &why);
-      if (!nvml) log::debug("no GPU figures: {}", why);
-    }
-    if (!nvml) return;
-    try {
-      std::map<pid_t, std::pair<int64_t, int>> held;  // pid -> (bytes in all, busiest device)
-      std::map<pid_t, int64_t> most;
-      std::vector<std::optional<unsigned>> util(static_cast<size_t>(nvml->deviceCount()));
-      for (int d = 0; d < nvml->deviceCount(); ++d) {
-        util[static_cast<size_t>(d)] = nvml->sample(d).utilization_percent;
-        auto procs = nvml->processMemory(d);
-        if (!procs) continue;
-        for (const auto& [pid, bytes] : *procs) {
-          auto& h = held[pid];
-          h.first += static_cast<int64_t>(bytes);
-          if (static_cast<int64_t>(bytes) > most[pid]) {
-            most[pid] = static_cast<int64_t>(bytes);
-            h.second = d;
+    std::string why = hang_response.begin(hangs, now, workerStates(), attemptDir(),
+                                          world.group_rank, progress, view.metrics());
+    const int hung_attempt = attempt;
+    stacks->takeHangStacks(
+        why,
+        [this](const HangStacks& h) {
+          if (!done) hang_response.onStacksSaved(h);
+        },
+        [this, hung_attempt](HangStacks h) {
+          if (done) return;
+          auto found = hang_response.finish(h);
+          if (hung_attempt != attempt) return;  // the group ended meanwhile
+          for (auto& d : found) {
+            int local_rank = d.exit.local_rank, pid = d.exit.pid;
+            double when = d.exit.unix_time;
+            failures.push_back(std::move(d));
+            execute(sup.onWorkerHung(local_rank, pid, when));
           }
-        }
-      }
-      for (auto& u : usage) {
-        const Worker& w = workers[static_cast<size_t>(u.local_rank)];
-        auto it = held.find(w.pid);
-        if (!w.alive || it == held.end()) continue;
-        u.gpu_memory_bytes = it->second.first;
-        if (auto pct = util[static_cast<size_t>(it->second.second)]) u.gpu_util_percent = *pct;
-      }
-    } catch (const std::exception& e) {
-      log::warn("GPU figures stop: {}", e.what());  // a GPU fell off the bus: say it once
-      nvml.reset();
-    }
-  }
-
-  std::vector<RankMetrics> rankMetrics(const std::vector<RankUsage>& usage) const {
-    std::vector<RankMetrics> out;
-    for (const auto& u : usage) {
-      RankMetrics m;
-      m.rank = u.global_rank;
-      m.local_rank = u.local_rank;
-      m.alive = u.alive;
-      m.step = u.step;
-      if (static_cast<size_t>(u.local_rank) < progress.ranks().size())
-        m.step_seconds = progress.ranks()[static_cast<size_t>(u.local_rank)].meanStepSeconds();
-      if (u.rss_bytes >= 0) m.rss_bytes = u.rss_bytes;
-      m.gpu_util_percent = u.gpu_util_percent;
-      m.gpu_memory_bytes = u.gpu_memory_bytes;
-      out.push_back(m);
-    }
-    return out;
+        });
   }
 
   void printSummary() {
@@ -868,53 +387,12 @@ struct Agent::Impl {
     for (pid_t p : strayChildren()) kill(p, SIGKILL);
   }
 
-  static std::optional<winsize> terminalSize() {
-    winsize ws{};
-    if (!isatty(STDOUT_FILENO) || !isatty(STDERR_FILENO)) return std::nullopt;
-    if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) != 0 || ws.ws_col == 0) ws = {24, 80, 0, 0};
-    return ws;
-  }
-
-  static HangOptions hangOptions(const LaunchOptions& o) {
-    HangOptions h;
-    h.timeout_sec = o.hang_timeout_sec;
-    h.first_step_timeout_sec = o.hang_first_timeout_sec;
-    return h;
-  }
   bool hangDetectionOn() const {
     return !cfg.options.hang_timeout_sec || *cfg.options.hang_timeout_sec > 0;
   }
 
-  static ConsoleOptions consoleOptions(const LaunchOptions& o) {
-    ConsoleOptions c;
-    c.out = STDOUT_FILENO;
-    c.err = STDERR_FILENO;
-    c.role = o.role;
-    c.prefix_template = o.log_line_prefix_template;
-    c.prefix = o.prefix_output;
-    c.live = isatty(STDOUT_FILENO) && isatty(STDERR_FILENO);
-    c.status_line = o.monitor == MonitorMode::kLive || (o.monitor == MonitorMode::kAuto && c.live);
-    return c;
-  }
-
-  static std::vector<int> stopSignals(const LaunchOptions& o) {
-    std::vector<int> out;
-    for (int s : o.signals_to_handle)
-      if (std::find(std::begin(defaults::kStopSignals), std::end(defaults::kStopSignals), s) !=
-          std::end(defaults::kStopSignals))
-        out.push_back(s);
-    return out;
-  }
-
-  void addFd(int fd) {
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.fd = fd;
-    epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev);
-  }
-
   void removeStream(int fd) {
-    epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
+    loop.remove(fd);
     router.remove(fd);
     stream_fds.erase(std::remove(stream_fds.begin(), stream_fds.end(), fd), stream_fds.end());
   }
@@ -922,24 +400,6 @@ struct Agent::Impl {
   std::string attemptDir() const { return run_dir + "/attempt_" + std::to_string(attempt); }
   std::string rankDir(int local_rank) const {
     return attemptDir() + "/" + std::to_string(local_rank);
-  }
-
-  // The folders from `base` (the run directory) down to `dir`, none readable by others: they
-  // hold logs and error files, which may show the environment (issue 33).
-  static void makePrivateDirs(const std::string& base, const std::string& dir) {
-    fs::path p = base;
-    for (const auto& part : fs::path(dir).lexically_relative(base)) {
-      p /= part;
-      if (mkdir(p.c_str(), 0750) != 0 && errno != EEXIST)
-        throw Error("cannot create " + p.string() + ": " + strerror(errno));
-    }
-  }
-
-  int openLog(const std::string& path) {
-    int fd =
-        open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_APPEND | O_NOFOLLOW, 0640);
-    if (fd < 0) throw Error("cannot open log file '" + path + "': " + strerror(errno));
-    return fd;
   }
 
   // Kills whatever the previous attempt left: grandchildren in the workers' groups, and any
@@ -968,11 +428,11 @@ struct Agent::Impl {
         "attempt {}: starting {} worker(s), ranks {}..{} of world size {}, MASTER_ADDR:PORT {}:{}",
         attempt, cfg.nproc, world.rank_offset, world.rank_offset + cfg.nproc - 1, world.world_size,
         world.master_addr, world.master_port);
-    workers.assign(static_cast<size_t>(cfg.nproc), Worker{});
+    workers.clear();
+    workers.resize(static_cast<size_t>(cfg.nproc));
     progress.start(cfg.nproc, world.rank_offset, unixNow());
-    view.start(unixNow());
+    view.startAttempt(attempt, world.world_size, unixNow());
     if (first_group_started == 0) first_group_started = unixNow();
-    if (metrics) metrics->setJob({attempt, world.world_size, cfg.options.max_restarts});
     hang.start(cfg.nproc, unixNow());
     output_seen.assign(static_cast<size_t>(cfg.nproc), 0);
     std::vector<SpawnedProcess> spawned;
@@ -989,8 +449,8 @@ struct Agent::Impl {
       Environment extra = cfg.extra_env;
       for (const auto& [k, v] : world.worker_env) extra[k] = v;
       extra[kMarkerEnv] = watchdog.marker();
-      openHeartbeat(w);
-      if (w.heartbeat_fd >= 0) extra[kHeartbeatFdEnv] = std::to_string(w.heartbeat_fd);
+      w.heartbeat = HeartbeatChannel::open();
+      if (w.heartbeat) extra[kHeartbeatFdEnv] = std::to_string(w.heartbeat->fd());
       auto env = buildWorkerEnv(cfg.base_env, world, ctx, extra);
       StreamSelection redirect = cfg.options.redirects.forRank(lr);
       StreamSelection tee = cfg.options.tee.forRank(lr);
@@ -1002,7 +462,7 @@ struct Agent::Impl {
       SpawnOptions so;
       so.cgroup_dir_fd = cgroup ? cgroup->dirFd() : -1;
       so.cgroup_procs_fd = cgroup ? cgroup->procsFd() : -1;
-      so.inherit_fd = w.heartbeat_fd;
+      so.inherit_fd = w.heartbeat ? w.heartbeat->fd() : -1;
       if (lr < static_cast<int>(cfg.numa.size())) {
         so.cpus = cfg.numa[lr].cpus;
         so.mem_nodes = cfg.numa[lr].mem_nodes;
@@ -1032,12 +492,13 @@ struct Agent::Impl {
       if (redirect.stderr_ || tee.stderr_) err.file_fd = openLog(dir + "/stderr.log");
       router.add(p.stdout_fd, out);
       router.add(p.stderr_fd, err);
-      addFd(p.stdout_fd);
-      addFd(p.stderr_fd);
+      loop.add(p.stdout_fd, EPOLLIN, static_cast<uint64_t>(p.stdout_fd));
+      loop.add(p.stderr_fd, EPOLLIN, static_cast<uint64_t>(p.stderr_fd));
       stream_fds.push_back(p.stdout_fd);
       stream_fds.push_back(p.stderr_fd);
       spawned.push_back(p);
     }
+    stacks->setGroup(stacksGroup());
     // All forks first, then wait for the execs: the workers start in parallel.
     for (int lr = 0; lr < cfg.nproc; ++lr) {
       int e = awaitExec(spawned[lr]);
@@ -1058,7 +519,6 @@ struct Agent::Impl {
            now - first_group_started >= cfg.after_start[after_start_done].first)
       cfg.after_start[after_start_done++].second();
   }
-  std::map<pid_t, FailureDetail> pendingExecFailures;
 
   const FailureDetail* rootDetail() const {
     const WorkerExit* root = sup.rootCause();
@@ -1091,14 +551,15 @@ struct Agent::Impl {
         case Action::Kind::kStartRendezvous:
           sweepAttempt();
           rdzv.startRendezvous([this](std::optional<WorldAssignment> w, std::string error) {
-            post(RdzvDone{std::move(w), std::move(error)});
+            loop.post(
+                [this, w = std::move(w), error = std::move(error)] { onRendezvousDone(w, error); });
           });
           break;
         case Action::Kind::kStartGroup:
           if (a.value > 0 && groups_started > 0) {
             log::warn("restarting the worker group: restart {} of {}", a.value,
                       cfg.options.max_restarts);
-            if (metrics) metrics->onRestart();
+            if (view.metrics()) view.metrics()->onRestart();
           }
           startGroup();
           break;
@@ -1137,12 +598,12 @@ struct Agent::Impl {
             if (w.alive) kill(-w.pid, a.value);
           break;
         case Action::Kind::kArmShutdownTimer: {
-          itimerspec its{};
-          double t = std::max(cfg.options.shutdown_timeout_sec, 0.001);
-          its.it_value.tv_sec = static_cast<time_t>(t);
-          its.it_value.tv_nsec =
-              static_cast<long>((t - static_cast<double>(its.it_value.tv_sec)) * 1e9);
-          timerfd_settime(timerfd, 0, &its, nullptr);
+          if (shutdown_timer) loop.cancelTimer(shutdown_timer);
+          auto t = seconds(std::max(cfg.options.shutdown_timeout_sec, 0.001));
+          shutdown_timer = loop.addTimer(EventLoop::Clock::now() + t, [this] {
+            shutdown_timer = 0;
+            if (!done) execute(sup.onShutdownTimeout());
+          });
           break;
         }
         case Action::Kind::kExit:
@@ -1160,7 +621,7 @@ struct Agent::Impl {
     Worker& w = *it;
     w.alive = false;
     double exit_time = unixNow();
-    progress.onStep(w.local_rank, stepOf(w), exit_time, waitedOf(w));
+    progress.onStep(w.local_rank, w.step(), exit_time, w.waited());
     auto seconds = [](const timeval& tv) { return tv.tv_sec + tv.tv_usec / 1e6; };
     progress.onExit(w.local_rank, exit_time, seconds(usage.ru_utime) + seconds(usage.ru_stime),
                     usage.ru_maxrss);
@@ -1188,6 +649,7 @@ struct Agent::Impl {
         log::error("worker rank {} (local rank {}, pid {}) failed: {}", w.global_rank, w.local_rank,
                    pid, st.describe());
     }
+    stacks->setGroup(stacksGroup());
     execute(sup.onWorkerExit(w.local_rank, pid, st, now));
   }
 
@@ -1217,43 +679,24 @@ struct Agent::Impl {
     execute(sup.start());
     epoll_event events[64];
     while (!done) {
-      int n = epoll_wait(epfd, events, 64, -1);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        throw Error(std::string("epoll_wait: ") + strerror(errno));
-      }
+      // Timers (the shutdown grace period, the monitor tick, the stray scan) and what other
+      // threads posted run inside wait().
+      int n = loop.wait(events, 64, -1);
+      if (n < 0) throw Error(std::string("epoll_wait: ") + strerror(errno));
       for (int i = 0; i < n && !done; ++i) {
-        int fd = events[i].data.fd;
-        if (fd == sigfd) {
+        uint64_t tag = events[i].data.u64;
+        if (tag == kSignalTag) {
           onSignalFd();
-        } else if (fd == wakefd) {
-          onWake();
-        } else if (fd == strayfd) {
-          onStrayScan();
-        } else if (fd == monitorfd) {
-          onMonitorTick();
-        } else if (fd == controlfd) {
-          onControl();
-        } else if (fd == timerfd) {
-          uint64_t expirations;
-          ssize_t ignored = read(timerfd, &expirations, sizeof(expirations));
-          (void)ignored;
-          execute(sup.onShutdownTimeout());
-        } else if (!router.onReadable(fd)) {
-          removeStream(fd);
+        } else if (stacks->owns(tag)) {
+          stacks->onEvent(tag);
+        } else if (!router.onReadable(static_cast<int>(tag))) {
+          removeStream(static_cast<int>(tag));
         }
       }
     }
     finish();
     sayWhatIsKept();
     return exit_code;
-  }
-
-  static bool lacksTorch(const FailureDetail& d) {
-    const std::string needle = "No module named 'torch'";
-    if (d.error && d.error->message.find(needle) != std::string::npos) return true;
-    return std::any_of(d.stderr_tail.begin(), d.stderr_tail.end(),
-                       [&](const std::string& l) { return l.find(needle) != std::string::npos; });
   }
 
   void finish() {
@@ -1263,15 +706,12 @@ struct Agent::Impl {
       router.drain(fd);
       removeStream(fd);
     }
-    // Disarm (and drain) the timers: a readable one would keep the reaping wait below spinning.
-    itimerspec off{};
-    for (int fd : {timerfd, strayfd, monitorfd}) {
-      if (fd < 0) continue;
-      timerfd_settime(fd, 0, &off, nullptr);
-      uint64_t expirations;
-      ssize_t ignored = read(fd, &expirations, sizeof(expirations));
-      (void)ignored;
-    }
+    // Disarm the timers: none of them has anything left to do, and the reaping wait below
+    // must not run them.
+    for (auto* t : {&shutdown_timer, &monitor_timer, &stray_timer})
+      if (*t) loop.cancelTimer(std::exchange(*t, 0));
+    // Answers what waits for stacks (the workers are gone: their tools end at once).
+    stacks->shutdown();
     watchdog.release();
     // Reap everything we were given as subreaper. While anything is left, it is killed: a
     // process that escaped the worker groups (setsid) and its environment (no marker) is in
@@ -1292,7 +732,7 @@ struct Agent::Impl {
       }
       epoll_event ev;
       // Woken by SIGCHLD on sigfd; the short cap covers orphans handed to us without one.
-      epoll_wait(epfd, &ev, 1, static_cast<int>(std::min<int64_t>(left.count(), 50)));
+      loop.wait(&ev, 1, static_cast<int>(std::min<int64_t>(left.count(), 50)));
       signalfd_siginfo si;
       while (read(sigfd, &si, sizeof(si)) == sizeof(si)) {
       }
@@ -1335,7 +775,7 @@ struct Agent::Impl {
 
   // Said last, so that it is the line a user sees: where the files a report named stay.
   void sayWhatIsKept() {
-    if (temp_base && !evidence.empty())
+    if (temp_base && !stacks->evidence().empty())
       log::warn(
           "the stacks saved during this run are kept in {} (private to you; remove it when "
           "done)",

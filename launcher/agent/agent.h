@@ -1,7 +1,25 @@
 #pragma once
-// The local agent: carries out the supervisor's decisions with real processes. Event driven:
-// one epoll loop over a signalfd (SIGCHLD and the handled signals), the workers' output pipes
-// and a timerfd for the shutdown grace period. Nothing polls.
+// The local agent: carries out the supervisor's decisions with real processes. A small loop
+// (common/event_loop.h) over a signalfd (SIGCHLD and the handled signals), the workers' output
+// pipes and the control socket, with timers for the shutdown grace period, the monitor tick
+// (--monitor-interval: heartbeats, the live view, hang detection) and, without a cgroup, the
+// scan for orphaned descendants. Its parts: the workers' heartbeat channels
+// (health/heartbeat_channel.h), the live view and metrics (live_view.h), the hang responder
+// (hang_responder.h) and the stacks service (stacks_service.h).
+//
+// Threading contract:
+// - The loop thread (the one that calls run()) owns the supervisor, the workers' records, the
+//   output router, the parts above and every call to the RendezvousHandler. The parts are
+//   handed copies of what they need (WorkerState, the attempt's folder) and tell the loop what
+//   happened (the hang responder returns the failures to record); none acts on the loop's state.
+// - The stacks thread (StacksService's own, started at the first request) runs the stack tools
+//   (up to kStackSeconds) and writes their files; its results come back through the loop's
+//   eventfd (EventLoop::post). The other nodes' answers are awaited with the loop's timers: the
+//   loop never blocks on stacks.
+// - The rendezvous's threads (joiner, watch, health: multi_node_rendezvous.h) only post to the
+//   loop: the world found, the round ended, another node's request for stacks.
+// - after_start hooks and the metrics endpoint's updates run on the loop thread (the endpoint
+//   serves scrapes on threads of its own).
 #include <functional>
 #include <memory>
 #include <string>

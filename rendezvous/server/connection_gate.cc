@@ -7,7 +7,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -29,9 +28,9 @@ constexpr auto kSweepInterval = std::chrono::seconds(1);
 // would spin, so the gate waits this long first.
 constexpr auto kAcceptPause = std::chrono::milliseconds(100);
 constexpr auto kWarnInterval = std::chrono::seconds(10);
-// epoll data for the listening sockets and the wake-up eventfd; connections use their fd.
+// The loop's tags for the listening sockets and the sniffed connections; connections use their
+// fd. (The loop's wake-up eventfd has its own: EventLoop::kWakeTag.)
 constexpr uint64_t kListenTag = uint64_t{1} << 40;
-constexpr uint64_t kWakeTag = uint64_t{1} << 41;
 constexpr uint64_t kSniffTag = uint64_t{1} << 42;
 
 // gRPC names a peer by grpc_sockaddr_to_uri: "ipv4:1.2.3.4:5", "ipv6:[::1]:5", with
@@ -135,30 +134,16 @@ ConnectionGate::ConnectionGate(const std::string& host, int port, GateOptions op
     throw NetworkError(fmt::format("rendezvous server cannot listen on {}: {}",
                                    hostPort(host, port), why.empty() ? "no usable address" : why));
   port_ = bound_port;
-  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
-  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (epoll_fd_ < 0 || wake_fd_ < 0) {
-    std::string e = std::strerror(errno);
+  if (loop_.error()) {
+    std::string e = std::strerror(loop_.error());
     for (int l : listen_fds_) close(l);
-    if (epoll_fd_ >= 0) close(epoll_fd_);
-    if (wake_fd_ >= 0) close(wake_fd_);
     throw NetworkError("rendezvous server: cannot create its accept loop: " + e);
   }
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.u64 = kWakeTag;
-  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
-  for (size_t i = 0; i < listen_fds_.size(); ++i) {
-    ev.data.u64 = kListenTag | i;
-    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fds_[i], &ev);
-  }
+  for (size_t i = 0; i < listen_fds_.size(); ++i)
+    loop_.add(listen_fds_[i], EPOLLIN, kListenTag | i);
 }
 
-ConnectionGate::~ConnectionGate() {
-  stop();
-  if (epoll_fd_ >= 0) close(epoll_fd_);
-  if (wake_fd_ >= 0) close(wake_fd_);
-}
+ConnectionGate::~ConnectionGate() { stop(); }
 
 void ConnectionGate::start(
     std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> acceptor) {
@@ -171,7 +156,7 @@ void ConnectionGate::stop() {
   if (stopped_) return;
   stopped_ = true;
   stopping_ = true;
-  wake();
+  loop_.wake();
   if (thread_.joinable()) thread_.join();
   for (int l : listen_fds_) close(l);
   listen_fds_.clear();
@@ -188,12 +173,6 @@ void ConnectionGate::stop() {
   by_grpc_fd_.clear();
 }
 
-void ConnectionGate::wake() {
-  uint64_t one = 1;
-  ssize_t n = write(wake_fd_, &one, sizeof(one));
-  (void)n;  // a full counter already wakes the loop
-}
-
 void ConnectionGate::loop() {
   epoll_event events[64];
   while (!stopping_) {
@@ -202,18 +181,14 @@ void ConnectionGate::loop() {
       std::lock_guard<std::mutex> lock(mu_);
       timeout = nextTimeoutMs(SteadyClock::now());
     }
-    int n = epoll_wait(epoll_fd_, events, 64, timeout);
-    if (n < 0 && errno != EINTR) {
+    int n = loop_.wait(events, 64, timeout);
+    if (n < 0) {
       log::error("[{}] accept loop: epoll_wait: {}", options_.log_name, std::strerror(errno));
       return;
     }
     for (int i = 0; i < n && !stopping_; ++i) {
       uint64_t tag = events[i].data.u64;
-      if (tag == kWakeTag) {
-        uint64_t v;
-        while (read(wake_fd_, &v, sizeof(v)) > 0) {
-        }
-      } else if (tag & kListenTag) {
+      if (tag & kListenTag) {
         acceptAll(listen_fds_[tag & ~kListenTag]);
       } else if (tag & kSniffTag) {
         sniff(static_cast<int>(tag & ~kSniffTag));
@@ -237,12 +212,8 @@ void ConnectionGate::loop() {
     }
     if (accept_paused_until_ != SteadyClock::time_point{} && now >= accept_paused_until_) {
       accept_paused_until_ = {};
-      for (size_t i = 0; i < listen_fds_.size(); ++i) {
-        epoll_event ev{};
-        ev.events = EPOLLIN;
-        ev.data.u64 = kListenTag | i;
-        epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, listen_fds_[i], &ev);
-      }
+      for (size_t i = 0; i < listen_fds_.size(); ++i)
+        loop_.modify(listen_fds_[i], EPOLLIN, kListenTag | i);
     }
   }
 }
@@ -281,11 +252,7 @@ void ConnectionGate::acceptAll(int listen_fd) {
                     std::strerror(err), held));
     std::lock_guard<std::mutex> lock(mu_);
     accept_paused_until_ = SteadyClock::now() + kAcceptPause;
-    for (int l : listen_fds_) {
-      epoll_event ev{};
-      ev.events = 0;
-      epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, l, &ev);
-    }
+    for (size_t i = 0; i < listen_fds_.size(); ++i) loop_.modify(listen_fds_[i], 0, kListenTag | i);
     return;
   }
 }
@@ -338,11 +305,8 @@ void ConnectionGate::admit(int listen_fd, int fd) {
   auto until = SteadyClock::now() + options_.sniff_timeout;
   sniffing_[fd] = Sniffing{listen_fd, peer, until};
   sniff_order_.emplace_back(until, fd);
-  epoll_event ev{};
   // Added after the look: an edge-triggered add still reports bytes that came in between.
-  ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
-  ev.data.u64 = kSniffTag | static_cast<uint64_t>(fd);
-  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+  loop_.add(fd, EPOLLIN | EPOLLRDHUP | EPOLLET, kSniffTag | static_cast<uint64_t>(fd));
 }
 
 ConnectionGate::Route ConnectionGate::firstBytesSay(int fd) {
@@ -365,7 +329,7 @@ void ConnectionGate::sniff(int fd) {
     if (it == sniffing_.end()) return;
     sn = std::move(it->second);
     sniffing_.erase(it);
-    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+    loop_.remove(fd);
   }
   route(sn.listen_fd, fd, sn.peer, to);
 }
@@ -404,7 +368,7 @@ void ConnectionGate::expireSniffsLocked(SteadyClock::time_point now,
     sniff_order_.pop_front();
     auto it = sniffing_.find(fd);
     if (it == sniffing_.end() || it->second.until != until) continue;  // gone, or a newer one
-    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+    loop_.remove(fd);
     late.emplace_back(fd, std::move(it->second));
     sniffing_.erase(it);
   }
@@ -426,12 +390,9 @@ bool ConnectionGate::track(int fd, const std::string& peer, bool wire) {
   c.order = next_order_++;
   c.wire = wire;
   if (!wire) {
-    epoll_event ev{};
     // Only the end of the connection: its data is gRPC's to read. (The store socket tells
     // of its ends itself: wireClosed.)
-    ev.events = EPOLLRDHUP;
-    ev.data.u64 = static_cast<uint64_t>(dup_fd);
-    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, dup_fd, &ev);
+    loop_.add(dup_fd, EPOLLRDHUP, static_cast<uint64_t>(dup_fd));
   }
   by_peer_[peer] = dup_fd;
   by_grpc_fd_[fd] = dup_fd;
@@ -456,7 +417,7 @@ void ConnectionGate::handToGrpc(int listen_fd, int fd, const std::string& peer) 
 void ConnectionGate::dropLocked(int dup_fd) {
   auto it = conns_.find(dup_fd);
   if (it == conns_.end()) return;
-  if (!it->second.wire) epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, dup_fd, nullptr);
+  if (!it->second.wire) loop_.remove(dup_fd);
   if (auto p = by_peer_.find(it->second.peer); p != by_peer_.end() && p->second == dup_fd)
     by_peer_.erase(p);
   if (auto g = by_grpc_fd_.find(it->second.grpc_fd); g != by_grpc_fd_.end() && g->second == dup_fd)
@@ -480,7 +441,7 @@ bool ConnectionGate::evictOneLocked() {
     sniff_order_.pop_front();
     auto it = sniffing_.find(fd);
     if (it == sniffing_.end() || it->second.until != until) continue;
-    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+    loop_.remove(fd);
     close(fd);
     sniffing_.erase(it);
     ++stats_.evicted;
@@ -547,7 +508,7 @@ void ConnectionGate::noteCall(const std::string& peer, bool authorized) {
       close_pending_ = wake_up = true;
     }
   }
-  if (wake_up) wake();
+  if (wake_up) loop_.wake();
 }
 
 void ConnectionGate::closePeer(const std::string& peer) {

@@ -20,6 +20,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/event_loop.h"
 #include "rendezvous/store/store.h"
 
 namespace ddpl::rdzv::grpc_detail {
@@ -125,13 +126,11 @@ class ConnectionGate {
   void runDueClosesLocked(std::chrono::steady_clock::time_point now);
   int nextTimeoutMs(std::chrono::steady_clock::time_point now) const;
   void warnRateLimited(const std::string& what);
-  void wake();
 
   GateOptions options_;
   int port_ = 0;
   std::vector<int> listen_fds_;
-  int epoll_fd_ = -1;
-  int wake_fd_ = -1;
+  EventLoop loop_;  // the listening sockets, sniffed connections and gRPC's duplicates
   std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> acceptor_;
   std::thread thread_;
   std::atomic<bool> stopping_{false};

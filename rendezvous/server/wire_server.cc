@@ -5,7 +5,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -23,7 +22,6 @@ namespace ddpl::rdzv::grpc_detail {
 namespace {
 
 using SteadyClock = std::chrono::steady_clock;
-constexpr uint64_t kWakeTag = ~uint64_t{0};
 constexpr size_t kReadChunk = 64 << 10;
 // Reads per wake-up of one connection before the loop serves the others.
 constexpr int kReadsPerWake = 4;
@@ -98,26 +96,13 @@ WireServer::WireServer(Core* core, WireOptions options)
     : core_(core), options_(std::move(options)), read_buf_(kReadChunk) {
   max_frame_bytes_ = static_cast<uint32_t>(
       std::min<int64_t>(core_->cfg.max_value_bytes + kMessageOverheadBytes, UINT32_MAX));
-  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
-  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (epoll_fd_ < 0 || wake_fd_ < 0) {
-    std::string e = std::strerror(errno);
-    if (epoll_fd_ >= 0) ::close(epoll_fd_);
-    if (wake_fd_ >= 0) ::close(wake_fd_);
-    throw NetworkError("rendezvous server: cannot create the store socket loop: " + e);
-  }
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.u64 = kWakeTag;
-  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
+  if (loop_.error())
+    throw NetworkError(std::string("rendezvous server: cannot create the store socket loop: ") +
+                       std::strerror(loop_.error()));
   thread_ = std::thread([this] { loop(); });
 }
 
-WireServer::~WireServer() {
-  stop();
-  ::close(epoll_fd_);
-  ::close(wake_fd_);
-}
+WireServer::~WireServer() { stop(); }
 
 bool WireServer::adopt(int fd, const std::string& peer) {
   // The connection cap and the eviction of connections without their token are the gate's,
@@ -133,10 +118,7 @@ bool WireServer::adopt(int fd, const std::string& peer) {
   conns_.emplace(c->id, c);
   hellos_.emplace_back(SteadyClock::now() + options_.hello_timeout, c->id);
   ++stats_.accepted;
-  epoll_event ev{};
-  ev.events = EPOLLIN | EPOLLRDHUP;
-  ev.data.u64 = c->id;
-  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+  loop_.add(fd, EPOLLIN | EPOLLRDHUP, c->id);
   return true;
 }
 
@@ -147,7 +129,7 @@ void WireServer::stop() {
     stopped_ = true;
   }
   stopping_ = true;
-  wake();
+  loop_.wake();
   if (thread_.joinable()) thread_.join();
   std::vector<ConnPtr> all;
   {
@@ -181,12 +163,6 @@ WireStats WireServer::stats() const {
   return s;
 }
 
-void WireServer::wake() {
-  uint64_t one = 1;
-  ssize_t n = write(wake_fd_, &one, sizeof(one));
-  (void)n;  // a full counter already wakes the loop
-}
-
 WireServer::ConnPtr WireServer::find(uint64_t id) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = conns_.find(id);
@@ -196,20 +172,14 @@ WireServer::ConnPtr WireServer::find(uint64_t id) {
 void WireServer::loop() {
   epoll_event events[128];
   while (!stopping_) {
-    int n = epoll_wait(epoll_fd_, events, 128, nextTimeoutMs(SteadyClock::now()));
-    if (n < 0 && errno != EINTR) {
+    int n = loop_.wait(events, 128, nextTimeoutMs(SteadyClock::now()));
+    if (n < 0) {
       log::error("[{}] store socket loop: epoll_wait: {}", core_->cfg.log_name,
                  std::strerror(errno));
       return;
     }
     for (int i = 0; i < n && !stopping_; ++i) {
       uint64_t tag = events[i].data.u64;
-      if (tag == kWakeTag) {
-        uint64_t v;
-        while (read(wake_fd_, &v, sizeof(v)) > 0) {
-        }
-        continue;
-      }
       ConnPtr c = find(tag);
       if (!c) continue;
       uint32_t ev = events[i].events;
@@ -624,11 +594,9 @@ void WireServer::flushLocked(Conn& c) {
 
 void WireServer::armLocked(Conn& c) {
   if (c.closed) return;
-  epoll_event ev{};
-  ev.events =
-      EPOLLRDHUP | (c.reading && !c.backlog ? EPOLLIN : 0u) | (c.want_write ? EPOLLOUT : 0u);
-  ev.data.u64 = c.id;
-  epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.fd, &ev);
+  loop_.modify(
+      c.fd, EPOLLRDHUP | (c.reading && !c.backlog ? EPOLLIN : 0u) | (c.want_write ? EPOLLOUT : 0u),
+      c.id);
 }
 
 bool WireServer::overLimitLocked(const Conn& c) const {
@@ -644,7 +612,7 @@ void WireServer::maybeResumeLocked(Conn& c) {
     std::lock_guard<std::mutex> lock(mu_);
     resumes_.push_back(c.id);  // the frames already read are the loop's to handle
   }
-  wake();
+  loop_.wake();
 }
 
 void WireServer::fail(const ConnPtr& c, int code, const std::string& message) {
@@ -677,7 +645,7 @@ void WireServer::close(const ConnPtr& c) {
   {
     std::lock_guard<std::mutex> lock(c->mu);
     if (c->closed) return;
-    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c->fd, nullptr);
+    loop_.remove(c->fd);
     // The gate forgets the descriptor first: once closed, its number may be a new
     // connection's. Nothing else holds the socket, so the close ends it for the peer.
     if (options_.before_close) options_.before_close(c->fd);

@@ -35,6 +35,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/event_loop.h"
 #include "proto/rendezvous.pb.h"
 #include "rendezvous/store/store.h"
 
@@ -85,7 +86,6 @@ class WireServer {
   using ConnPtr = std::shared_ptr<Conn>;
 
   void loop();
-  void wake();
   ConnPtr find(uint64_t id);
   void onReadable(const ConnPtr& c, uint32_t events);
   void processFrames(const ConnPtr& c);
@@ -112,8 +112,7 @@ class WireServer {
   Core* core_;
   WireOptions options_;
   uint32_t max_frame_bytes_;
-  int epoll_fd_ = -1;
-  int wake_fd_ = -1;
+  EventLoop loop_;  // the connections, by id
   std::thread thread_;
   std::atomic<bool> stopping_{false};
   std::vector<char> read_buf_;           // the loop thread's

@@ -13,9 +13,10 @@
 #include <fstream>
 #include <map>
 #include <regex>
-#include <tuple>
 #include <set>
 #include <sstream>
+#include <thread>
+#include <tuple>
 
 #include "tests/common/subprocess.h"
 
@@ -316,6 +317,39 @@ TEST(Launch, FixedMasterPortInUseIsNamed) {
   EXPECT_NE(r.err.find("127.0.0.1:" + std::to_string(port) + " is already in use"),
             std::string::npos)
       << r.err;
+}
+
+// The stack tools run off launch's event loop: while a snapshot is being taken (here by a
+// stand-in eu-stack that takes 6 s), `launch status` is answered at once, and the snapshot still
+// comes back whole. (When the loop took the stacks itself, status waited for the snapshot.)
+TEST(Launch, StatusIsAnsweredWhileAStacksSnapshotIsBeingTaken) {
+  std::string logs = makeTempDir("slow-stacks");
+  std::string bin = makeTempDir("slow-stacks-bin");
+  std::ofstream(bin + "/eu-stack") << "#!/bin/sh\nsleep 6\necho '#0  0x0 in slow_tool_frame ()'\n";
+  std::filesystem::permissions(bin + "/eu-stack", std::filesystem::perms::owner_all);
+  RunOptions o;
+  const char* path = getenv("PATH");
+  o.env["PATH"] = bin + ":" + (path ? path : "/usr/bin:/bin");
+  Background job({kLaunch, "--no-python", "--nproc-per-node=1", "--log-dir", logs, "--rdzv-id=slow",
+                  "sleep", "60"},
+                 o);
+  ASSERT_TRUE(
+      eventually([&] { return job.outputSoFar().find("launch stacks") != std::string::npos; }, 30s))
+      << job.outputSoFar();
+  Background stacks({kLaunch, "stacks", logs + "/slow"});
+  std::this_thread::sleep_for(1s);  // the snapshot is under way
+  auto start = std::chrono::steady_clock::now();
+  auto status = run({kLaunch, "status", logs + "/slow"});
+  auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(status.exit_code, 0) << status.all();
+  EXPECT_NE(status.out.find("node 0 ("), std::string::npos) << status.out;
+  EXPECT_LT(took, 3s) << status.all();
+  auto snap = stacks.wait(30s);
+  EXPECT_EQ(snap.exit_code, 0) << snap.all();
+  EXPECT_NE(snap.out.find("ok " + logs + "/slow/snapshots/"), std::string::npos) << snap.out;
+  EXPECT_NE(snap.out.find("rank 0 (local rank 0, pid "), std::string::npos) << snap.out;
+  kill(job.pid(), SIGTERM);
+  job.wait(30s);
 }
 
 TEST(Launch, StandaloneHostsOurStoreForTheWorkers) {

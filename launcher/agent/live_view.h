@@ -1,0 +1,69 @@
+#pragma once
+// The agent's glue between its ranks and what shows them: the live view (a status line kept at
+// the bottom of a terminal, or a log line every --monitor-log-interval), this node's status
+// for the job (RendezvousHandler::publishStatus), the metrics endpoint (--metrics-port) and the
+// GPU figures from NVML, loaded at the first update (off the start-up path).
+//
+// Threads: the agent's loop thread only.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "launcher/agent/output.h"
+#include "launcher/agent/worker_state.h"
+#include "launcher/cli/options.h"
+#include "launcher/gpu/nvml.h"
+#include "launcher/health/job_view.h"
+#include "launcher/health/metrics.h"
+#include "launcher/health/progress.h"
+#include "launcher/membership/rendezvous_handler.h"
+
+namespace ddpl::launcher {
+
+// One rank as a monitor tick reads it: the worker and its heartbeat.
+struct RankReading {
+  WorkerState worker;
+  uint64_t step = 0;
+  uint64_t waited_us = 0;
+};
+
+class LiveView {
+ public:
+  // `status_line`: keep the view at the bottom of the console (the router draws it there).
+  LiveView(const LaunchOptions& options, std::string host, bool status_line, OutputRouter& router,
+           RendezvousHandler& rdzv);
+
+  // --metrics-port: starts the endpoint (throws as startMetricsEndpoint does). Null without.
+  void startMetrics();
+  MetricsEndpoint* metrics() const { return metrics_.get(); }
+
+  // A new attempt: forgets the last one's samples.
+  void startAttempt(int attempt, int world_size, double now);
+  // Samples every rank and shows it when due: twice a second at most, whatever
+  // --monitor-interval is (reading /proc for every rank is not free on a 64-rank node).
+  void maybeUpdate(const std::vector<RankReading>& ranks, ProgressTracker& progress, double now);
+  // Logs (and counts) the ranks that became stragglers; once a second at most.
+  void reportStragglers(ProgressTracker& progress, double now);
+
+  // The node's status in one line, as the log and `launch status` show it.
+  std::string logLine() const { return view_.logLine(); }
+
+ private:
+  void update(const std::vector<RankReading>& ranks, ProgressTracker& progress, double now);
+  void addGpuFigures(std::vector<RankUsage>& usage, const std::vector<RankReading>& ranks);
+  std::vector<RankMetrics> rankMetrics(const std::vector<RankUsage>& usage,
+                                       const ProgressTracker& progress) const;
+
+  const LaunchOptions& options_;
+  std::string host_;
+  bool status_line_, view_log_;
+  OutputRouter& router_;
+  RendezvousHandler& rdzv_;
+  JobView view_;
+  std::unique_ptr<MetricsEndpoint> metrics_;
+  std::unique_ptr<Nvml> nvml_;  // null when the machine has no driver
+  bool nvml_tried_ = false;
+  double next_view_ = 0, next_view_log_ = 0, next_straggler_check_ = 0;
+};
+
+}  // namespace ddpl::launcher

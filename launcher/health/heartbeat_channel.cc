@@ -1,0 +1,40 @@
+#include "launcher/health/heartbeat_channel.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "common/heartbeat.h"
+
+namespace ddpl::launcher {
+
+// Its size is sealed before the worker sees it: a worker that shrank the file would make our
+// next read of the mapping a SIGBUS, killing launch (issue 33). Without sealing (a kernel that
+// refuses it) there is no channel at all.
+std::unique_ptr<HeartbeatChannel> HeartbeatChannel::open() {
+  int fd = memfd_create("ddpl-heartbeat", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return nullptr;
+  void* map = MAP_FAILED;
+  if (ftruncate(fd, kHeartbeatBytes) == 0 &&
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0)
+    map = mmap(nullptr, kHeartbeatBytes, PROT_READ, MAP_SHARED, fd, 0);
+  if (map == MAP_FAILED) {
+    close(fd);
+    return nullptr;
+  }
+  return std::unique_ptr<HeartbeatChannel>(
+      new HeartbeatChannel(fd, static_cast<const volatile uint64_t*>(map)));
+}
+
+HeartbeatChannel::~HeartbeatChannel() {
+  munmap(const_cast<uint64_t*>(map_), kHeartbeatBytes);
+  close(fd_);
+}
+
+// Little-endian on disk and in memory alike on the machines we run on (x86-64, AArch64).
+uint64_t HeartbeatChannel::step() const { return map_[kHeartbeatStepOffset / sizeof(uint64_t)]; }
+uint64_t HeartbeatChannel::waitedMicros() const {
+  return map_[kHeartbeatWaitOffset / sizeof(uint64_t)];
+}
+
+}  // namespace ddpl::launcher
