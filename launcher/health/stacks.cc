@@ -1,16 +1,12 @@
 #include "launcher/health/stacks.h"
 
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstring>
 #include <sstream>
 
 #include "common/parse.h"
+#include "launcher/agent/child_process.h"
 
 namespace ddpl::launcher {
 namespace {
@@ -21,41 +17,6 @@ std::string findExecutable(const std::string& name, const std::string& path_env)
     if (access(candidate.c_str(), X_OK) == 0) return candidate;
   }
   return "";
-}
-
-struct Running {
-  pid_t pid = -1;
-  int out = -1;
-  std::string text;
-  bool done = false;
-};
-
-Running start(const std::vector<std::string>& argv) {
-  Running r;
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) return r;
-  std::vector<char*> cargv;
-  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
-  cargv.push_back(nullptr);
-  pid_t pid = fork();
-  if (pid == 0) {
-    setpgid(0, 0);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    dup2(fds[1], STDOUT_FILENO);
-    dup2(fds[1], STDERR_FILENO);
-    execv(cargv[0], cargv.data());
-    _exit(127);
-  }
-  close(fds[1]);
-  if (pid < 0) {
-    close(fds[0]);
-    return r;
-  }
-  r.pid = pid;
-  r.out = fds[0];
-  return r;
 }
 
 }  // namespace
@@ -77,7 +38,8 @@ std::vector<StackSnapshot> snapshotStacks(const std::vector<std::pair<int, pid_t
                                           bool python, const StackTools& tools,
                                           double timeout_sec) {
   std::vector<StackSnapshot> snaps;
-  std::vector<Running> runs;
+  std::vector<ChildRun> runs;
+  std::vector<size_t> run_of;  // the snapshot each run fills
   for (const auto& [lr, pid] : workers) {
     StackSnapshot s;
     s.local_rank = lr;
@@ -95,52 +57,28 @@ std::vector<StackSnapshot> snapshotStacks(const std::vector<std::pair<int, pid_t
                       : "no stack tool found: install elfutils (eu-stack) or gdb";
     } else {
       for (const auto& a : argv) s.tool += (s.tool.empty() ? "" : " ") + a;
+      ChildRun run;
+      run.argv = std::move(argv);
+      run.stderr_to = ChildRun::Stderr::kIntoStdout;  // the tools say why they failed there
+      run.timeout_sec = timeout_sec;
+      runs.push_back(std::move(run));
+      run_of.push_back(snaps.size());
     }
     snaps.push_back(s);
-    runs.push_back(argv.empty() ? Running{} : start(argv));
-    if (!argv.empty() && runs.back().pid < 0) snaps.back().text = "cannot start " + argv[0];
   }
-  auto deadline = std::chrono::steady_clock::now() +
-                  std::chrono::milliseconds(static_cast<int64_t>(timeout_sec * 1000));
-  while (true) {
-    std::vector<pollfd> fds;
-    std::vector<size_t> which;
-    for (size_t i = 0; i < runs.size(); ++i)
-      if (runs[i].out >= 0) {
-        fds.push_back({runs[i].out, POLLIN, 0});
-        which.push_back(i);
-      }
-    if (fds.empty()) break;
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                    deadline - std::chrono::steady_clock::now())
-                    .count();
-    if (left <= 0) break;
-    if (poll(fds.data(), fds.size(), static_cast<int>(left)) < 0 && errno != EINTR) break;
-    for (size_t k = 0; k < fds.size(); ++k) {
-      if (!fds[k].revents) continue;
-      Running& r = runs[which[k]];
-      char buf[8192];
-      ssize_t n = read(r.out, buf, sizeof(buf));
-      if (n > 0 && r.text.size() < (1 << 20)) r.text.append(buf, static_cast<size_t>(n));
-      if (n <= 0) {
-        close(r.out);
-        r.out = -1;
-        r.done = true;
-      }
+  // Every rank's stack at the same moment (a hang is a picture of all of them), each tool and
+  // what it started killed at the deadline.
+  std::vector<ChildResult> results = runChildren(runs);
+  for (size_t i = 0; i < results.size(); ++i) {
+    const ChildResult& r = results[i];
+    StackSnapshot& s = snaps[run_of[i]];
+    if (!r.started) {
+      s.text = "cannot start " + runs[i].argv[0] + (r.error.empty() ? "" : ": " + r.error);
+      continue;
     }
-  }
-  for (size_t i = 0; i < runs.size(); ++i) {
-    Running& r = runs[i];
-    if (r.pid < 0) continue;
-    if (!r.done) {
-      kill(-r.pid, SIGKILL);
-      r.text += "\n(stopped after " + std::to_string(static_cast<int>(timeout_sec)) + "s)";
-    }
-    if (r.out >= 0) close(r.out);
-    int status;
-    while (waitpid(r.pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    snaps[i].text = r.text;
+    s.text = r.out;
+    if (r.timed_out)
+      s.text += "\n(stopped after " + std::to_string(static_cast<int>(timeout_sec)) + "s)";
   }
   return snaps;
 }
