@@ -1,6 +1,6 @@
 #pragma once
-// What the two multi-node backends share: ElasticRendezvous
-// (launcher/membership/elastic_rendezvous.cc, over the gRPC rendezvous service) and the etcd
+// What the two multi-node backends share: GrpcRendezvous
+// (launcher/membership/grpc_rendezvous.cc, over the gRPC rendezvous service) and the etcd
 // rendezvous (launcher/membership/etcd/etcd_rendezvous.cc). Both run their rounds their own way;
 // both need a thread to join on, and the job's health across nodes (status lines, stacks on demand,
 // the preflight table), which only needs a few key-value operations. Those are JobKv; each backend

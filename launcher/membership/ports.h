@@ -10,4 +10,7 @@ int pickFreePort(const std::string& addr);
 // Throws ddpl::NetworkError naming addr:port when the port cannot be bound (already in use).
 void checkPortFree(const std::string& addr, int port);
 
+// The local address used to reach host:port (no packet is sent: a UDP connect picks the route).
+std::string routeAddressTo(const std::string& host, int port);
+
 }  // namespace ddpl::launcher

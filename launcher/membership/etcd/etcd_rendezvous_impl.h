@@ -192,7 +192,7 @@ class EtcdRendezvous : public MultiNodeRendezvous {
   // returns.
   int64_t leaseExpired(int64_t id);
 
-  ElasticConfig c_;
+  RoundsConfig c_;
   std::chrono::seconds lease_ttl_;
   std::unique_ptr<EtcdClient> etcd_;
   std::string p_, address_;

@@ -1,4 +1,4 @@
-#include "launcher/membership/elastic_rendezvous.h"
+#include "launcher/membership/grpc_rendezvous.h"
 
 #include <arpa/inet.h>
 #include <fmt/format.h>
@@ -110,14 +110,14 @@ class StoreJobKv : public JobKv {
 // - the health thread polls the store once a second (no push);
 // - when this agent hosts the service (server_), finish() keeps it up until the other nodes
 //   of the last round have left, at most kHostLinger more.
-class ElasticRendezvous : public MultiNodeRendezvous {
+class GrpcRendezvous : public MultiNodeRendezvous {
  public:
-  explicit ElasticRendezvous(const ElasticConfig& c) : MultiNodeRendezvous(c.node_id), c_(c) {
+  explicit GrpcRendezvous(const GrpcRendezvousConfig& c) : MultiNodeRendezvous(c.node_id), c_(c) {
     auto [host, port] = splitEndpoint(c_.endpoint);
     endpoint_ =
         fmt::format("{}:{}", host.find(':') != std::string::npos ? "[" + host + "]" : host, port);
-    if (c_.host != ElasticConfig::Host::kNo &&
-        (c_.host == ElasticConfig::Host::kYes || namesThisMachine(host)))
+    if (c_.host != GrpcRendezvousConfig::Host::kNo &&
+        (c_.host == GrpcRendezvousConfig::Host::kYes || namesThisMachine(host)))
       maybeHost(host, port);
     address_ = c_.local_addr.empty() ? routeAddressTo(host, port) : c_.local_addr;
 
@@ -146,7 +146,7 @@ class ElasticRendezvous : public MultiNodeRendezvous {
               c_.min_nodes, c_.max_nodes);
   }
 
-  ~ElasticRendezvous() override {
+  ~GrpcRendezvous() override {
     stopThreads();
     watch_.reset();
   }
@@ -317,7 +317,7 @@ class ElasticRendezvous : public MultiNodeRendezvous {
 
   void maybeHost(const std::string& host, int port) {
     std::string bind_host = isLoopback(host) ? "127.0.0.1" : "0.0.0.0";
-    if (c_.host == ElasticConfig::Host::kAuto) {
+    if (c_.host == GrpcRendezvousConfig::Host::kAuto) {
       // Usual case on every node but one: the port is taken by the hosting agent. Find out
       // quietly instead of through gRPC's bind error.
       try {
@@ -335,7 +335,7 @@ class ElasticRendezvous : public MultiNodeRendezvous {
     try {
       server_ = std::make_unique<rdzv::RendezvousServer>(so);
     } catch (const NetworkError& e) {
-      if (c_.host == ElasticConfig::Host::kYes) throw;
+      if (c_.host == GrpcRendezvousConfig::Host::kYes) throw;
       // Another agent (or an rdzv-server) holds the port: it hosts, we are a client.
       log::debug("not hosting the rendezvous: {}", e.what());
     }
@@ -461,7 +461,7 @@ class ElasticRendezvous : public MultiNodeRendezvous {
     }
   }
 
-  ElasticConfig c_;
+  GrpcRendezvousConfig c_;
   std::string endpoint_, address_;
   std::unique_ptr<rdzv::RendezvousServer> server_;
   std::unique_ptr<rdzv::RendezvousClient> client_;
@@ -477,37 +477,8 @@ class ElasticRendezvous : public MultiNodeRendezvous {
 
 }  // namespace
 
-std::string routeAddressTo(const std::string& host, int port) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* res = nullptr;
-  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0)
-    throw NetworkError(fmt::format("cannot resolve rendezvous host '{}'", host));
-  std::string out;
-  for (addrinfo* ai = res; ai && out.empty(); ai = ai->ai_next) {
-    int fd = socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) continue;
-    if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
-      sockaddr_storage ss{};
-      socklen_t len = sizeof(ss);
-      getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
-      char buf[INET6_ADDRSTRLEN] = {0};
-      if (ss.ss_family == AF_INET)
-        inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&ss)->sin_addr, buf, sizeof(buf));
-      else
-        inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr, buf, sizeof(buf));
-      out = buf;
-    }
-    close(fd);
-  }
-  freeaddrinfo(res);
-  if (out.empty())
-    throw NetworkError(fmt::format("no route to the rendezvous host '{}' from this machine", host));
-  return out;
-}
-
-std::unique_ptr<RendezvousHandler> makeElasticRendezvous(const ElasticConfig& config) {
-  return std::make_unique<ElasticRendezvous>(config);
+std::unique_ptr<RendezvousHandler> makeGrpcRendezvous(const GrpcRendezvousConfig& config) {
+  return std::make_unique<GrpcRendezvous>(config);
 }
 
 }  // namespace ddpl::launcher
