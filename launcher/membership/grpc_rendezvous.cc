@@ -36,10 +36,6 @@ constexpr milliseconds kHostLinger{std::chrono::seconds(30)};
 // A health read (`launch status`, stacks) waits at most this long for one key.
 constexpr milliseconds kHealthCallTimeout{std::chrono::seconds(3)};
 
-bool isLoopback(const std::string& host) {
-  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
-}
-
 // Does `host` name this machine? Compared by name and by address: an address of this machine
 // can be bound.
 bool namesThisMachine(const std::string& host) {
@@ -173,25 +169,6 @@ class GrpcRendezvous : public MultiNodeRendezvous {
       log::debug("cannot tell whether round {} is current ({}): counting the failure",
                  current->round, e.what());
       return true;
-    }
-  }
-
-  int recordFailure(const std::string& summary) override {
-    std::string why;
-    // Each call would wait out the read timeout for a server that is gone (the heartbeat of
-    // roundStillCurrent() just before found it so); the agent gives up on the count at once
-    // instead (and the job's outcome is this node's own failure).
-    if (lost(&why))
-      throw NetworkError(fmt::format("the rendezvous service at {} is lost: {}", endpoint_, why));
-    try {
-      int n = static_cast<int>(store_->add("failures", 1));
-      store_->set("last_failure", rdzv::toBytes(summary));
-      if (current_) store_->set(roundKey("end"), rdzv::toBytes("failed"));
-      leaveQuietly();  // the other nodes learn at once and stop their workers
-      return n;
-    } catch (const std::exception& e) {
-      noteTransport(e);
-      throw;
     }
   }
 
@@ -357,10 +334,21 @@ class GrpcRendezvous : public MultiNodeRendezvous {
   // A call failed: on the transport (no server, or no answer within the read timeout), the
   // service counts as lost from now on (MultiNodeRendezvous::markLost). A timeout of a wait
   // for a key is no such failure, but the calls this is given for do not wait for keys.
-  void noteTransport(const std::exception& e) {
+  void noteTransport(const std::exception& e) override {
     if (dynamic_cast<const NetworkError*>(&e) || dynamic_cast<const TimeoutError*>(&e))
       markLost(e.what());
   }
+
+  std::optional<int64_t> currentRound() const override {
+    return current_ ? std::optional<int64_t>(current_->round) : std::nullopt;
+  }
+
+  std::string lostStoreMessage(const std::string& why) const override {
+    return fmt::format("the rendezvous service at {} is lost: {}", endpoint_, why);
+  }
+
+  // The other nodes learn at once and stop their workers.
+  void leaveAfterFailure() override { leaveQuietly(); }
 
   std::optional<WorldAssignment> joinOnce() override {
     try {
@@ -374,21 +362,14 @@ class GrpcRendezvous : public MultiNodeRendezvous {
   }
 
   std::optional<WorldAssignment> joinRound() {
-    // A node that stopped because another failed for good must not wait for a round that
-    // will never form: the count tells, and the supervisor reports the failure.
-    int failures;
+    std::optional<WorldAssignment> over;
     try {
-      failures = static_cast<int>(store_->add("failures", 0));
+      over = failedForGood(c_.run_id, c_.max_restarts);
     } catch (const TimeoutError& e) {
       markLost(e.what());  // no answer within the read timeout
       throw;
     }
-    if (failures > c_.max_restarts) {
-      WorldAssignment w;
-      w.run_id = c_.run_id;
-      w.restart_count = failures;
-      return w;
-    }
+    if (over) return over;
     rdzv::RoundAssignment a;
     try {
       a = client_->join(joinOptions());
@@ -426,12 +407,11 @@ class GrpcRendezvous : public MultiNodeRendezvous {
     w.rank_offset = a.rank_offset;
     w.world_size = a.world_size;
     w.master_addr = a.master_address;
-    w.restart_count = static_cast<int>(store_->add("failures", 0));
+    w.restart_count = failureCount();
     // Group rank 0 picks MASTER_PORT on its own machine and tells the others.
     std::string port_key = roundKey("master_port");
     if (a.group_rank == 0) {
-      std::string bind_addr = c_.local_addr.empty() ? "0.0.0.0" : c_.local_addr;
-      int port = pickFreePort(isLoopback(a.master_address) ? "127.0.0.1" : bind_addr);
+      int port = pickMasterPort(a.master_address, c_.local_addr);
       store_->set(port_key, rdzv::toBytes(std::to_string(port)));
       w.master_port = port;
     } else {

@@ -4,6 +4,7 @@
 
 #include <regex>
 
+#include "common/errors.h"
 #include "common/log.h"
 
 namespace ddpl::launcher {
@@ -28,6 +29,36 @@ double unixSeconds() {
 }  // namespace
 
 MultiNodeRendezvous::MultiNodeRendezvous(std::string node_id) : node_id_(std::move(node_id)) {}
+
+int MultiNodeRendezvous::recordFailure(const std::string& summary) {
+  std::string why;
+  // Each call would wait out the call timeout for a store that is gone (as the probe of
+  // roundStillCurrent() just before found); the agent gives up on the count at once instead
+  // (and the job's outcome is this node's own failure).
+  if (lost(&why)) throw NetworkError(lostStoreMessage(why));
+  try {
+    int n = static_cast<int>(kv_->add("failures", 1));
+    kv_->set("last_failure", summary);
+    if (auto round = currentRound()) kv_->set(fmt::format("round/{}/end", *round), "failed");
+    leaveAfterFailure();
+    return n;
+  } catch (const std::exception& e) {
+    noteTransport(e);
+    throw;
+  }
+}
+
+std::optional<WorldAssignment> MultiNodeRendezvous::failedForGood(const std::string& run_id,
+                                                                  int max_restarts) {
+  int failures = failureCount();
+  if (failures <= max_restarts) return std::nullopt;
+  WorldAssignment w;
+  w.run_id = run_id;
+  w.restart_count = failures;
+  return w;
+}
+
+int MultiNodeRendezvous::failureCount() { return static_cast<int>(kv_->add("failures", 0)); }
 
 MultiNodeRendezvous::~MultiNodeRendezvous() { stopThreads(); }
 

@@ -81,6 +81,10 @@ class MultiNodeRendezvous : public RendezvousHandler {
 
   void setRoundEndedCallback(RoundEnded ended) override { ended_ = std::move(ended); }
   void startRendezvous(Done done) override;
+  // The same in both backends, over JobKv: counts the failure job-wide (`failures`), keeps
+  // the root cause (`last_failure`), ends the round for the nodes still in it (`round/<n>/end`)
+  // and leaves it.
+  int recordFailure(const std::string& summary) override;
 
   void publishPreflight(const std::string& report) override;
   void publishStatus(const std::string& line) override;
@@ -98,6 +102,23 @@ class MultiNodeRendezvous : public RendezvousHandler {
 
   // On the joiner thread: blocks until a round forms (or throws why not).
   virtual std::optional<WorldAssignment> joinOnce() = 0;
+  // The round of the last world this node was assigned; none before the first.
+  virtual std::optional<int64_t> currentRound() const = 0;
+  // Why recordFailure() gives up at once on a store that is lost: "etcd is lost: <why>".
+  virtual std::string lostStoreMessage(const std::string& why) const = 0;
+  // recordFailure(), once the failure is counted: leave the round, so that the other nodes
+  // learn at once and stop their workers.
+  virtual void leaveAfterFailure() = 0;
+  // A call to the backend's store failed: on the transport, the store counts as lost from now
+  // on (markLost).
+  virtual void noteTransport(const std::exception& e) = 0;
+
+  // Before a join: a node that stopped because another failed for good must not wait for a
+  // round that will never form. Once the job-wide failure count has passed `max_restarts`,
+  // returns the world without a round that tells the supervisor so; none otherwise.
+  std::optional<WorldAssignment> failedForGood(const std::string& run_id, int max_restarts);
+  // The job-wide count of worker-group failures so far.
+  int failureCount();
   // On the caller's thread before a join starts, once the previous joiner has finished: drop
   // what watched the previous round.
   virtual void beforeJoin() {}

@@ -96,15 +96,7 @@ std::optional<WorldAssignment> EtcdRendezvous::joinOnce() {
 
 std::optional<WorldAssignment> EtcdRendezvous::joinUntil(Clock::time_point deadline,
                                                          std::mt19937_64& rng) {
-  // A node that stopped because another failed for good must not wait for a round that
-  // will never form: the count tells, and the supervisor reports the failure.
-  int failures = static_cast<int>(etcd_->add(key("failures"), 0));
-  if (failures > c_.max_restarts) {
-    WorldAssignment w;
-    w.run_id = c_.run_id;
-    w.restart_count = failures;
-    return w;
-  }
+  if (auto over = failedForGood(c_.run_id, c_.max_restarts)) return over;
   bool told_full = false;
   while (true) {
     checkStop();
@@ -407,14 +399,13 @@ std::optional<WorldAssignment> EtcdRendezvous::assigned(const RoundState& s, int
       }
   }
   roundAssigned(w.group_rank, w.group_world_size, w.round);
-  w.restart_count = static_cast<int>(etcd_->add(key("failures"), 0));
+  w.restart_count = failureCount();
   // Workers bootstrap through a TCPStore that rank 0 hosts (MASTER_ADDR:MASTER_PORT, as
   // torchrun's static rendezvous): group rank 0 picks the port on its machine and tells the
   // others through etcd.
   std::string port_key = roundKey("master_port");
   if (w.group_rank == 0) {
-    std::string bind_addr = c_.local_addr.empty() ? "0.0.0.0" : c_.local_addr;
-    w.master_port = pickFreePort(isLoopback(w.master_addr) ? "127.0.0.1" : bind_addr);
+    w.master_port = pickMasterPort(w.master_addr, c_.local_addr);
     etcd_->put(port_key, std::to_string(w.master_port));
   } else {
     auto v = waitForKey(port_key, c_.read_timeout);

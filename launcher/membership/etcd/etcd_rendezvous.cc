@@ -50,10 +50,6 @@ namespace etcd_detail {
 
 std::string seconds(milliseconds d) { return fmt::format("{:.0f}s", d.count() / 1000.0); }
 
-bool isLoopback(const std::string& host) {
-  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
-}
-
 EtcdRendezvous::EtcdRendezvous(const EtcdRendezvousConfig& c)
     : MultiNodeRendezvous(c.rounds.node_id), c_(c.rounds), lease_ttl_(c.lease_ttl) {
   etcd_ = std::make_unique<EtcdClient>(c.etcd);
@@ -137,24 +133,6 @@ bool EtcdRendezvous::roundStillCurrent() {
     log::debug("cannot tell whether round {} is current ({}): counting the failure", cur->round,
                e.what());
     return true;
-  }
-}
-
-int EtcdRendezvous::recordFailure(const std::string& summary) {
-  std::string why;
-  // Each call would wait out the call timeout for an etcd that is gone (as the probe of
-  // roundStillCurrent() just before found); the agent gives up on the count at once instead
-  // (and the job's outcome is this node's own failure).
-  if (lost(&why)) throw NetworkError("etcd is lost: " + why);
-  try {
-    int n = static_cast<int>(etcd_->add(key("failures"), 1));
-    etcd_->put(key("last_failure"), summary);
-    if (current_) etcd_->put(roundKey("end"), "failed");
-    leaveQuietly(fmt::format("node {}'s worker group failed", c_.node_id));
-    return n;
-  } catch (const std::exception& e) {
-    noteTransport(e);
-    throw;
   }
 }
 

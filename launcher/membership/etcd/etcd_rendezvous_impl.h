@@ -28,7 +28,6 @@ using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 
 std::string seconds(milliseconds d);  // "30s"
-bool isLoopback(const std::string& host);
 
 // Threads, on top of multi_node_rendezvous.h's contract:
 // - the joiner thread runs joinOnce(): etcd calls (each bounded by the call timeout) and
@@ -52,7 +51,15 @@ class EtcdRendezvous : public MultiNodeRendezvous {
 
   bool roundStillCurrent() override;
 
-  int recordFailure(const std::string& summary) override;
+  std::optional<int64_t> currentRound() const override {
+    return current_ ? std::optional<int64_t>(current_->round) : std::nullopt;
+  }
+  std::string lostStoreMessage(const std::string& why) const override {
+    return "etcd is lost: " + why;
+  }
+  void leaveAfterFailure() override {
+    leaveQuietly(fmt::format("node {}'s worker group failed", c_.node_id));
+  }
 
   // As recordFailure does once the workers are stopped: the others re-form at once.
   void leaveEarly() override { leaveQuietly(fmt::format("node {} left", c_.node_id)); }
@@ -178,7 +185,7 @@ class EtcdRendezvous : public MultiNodeRendezvous {
 
   // A call failed on the transport (no endpoint answered within the call timeout): etcd
   // counts as lost from now on (MultiNodeRendezvous::markLost).
-  void noteTransport(const std::exception& e);
+  void noteTransport(const std::exception& e) override;
 
   void revokeLease();
 
