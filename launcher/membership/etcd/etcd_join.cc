@@ -13,6 +13,7 @@
 #include "launcher/membership/etcd/etcd_rendezvous_impl.h"
 #include "launcher/membership/ports.h"
 #include "rendezvous/state/rendezvous_state.h"
+#include "rendezvous/state/round_rules.h"
 
 namespace ddpl::launcher::etcd_detail {
 
@@ -293,12 +294,15 @@ std::optional<WorldAssignment> EtcdRendezvous::closeRound(const RoundState& s, i
     std::set<std::string> in;
     for (const auto* kv : order) in.insert(kv->key.substr(prefix.size()));
     int n = static_cast<int>(order.size());
+    rdzv::round_rules::FormingRound forming;
+    forming.joined = n;
+    forming.min_nodes = c_.min_nodes;
     // Nodes that stopped before joining will not come: no waiting for them.
-    int can_come = c_.max_nodes - static_cast<int>(s.stops(unixNow()).size());
-    bool now = n >= std::max(c_.min_nodes, can_come) ||
-               (!s.expected.empty() && n >= c_.min_nodes &&
-                std::all_of(s.expected.begin(), s.expected.end(),
-                            [&](const std::string& e) { return in.count(e) > 0; }));
+    forming.can_come = c_.max_nodes - static_cast<int>(s.stops(unixNow()).size());
+    forming.all_expected_back =
+        !s.expected.empty() && std::all_of(s.expected.begin(), s.expected.end(),
+                                           [&](const std::string& e) { return in.count(e) > 0; });
+    bool now = rdzv::round_rules::closesNow(rdzv::round_rules::closing(forming));
     if (n >= c_.min_nodes && !last_call_at) last_call_at = Clock::now() + c_.last_call_timeout;
     if (n < c_.min_nodes) last_call_at.reset();
     if (now || (last_call_at && Clock::now() >= *last_call_at)) {
@@ -357,15 +361,16 @@ std::optional<WorldAssignment> EtcdRendezvous::assigned(const RoundState& s, int
   w.run_id = c_.run_id;
   w.round = s.round;
   w.group_world_size = static_cast<int>(s.nodes.size());
-  int offset = 0;
+  std::vector<int> local_world_sizes;
+  for (const auto& n : s.nodes) local_world_sizes.push_back(n.nproc);
+  rdzv::round_rules::RankLayout layout = rdzv::round_rules::rankLayout(local_world_sizes);
   for (size_t i = 0; i < s.nodes.size(); ++i) {
     if (s.nodes[i].id == c_.node_id) {
       w.group_rank = static_cast<int>(i);
-      w.rank_offset = offset;
+      w.rank_offset = static_cast<int>(layout.offsets[i]);
     }
-    offset += s.nodes[i].nproc;
   }
-  w.world_size = offset;
+  w.world_size = static_cast<int>(layout.world_size);
   w.master_addr = s.nodes.front().addr;
   std::vector<std::string> members;
   for (const auto& n : s.nodes) members.push_back(n.id);
