@@ -67,7 +67,8 @@ bool namesThisMachine(const std::string& host) {
 // health thread polls.
 class StoreJobKv : public JobKv {
  public:
-  explicit StoreJobKv(rdzv::Store* store) : store_(store) {}
+  StoreJobKv(rdzv::Store* store, milliseconds read_timeout)
+      : store_(store), read_timeout_(read_timeout) {}
   int64_t add(const std::string& key, int64_t delta) override { return store_->add(key, delta); }
   void set(const std::string& key, const std::string& value) override {
     store_->set(key, rdzv::toBytes(value));
@@ -76,10 +77,26 @@ class StoreJobKv : public JobKv {
     if (!store_->check({key})) return std::nullopt;
     return rdzv::toString(store_->get(key, kHealthCallTimeout));
   }
+  std::optional<std::string> getOutcome(const std::string& key) override {
+    if (!store_->check({key})) return std::nullopt;
+    return rdzv::toString(store_->get(key, read_timeout_));
+  }
   void append(const std::string& list, const std::string& /*node*/,
               const std::string& value) override {
     int64_t id = store_->add(list + "/count", 1);
     set(fmt::format("{}/{}", list, id), value);
+  }
+  int64_t tally(const std::string& key, const std::string& /*node*/) override {
+    return store_->add(key, 1);
+  }
+  // A store call that times out (the wait, or the read after it) is no answer in time.
+  std::optional<std::string> waitFor(const std::string& key, milliseconds timeout) override {
+    try {
+      store_->wait({key}, timeout);
+      return rdzv::toString(store_->get(key, read_timeout_));
+    } catch (const TimeoutError&) {
+      return std::nullopt;
+    }
   }
   std::vector<std::string> readNew(const std::string& list, int64_t* cursor) override {
     std::vector<std::string> out;
@@ -95,6 +112,7 @@ class StoreJobKv : public JobKv {
 
  private:
   rdzv::Store* store_;
+  milliseconds read_timeout_;
 };
 
 // Rounds through the gRPC rendezvous service (rdzv::RendezvousClient), job-wide facts and the
@@ -136,7 +154,7 @@ class GrpcRendezvous : public MultiNodeRendezvous {
     // Job-wide facts every agent shares: the failure count and the last root cause.
     so.prefix = "ddpl-agents/" + c_.run_id + "/";
     store_ = rdzv::connectGrpcStore(so);
-    setKv(std::make_unique<StoreJobKv>(store_.get()));
+    setKv(std::make_unique<StoreJobKv>(store_.get(), c_.read_timeout));
     log::info("rendezvous {} ({}), run '{}', node '{}' at {}, {}:{} nodes", endpoint_,
               server_ ? "hosted by this agent" : "client", c_.run_id, c_.node_id, address_,
               c_.min_nodes, c_.max_nodes);
@@ -174,35 +192,24 @@ class GrpcRendezvous : public MultiNodeRendezvous {
 
   void leaveEarly() override { leaveQuietly(); }
 
-  std::string jobFailure() override {
-    if (!cached_failure_.empty()) return cached_failure_;
-    std::string why;
-    if (lost(&why)) return "<could not read it: the rendezvous service is lost: " + why + ">";
-    try {
-      if (store_->check({"last_failure"}))
-        return rdzv::toString(store_->get("last_failure", c_.read_timeout));
-    } catch (const std::exception& e) {
-      noteTransport(e);
-      return std::string("<could not read it: ") + e.what() + ">";
-    }
-    return "";
-  }
-
   bool finish(bool success) override {
     stopHealth();  // nothing is published for a node on its way out
     bool job_ok = true;
     if (success && current_ &&
         mayCall(Clock::time_point::max(), "waiting for the other nodes to finish")) {
-      try {
-        int64_t done = store_->add(roundKey("done"), 1);
-        if (done >= current_->group_world_size) store_->set(roundKey("end"), rdzv::toBytes("done"));
-        // Leaving ends the round for nodes still running, so wait for them: returns at once when
-        // the last node is done or any node failed.
-        store_->wait({roundKey("end")}, c_.exit_barrier_timeout);
-        job_ok = rdzv::toString(store_->get(roundKey("end"), c_.read_timeout)) == "done";
-      } catch (const TimeoutError&) {
+      auto late = [&] {
         log::warn("other nodes did not finish within the exit barrier ({}s); leaving anyway",
                   c_.exit_barrier_timeout.count() / 1000);
+      };
+      try {
+        auto end =
+            exitBarrier(current_->round, current_->group_world_size, c_.exit_barrier_timeout);
+        if (end)
+          job_ok = *end == "done";
+        else
+          late();
+      } catch (const TimeoutError&) {
+        late();  // the store did not take this node's count in time
       } catch (const std::exception& e) {
         noteTransport(e);
         log::warn("exit barrier: {}", e.what());
@@ -218,7 +225,7 @@ class GrpcRendezvous : public MultiNodeRendezvous {
         // reading the outcome (a failure's root cause) from the service it hosts.
         // Read the job's outcome before saying goodbye: the last node to leave clears it.
         cached_failure_ = jobFailure();
-        int64_t gone = store_->add(roundKey("gone"), 1);
+        int64_t gone = countGone(current_->round);
         if (gone >= current_->group_world_size) {
           // The job is over on every node of its last round. Its failure count must not
           // outlive it: a job re-run under the same --rdzv-id (a Kubernetes Job's pods
@@ -343,8 +350,8 @@ class GrpcRendezvous : public MultiNodeRendezvous {
     return current_ ? std::optional<int64_t>(current_->round) : std::nullopt;
   }
 
-  std::string lostStoreMessage(const std::string& why) const override {
-    return fmt::format("the rendezvous service at {} is lost: {}", endpoint_, why);
+  std::string storeName(bool with_address) const override {
+    return with_address ? "the rendezvous service at " + endpoint_ : "the rendezvous service";
   }
 
   // The other nodes learn at once and stop their workers.
@@ -450,7 +457,6 @@ class GrpcRendezvous : public MultiNodeRendezvous {
   std::mutex mu_;
   std::optional<rdzv::RoundAssignment> current_;
   bool left_ = false;
-  std::string cached_failure_;
   // finish(): when the calls on the way out give up (none before: max).
   Clock::time_point close_by_ = Clock::time_point::max();
 };

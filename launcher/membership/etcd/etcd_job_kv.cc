@@ -23,6 +23,21 @@ class EtcdJobKv : public JobKv {
   void append(const std::string& list, const std::string& node, const std::string& value) override {
     etcd_->put(p_ + list + "/" + node, value);
   }
+  // A key per node and a count: puts are linearized, so of nodes racing, the last to put
+  // counts them all.
+  int64_t tally(const std::string& key, const std::string& node) override {
+    std::string prefix = p_ + key + "/";
+    etcd_->put(prefix + node, "1");
+    EtcdRange r;
+    r.key = prefix;
+    r.range_end = etcdPrefixEnd(prefix);
+    r.count_only = true;
+    return etcd_->range(r).count;
+  }
+  std::optional<std::string> waitFor(const std::string& key,
+                                     std::chrono::milliseconds timeout) override {
+    return waitForEtcdKey(etcd_, p_ + key, timeout);
+  }
   std::vector<std::string> readNew(const std::string& list, int64_t* cursor) override {
     EtcdRange r;
     r.key = p_ + list + "/";
@@ -55,6 +70,22 @@ class EtcdJobKv : public JobKv {
 };
 
 }  // namespace
+
+std::optional<std::string> waitForEtcdKey(EtcdClient* etcd, const std::string& key,
+                                          std::chrono::milliseconds timeout) {
+  using std::chrono::milliseconds;
+  using Clock = std::chrono::steady_clock;
+  auto deadline = Clock::now() + timeout;
+  while (true) {
+    int64_t rev = 0;
+    auto kv = etcd->get(key, &rev);
+    if (kv) return kv->value;
+    auto now = Clock::now();
+    if (now >= deadline) return std::nullopt;
+    etcd->waitForEvent(key, "", rev + 1,
+                       std::chrono::duration_cast<milliseconds>(deadline - now) + milliseconds(1));
+  }
+}
 
 std::unique_ptr<JobKv> makeEtcdJobKv(EtcdClient* etcd, std::string prefix) {
   return std::make_unique<EtcdJobKv>(etcd, std::move(prefix));

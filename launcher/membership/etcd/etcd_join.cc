@@ -10,21 +10,13 @@
 #include "common/errors.h"
 #include "common/log.h"
 #include "common/parse.h"
+#include "launcher/membership/etcd/etcd_job_kv.h"
 #include "launcher/membership/etcd/etcd_rendezvous_impl.h"
 #include "launcher/membership/ports.h"
 #include "rendezvous/state/rendezvous_state.h"
 #include "rendezvous/state/round_rules.h"
 
 namespace ddpl::launcher::etcd_detail {
-
-int64_t EtcdRendezvous::countAfterPut(const std::string& prefix) {
-  etcd_->put(prefix + c_.node_id, "1");
-  EtcdRange r;
-  r.key = prefix;
-  r.range_end = etcdPrefixEnd(prefix);
-  r.count_only = true;
-  return etcd_->range(r).count;
-}
 
 void EtcdRendezvous::checkConfig(const RoundState& s) const {
   if (s.min_nodes != c_.min_nodes || s.max_nodes != c_.max_nodes)
@@ -413,7 +405,7 @@ std::optional<WorldAssignment> EtcdRendezvous::assigned(const RoundState& s, int
     w.master_port = pickMasterPort(w.master_addr, c_.local_addr);
     etcd_->put(port_key, std::to_string(w.master_port));
   } else {
-    auto v = waitForKey(port_key, c_.read_timeout);
+    auto v = waitForEtcdKey(etcd_.get(), port_key, c_.read_timeout);
     if (!v)
       throw TimeoutError(
           fmt::format("node 0 of round {} did not publish MASTER_PORT under '{}' "
@@ -427,19 +419,6 @@ std::optional<WorldAssignment> EtcdRendezvous::assigned(const RoundState& s, int
             s.reason.empty() ? "" : " (after: " + s.reason + ")");
   if (w.group_rank == 0) logPreflightTable();
   return w;
-}
-
-std::optional<std::string> EtcdRendezvous::waitForKey(const std::string& k, milliseconds timeout) {
-  auto deadline = Clock::now() + timeout;
-  while (true) {
-    int64_t rev = 0;
-    auto kv = etcd_->get(k, &rev);
-    if (kv) return kv->value;
-    auto now = Clock::now();
-    if (now >= deadline) return std::nullopt;
-    etcd_->waitForEvent(k, "", rev + 1,
-                        std::chrono::duration_cast<milliseconds>(deadline - now) + milliseconds(1));
-  }
 }
 
 }  // namespace ddpl::launcher::etcd_detail

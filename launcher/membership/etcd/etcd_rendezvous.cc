@@ -136,19 +136,6 @@ bool EtcdRendezvous::roundStillCurrent() {
   }
 }
 
-std::string EtcdRendezvous::jobFailure() {
-  if (!cached_failure_.empty()) return cached_failure_;
-  std::string why;
-  if (lost(&why)) return "<could not read it: etcd is lost: " + why + ">";
-  try {
-    auto kv = etcd_->get(key("last_failure"));
-    return kv ? kv->value : "";
-  } catch (const std::exception& e) {
-    noteTransport(e);
-    return std::string("<could not read it: ") + e.what() + ">";
-  }
-}
-
 bool EtcdRendezvous::finish(bool success) {
   finishing_ = true;      // members leaving after the job is done end nothing; a join gives up
   join_cancel_.cancel();  // at once, if it is waiting
@@ -159,13 +146,7 @@ bool EtcdRendezvous::finish(bool success) {
       mayCall(Clock::time_point::max(), "waiting for the other nodes to finish")) {
     try {
       watchPingsOnly();
-      // A key per node and a count, not a shared counter: N nodes finishing together would
-      // otherwise retry their compare-and-swap against each other.
-      if (countAfterPut(roundKey("done/")) >= current_->group_world_size)
-        etcd_->put(roundKey("end"), "done");
-      // Leaving ends the round for nodes still running, so wait for them: returns at once
-      // when the last node is done or any node failed.
-      auto end = waitForKey(roundKey("end"), c_.exit_barrier_timeout);
+      auto end = exitBarrier(current_->round, current_->group_world_size, c_.exit_barrier_timeout);
       if (!end)
         log::warn("other nodes did not finish within the exit barrier ({}); leaving anyway",
                   seconds(c_.exit_barrier_timeout));
@@ -187,7 +168,7 @@ bool EtcdRendezvous::finish(bool success) {
   if (current_ && mayCall(close_by_, "closing the rendezvous")) {
     try {
       cached_failure_ = jobFailure();  // read before the last node clears it
-      if (countAfterPut(roundKey("gone/")) >= current_->group_world_size) {
+      if (countGone(current_->round) >= current_->group_world_size) {
         // Every node of the job's last round is done with it: its keys must not outlive it
         // (a job re-run under the same id would start "already failed"). A node SIGKILLed
         // never gets here; its leased keys go with its lease, the rest stays.

@@ -54,17 +54,13 @@ class EtcdRendezvous : public MultiNodeRendezvous {
   std::optional<int64_t> currentRound() const override {
     return current_ ? std::optional<int64_t>(current_->round) : std::nullopt;
   }
-  std::string lostStoreMessage(const std::string& why) const override {
-    return "etcd is lost: " + why;
-  }
+  std::string storeName(bool /*with_address*/) const override { return "etcd"; }
   void leaveAfterFailure() override {
     leaveQuietly(fmt::format("node {}'s worker group failed", c_.node_id));
   }
 
   // As recordFailure does once the workers are stopped: the others re-form at once.
   void leaveEarly() override { leaveQuietly(fmt::format("node {} left", c_.node_id)); }
-
-  std::string jobFailure() override;
 
   bool finish(bool success) override;
 
@@ -91,10 +87,6 @@ class EtcdRendezvous : public MultiNodeRendezvous {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_ || finishing_) throw Error("the launcher is shutting down");
   }
-
-  // Puts <prefix><this node> and returns how many keys the prefix then holds. Puts are
-  // linearized: of nodes racing, the last to put counts them all.
-  int64_t countAfterPut(const std::string& prefix);
 
   void checkConfig(const RoundState& s) const;
 
@@ -153,9 +145,6 @@ class EtcdRendezvous : public MultiNodeRendezvous {
   // `closed_here`: this node's transaction completed the round.
   std::optional<WorldAssignment> assigned(const RoundState& s, int64_t state_rev,
                                           bool closed_here = false);
-
-  // Returns the key's value once it exists, or nothing after `timeout`.
-  std::optional<std::string> waitForKey(const std::string& k, milliseconds timeout);
 
   void beforeJoin() override { watch_.reset(); }
 
@@ -225,7 +214,6 @@ class EtcdRendezvous : public MultiNodeRendezvous {
   int64_t ended_round_ = -1;
   bool left_ = false;
   std::atomic<bool> finishing_{false}, job_done_{false};
-  std::string cached_failure_;
   // finish(): when the calls on the way out give up (none before: max).
   Clock::time_point close_by_ = Clock::time_point::max();
 };
