@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <random>
 
 #include "common/errors.h"
@@ -27,10 +28,7 @@
 #include "launcher/doctor/manifest.h"
 #include "launcher/doctor/preflight.h"
 #include "launcher/gpu/gpu.h"
-#include "launcher/membership/embedded_store.h"
-#include "launcher/membership/etcd/etcd_config.h"
-#include "launcher/membership/grpc_plugin.h"
-#include "launcher/membership/local_rendezvous.h"
+#include "launcher/membership/backends.h"
 #include "launcher/mpi/mpi_launch.h"
 #include "rendezvous/store/token.h"
 
@@ -42,36 +40,11 @@ namespace {
 
 using namespace ddpl::launcher;
 
-
 std::string randomRunId() {
   std::random_device rd;
   char buf[17];
   snprintf(buf, sizeof(buf), "%08x%08x", rd(), rd());
   return buf;
-}
-
-ElasticConfig elasticConfig(const LaunchOptions& o, const std::string& run_id, int nproc,
-                            const std::string& host) {
-  ElasticConfig c;
-  c.run_id = run_id;
-  c.endpoint = o.rdzv_endpoint;  // checked by the parser; ElasticRendezvous adds the default port
-  c.token = o.rdzv_token;
-  c.tls_ca_file = o.rdzv_conf.tls_ca_file;
-  c.node_id = host + "-" + std::to_string(getpid());
-  c.local_addr = o.local_addr;
-  c.local_world_size = nproc;
-  c.min_nodes = o.nnodes_min;
-  c.max_nodes = o.nnodes_max;
-  c.max_restarts = o.max_restarts;
-  if (o.rdzv_conf.is_host)
-    c.host = *o.rdzv_conf.is_host ? ElasticConfig::Host::kYes : ElasticConfig::Host::kNo;
-  auto ms = [](double sec) { return std::chrono::milliseconds(static_cast<int64_t>(sec * 1000)); };
-  c.join_timeout = ms(o.rdzv_conf.join_timeout_sec);
-  c.last_call_timeout = ms(o.rdzv_conf.last_call_timeout_sec);
-  c.read_timeout = ms(o.rdzv_conf.read_timeout_sec);
-  c.heartbeat_window = ms(o.rdzv_conf.heartbeat_timeout_sec);
-  c.exit_barrier_timeout = ms(o.rdzv_conf.exit_barrier_timeout_sec);
-  return c;
 }
 
 int usage(const std::string& message) {
@@ -163,10 +136,9 @@ int runMpiRankShim(int argc, char** argv, const Environment& env) {
   return 127;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  Environment env = ddpl::processEnvironment();
+// `launch stacks|status|doctor|manifest-diff ...` and the helper modes launch starts itself
+// with; nothing: a launch of a program.
+std::optional<int> runSubcommand(int argc, char** argv, const Environment& env) {
   if (argc >= 2 && std::string(argv[1]) == kMpiRankShimFlag) return runMpiRankShim(argc, argv, env);
   if (argc == 4 && std::string(argv[1]) == kManifestProbeFlag) return runManifestProbe(argv[2], argv[3]);
   if (argc == 4 && std::string(argv[1]) == "manifest-diff") return runManifestDiff(argv[2], argv[3]);
@@ -179,6 +151,195 @@ int main(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "doctor")
     return runDoctorCommand(std::vector<std::string>(argv + 2, argv + argc), env,
                             environmentPython(env));
+  return std::nullopt;
+}
+
+// --launcher=mpi (launcher/mpi/mpi_launch.h): exec mpirun (or print its command); nothing of
+// the native launch applies.
+int launchUnderMpi(const ParseResult& parsed, const Environment& env) {
+  try {
+    const auto& g = parsed.given_flags;
+    const bool nproc_given = std::find(g.begin(), g.end(), "--nproc-per-node") != g.end();
+    std::optional<int> nproc;
+    if (nproc_given) nproc = resolveNproc(parsed.options.nproc_per_node, env);
+    return runMpiLaunch(parsed.options, env, nproc, g);
+  } catch (const std::exception& e) {
+    return usage(e.what());
+  }
+}
+
+// What the parser cannot know alone: Slurm's defaults, the topology's rules and the token.
+// Returns Slurm's note for the log (logging is not up yet); throws UsageError and what reading
+// the token file throws.
+std::string completeOptions(LaunchOptions& o, const ParseResult& parsed, const Environment& env) {
+  std::string slurm_note = applySlurmDefaults(o, parsed.given_flags, env);
+  validateTopology(o);
+  if (!o.rdzv_conf.token_file.empty()) {
+    o.rdzv_token = ddpl::rdzv::readTokenFile(o.rdzv_conf.token_file);
+  } else {
+    const auto from_env = ddpl::rdzv::rdzvTokenFromEnvironment(env, "launch");
+    // Logging is not up yet; the warning goes where a usage error would.
+    if (!from_env.warning.empty())
+      std::fprintf(stderr, "launch: warning: %s\n", from_env.warning.c_str());
+    if (from_env.token) o.rdzv_token = *from_env.token;
+  }
+  return slurm_note;
+}
+
+// --numa-binding: one plan per local rank, from the GPUs CUDA_VISIBLE_DEVICES names.
+std::vector<NumaPlacement> planNuma(const LaunchOptions& o, const Environment& env, int nproc) {
+  std::vector<int> gpu_indices;
+  if (auto cvd = env.find("CUDA_VISIBLE_DEVICES"); cvd != env.end()) {
+    for (const auto& item : ddpl::splitList(cvd->second, ',')) {
+      try {
+        gpu_indices.push_back(
+            static_cast<int>(ddpl::parseInteger("CUDA_VISIBLE_DEVICES", item, 0, 4095)));
+      } catch (const ddpl::InvalidArgument&) {
+        break;  // UUIDs or MIG names: rank i is taken to use physical GPU i
+      }
+    }
+  }
+  std::string why;
+  auto numa = planNumaBinding(o.numa_binding, nproc, "/sys", gpu_indices, &why);
+  if (numa.empty()) ddpl::log::warn("--numa-binding: not binding ({})", why);
+  for (size_t lr = 0; lr < numa.size(); ++lr)
+    ddpl::log::info("--numa-binding: local rank {} on CPUs {}, memory of NUMA node(s) {}", lr,
+                    formatCpuList(numa[lr].cpus), formatCpuList(numa[lr].mem_nodes));
+  return numa;
+}
+
+// The agent's settings that come from the options and the machine (the run id may be set in
+// `o` here). Logs what it decided for the user.
+AgentConfig agentConfig(LaunchOptions& o, const Environment& env) {
+  AgentConfig cfg;
+  cfg.nproc = resolveNproc(o.nproc_per_node, env);
+  cfg.command = resolveCommand(o, env);
+  if (cfg.command.size() > 1 && cfg.command[1] == "-u") {  // runs under Python
+    std::string origin;
+    if (pythonFor(o, env, &origin) == cfg.command[0]) {
+      cfg.python_origin = origin;
+      ddpl::log::debug("Python: {}", origin);
+    }
+  }
+  if (o.rdzv_id.empty() && o.nnodes_max > 1) {
+    // Every node must name the same run; torchrun's default is the literal "none".
+    o.rdzv_id = "none";
+    ddpl::log::warn(
+        "no --rdzv-id for a multi-node job: using 'none'; give every job its own id "
+        "so that two jobs on one rendezvous never mix");
+  }
+  cfg.run_id = o.rdzv_id.empty() ? randomRunId() : o.rdzv_id;
+  cfg.host = ddpl::log::hostname();
+  if (cfg.nproc > 1 && !env.count(torchrun_env::kOmpNumThreads))
+    ddpl::log::warn(
+        "OMP_NUM_THREADS is not set: setting it to 1 for each of the {} workers so they do "
+        "not oversubscribe the CPUs; set it yourself to tune",
+        cfg.nproc);
+  if (o.numa_binding != NumaBinding::kNone) cfg.numa = planNuma(o, env, cfg.nproc);
+  return cfg;
+}
+
+struct PreflightOutcome {
+  std::vector<Finding> findings;
+  std::vector<std::string> problems;  // the findings that are not ok, one line each
+  bool fatal = false;                 // a failed check under --preflight=strict
+};
+
+// Before the rendezvous: a node that cannot run the job says so before anyone waits on it.
+// One node under --preflight=warn has no one to tell and nothing to stop: its checks (NVML,
+// the network's names, limits) run once its workers are started, off their start-up path.
+PreflightOutcome preflightBeforeJoining(const LaunchOptions& o, const Environment& env,
+                                        AgentConfig& cfg) {
+  PreflightOutcome out;
+  const bool preflight_after_start = o.preflight == "warn" && !o.elastic();
+  if (preflight_after_start) {
+    cfg.after_start.emplace_back(0.0, [o, env, nproc = cfg.nproc, host = cfg.host] {
+      for (const auto& p : preflightProblems(host, runPreflight(o, env, nproc)))
+        ddpl::log::warn("preflight: {}", p);
+    });
+  } else if (o.preflight != "off") {
+    out.findings = runPreflight(o, env, cfg.nproc);
+    out.problems = preflightProblems(cfg.host, out.findings);
+    out.fatal = o.preflight == "strict" && anyFailed(out.findings);
+    for (const auto& p : out.problems)
+      if (out.fatal && p.rfind("fail", 0) == 0)
+        ddpl::log::error("preflight: {}", p);
+      else
+        ddpl::log::warn("preflight: {}", p);
+  }
+  return out;
+}
+
+// Several nodes: every node's findings reach group rank 0's job-wide table, a stopped node's
+// too. False: this node stops here (--preflight=strict), and the others have been told.
+bool sharePreflight(const LaunchOptions& o, const std::string& host, const PreflightOutcome& pre,
+                    RendezvousHandler& rdzv) {
+  if (o.preflight != "off") {
+    int failed = 0, warned = 0;
+    for (const auto& f : pre.findings) {
+      failed += f.verdict == Verdict::kFail;
+      warned += f.verdict == Verdict::kWarn;
+    }
+    std::string report =
+        fmt::format("{} (launch pid {}): {} check(s), {} warning(s), {} failure(s){}", host,
+                    getpid(), pre.findings.size(), warned, failed,
+                    pre.fatal ? "; STOPPED before joining (--preflight=strict)" : "");
+    for (const auto& p : pre.problems) report += "\n" + p;
+    rdzv.publishPreflight(report);
+  }
+  if (!pre.fatal) return true;
+  ddpl::log::error(
+      "preflight: a failed check on {} and --preflight=strict: not joining "
+      "(launch doctor gives the full report)",
+      host);
+  // The other nodes learn it now, with the failed checks, instead of waiting out the
+  // join timeout for a node that will not come (issue 33).
+  std::string failed;
+  for (const auto& p : pre.problems)
+    if (p.rfind("fail", 0) == 0) failed += (failed.empty() ? "" : "; ") + p;
+  rdzv.stopBeforeJoining(
+      fmt::format("preflight on {} failed (--preflight=strict): {}", host, failed));
+  return false;
+}
+
+// Runs the job. The manifest goes beside the logs in the run directory launch created for
+// itself (private, never a shared name in /tmp: issue 33), once the workers are started:
+// nothing in it is needed before. Without --log-dir that directory goes at exit unless a
+// report points into it, and the manifest with it. Its slow facts come a few seconds into the
+// job.
+int runAgent(AgentConfig cfg, RendezvousHandler& rdzv, const ManifestFacts& manifest) {
+  std::string run_dir, manifest_path;
+  cfg.after_start.emplace_back(0.0, [&] {
+    try {
+      writeManifest(manifest, run_dir + "/manifest.json");
+      manifest_path = run_dir + "/manifest.json";
+    } catch (const std::exception& e) {
+      ddpl::log::warn("no run manifest: {}", e.what());
+    }
+  });
+  cfg.after_start.emplace_back(3.0, [&manifest_path] {
+    if (!manifest_path.empty())
+      startManifestProbe(manifest_path, "/proc/self/exe", kDefaultNvmlLibrary);
+  });
+  Agent agent(std::move(cfg), rdzv);
+  run_dir = agent.runLogDir();
+  return agent.run();
+}
+
+// Every worker is gone and every log flushed; gRPC's orderly shutdown would only join its
+// thread pools (tens of ms). Nothing is lost by leaving now.
+[[noreturn]] void exitNow(int code) {
+  ddpl::log::logger().flush();
+  fflush(stdout);
+  fflush(stderr);
+  _exit(code);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Environment env = ddpl::processEnvironment();
+  if (auto code = runSubcommand(argc, argv, env)) return *code;
   ParseResult parsed;
   try {
     parsed = parseCommandLine(std::vector<std::string>(argv + 1, argv + argc), env);
@@ -195,31 +356,10 @@ int main(int argc, char** argv) {
   }
   LaunchOptions& o = parsed.options;
   o.python = environmentPython(env);
-  if (o.launcher == "mpi") {
-    // launcher/mpi/mpi_launch.h: exec mpirun (or print its command); nothing below applies.
-    try {
-      const auto& g = parsed.given_flags;
-      const bool nproc_given = std::find(g.begin(), g.end(), "--nproc-per-node") != g.end();
-      std::optional<int> nproc;
-      if (nproc_given) nproc = resolveNproc(o.nproc_per_node, env);
-      return runMpiLaunch(o, env, nproc, g);
-    } catch (const std::exception& e) {
-      return usage(e.what());
-    }
-  }
+  if (o.launcher == "mpi") return launchUnderMpi(parsed, env);
   std::string slurm_note;
   try {
-    slurm_note = applySlurmDefaults(o, parsed.given_flags, env);
-    validateTopology(o);
-    if (!o.rdzv_conf.token_file.empty()) {
-      o.rdzv_token = ddpl::rdzv::readTokenFile(o.rdzv_conf.token_file);
-    } else {
-      const auto from_env = ddpl::rdzv::rdzvTokenFromEnvironment(env, "launch");
-      // Logging is not up yet; the warning goes where a usage error would.
-      if (!from_env.warning.empty())
-        std::fprintf(stderr, "launch: warning: %s\n", from_env.warning.c_str());
-      if (from_env.token) o.rdzv_token = *from_env.token;
-    }
+    slurm_note = completeOptions(o, parsed, env);
   } catch (const UsageError& e) {
     return usage(e.what());
   } catch (const std::exception& e) {
@@ -232,72 +372,14 @@ int main(int argc, char** argv) {
   for (const auto& w : o.warnings) ddpl::log::warn("{}", w);
 
   try {
-    AgentConfig cfg;
-    cfg.nproc = resolveNproc(o.nproc_per_node, env);
-    cfg.command = resolveCommand(o, env);
-    if (cfg.command.size() > 1 && cfg.command[1] == "-u") {  // runs under Python
-      std::string origin;
-      if (pythonFor(o, env, &origin) == cfg.command[0]) {
-        cfg.python_origin = origin;
-        ddpl::log::debug("Python: {}", origin);
-      }
-    }
-    if (o.rdzv_id.empty() && o.nnodes_max > 1) {
-      // Every node must name the same run; torchrun's default is the literal "none".
-      o.rdzv_id = "none";
-      ddpl::log::warn("no --rdzv-id for a multi-node job: using 'none'; give every job its own id "
-                      "so that two jobs on one rendezvous never mix");
-    }
-    cfg.run_id = o.rdzv_id.empty() ? randomRunId() : o.rdzv_id;
-    cfg.host = ddpl::log::hostname();
-    if (cfg.nproc > 1 && !env.count(torchrun_env::kOmpNumThreads))
-      ddpl::log::warn(
-          "OMP_NUM_THREADS is not set: setting it to 1 for each of the {} workers so they do "
-          "not oversubscribe the CPUs; set it yourself to tune",
-          cfg.nproc);
-    if (o.numa_binding != NumaBinding::kNone) {
-      std::vector<int> gpu_indices;
-      if (auto cvd = env.find("CUDA_VISIBLE_DEVICES"); cvd != env.end()) {
-        for (const auto& item : ddpl::splitList(cvd->second, ',')) {
-          try {
-            gpu_indices.push_back(
-                static_cast<int>(ddpl::parseInteger("CUDA_VISIBLE_DEVICES", item, 0, 4095)));
-          } catch (const ddpl::InvalidArgument&) {
-            break;  // UUIDs or MIG names: rank i is taken to use physical GPU i
-          }
-        }
-      }
-      std::string why;
-      cfg.numa = planNumaBinding(o.numa_binding, cfg.nproc, "/sys", gpu_indices, &why);
-      if (cfg.numa.empty()) ddpl::log::warn("--numa-binding: not binding ({})", why);
-      for (size_t lr = 0; lr < cfg.numa.size(); ++lr)
-        ddpl::log::info("--numa-binding: local rank {} on CPUs {}, memory of NUMA node(s) {}", lr,
-                        formatCpuList(cfg.numa[lr].cpus), formatCpuList(cfg.numa[lr].mem_nodes));
-    }
-    // Before the rendezvous: a node that cannot run the job says so before anyone waits on it.
-    // One node under --preflight=warn has no one to tell and nothing to stop: its checks (NVML,
-    // the network's names, limits) run once its workers are started, off their start-up path.
-    std::vector<Finding> findings;
-    std::vector<std::string> problems;  // the findings that are not ok, one line each
-    bool preflight_fatal = false;
-    const bool preflight_after_start = o.preflight == "warn" && !o.elastic();
-    if (preflight_after_start) {
-      cfg.after_start.emplace_back(0.0, [o, env, nproc = cfg.nproc, host = cfg.host] {
-        for (const auto& p : preflightProblems(host, runPreflight(o, env, nproc)))
-          ddpl::log::warn("preflight: {}", p);
-      });
-    } else if (o.preflight != "off") {
-      findings = runPreflight(o, env, cfg.nproc);
-      problems = preflightProblems(cfg.host, findings);
-      preflight_fatal = o.preflight == "strict" && anyFailed(findings);
-      for (const auto& p : problems)
-        if (preflight_fatal && p.rfind("fail", 0) == 0) ddpl::log::error("preflight: {}", p);
-        else ddpl::log::warn("preflight: {}", p);
-      if (preflight_fatal && !o.elastic()) {
-        ddpl::log::error("preflight: a failed check on {} and --preflight=strict: not starting "
-                         "(launch doctor gives the full report)", cfg.host);
-        return 1;
-      }
+    AgentConfig cfg = agentConfig(o, env);
+    PreflightOutcome pre = preflightBeforeJoining(o, env, cfg);
+    if (pre.fatal && !o.elastic()) {
+      ddpl::log::error(
+          "preflight: a failed check on {} and --preflight=strict: not starting "
+          "(launch doctor gives the full report)",
+          cfg.host);
+      return 1;
     }
     ManifestFacts manifest{DDPL_VERSION, std::vector<std::string>(argv, argv + argc), o, env,
                            cfg.run_id, cfg.host, cfg.nproc, usableCpus(),
@@ -306,83 +388,11 @@ int main(int argc, char** argv) {
     cfg.base_env = std::move(env);
     cfg.options = o;
     becomeSubreaper();
-    // --standalone also hosts our gRPC store for the workers (DDPL_STORE_ADDR and token); plain
-    // runs stay exactly like torchrun's static rendezvous.
-    std::unique_ptr<EmbeddedStore> store;
-    std::unique_ptr<RendezvousHandler> rdzv;
-    if (o.rdzv_backend == "etcd") {
-      rdzv = GrpcPlugin::get().makeEtcd(etcdRendezvousConfig(
-          o, elasticConfig(o, cfg.run_id, cfg.nproc, cfg.host), cfg.base_env));
-    } else if (o.elastic()) {
-      if (!o.rdzv_conf.etcd.empty())
-        ddpl::log::warn("--rdzv-conf {}...: etcd keys, ignored by --rdzv-backend={}",
-                        o.rdzv_conf.etcd.begin()->first, o.rdzv_backend);
-      rdzv = GrpcPlugin::get().makeElastic(elasticConfig(o, cfg.run_id, cfg.nproc, cfg.host));
-    } else {
-      if (o.standalone) store = std::make_unique<EmbeddedStore>("127.0.0.1");
-      rdzv = std::make_unique<LocalRendezvous>(cfg.run_id, cfg.nproc, o.master_addr,
-                                               o.master_port, store.get(), o.node_rank,
-                                               o.nnodes_max);
-    }
-    if (o.elastic()) {  // several nodes, c10d or etcd
-      if (o.preflight != "off") {
-        // Every node's findings reach group rank 0's job-wide table, a stopped node's too.
-        int failed = 0, warned = 0;
-        for (const auto& f : findings) {
-          failed += f.verdict == Verdict::kFail;
-          warned += f.verdict == Verdict::kWarn;
-        }
-        std::string report = fmt::format(
-            "{} (launch pid {}): {} check(s), {} warning(s), {} failure(s){}", cfg.host, getpid(),
-            findings.size(), warned, failed,
-            preflight_fatal ? "; STOPPED before joining (--preflight=strict)" : "");
-        for (const auto& p : problems) report += "\n" + p;
-        rdzv->publishPreflight(report);
-      }
-      if (preflight_fatal) {
-        ddpl::log::error("preflight: a failed check on {} and --preflight=strict: not joining "
-                         "(launch doctor gives the full report)", cfg.host);
-        // The other nodes learn it now, with the failed checks, instead of waiting out the
-        // join timeout for a node that will not come (issue 33).
-        std::string failed;
-        for (const auto& p : problems)
-          if (p.rfind("fail", 0) == 0) failed += (failed.empty() ? "" : "; ") + p;
-        rdzv->stopBeforeJoining(fmt::format("preflight on {} failed (--preflight=strict): {}",
-                                            cfg.host, failed));
-        return 1;
-      }
-    }
-    int code;
-    {
-      // The manifest, beside the logs in the run directory launch created for itself (private,
-      // never a shared name in /tmp: issue 33), once the workers are started: nothing in it is
-      // needed before. Without --log-dir that directory goes at exit unless a report points
-      // into it, and the manifest with it. Its slow facts come a few seconds into the job.
-      std::string run_dir, manifest_path;
-      cfg.after_start.emplace_back(0.0, [&] {
-        try {
-          writeManifest(manifest, run_dir + "/manifest.json");
-          manifest_path = run_dir + "/manifest.json";
-        } catch (const std::exception& e) {
-          ddpl::log::warn("no run manifest: {}", e.what());
-        }
-      });
-      cfg.after_start.emplace_back(3.0, [&manifest_path] {
-        if (!manifest_path.empty())
-          startManifestProbe(manifest_path, "/proc/self/exe", kDefaultNvmlLibrary);
-      });
-      Agent agent(std::move(cfg), *rdzv);
-      run_dir = agent.runLogDir();
-      code = agent.run();
-    }
-    if (store || o.elastic()) {
-      // Every worker is gone and every log flushed; gRPC's orderly shutdown would only join its
-      // thread pools (tens of ms). Nothing is lost by leaving now.
-      ddpl::log::logger().flush();
-      fflush(stdout);
-      fflush(stderr);
-      _exit(code);
-    }
+    Membership membership = makeMembership({o, cfg.base_env, cfg.run_id, cfg.nproc, cfg.host});
+    // Several nodes, c10d or etcd.
+    if (o.elastic() && !sharePreflight(o, cfg.host, pre, *membership.rdzv)) return 1;
+    int code = runAgent(std::move(cfg), *membership.rdzv, manifest);
+    if (membership.store || o.elastic()) exitNow(code);
     return code;
   } catch (const UsageError& e) {
     return usage(e.what());

@@ -1,6 +1,9 @@
 # Tests for rendezvous/ (issue 3). Included from tests/CMakeLists.txt.
 ddpl_add_test(NAME rdzv_state_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/rdzv_state_test.cc
               LIBS ddpl_rdzv_core LABELS unit)
+ddpl_add_test(NAME rdzv_round_rules_test
+              SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/rdzv_round_rules_test.cc
+              LIBS ddpl_rdzv_core LABELS unit)
 ddpl_add_test(NAME rdzv_kv_space_test
               SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/rdzv_kv_space_test.cc
               LIBS ddpl_rdzv_core LABELS unit)

@@ -10,6 +10,7 @@
 
 #include "common/errors.h"
 #include "common/torchrun_env.h"
+#include "rendezvous/state/round_rules.h"
 
 namespace ddpl::launcher {
 namespace {
@@ -130,7 +131,7 @@ std::vector<std::string> substituteLocalRank(const std::vector<std::string>& com
 Environment buildWorkerEnv(const Environment& base, const WorldAssignment& w,
                            const WorkerContext& c, const Environment& extra) {
   Environment env = base;
-  int rank = w.rank_offset + c.local_rank;
+  int rank = static_cast<int>(rdzv::round_rules::globalRank(w.rank_offset, c.local_rank));
   auto put = [&](const char* k, const std::string& v) { env[k] = v; };
   auto num = [&](const char* k, int v) { env[k] = std::to_string(v); };
   num(torchrun_env::kLocalRank, c.local_rank);

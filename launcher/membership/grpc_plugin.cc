@@ -13,7 +13,7 @@ namespace ddpl::launcher {
 namespace {
 using StartFn = void* (*)(const char*, int, const char*, int, char*, size_t);
 using StopFn = void (*)(void*);
-using ElasticFn = RendezvousHandler* (*)(const ElasticConfig*, int, char*, size_t);
+using GrpcFn = RendezvousHandler* (*)(const GrpcRendezvousConfig*, int, char*, size_t);
 using EtcdFn = RendezvousHandler* (*)(const EtcdRendezvousConfig*, int, char*, size_t);
 
 int logLevel() { return static_cast<int>(log::logger().level()); }
@@ -63,9 +63,9 @@ void GrpcPlugin::stopStore(void* server) {
   reinterpret_cast<StopFn>(symbol("ddpl_embedded_store_stop"))(server);
 }
 
-std::unique_ptr<RendezvousHandler> GrpcPlugin::makeElastic(const ElasticConfig& config) {
+std::unique_ptr<RendezvousHandler> GrpcPlugin::makeGrpc(const GrpcRendezvousConfig& config) {
   char buf[2048] = {0};
-  RendezvousHandler* h = reinterpret_cast<ElasticFn>(symbol("ddpl_make_elastic_rendezvous"))(
+  RendezvousHandler* h = reinterpret_cast<GrpcFn>(symbol("ddpl_make_grpc_rendezvous"))(
       &config, logLevel(), buf, sizeof(buf));
   if (!h) throw NetworkError(buf);
   return std::unique_ptr<RendezvousHandler>(h);

@@ -4,8 +4,8 @@
 #include <memory>
 #include <string>
 
-#include "launcher/membership/elastic_rendezvous.h"
 #include "launcher/membership/etcd/etcd_rendezvous.h"
+#include "launcher/membership/grpc_rendezvous.h"
 
 namespace ddpl::launcher {
 
@@ -17,7 +17,7 @@ class GrpcPlugin {
   // Returns an opaque server handle; throws ddpl::Error with the server's message.
   void* startStore(const std::string& host, int port, const std::string& token);
   void stopStore(void* server);
-  std::unique_ptr<RendezvousHandler> makeElastic(const ElasticConfig& config);
+  std::unique_ptr<RendezvousHandler> makeGrpc(const GrpcRendezvousConfig& config);
   std::unique_ptr<RendezvousHandler> makeEtcd(const EtcdRendezvousConfig& config);
 
   static std::string defaultPath();

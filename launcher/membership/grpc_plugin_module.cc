@@ -6,8 +6,8 @@
 #include <exception>
 
 #include "common/log.h"
-#include "launcher/membership/elastic_rendezvous.h"
 #include "launcher/membership/etcd/etcd_rendezvous.h"
+#include "launcher/membership/grpc_rendezvous.h"
 #include "rendezvous/server/server.h"
 
 namespace {
@@ -43,12 +43,12 @@ __attribute__((visibility("default"))) void ddpl_embedded_store_stop(void* serve
 
 // Returns a heap RendezvousHandler the caller owns (same build, same C++ ABI), or null with the
 // reason in `error`.
-__attribute__((visibility("default"))) ddpl::launcher::RendezvousHandler*
-ddpl_make_elastic_rendezvous(const ddpl::launcher::ElasticConfig* config, int log_level,
-                             char* error, size_t error_len) {
+__attribute__((visibility("default"))) ddpl::launcher::RendezvousHandler* ddpl_make_grpc_rendezvous(
+    const ddpl::launcher::GrpcRendezvousConfig* config, int log_level, char* error,
+    size_t error_len) {
   try {
     initLog(log_level);
-    return ddpl::launcher::makeElasticRendezvous(*config).release();
+    return ddpl::launcher::makeGrpcRendezvous(*config).release();
   } catch (const std::exception& e) {
     snprintf(error, error_len, "%s", e.what());
     return nullptr;

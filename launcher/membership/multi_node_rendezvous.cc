@@ -4,6 +4,7 @@
 
 #include <regex>
 
+#include "common/errors.h"
 #include "common/log.h"
 
 namespace ddpl::launcher {
@@ -28,6 +29,64 @@ double unixSeconds() {
 }  // namespace
 
 MultiNodeRendezvous::MultiNodeRendezvous(std::string node_id) : node_id_(std::move(node_id)) {}
+
+int MultiNodeRendezvous::recordFailure(const std::string& summary) {
+  std::string why;
+  // Each call would wait out the call timeout for a store that is gone (as the probe of
+  // roundStillCurrent() just before found); the agent gives up on the count at once instead
+  // (and the job's outcome is this node's own failure).
+  if (lost(&why)) throw NetworkError(storeName(true) + " is lost: " + why);
+  try {
+    int n = static_cast<int>(kv_->add("failures", 1));
+    kv_->set("last_failure", summary);
+    if (auto round = currentRound()) kv_->set(fmt::format("round/{}/end", *round), "failed");
+    leaveAfterFailure();
+    return n;
+  } catch (const std::exception& e) {
+    noteTransport(e);
+    throw;
+  }
+}
+
+std::string MultiNodeRendezvous::jobFailure() {
+  if (!cached_failure_.empty()) return cached_failure_;
+  std::string why;
+  if (lost(&why)) return "<could not read it: " + storeName(false) + " is lost: " + why + ">";
+  try {
+    auto v = kv_->getOutcome("last_failure");
+    return v ? *v : "";
+  } catch (const std::exception& e) {
+    noteTransport(e);
+    return std::string("<could not read it: ") + e.what() + ">";
+  }
+}
+
+std::optional<WorldAssignment> MultiNodeRendezvous::failedForGood(const std::string& run_id,
+                                                                  int max_restarts) {
+  int failures = failureCount();
+  if (failures <= max_restarts) return std::nullopt;
+  WorldAssignment w;
+  w.run_id = run_id;
+  w.restart_count = failures;
+  return w;
+}
+
+std::optional<std::string> MultiNodeRendezvous::exitBarrier(int64_t round, int nodes,
+                                                            milliseconds timeout) {
+  // A tally, not a shared counter: N nodes finishing together would otherwise retry their
+  // compare-and-swap against each other (etcd).
+  if (kv_->tally(fmt::format("round/{}/done", round), node_id_) >= nodes)
+    kv_->set(fmt::format("round/{}/end", round), "done");
+  // Leaving ends the round for nodes still running, so wait for them: returns at once when the
+  // last node is done or any node failed.
+  return kv_->waitFor(fmt::format("round/{}/end", round), timeout);
+}
+
+int64_t MultiNodeRendezvous::countGone(int64_t round) {
+  return kv_->tally(fmt::format("round/{}/gone", round), node_id_);
+}
+
+int MultiNodeRendezvous::failureCount() { return static_cast<int>(kv_->add("failures", 0)); }
 
 MultiNodeRendezvous::~MultiNodeRendezvous() { stopThreads(); }
 

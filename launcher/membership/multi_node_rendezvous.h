@@ -1,6 +1,6 @@
 #pragma once
-// What the two multi-node backends share: ElasticRendezvous
-// (launcher/membership/elastic_rendezvous.cc, over the gRPC rendezvous service) and the etcd
+// What the two multi-node backends share: GrpcRendezvous
+// (launcher/membership/grpc_rendezvous.cc, over the gRPC rendezvous service) and the etcd
 // rendezvous (launcher/membership/etcd/etcd_rendezvous.cc). Both run their rounds their own way;
 // both need a thread to join on, and the job's health across nodes (status lines, stacks on demand,
 // the preflight table), which only needs a few key-value operations. Those are JobKv; each backend
@@ -61,12 +61,21 @@ class JobKv {
   virtual int64_t add(const std::string& key, int64_t delta) = 0;  // returns the new value
   virtual void set(const std::string& key, const std::string& value) = 0;
   virtual std::optional<std::string> get(const std::string& key) = 0;  // none: no such key
+  // The same for the job's outcome, which may wait up to the backend's read timeout (a health
+  // read gives up sooner).
+  virtual std::optional<std::string> getOutcome(const std::string& key) { return get(key); }
   // A list every node appends to and one reader drains (the preflight reports): append()
   // costs each node one write, whatever the number of nodes; readNew() returns what was
   // appended since `cursor` (0: from the start) and moves it on.
   virtual void append(const std::string& list, const std::string& node,
                       const std::string& value) = 0;
   virtual std::vector<std::string> readNew(const std::string& list, int64_t* cursor) = 0;
+  // Counts `node` in the tally at `key` and returns how many nodes it holds now. Each node adds
+  // itself once.
+  virtual int64_t tally(const std::string& key, const std::string& node) = 0;
+  // The key's value once it exists, or none after `timeout`.
+  virtual std::optional<std::string> waitFor(const std::string& key,
+                                             std::chrono::milliseconds timeout) = 0;
   // Calls `changed` (on any thread) soon after a key under `prefix` is written. nullptr: the
   // store cannot push, and the health thread polls instead.
   virtual std::unique_ptr<Subscription> subscribe(const std::string& /*prefix*/,
@@ -81,6 +90,13 @@ class MultiNodeRendezvous : public RendezvousHandler {
 
   void setRoundEndedCallback(RoundEnded ended) override { ended_ = std::move(ended); }
   void startRendezvous(Done done) override;
+  // The same in both backends, over JobKv: counts the failure job-wide (`failures`), keeps
+  // the root cause (`last_failure`), ends the round for the nodes still in it (`round/<n>/end`)
+  // and leaves it.
+  int recordFailure(const std::string& summary) override;
+  // The root cause another node published (`last_failure`); once finish() read it, that copy
+  // (the last node out clears the key).
+  std::string jobFailure() override;
 
   void publishPreflight(const std::string& report) override;
   void publishStatus(const std::string& line) override;
@@ -98,6 +114,31 @@ class MultiNodeRendezvous : public RendezvousHandler {
 
   // On the joiner thread: blocks until a round forms (or throws why not).
   virtual std::optional<WorldAssignment> joinOnce() = 0;
+  // The round of the last world this node was assigned; none before the first.
+  virtual std::optional<int64_t> currentRound() const = 0;
+  // The backend's store in messages about losing it ("etcd"); `with_address`: where it is, when
+  // that helps.
+  virtual std::string storeName(bool with_address) const = 0;
+  // recordFailure(), once the failure is counted: leave the round, so that the other nodes
+  // learn at once and stop their workers.
+  virtual void leaveAfterFailure() = 0;
+  // A call to the backend's store failed: on the transport, the store counts as lost from now
+  // on (markLost).
+  virtual void noteTransport(const std::exception& e) = 0;
+
+  // Before a join: a node that stopped because another failed for good must not wait for a
+  // round that will never form. Once the job-wide failure count has passed `max_restarts`,
+  // returns the world without a round that tells the supervisor so; none otherwise.
+  std::optional<WorldAssignment> failedForGood(const std::string& run_id, int max_restarts);
+  // The job-wide count of worker-group failures so far.
+  int failureCount();
+  // finish(), when this node's workers succeeded: counts this node done in `round`, the last
+  // of its `nodes` ending it as "done", and waits up to `timeout` for the round's end: "done",
+  // "failed" (a node's workers failed), or none when the others did not finish in time.
+  std::optional<std::string> exitBarrier(int64_t round, int nodes,
+                                         std::chrono::milliseconds timeout);
+  // finish(), on the way out: counts this node gone from `round`; returns how many are.
+  int64_t countGone(int64_t round);
   // On the caller's thread before a join starts, once the previous joiner has finished: drop
   // what watched the previous round.
   virtual void beforeJoin() {}
@@ -135,6 +176,8 @@ class MultiNodeRendezvous : public RendezvousHandler {
   bool mayCall(std::chrono::steady_clock::time_point by, const std::string& what);
 
   RoundEnded ended_;
+  // finish(): the job's outcome, read before leaving.
+  std::string cached_failure_;
 
  private:
   void delivered(int64_t round);

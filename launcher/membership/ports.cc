@@ -72,4 +72,42 @@ void checkPortFree(const std::string& addr, int port) {
                                    port, std::strerror(-rc)));
 }
 
+std::string routeAddressTo(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0)
+    throw NetworkError(fmt::format("cannot resolve rendezvous host '{}'", host));
+  std::string out;
+  for (addrinfo* ai = res; ai && out.empty(); ai = ai->ai_next) {
+    int fd = socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
+      sockaddr_storage ss{};
+      socklen_t len = sizeof(ss);
+      getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
+      char buf[INET6_ADDRSTRLEN] = {0};
+      if (ss.ss_family == AF_INET)
+        inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&ss)->sin_addr, buf, sizeof(buf));
+      else
+        inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr, buf, sizeof(buf));
+      out = buf;
+    }
+    close(fd);
+  }
+  freeaddrinfo(res);
+  if (out.empty())
+    throw NetworkError(fmt::format("no route to the rendezvous host '{}' from this machine", host));
+  return out;
+}
+
+bool isLoopback(const std::string& host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+int pickMasterPort(const std::string& master_addr, const std::string& local_addr) {
+  std::string bind_addr = local_addr.empty() ? "0.0.0.0" : local_addr;
+  return pickFreePort(isLoopback(master_addr) ? "127.0.0.1" : bind_addr);
+}
+
 }  // namespace ddpl::launcher

@@ -10,4 +10,13 @@ int pickFreePort(const std::string& addr);
 // Throws ddpl::NetworkError naming addr:port when the port cannot be bound (already in use).
 void checkPortFree(const std::string& addr, int port);
 
+bool isLoopback(const std::string& host);
+
+// Group rank 0's MASTER_PORT: a free port on the address its workers' store binds, loopback
+// when the master address is (a job on one machine), else `local_addr` or every interface.
+int pickMasterPort(const std::string& master_addr, const std::string& local_addr);
+
+// The local address used to reach host:port (no packet is sent: a UDP connect picks the route).
+std::string routeAddressTo(const std::string& host, int port);
+
 }  // namespace ddpl::launcher

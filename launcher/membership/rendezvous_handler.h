@@ -1,7 +1,7 @@
 #pragma once
 // The seam between supervision and membership. The agent asks for a world before each
 // attempt and learns when the world it runs in ends. One node uses LocalRendezvous; jobs of
-// several nodes use ElasticRendezvous (launcher/membership/elastic_rendezvous.h, over the gRPC
+// several nodes use GrpcRendezvous (launcher/membership/grpc_rendezvous.h, over the gRPC
 // service) or the etcd rendezvous (launcher/membership/etcd/etcd_rendezvous.h); what those two
 // share, and their threading contract, is launcher/membership/multi_node_rendezvous.h.
 #include <cstdint>

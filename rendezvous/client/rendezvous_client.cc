@@ -13,6 +13,7 @@
 #include "ddpl/config.h"
 #include "proto/rendezvous.grpc.pb.h"
 #include "rendezvous/protocol/grpc_common.h"
+#include "rendezvous/state/round_rules.h"
 
 namespace ddpl::rdzv {
 
@@ -65,14 +66,14 @@ RoundAssignment toAssignment(const JoinOptions& o, const pb::JoinResponse& r) {
   if (r.local_world_sizes_size() > 0) {
     // The whole list (include_members, or a server that predates own_place_only).
     a.local_world_sizes.assign(r.local_world_sizes().begin(), r.local_world_sizes().end());
-    int64_t offset = 0;
-    for (int32_t lws : a.local_world_sizes) {
+    for (int32_t lws : a.local_world_sizes)
       if (lws <= 0) throw inconsistent("a node with no workers");
+    round_rules::RankLayout layout = round_rules::rankLayout(
+        std::vector<int>(a.local_world_sizes.begin(), a.local_world_sizes.end()));
+    for (int64_t offset : layout.offsets)
       a.rank_offsets.push_back(static_cast<int32_t>(std::min<int64_t>(offset, INT32_MAX)));
-      offset += lws;
-    }
     if (static_cast<int64_t>(a.local_world_sizes.size()) != a.group_world_size ||
-        offset != a.world_size)
+        layout.world_size != a.world_size)
       throw inconsistent("the nodes' local world sizes do not add up");
     a.rank_offset = a.rank_offsets[static_cast<size_t>(a.group_rank)];
     a.local_world_size = a.local_world_sizes[static_cast<size_t>(a.group_rank)];

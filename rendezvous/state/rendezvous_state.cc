@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "rendezvous/state/round_rules.h"
+
 namespace ddpl::rdzv {
 namespace {
 
@@ -204,30 +206,33 @@ void RendezvousState::refreshDeadlines(Run& run, TimePoint now, Effects& fx) {
     run.last_call_deadline.reset();
     return;
   }
+  round_rules::FormingRound forming;
+  forming.joined = n;
+  forming.min_nodes = run.config.min_nodes;
   // Nodes that stopped before joining will not come: no waiting for them.
-  int32_t can_come = canCome(run, now);
-  if (n >= std::max(run.config.min_nodes, can_come)) {
-    if (n < run.config.max_nodes)
-      fx.events.push_back(fmt::format(
-          "run '{}': round {} has every node that can still come ({}/{}; {} {}): completing",
-          run.id, run.round, n, run.config.max_nodes, run.stopped.size(), kStoppedBeforeJoining));
-    complete(run, now, fx);
-    return;
-  }
-  if (n >= run.config.min_nodes) {
-    if (!run.expected.empty() && run.expected_missing == 0) {
-      // Every node expected back after the previous round ended is here: nobody else is
-      // known to be coming, so waiting out the last call would only delay recovery.
+  forming.can_come = canCome(run, now);
+  forming.all_expected_back = !run.expected.empty() && run.expected_missing == 0;
+  switch (round_rules::closing(forming)) {
+    case round_rules::Closing::kEveryoneWhoCanCome:
+      if (n < run.config.max_nodes)
+        fx.events.push_back(fmt::format(
+            "run '{}': round {} has every node that can still come ({}/{}; {} {}): completing",
+            run.id, run.round, n, run.config.max_nodes, run.stopped.size(), kStoppedBeforeJoining));
+      complete(run, now, fx);
+      return;
+    case round_rules::Closing::kAllExpectedBack:
       fx.events.push_back(fmt::format(
           "run '{}': all {} expected nodes re-joined round {}: completing without last call",
           run.id, run.expected.size(), run.round));
       complete(run, now, fx);
       return;
-    }
-    if (!run.last_call_deadline) run.last_call_deadline = now + run.config.last_call_timeout;
-    if (run.config.last_call_timeout.count() == 0) complete(run, now, fx);
-  } else {
-    run.last_call_deadline.reset();
+    case round_rules::Closing::kLastCall:
+      if (!run.last_call_deadline) run.last_call_deadline = now + run.config.last_call_timeout;
+      if (run.config.last_call_timeout.count() == 0) complete(run, now, fx);
+      return;
+    case round_rules::Closing::kNotYet:
+      run.last_call_deadline.reset();
+      return;
   }
 }
 
@@ -236,14 +241,17 @@ void RendezvousState::complete(Run& run, TimePoint now, Effects& fx) {
   m->run_id = run.id;
   m->round = run.round;
   m->nodes.reserve(run.joining.size());
-  m->rank_offsets.reserve(run.joining.size());
-  int64_t world = 0;  // admit() keeps it within int32
+  std::vector<int> local_world_sizes;
+  local_world_sizes.reserve(run.joining.size());
   for (auto& [id, p] : run.joining) {
-    m->rank_offsets.push_back(static_cast<int32_t>(world));
-    world += p.node.local_world_size;
+    local_world_sizes.push_back(p.node.local_world_size);
     m->nodes.push_back(p.node);
   }
-  m->world_size = static_cast<int32_t>(world);
+  // admit() keeps the world within int32.
+  round_rules::RankLayout layout = round_rules::rankLayout(local_world_sizes);
+  m->rank_offsets.reserve(layout.offsets.size());
+  for (int64_t offset : layout.offsets) m->rank_offsets.push_back(static_cast<int32_t>(offset));
+  m->world_size = static_cast<int32_t>(layout.world_size);
   run.membership = m;
   // The stops concerned the round being formed; a later one (a node lost, another started in
   // a stopped node's place) is not held to them.

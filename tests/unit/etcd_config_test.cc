@@ -18,7 +18,7 @@ EtcdRendezvousConfig config(std::vector<std::string> args, ddpl::Environment env
   args.push_back("p");
   ParseResult r = parseCommandLine(args, env);
   validateTopology(r.options);
-  return etcdRendezvousConfig(r.options, ElasticConfig{}, env);
+  return etcdRendezvousConfig(r.options, RoundsConfig{}, env);
 }
 
 std::string error(std::vector<std::string> args, ddpl::Environment env = {}) {

@@ -26,7 +26,7 @@ bool isEtcdConfKey(const std::string& key) {
   return false;
 }
 
-EtcdRendezvousConfig etcdRendezvousConfig(const LaunchOptions& o, const ElasticConfig& rounds,
+EtcdRendezvousConfig etcdRendezvousConfig(const LaunchOptions& o, const RoundsConfig& rounds,
                                           const Environment& env) {
   EtcdRendezvousConfig c;
   c.rounds = rounds;

@@ -15,7 +15,7 @@ bool isEtcdConfKey(const std::string& key);
 
 // `env` supplies DDPL_ETCD_PASSWORD when no password_file is given. Throws UsageError for a
 // bad key or value and AuthError for an unreadable secret file.
-EtcdRendezvousConfig etcdRendezvousConfig(const LaunchOptions& options, const ElasticConfig& rounds,
+EtcdRendezvousConfig etcdRendezvousConfig(const LaunchOptions& options, const RoundsConfig& rounds,
                                           const Environment& env);
 
 }  // namespace ddpl::launcher

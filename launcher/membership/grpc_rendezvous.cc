@@ -1,4 +1,4 @@
-#include "launcher/membership/elastic_rendezvous.h"
+#include "launcher/membership/grpc_rendezvous.h"
 
 #include <arpa/inet.h>
 #include <fmt/format.h>
@@ -36,10 +36,6 @@ constexpr milliseconds kHostLinger{std::chrono::seconds(30)};
 // A health read (`launch status`, stacks) waits at most this long for one key.
 constexpr milliseconds kHealthCallTimeout{std::chrono::seconds(3)};
 
-bool isLoopback(const std::string& host) {
-  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
-}
-
 // Does `host` name this machine? Compared by name and by address: an address of this machine
 // can be bound.
 bool namesThisMachine(const std::string& host) {
@@ -71,7 +67,8 @@ bool namesThisMachine(const std::string& host) {
 // health thread polls.
 class StoreJobKv : public JobKv {
  public:
-  explicit StoreJobKv(rdzv::Store* store) : store_(store) {}
+  StoreJobKv(rdzv::Store* store, milliseconds read_timeout)
+      : store_(store), read_timeout_(read_timeout) {}
   int64_t add(const std::string& key, int64_t delta) override { return store_->add(key, delta); }
   void set(const std::string& key, const std::string& value) override {
     store_->set(key, rdzv::toBytes(value));
@@ -80,10 +77,26 @@ class StoreJobKv : public JobKv {
     if (!store_->check({key})) return std::nullopt;
     return rdzv::toString(store_->get(key, kHealthCallTimeout));
   }
+  std::optional<std::string> getOutcome(const std::string& key) override {
+    if (!store_->check({key})) return std::nullopt;
+    return rdzv::toString(store_->get(key, read_timeout_));
+  }
   void append(const std::string& list, const std::string& /*node*/,
               const std::string& value) override {
     int64_t id = store_->add(list + "/count", 1);
     set(fmt::format("{}/{}", list, id), value);
+  }
+  int64_t tally(const std::string& key, const std::string& /*node*/) override {
+    return store_->add(key, 1);
+  }
+  // A store call that times out (the wait, or the read after it) is no answer in time.
+  std::optional<std::string> waitFor(const std::string& key, milliseconds timeout) override {
+    try {
+      store_->wait({key}, timeout);
+      return rdzv::toString(store_->get(key, read_timeout_));
+    } catch (const TimeoutError&) {
+      return std::nullopt;
+    }
   }
   std::vector<std::string> readNew(const std::string& list, int64_t* cursor) override {
     std::vector<std::string> out;
@@ -99,6 +112,7 @@ class StoreJobKv : public JobKv {
 
  private:
   rdzv::Store* store_;
+  milliseconds read_timeout_;
 };
 
 // Rounds through the gRPC rendezvous service (rdzv::RendezvousClient), job-wide facts and the
@@ -110,14 +124,14 @@ class StoreJobKv : public JobKv {
 // - the health thread polls the store once a second (no push);
 // - when this agent hosts the service (server_), finish() keeps it up until the other nodes
 //   of the last round have left, at most kHostLinger more.
-class ElasticRendezvous : public MultiNodeRendezvous {
+class GrpcRendezvous : public MultiNodeRendezvous {
  public:
-  explicit ElasticRendezvous(const ElasticConfig& c) : MultiNodeRendezvous(c.node_id), c_(c) {
+  explicit GrpcRendezvous(const GrpcRendezvousConfig& c) : MultiNodeRendezvous(c.node_id), c_(c) {
     auto [host, port] = splitEndpoint(c_.endpoint);
     endpoint_ =
         fmt::format("{}:{}", host.find(':') != std::string::npos ? "[" + host + "]" : host, port);
-    if (c_.host != ElasticConfig::Host::kNo &&
-        (c_.host == ElasticConfig::Host::kYes || namesThisMachine(host)))
+    if (c_.host != GrpcRendezvousConfig::Host::kNo &&
+        (c_.host == GrpcRendezvousConfig::Host::kYes || namesThisMachine(host)))
       maybeHost(host, port);
     address_ = c_.local_addr.empty() ? routeAddressTo(host, port) : c_.local_addr;
 
@@ -140,13 +154,13 @@ class ElasticRendezvous : public MultiNodeRendezvous {
     // Job-wide facts every agent shares: the failure count and the last root cause.
     so.prefix = "ddpl-agents/" + c_.run_id + "/";
     store_ = rdzv::connectGrpcStore(so);
-    setKv(std::make_unique<StoreJobKv>(store_.get()));
+    setKv(std::make_unique<StoreJobKv>(store_.get(), c_.read_timeout));
     log::info("rendezvous {} ({}), run '{}', node '{}' at {}, {}:{} nodes", endpoint_,
               server_ ? "hosted by this agent" : "client", c_.run_id, c_.node_id, address_,
               c_.min_nodes, c_.max_nodes);
   }
 
-  ~ElasticRendezvous() override {
+  ~GrpcRendezvous() override {
     stopThreads();
     watch_.reset();
   }
@@ -176,56 +190,26 @@ class ElasticRendezvous : public MultiNodeRendezvous {
     }
   }
 
-  int recordFailure(const std::string& summary) override {
-    std::string why;
-    // Each call would wait out the read timeout for a server that is gone (the heartbeat of
-    // roundStillCurrent() just before found it so); the agent gives up on the count at once
-    // instead (and the job's outcome is this node's own failure).
-    if (lost(&why))
-      throw NetworkError(fmt::format("the rendezvous service at {} is lost: {}", endpoint_, why));
-    try {
-      int n = static_cast<int>(store_->add("failures", 1));
-      store_->set("last_failure", rdzv::toBytes(summary));
-      if (current_) store_->set(roundKey("end"), rdzv::toBytes("failed"));
-      leaveQuietly();  // the other nodes learn at once and stop their workers
-      return n;
-    } catch (const std::exception& e) {
-      noteTransport(e);
-      throw;
-    }
-  }
-
   void leaveEarly() override { leaveQuietly(); }
-
-  std::string jobFailure() override {
-    if (!cached_failure_.empty()) return cached_failure_;
-    std::string why;
-    if (lost(&why)) return "<could not read it: the rendezvous service is lost: " + why + ">";
-    try {
-      if (store_->check({"last_failure"}))
-        return rdzv::toString(store_->get("last_failure", c_.read_timeout));
-    } catch (const std::exception& e) {
-      noteTransport(e);
-      return std::string("<could not read it: ") + e.what() + ">";
-    }
-    return "";
-  }
 
   bool finish(bool success) override {
     stopHealth();  // nothing is published for a node on its way out
     bool job_ok = true;
     if (success && current_ &&
         mayCall(Clock::time_point::max(), "waiting for the other nodes to finish")) {
-      try {
-        int64_t done = store_->add(roundKey("done"), 1);
-        if (done >= current_->group_world_size) store_->set(roundKey("end"), rdzv::toBytes("done"));
-        // Leaving ends the round for nodes still running, so wait for them: returns at once when
-        // the last node is done or any node failed.
-        store_->wait({roundKey("end")}, c_.exit_barrier_timeout);
-        job_ok = rdzv::toString(store_->get(roundKey("end"), c_.read_timeout)) == "done";
-      } catch (const TimeoutError&) {
+      auto late = [&] {
         log::warn("other nodes did not finish within the exit barrier ({}s); leaving anyway",
                   c_.exit_barrier_timeout.count() / 1000);
+      };
+      try {
+        auto end =
+            exitBarrier(current_->round, current_->group_world_size, c_.exit_barrier_timeout);
+        if (end)
+          job_ok = *end == "done";
+        else
+          late();
+      } catch (const TimeoutError&) {
+        late();  // the store did not take this node's count in time
       } catch (const std::exception& e) {
         noteTransport(e);
         log::warn("exit barrier: {}", e.what());
@@ -241,7 +225,7 @@ class ElasticRendezvous : public MultiNodeRendezvous {
         // reading the outcome (a failure's root cause) from the service it hosts.
         // Read the job's outcome before saying goodbye: the last node to leave clears it.
         cached_failure_ = jobFailure();
-        int64_t gone = store_->add(roundKey("gone"), 1);
+        int64_t gone = countGone(current_->round);
         if (gone >= current_->group_world_size) {
           // The job is over on every node of its last round. Its failure count must not
           // outlive it: a job re-run under the same --rdzv-id (a Kubernetes Job's pods
@@ -317,7 +301,7 @@ class ElasticRendezvous : public MultiNodeRendezvous {
 
   void maybeHost(const std::string& host, int port) {
     std::string bind_host = isLoopback(host) ? "127.0.0.1" : "0.0.0.0";
-    if (c_.host == ElasticConfig::Host::kAuto) {
+    if (c_.host == GrpcRendezvousConfig::Host::kAuto) {
       // Usual case on every node but one: the port is taken by the hosting agent. Find out
       // quietly instead of through gRPC's bind error.
       try {
@@ -335,7 +319,7 @@ class ElasticRendezvous : public MultiNodeRendezvous {
     try {
       server_ = std::make_unique<rdzv::RendezvousServer>(so);
     } catch (const NetworkError& e) {
-      if (c_.host == ElasticConfig::Host::kYes) throw;
+      if (c_.host == GrpcRendezvousConfig::Host::kYes) throw;
       // Another agent (or an rdzv-server) holds the port: it hosts, we are a client.
       log::debug("not hosting the rendezvous: {}", e.what());
     }
@@ -357,10 +341,21 @@ class ElasticRendezvous : public MultiNodeRendezvous {
   // A call failed: on the transport (no server, or no answer within the read timeout), the
   // service counts as lost from now on (MultiNodeRendezvous::markLost). A timeout of a wait
   // for a key is no such failure, but the calls this is given for do not wait for keys.
-  void noteTransport(const std::exception& e) {
+  void noteTransport(const std::exception& e) override {
     if (dynamic_cast<const NetworkError*>(&e) || dynamic_cast<const TimeoutError*>(&e))
       markLost(e.what());
   }
+
+  std::optional<int64_t> currentRound() const override {
+    return current_ ? std::optional<int64_t>(current_->round) : std::nullopt;
+  }
+
+  std::string storeName(bool with_address) const override {
+    return with_address ? "the rendezvous service at " + endpoint_ : "the rendezvous service";
+  }
+
+  // The other nodes learn at once and stop their workers.
+  void leaveAfterFailure() override { leaveQuietly(); }
 
   std::optional<WorldAssignment> joinOnce() override {
     try {
@@ -374,21 +369,14 @@ class ElasticRendezvous : public MultiNodeRendezvous {
   }
 
   std::optional<WorldAssignment> joinRound() {
-    // A node that stopped because another failed for good must not wait for a round that
-    // will never form: the count tells, and the supervisor reports the failure.
-    int failures;
+    std::optional<WorldAssignment> over;
     try {
-      failures = static_cast<int>(store_->add("failures", 0));
+      over = failedForGood(c_.run_id, c_.max_restarts);
     } catch (const TimeoutError& e) {
       markLost(e.what());  // no answer within the read timeout
       throw;
     }
-    if (failures > c_.max_restarts) {
-      WorldAssignment w;
-      w.run_id = c_.run_id;
-      w.restart_count = failures;
-      return w;
-    }
+    if (over) return over;
     rdzv::RoundAssignment a;
     try {
       a = client_->join(joinOptions());
@@ -426,12 +414,11 @@ class ElasticRendezvous : public MultiNodeRendezvous {
     w.rank_offset = a.rank_offset;
     w.world_size = a.world_size;
     w.master_addr = a.master_address;
-    w.restart_count = static_cast<int>(store_->add("failures", 0));
+    w.restart_count = failureCount();
     // Group rank 0 picks MASTER_PORT on its own machine and tells the others.
     std::string port_key = roundKey("master_port");
     if (a.group_rank == 0) {
-      std::string bind_addr = c_.local_addr.empty() ? "0.0.0.0" : c_.local_addr;
-      int port = pickFreePort(isLoopback(a.master_address) ? "127.0.0.1" : bind_addr);
+      int port = pickMasterPort(a.master_address, c_.local_addr);
       store_->set(port_key, rdzv::toBytes(std::to_string(port)));
       w.master_port = port;
     } else {
@@ -461,7 +448,7 @@ class ElasticRendezvous : public MultiNodeRendezvous {
     }
   }
 
-  ElasticConfig c_;
+  GrpcRendezvousConfig c_;
   std::string endpoint_, address_;
   std::unique_ptr<rdzv::RendezvousServer> server_;
   std::unique_ptr<rdzv::RendezvousClient> client_;
@@ -470,44 +457,14 @@ class ElasticRendezvous : public MultiNodeRendezvous {
   std::mutex mu_;
   std::optional<rdzv::RoundAssignment> current_;
   bool left_ = false;
-  std::string cached_failure_;
   // finish(): when the calls on the way out give up (none before: max).
   Clock::time_point close_by_ = Clock::time_point::max();
 };
 
 }  // namespace
 
-std::string routeAddressTo(const std::string& host, int port) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* res = nullptr;
-  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0)
-    throw NetworkError(fmt::format("cannot resolve rendezvous host '{}'", host));
-  std::string out;
-  for (addrinfo* ai = res; ai && out.empty(); ai = ai->ai_next) {
-    int fd = socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) continue;
-    if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
-      sockaddr_storage ss{};
-      socklen_t len = sizeof(ss);
-      getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
-      char buf[INET6_ADDRSTRLEN] = {0};
-      if (ss.ss_family == AF_INET)
-        inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&ss)->sin_addr, buf, sizeof(buf));
-      else
-        inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr, buf, sizeof(buf));
-      out = buf;
-    }
-    close(fd);
-  }
-  freeaddrinfo(res);
-  if (out.empty())
-    throw NetworkError(fmt::format("no route to the rendezvous host '{}' from this machine", host));
-  return out;
-}
-
-std::unique_ptr<RendezvousHandler> makeElasticRendezvous(const ElasticConfig& config) {
-  return std::make_unique<ElasticRendezvous>(config);
+std::unique_ptr<RendezvousHandler> makeGrpcRendezvous(const GrpcRendezvousConfig& config) {
+  return std::make_unique<GrpcRendezvous>(config);
 }
 
 }  // namespace ddpl::launcher
