@@ -107,3 +107,9 @@ add_dependencies(launcher_hardening_test launch rdzv-server)
 ddpl_add_test(NAME launcher_idle_hang_test
   SOURCES integration/idle_hang_test.cc LIBS ddpl_test_util LABELS python TIMEOUT 180 SERIAL)
 add_dependencies(launcher_idle_hang_test launch)
+
+# The job-outcome protocol of both multi-node backends (membership/multi_node_rendezvous.cc,
+# which lives in the gRPC plugin) over an in-memory JobKv.
+ddpl_add_test(NAME job_outcome_test
+  SOURCES unit/job_outcome_test.cc ${PROJECT_SOURCE_DIR}/launcher/membership/multi_node_rendezvous.cc
+  LIBS ddpl_launcher ddpl_test_util LABELS unit TIMEOUT 60)

@@ -37,9 +37,19 @@ int MultiNodeRendezvous::recordFailure(const std::string& summary) {
   // (and the job's outcome is this node's own failure).
   if (lost(&why)) throw NetworkError(storeName(true) + " is lost: " + why);
   try {
+    auto round = currentRound();
+    // One fault is often found by several nodes in the same instant (a hang stalls every rank
+    // in the collective; each node's monitor sees its own ranks stop). The probe of
+    // roundStillCurrent() cannot order them, so the round's own counter does: the first failure
+    // of a round is the job's, and the root cause; the others are that failure seen from
+    // elsewhere and neither count against --max-restarts nor replace the root cause.
+    if (round && kv_->add(fmt::format("round/{}/failed", *round), 1) > 1) {
+      leaveAfterFailure();
+      return failureCount();
+    }
     int n = static_cast<int>(kv_->add("failures", 1));
     kv_->set("last_failure", summary);
-    if (auto round = currentRound()) kv_->set(fmt::format("round/{}/end", *round), "failed");
+    if (round) kv_->set(fmt::format("round/{}/end", *round), "failed");
     leaveAfterFailure();
     return n;
   } catch (const std::exception& e) {
