@@ -407,12 +407,8 @@ class GrpcRendezvous : public MultiNodeRendezvous {
     });
 
     WorldAssignment w;
+    static_cast<rdzv::round_rules::NodePlace&>(w) = a;  // the place, whole
     w.run_id = a.run_id;
-    w.round = a.round;
-    w.group_rank = a.group_rank;
-    w.group_world_size = a.group_world_size;
-    w.rank_offset = a.rank_offset;
-    w.world_size = a.world_size;
     w.master_addr = a.master_address;
     w.restart_count = failureCount();
     // Group rank 0 picks MASTER_PORT on its own machine and tells the others.

@@ -35,14 +35,18 @@ void LocalRendezvous::startRendezvous(Done done) {
 }
 
 WorldAssignment LocalRendezvous::nextWorld() {
+  // The same place the multi-node backends fill, here from the static layout: every node has
+  // local_world_size workers.
+  rdzv::round_rules::NodePlace place;
+  place.round = round_++;
+  place.group_rank = node_rank_;
+  place.group_world_size = nnodes_;
+  place.rank_offset = node_rank_ * local_world_size_;
+  place.world_size = local_world_size_ * nnodes_;
   WorldAssignment w;
+  static_cast<rdzv::round_rules::NodePlace&>(w) = place;
   w.run_id = run_id_;
-  w.round = round_++;
   w.restart_count = failures_;
-  w.world_size = local_world_size_ * nnodes_;
-  w.group_rank = node_rank_;
-  w.group_world_size = nnodes_;
-  w.rank_offset = node_rank_ * local_world_size_;
   w.master_addr = master_addr_;
   if (nnodes_ > 1) {
     w.master_port = master_port_.value_or(kDefaultMasterPort);  // node 0's, maybe elsewhere

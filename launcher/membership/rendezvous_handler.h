@@ -11,15 +11,21 @@
 #include <string>
 #include <vector>
 
+#include "rendezvous/state/round_rules.h"
+
 namespace ddpl::launcher {
 
-struct WorldAssignment {
+// The node's place in the round (round_rules::NodePlace: the same type the rendezvous client
+// returns, so that the gRPC backend passes it on in one assignment), and what the launcher
+// adds for its workers.
+struct WorldAssignment : rdzv::round_rules::NodePlace {
+  // One node of one worker until a backend fills the place: what a world that never formed
+  // (MultiNodeRendezvous::failedForGood) reports.
+  WorldAssignment() {
+    group_world_size = 1;
+    world_size = 1;
+  }
   std::string run_id;
-  int64_t round = 0;
-  int group_rank = 0;        // this node's rank among nodes
-  int group_world_size = 1;  // number of nodes
-  int rank_offset = 0;       // global rank of this node's local rank 0
-  int world_size = 1;        // sum of every node's local world size
   int restart_count = 0;     // job-wide worker-group failures so far (same on every node)
   std::string master_addr;   // where rank 0's store listens
   int master_port = 0;

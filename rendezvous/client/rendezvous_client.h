@@ -16,6 +16,7 @@
 
 #include "rendezvous/client/grpc_store.h"
 #include "rendezvous/state/rendezvous_state.h"
+#include "rendezvous/state/round_rules.h"
 
 namespace ddpl::rdzv {
 
@@ -46,14 +47,11 @@ struct NodeInfo {
   std::string address;
 };
 
-struct RoundAssignment {
+// This node's place (round, group rank and size, rank offset, world size: all workers of all
+// nodes) is the one type the launcher passes on to its workers (round_rules.h: why one type).
+struct RoundAssignment : round_rules::NodePlace {
   std::string run_id;
   std::string node_id;
-  int64_t round = 0;
-  int32_t group_rank = 0;
-  int32_t group_world_size = 0;
-  int32_t world_size = 0;   // all workers of all nodes
-  int32_t rank_offset = 0;  // this node's first global rank
   int32_t local_world_size = 0;
   // By group rank, only when JoinOptions::include_members (O(N) per reply: a node needs only
   // its own place, above).

@@ -56,6 +56,23 @@ inline RankLayout rankLayout(const std::vector<int>& local_world_sizes) {
   return layout;
 }
 
+// A node's place in a complete round: all it needs of the round to give its workers their ranks.
+// One type for every hop from the round to the worker environment: the client library's
+// RoundAssignment and the launcher's WorldAssignment derive from it, and each backend (gRPC,
+// etcd, static) fills it, so that a field is added, or its width chosen, once, and passing a
+// place on is one assignment that cannot drop a field. Header-only like the rest of this file:
+// the client library is exported without the state machine. Zeros by default (the client's
+// reply before it is read); WorldAssignment keeps its own defaults of one node, one worker.
+struct NodePlace {
+  int64_t round = 0;
+  int group_rank = 0;        // this node's rank among nodes
+  int group_world_size = 0;  // number of nodes
+  int rank_offset = 0;       // global rank of this node's local rank 0
+  int world_size = 0;        // sum of every node's local world size
+};
+// The wire's fields are int32: a place read from a reply, or published, keeps its width.
+static_assert(sizeof(int) == sizeof(int32_t), "NodePlace's ints carry the wire's int32 fields");
+
 // A worker's global rank.
 inline int64_t globalRank(int64_t rank_offset, int local_rank) { return rank_offset + local_rank; }
 

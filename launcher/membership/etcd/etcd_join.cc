@@ -349,20 +349,22 @@ int64_t EtcdRendezvous::stateRevision() {
 std::optional<WorldAssignment> EtcdRendezvous::assigned(const RoundState& s, int64_t state_rev,
                                                         bool closed_here) {
   assigning_ = true;
-  WorldAssignment w;
-  w.run_id = c_.run_id;
-  w.round = s.round;
-  w.group_world_size = static_cast<int>(s.nodes.size());
   std::vector<int> local_world_sizes;
   for (const auto& n : s.nodes) local_world_sizes.push_back(n.nproc);
   rdzv::round_rules::RankLayout layout = rdzv::round_rules::rankLayout(local_world_sizes);
+  rdzv::round_rules::NodePlace place;  // the same place the gRPC backend's client returns
+  place.round = s.round;
+  place.group_world_size = static_cast<int>(s.nodes.size());
   for (size_t i = 0; i < s.nodes.size(); ++i) {
     if (s.nodes[i].id == c_.node_id) {
-      w.group_rank = static_cast<int>(i);
-      w.rank_offset = static_cast<int>(layout.offsets[i]);
+      place.group_rank = static_cast<int>(i);
+      place.rank_offset = static_cast<int>(layout.offsets[i]);
     }
   }
-  w.world_size = static_cast<int>(layout.world_size);
+  place.world_size = static_cast<int>(layout.world_size);
+  WorldAssignment w;
+  static_cast<rdzv::round_rules::NodePlace&>(w) = place;
+  w.run_id = c_.run_id;
   w.master_addr = s.nodes.front().addr;
   std::vector<std::string> members;
   for (const auto& n : s.nodes) members.push_back(n.id);
