@@ -12,6 +12,7 @@ settings; torchrun gets --max-restarts=3 because it only recovers through worker
 import argparse
 import glob
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -83,7 +84,9 @@ def scenario(tool, build, timeout):
     os.makedirs(mark)
     os.makedirs(ckpt)
     port = free_port()
-    env = dict(os.environ, MARK_DIR=mark, CKPT_DIR=ckpt, TOTAL_STEPS="100000",
+    # TMPDIR inside the scenario's folder: a node SIGKILLed with its watchdog cannot remove its
+    # run directory, and the folder goes at the end with everything in it.
+    env = dict(os.environ, MARK_DIR=mark, CKPT_DIR=ckpt, TOTAL_STEPS="100000", TMPDIR=d,
                STEP_SECONDS="0.05", PYTHON_EXEC=sys.executable, OMP_NUM_THREADS="1")
     common = ["--nnodes=2:3", "--nproc-per-node=1", "--rdzv-backend=c10d",
               f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=bench"]
@@ -119,6 +122,7 @@ def scenario(tool, build, timeout):
         for a in agents:
             kill_tree(a.pid)
             a.wait()
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def main():

@@ -16,7 +16,9 @@
 #include <ctime>
 #include <random>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
 
@@ -207,9 +209,37 @@ int connectLoopback(int port) {
   return fd;
 }
 
+namespace {
+
+// The test program's temporary directories, removed when it exits: every run of the suite left
+// a few thousand of them in /tmp. Only by the process that made them: a forked child that calls
+// exit() must not take its parent's directories. DDPL_KEEP_TEST_DIRS=1 keeps them (to look at
+// what a failed test left).
+struct TempDirs {
+  std::mutex mu;
+  std::vector<std::string> dirs;
+  pid_t owner = getpid();
+  ~TempDirs() {
+    const char* keep = std::getenv("DDPL_KEEP_TEST_DIRS");
+    if (getpid() != owner || (keep && std::string(keep) == "1")) return;
+    std::error_code ec;
+    for (const auto& d : dirs) std::filesystem::remove_all(d, ec);
+  }
+};
+
+TempDirs& tempDirs() {
+  static TempDirs dirs;
+  return dirs;
+}
+
+}  // namespace
+
 std::string makeTempDir(const std::string& prefix) {
   std::string tmpl = "/tmp/" + prefix + "-XXXXXX";
   if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
+  TempDirs& t = tempDirs();
+  std::lock_guard<std::mutex> lock(t.mu);
+  t.dirs.push_back(tmpl);
   return tmpl;
 }
 

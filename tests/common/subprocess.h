@@ -64,6 +64,8 @@ int freeLoopbackPort();
 // A TCP connection to 127.0.0.1:port that sends nothing (an idle or hostile peer); -1 when
 // it cannot connect.
 int connectLoopback(int port);
+// A fresh private directory /tmp/PREFIX-XXXXXX, removed with what it holds when the test
+// program exits (DDPL_KEEP_TEST_DIRS=1 keeps it).
 std::string makeTempDir(const std::string& prefix);
 
 // The "frame #N: ..." lines of a C++ worker's traceback (worker/native_trace.h), in order.

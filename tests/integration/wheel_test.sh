@@ -29,18 +29,18 @@ fi
 out=$("${clean_env[@]}" "$T/venv/bin/launch" --standalone --nproc-per-node=2 \
       "$SRC/tests/python/ddp_gloo.py" 2>&1) || fail "launch from the wheel failed: $out"
 for r in 0 1; do
-  echo "$out" | grep -q "^\[default$r\]:DDP OK rank=$r world=2" || fail "no DDP OK from rank $r in: $out"
+  grep -q "^\[default$r\]:DDP OK rank=$r world=2" <<<"$out" || fail "no DDP OK from rank $r in: $out"
 done
 out=$("${clean_env[@]}" "$T/venv/bin/launch" --log-level=debug --nproc-per-node=1 \
       "$SRC/tests/integration/programs/hello.py" 2>&1) || fail "hello.py: $out"
-echo "$out" | grep -q "Python: $T/venv/bin/python" || fail "launch did not choose the wheel's environment: $out"
+grep -q "Python: $T/venv/bin/python" <<<"$out" || fail "launch did not choose the wheel's environment: $out"
 
 # The progress call from the wheel's own package (the script's directory holds no ddplaunch, so
 # the checkout's python/ is not what answers), reaching the wheel's launch.
 printf '%s\n' 'import ddplaunch' 'for _ in range(3): ddplaunch.step()' \
   'print("steps", ddplaunch.current(), ddplaunch.enabled(), ddplaunch.__file__)' > "$T/steps.py"
 out=$("${clean_env[@]}" "$T/venv/bin/launch" --nproc-per-node=1 "$T/steps.py" 2>&1) || fail "steps.py: $out"
-echo "$out" | grep -q "^\[default0\]:steps 3 True $T/venv/.*/site-packages/ddplaunch/__init__.py" ||
+grep -q "^\[default0\]:steps 3 True $T/venv/.*/site-packages/ddplaunch/__init__.py" <<<"$out" ||
   fail "ddplaunch.step() from the wheel did not reach launch: $out"
 
 "${clean_env[@]}" "$T/venv/bin/rdzv-server" --help | grep -q "usage: rdzv-server" || fail "rdzv-server --help"
