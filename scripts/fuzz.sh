@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 BUILD_DIR="${FUZZ_BUILD_DIR:-build-fuzz}"
 SECONDS_EACH="${FUZZ_SECONDS:-60}"
 JOBS="${JOBS:-$(nproc)}"
-TARGETS="${FUZZ_TARGETS:-fuzz_requests fuzz_wire fuzz_cli fuzz_hostfile fuzz_error_file}"
+TARGETS="${FUZZ_TARGETS:-fuzz_requests fuzz_wire fuzz_tcpstore fuzz_cli fuzz_hostfile fuzz_error_file}"
 SAN="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then
   CC=clang CXX=clang++ cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \

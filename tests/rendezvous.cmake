@@ -48,6 +48,12 @@ if(TARGET ddpl_rdzv_server)
   add_dependencies(rdzv_socket_hostile_test rdzv-server)
 endif()
 if(TARGET ddpl_rdzv_server)
+  # Issue 28: torch's TCPStore protocol (its parser; the server under raw-socket clients).
+  ddpl_add_test(NAME rdzv_tcpstore_hostile_test
+                SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fault/rdzv_tcpstore_hostile_test.cc
+                LIBS ddpl_rdzv_server ddpl_test_util LABELS fault TIMEOUT 120)
+endif()
+if(TARGET ddpl_rdzv_server)
   # Issue 33: bounds per connection and in total, against real rdzv-server processes.
   ddpl_add_test(NAME rdzv_stream_bounds_test
                 SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fault/rdzv_stream_bounds_test.cc

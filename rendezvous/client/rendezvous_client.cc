@@ -85,6 +85,7 @@ RoundAssignment toAssignment(const JoinOptions& o, const pb::JoinResponse& r) {
       throw inconsistent("this node's ranks fall outside the world");
   }
   a.master_address = r.master_address();
+  a.agent_store = r.agent_store();
   a.store_prefix = r.store_prefix();
   a.heartbeat_interval = Duration(r.heartbeat_interval_ms());
   for (const auto& m : r.members()) a.members.push_back({m.node_id(), m.address()});

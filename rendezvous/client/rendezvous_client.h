@@ -58,6 +58,8 @@ struct RoundAssignment : round_rules::NodePlace {
   std::vector<int32_t> local_world_sizes;
   std::vector<int32_t> rank_offsets;
   std::string master_address;  // group rank 0's address
+  // The server hosts the run's TCPStore (torch's protocol, on its own port) for this round.
+  bool agent_store = false;
   std::string store_prefix;    // this run's and round's key namespace
   Duration heartbeat_interval{};
   std::vector<NodeInfo> members;  // by group rank, when JoinOptions::include_members

@@ -16,6 +16,7 @@
 
 #include "common/errors.h"
 #include "common/log.h"
+#include "rendezvous/protocol/tcpstore_format.h"
 #include "rendezvous/protocol/wire_format.h"
 
 namespace ddpl::rdzv::grpc_detail {
@@ -287,7 +288,7 @@ void ConnectionGate::admit(int listen_fd, int fd) {
     }
     ++stats_.accepted;
   }
-  if (!options_.adopt_wire) {
+  if (!options_.adopt_wire && !options_.adopt_torch) {
     handToGrpc(listen_fd, fd, peer);
     return;
   }
@@ -311,12 +312,21 @@ void ConnectionGate::admit(int listen_fd, int fd) {
 
 ConnectionGate::Route ConnectionGate::firstBytesSay(int fd) {
   char buf[kWireMagicBytes];
+  static_assert(kWireMagicBytes >= tcpstore::kHelloBytes);
   ssize_t n = recv(fd, buf, sizeof(buf), MSG_PEEK | MSG_DONTWAIT);
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return Route::kWait;
   if (n <= 0) return Route::kGone;
-  if (std::memcmp(buf, kWireMagic, static_cast<size_t>(n)) != 0) return Route::kGrpc;
+  auto len = static_cast<size_t>(n);
+  // torch's TCPStore client opens with VALIDATE (a zero byte, which neither HTTP/2's preface
+  // nor TLS nor our magic starts with) and its magic number.
+  if (buf[0] == 0) {
+    size_t k = std::min(len, tcpstore::kHelloBytes);
+    if (std::memcmp(buf, tcpstore::kHello, k) != 0) return Route::kGrpc;
+    return k == tcpstore::kHelloBytes ? Route::kTorch : Route::kWait;
+  }
+  if (std::memcmp(buf, kWireMagic, len) != 0) return Route::kGrpc;
   // A prefix of the magic: the next bytes raise another edge.
-  return static_cast<size_t>(n) == kWireMagicBytes ? Route::kWire : Route::kWait;
+  return len == kWireMagicBytes ? Route::kWire : Route::kWait;
 }
 
 void ConnectionGate::sniff(int fd) {
@@ -335,12 +345,15 @@ void ConnectionGate::sniff(int fd) {
 }
 
 void ConnectionGate::route(int listen_fd, int fd, const std::string& peer, Route to) {
+  // Not served here: gRPC drops what is not HTTP/2.
+  if ((to == Route::kTorch && !options_.adopt_torch) || (to == Route::kWire && !options_.adopt_wire))
+    to = Route::kGrpc;
   if (to == Route::kGone) {
     close(fd);
-  } else if (to == Route::kWire) {
+  } else if (to == Route::kWire || to == Route::kTorch) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      ++stats_.to_wire;
+      ++(to == Route::kWire ? stats_.to_wire : stats_.to_torch);
     }
     // Tracked like gRPC's, before the store socket can see its token: it counts against the
     // one cap until it ends, and it can be evicted to make room until it has shown its token.
@@ -348,13 +361,17 @@ void ConnectionGate::route(int listen_fd, int fd, const std::string& peer, Route
       close(fd);
       warnRateLimited(
           fmt::format("refused a store socket from {}: {}", peer, std::strerror(errno)));
-    } else if (!options_.adopt_wire(fd, peer)) {
+    } else if (!(to == Route::kWire ? options_.adopt_wire(fd, peer)
+                                      : options_.adopt_torch(fd, peer))) {
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (auto g = by_grpc_fd_.find(fd); g != by_grpc_fd_.end()) dropLocked(g->second);
       }
       close(fd);
-      warnRateLimited(fmt::format("refused a store socket from {}: at the connection limit", peer));
+      // A torch client refused says why itself (not one of the job's nodes, no store yet).
+      if (to == Route::kWire)
+        warnRateLimited(
+            fmt::format("refused a store socket from {}: at the connection limit", peer));
     }
   } else {
     handToGrpc(listen_fd, fd, peer);

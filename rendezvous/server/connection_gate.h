@@ -39,6 +39,9 @@ struct GateOptions {
   // gRPC, whose handshake timeout then applies. Unset (TLS servers): every connection is
   // gRPC's at once.
   std::function<bool(int fd, const std::string& peer)> adopt_wire;
+  // Set: connections that start with torch's TCPStore hello (tcpstore_format.h) go to this,
+  // which returns false to have them closed. Unset: they go to gRPC, which drops them.
+  std::function<bool(int fd, const std::string& peer)> adopt_torch;
   Duration sniff_timeout{std::chrono::seconds(10)};
 };
 
@@ -49,6 +52,7 @@ struct GateStats {
   int64_t evicted = 0;          // never-authorized connections closed to make room
   int64_t closed_refused = 0;   // closed after a call refused for its token
   int64_t to_wire = 0;          // handed to the store's socket transport
+  int64_t to_torch = 0;         // handed to it as torch TCPStore clients
 };
 
 class ConnectionGate {
@@ -69,6 +73,9 @@ class ConnectionGate {
   // (GateOptions::adopt_wire).
   void setWire(std::function<bool(int fd, const std::string& peer)> adopt) {
     options_.adopt_wire = std::move(adopt);
+  }
+  void setTorch(std::function<bool(int fd, const std::string& peer)> adopt) {
+    options_.adopt_torch = std::move(adopt);
   }
   // Stops accepting and closes the listening sockets; connections already handed over stay
   // gRPC's (its Shutdown closes them). Idempotent.
@@ -111,7 +118,7 @@ class ConnectionGate {
   // Keeps a duplicate of `fd`, handed to gRPC or the store socket, so that it counts against
   // the cap until it ends and can be shut down. False when it cannot be duplicated.
   bool track(int fd, const std::string& peer, bool wire);
-  enum class Route { kWait, kWire, kGrpc, kGone };
+  enum class Route { kWait, kWire, kTorch, kGrpc, kGone };
   // A look at the first bytes without reading them (kWait: none yet, or a prefix of the magic).
   static Route firstBytesSay(int fd);
   void sniff(int fd);  // its first bytes came: route it

@@ -85,6 +85,8 @@ class JoinCall : public grpc::ServerUnaryReactor, public JoinWaiter {
       for (const auto& n : m.nodes) resp_->add_local_world_sizes(n.local_world_size);
     }
     resp_->set_master_address(m.nodes.front().address);
+    resp_->set_agent_store(!core_->cfg.tcpstore_run_id.empty() &&
+                           core_->cfg.tcpstore_run_id == m.run_id);
     resp_->set_store_prefix(fmt::format("{}/{}/", m.run_id, m.round));
     resp_->set_heartbeat_interval_ms(
         std::max<int64_t>(core_->cfg.heartbeat_window.count() / 3, 100));

@@ -38,6 +38,10 @@ void validate(const ServerOptions& o) {
   if (!o.tls_client_ca_file.empty() && o.tls_cert_file.empty())
     throw InvalidArgument(
         "rendezvous server: client certificates need TLS: set the server certificate and key");
+  if (o.tcpstore && !o.tls_cert_file.empty())
+    throw InvalidArgument(
+        "rendezvous server: torch's TCPStore protocol has no encryption: it cannot be served "
+        "with TLS");
   if (o.max_value_bytes <= 0 || o.max_value_bytes > (1 << 30))
     throw InvalidArgument(
         fmt::format("rendezvous server: max value size {} bytes is out of range 1..1073741824",
@@ -91,6 +95,10 @@ int connectionCap(const ServerOptions& o) {
   return fits;
 }
 
+bool isLoopbackHost(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
 }  // namespace
 
 struct RendezvousServer::Impl {
@@ -131,13 +139,33 @@ RendezvousServer::RendezvousServer(const ServerOptions& options) : impl_(std::ma
   auto* gate = impl_->gate.get();
   cfg.on_token_checked = [gate](const std::string& peer, bool ok) { gate->noteCall(peer, ok); };
   cfg.on_too_many_streams = [gate](const std::string& peer) { gate->closePeer(peer); };
+  // The store socket's server comes after the services it serves: rounds reach it through this.
+  auto wire_slot = std::make_shared<std::atomic<grpc_detail::WireServer*>>(nullptr);
+  if (options.tcpstore && !options.tcpstore_run_id.empty()) {
+    cfg.tcpstore_run_id = options.tcpstore_run_id;
+    bool loopback = isLoopbackHost(options.host);
+    cfg.on_round_formed = [wire_slot, loopback](const RoundMembership& m) {
+      std::vector<std::string> ips;
+      for (const auto& n : m.nodes) ips.push_back(n.address);
+      if (auto* w = wire_slot->load()) w->beginTorchAttempt(m.round, std::move(ips), loopback);
+    };
+  }
   impl_->services = std::make_unique<grpc_detail::Services>(cfg);
-  if (options.store_socket && options.tls_cert_file.empty()) {
+  if ((options.store_socket || options.tcpstore) && options.tls_cert_file.empty()) {
     grpc_detail::WireOptions wire_options;
     // The gate is destroyed after the services, and forgets everything once stopped.
     wire_options.before_close = [gate](int fd) { gate->wireClosed(fd); };
     auto* wire = impl_->wire = impl_->services->startWire(std::move(wire_options));
-    gate->setWire([wire](int fd, const std::string& peer) { return wire->adopt(fd, peer); });
+    wire_slot->store(wire);
+    if (options.store_socket)
+      gate->setWire([wire](int fd, const std::string& peer) { return wire->adopt(fd, peer); });
+    if (options.tcpstore) {
+      if (options.tcpstore_attempt >= 0)
+        wire->beginTorchAttempt(options.tcpstore_attempt, options.tcpstore_peer_ips,
+                                options.tcpstore_loopback);
+      gate->setTorch(
+          [wire](int fd, const std::string& peer) { return wire->adoptTorch(fd, peer); });
+    }
   }
 
   std::shared_ptr<grpc::ServerCredentials> creds;
@@ -204,7 +232,7 @@ RendezvousServer::RendezvousServer(const ServerOptions& options) : impl_(std::ma
       "[{}] serving on {} ({}{}, {}, max value {} bytes, heartbeat window {}ms, run "
       "retention {}s, per stream {} unanswered / {} bytes queued, {} bytes queued in all)",
       options.log_name, endpoint(), options.tls_cert_file.empty() ? "plaintext" : "TLS",
-      impl_->wire ? " + store socket" : "", options.token.empty() ? "no token" : "token required",
+      impl_->wire ? (options.tcpstore ? " + store socket + torch TCPStore" : " + store socket") : "", options.token.empty() ? "no token" : "token required",
       options.max_value_bytes, options.heartbeat_window.count(),
       options.run_retention.count() / 1000, options.limits.max_stream_pending,
       options.limits.max_stream_queued_bytes, options.limits.max_queued_bytes);
@@ -260,8 +288,18 @@ ServerStats RendezvousServer::stats() const {
     auto w = impl_->wire->stats();
     s.store_sockets = w.open;
     s.connections += w.open;
+    s.tcpstore_clients = w.torch_open;
+    s.tcpstore_refused = w.torch_refused;
+    s.tcpstore_errors = w.torch_errors;
   }
   return s;
+}
+
+void RendezvousServer::beginTcpStoreAttempt(int64_t attempt, const std::vector<std::string>& peer_ips,
+                                            bool loopback) {
+  if (!impl_->options.tcpstore || !impl_->wire)
+    throw InvalidArgument("rendezvous server: started without the TCPStore protocol (tcpstore)");
+  impl_->wire->beginTorchAttempt(attempt, peer_ips, loopback);
 }
 
 }  // namespace ddpl::rdzv

@@ -4,6 +4,7 @@
 // (DDPL_STORE_ADDR / DDPL_STORE_TOKEN / DDPL_STORE_PREFIX). No gRPC in this header.
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "rendezvous/client/grpc_store.h"
 #include "rendezvous/state/rendezvous_state.h"
@@ -71,6 +72,21 @@ struct ServerOptions {
   // socket transport"): clients that start with its magic bytes get the store without gRPC.
   // Always off with TLS: that transport is plaintext.
   bool store_socket = true;
+  // Serve torch's TCPStore protocol on the same port too (connections that start with its
+  // VALIDATE): the job's store for workers that connect as c10d::TCPStore clients
+  // (TORCHELASTIC_USE_AGENT_STORE=True). No client is admitted until
+  // beginTcpStoreAttempt() opens an attempt. Off with TLS: that protocol has no encryption
+  // and no token, which is why it admits only the job's own addresses.
+  bool tcpstore = false;
+  // With tcpstore: an attempt opened before the first connection is accepted (< 0: none
+  // until beginTcpStoreAttempt()), for these peers.
+  int64_t tcpstore_attempt = -1;
+  std::vector<std::string> tcpstore_peer_ips;
+  bool tcpstore_loopback = true;
+  // With tcpstore: each round of this run that completes opens attempt <round>, admitting its
+  // members' addresses (as they joined with them) and loopback when the server listens on
+  // loopback; the members learn so in their join's answer (RoundAssignment::agent_store).
+  std::string tcpstore_run_id;
 };
 
 struct ServerStats {
@@ -91,7 +107,10 @@ struct ServerStats {
   int64_t connections_rejected = 0;  // closed on arrival: the cap, all held by authorized peers
   int64_t connections_evicted = 0;   // never-authorized ones closed to make room at the cap
   int64_t refused_peers_closed = 0;  // closed after a call refused for its token
-  int64_t store_sockets = 0;  // of `connections`: on the store's socket transport  // runs examined
+  int64_t store_sockets = 0;  // of `connections`: on the store's socket transport
+  int64_t tcpstore_clients = 0;   // of those: torch TCPStore clients
+  int64_t tcpstore_refused = 0;   // torch clients refused (not the job's, no attempt open)
+  int64_t tcpstore_errors = 0;    // torch connections ended by the server (bad query, bound)  // runs examined
                               // by the state machine's timers (work, see tests)
 };
 
@@ -127,6 +146,13 @@ class RendezvousServer {
   void wait();
 
   ServerStats stats() const;
+
+  // ServerOptions::tcpstore: opens attempt `attempt` of the job for torch's TCPStore clients.
+  // The previous attempt's connections are closed and its keys deleted; from now on clients
+  // from `peer_ips` (and loopback when `loopback`) are admitted and see a fresh namespace.
+  // Throws ddpl::InvalidArgument when the server was started without tcpstore.
+  void beginTcpStoreAttempt(int64_t attempt, const std::vector<std::string>& peer_ips,
+                            bool loopback);
 
  private:
   struct Impl;

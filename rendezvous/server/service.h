@@ -35,6 +35,11 @@ struct ServiceConfig {
   // Told of a connection that opened more Session streams than max_sessions_per_connection
   // (the connection gate ends it). Empty: the stream is refused, the connection stays.
   std::function<void(const std::string& peer)> on_too_many_streams;
+  // Non-empty: this run's rounds are served torch's TCPStore protocol (the agent store). Each
+  // round of it that completes is handed to on_round_formed (in round order, before any member
+  // learns of the round), and its members are told so (JoinResponse.agent_store).
+  std::string tcpstore_run_id;
+  std::function<void(const RoundMembership& round)> on_round_formed;
 };
 
 class Core;

@@ -172,6 +172,17 @@ void Core::apply(Effects& fx) {
     for (const auto& prefix : runKeyPrefixes(run)) keys += kv.deletePrefix(prefix);
     if (keys > 0) log::info("[{}] run '{}': deleted its {} keys", cfg.log_name, run, keys);
   }
+  if (cfg.on_round_formed) {
+    // Before any member hears of the round: its workers' store must be open when they come.
+    std::lock_guard<std::mutex> lock(round_formed_mu);
+    for (const auto& o : fx.joins) {
+      if (!o.status.ok() || !o.round || o.round->run_id != cfg.tcpstore_run_id ||
+          o.round->round <= round_formed)
+        continue;
+      round_formed = o.round->round;
+      cfg.on_round_formed(*o.round);
+    }
+  }
   std::vector<std::pair<JoinWaiter*, const JoinOutcome*>> done;
   std::vector<std::pair<RoundWatcher*, const Invalidation*>> notify;
   {

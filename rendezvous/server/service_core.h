@@ -159,6 +159,10 @@ class Core {
   std::atomic<int64_t> sessions{0};
   std::atomic<bool> shutting_down{false};
 
+  // The last round handed to cfg.on_round_formed; the mutex orders the calls.
+  std::mutex round_formed_mu;
+  int64_t round_formed = -1;
+
   std::mutex mu;  // guards everything below
   RendezvousState state;
   std::unordered_map<JoinTicket, JoinWaiter*> joins;

@@ -17,6 +17,7 @@
 #include "rendezvous/protocol/grpc_common.h"
 #include "rendezvous/protocol/wire_format.h"
 #include "rendezvous/server/service_core.h"
+#include "rendezvous/server/wire_conn.h"
 
 namespace ddpl::rdzv::grpc_detail {
 namespace {
@@ -25,14 +26,8 @@ using SteadyClock = std::chrono::steady_clock;
 constexpr size_t kReadChunk = 64 << 10;
 // Reads per wake-up of one connection before the loop serves the others.
 constexpr int kReadsPerWake = 4;
-// Requests of one connection handled per turn of the loop: the rest wait for the next turn,
-// after every other connection that is ready has had its turn (a client that pipelines
-// thousands of requests must not hold the one thread that serves everyone).
-constexpr int kFramesPerTurn = 512;
 // Small answers are appended to one buffer up to this size, then a new one is started.
 constexpr size_t kChunkBytes = 64 << 10;
-// What a buffer of output costs besides its bytes (the chunk, the string's allocation).
-constexpr int64_t kChunkOverheadBytes = 96;
 // sendmsg's iovec entries per call.
 constexpr int kMaxIov = 64;
 
@@ -47,50 +42,6 @@ int64_t varintSize(uint64_t v) {
 }
 
 }  // namespace
-
-// One piece of a connection's output: bytes of its own, then (if set) a value of the store,
-// written from where it lies.
-struct WireServer::OutChunk {
-  std::string bytes;
-  KvSpace::Value value;
-  size_t size() const { return bytes.size() + (value ? value->size() : 0); }
-};
-
-struct WireServer::Conn {
-  uint64_t id = 0;
-  int fd = -1;
-  std::string peer;
-  // The loop thread's alone.
-  std::string in;
-  size_t magic_seen = 0;
-  std::atomic<bool> authed{false};  // it has shown its token
-  bool lingering = false;
-
-  std::mutex mu;  // guards everything below
-  bool closed = false;
-  bool reading = true;      // EPOLLIN armed: false while back-pressure holds it
-  bool want_write = false;  // EPOLLOUT armed: the socket took less than the output
-  bool batching = false;    // the loop is handling a read and flushes at its end
-  // fail() ran: its error is the last frame; the write side is shut once the output before
-  // it is written, so that answers owed before the error arrive whole.
-  bool ending = false;
-  bool shut_wr = false;
-  // More requests have been read than one turn of the loop handles: EPOLLIN stays off until
-  // they are (the loop comes back to it on its next turn).
-  bool backlog = false;
-  std::deque<OutChunk> out;  // answers not yet written, in order
-  size_t out_off = 0;        // bytes of out.front() already written
-  int64_t out_bytes = 0;     // bytes of `out` not yet written
-  int64_t peak_out = 0;      // the most outBytes() has been, for Core::released
-  uint64_t next_slot = 1;
-  std::unordered_map<uint64_t, std::shared_ptr<ParkedOp>> parked;
-
-  // What the output counts against the bounds on queued answers: its bytes (each value in
-  // full, though shared with the store) and its chunks.
-  int64_t outBytes() const {
-    return out_bytes + kChunkOverheadBytes * static_cast<int64_t>(out.size());
-  }
-};
 
 WireServer::WireServer(Core* core, WireOptions options)
     : core_(core), options_(std::move(options)), read_buf_(kReadChunk) {
@@ -160,6 +111,7 @@ WireStats WireServer::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   WireStats s = stats_;
   s.open = static_cast<int64_t>(conns_.size());
+  for (const auto& [id, c] : conns_) s.torch_open += c->torch ? 1 : 0;
   return s;
 }
 
@@ -301,10 +253,14 @@ void WireServer::processFrames(const ConnPtr& c) {
     if (c->closed || !c->reading) return;
     c->batching = true;
   }
+  if (c->torch) {
+    processTorch(c);
+    return;
+  }
   size_t off = 0;
   bool ended = false;
   int handled = 0;
-  while (!ended && handled < kFramesPerTurn) {
+  while (!ended && handled < kRequestsPerTurn) {
     if (c->magic_seen < kWireMagicBytes) {
       size_t n = std::min(kWireMagicBytes - c->magic_seen, c->in.size() - off);
       if (n == 0) break;
@@ -360,29 +316,44 @@ void WireServer::processFrames(const ConnPtr& c) {
     }
     handle(c, req);
     ++handled;
-    std::lock_guard<std::mutex> lock(c->mu);
-    if (c->closed) return;
-    // Over a bound while holding answers: what the socket takes now may be enough to go on.
-    if (overLimitLocked(*c) && c->outBytes() > 0) flushLocked(*c);
-    if (overLimitLocked(*c)) {
-      // Resumed by maybeResumeLocked once answers are written or parked operations answer;
-      // the frames already read wait in `in`.
-      c->reading = false;
-      armLocked(*c);
-      ++core_->paused_reads;
-      break;
-    }
+    Next next = afterRequest(c);
+    if (next == Next::kClosed) return;
+    if (next == Next::kPaused) break;
   }
-  // A whole request left unhandled (the turn's budget is spent, or back-pressure stopped it):
-  // nothing more is read from the socket until it is handled, so that what waits in `in` is
-  // at most one read's worth.
   bool more = false;
   if (!ended) {
-    c->in.erase(0, off);
-    inputCounter(*c) -= static_cast<int64_t>(off);
+    consumed(c, off);
     more = c->magic_seen == kWireMagicBytes && c->in.size() >= kFrameHeaderBytes &&
            c->in.size() - kFrameHeaderBytes >= readFrameHeader(c->in.data());
   }
+  endTurn(c, ended, more);
+}
+
+WireServer::Next WireServer::afterRequest(const ConnPtr& c) {
+  std::lock_guard<std::mutex> lock(c->mu);
+  if (c->closed) return Next::kClosed;
+  // Over a bound while holding answers: what the socket takes now may be enough to go on.
+  if (overLimitLocked(*c) && c->outBytes() > 0) flushLocked(*c);
+  if (overLimitLocked(*c)) {
+    // Resumed by maybeResumeLocked once answers are written or parked operations answer;
+    // the requests already read wait in `in`.
+    c->reading = false;
+    armLocked(*c);
+    ++core_->paused_reads;
+    return Next::kPaused;
+  }
+  return Next::kGoOn;
+}
+
+void WireServer::consumed(const ConnPtr& c, size_t bytes) {
+  c->in.erase(0, bytes);
+  inputCounter(*c) -= static_cast<int64_t>(bytes);
+}
+
+void WireServer::endTurn(const ConnPtr& c, bool ended, bool more) {
+  // A whole request left unhandled (the turn's budget is spent, or back-pressure stopped it):
+  // nothing more is read from the socket until it is handled, so that what waits in `in` is
+  // at most one read's worth.
   std::lock_guard<std::mutex> lock(c->mu);
   c->batching = false;
   if (c->closed) return;
@@ -667,6 +638,9 @@ void WireServer::close(const ConnPtr& c) {
     std::string().swap(c->in);
   }
   if (c->authed) --core_->sessions;
+  // A torch client of an attempt since replaced may have written after the attempt's keys
+  // were deleted: its last use is over now.
+  if (c->torch && c->scope != torch_serial_.load()) core_->kv.deletePrefix(c->ns);
 }
 
 }  // namespace ddpl::rdzv::grpc_detail

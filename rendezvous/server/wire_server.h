@@ -37,7 +37,12 @@
 
 #include "common/event_loop.h"
 #include "proto/rendezvous.pb.h"
+#include "rendezvous/store/kv_space.h"
 #include "rendezvous/store/store.h"
+
+namespace ddpl::rdzv::tcpstore {
+struct Request;
+}
 
 namespace ddpl::rdzv::grpc_detail {
 
@@ -61,6 +66,10 @@ struct WireStats {
   int64_t hello_timeouts = 0;   // closed for not sending the token in time
   int64_t protocol_errors = 0;  // closed for a malformed or oversized frame
   int64_t input_refused = 0;    // closed because the server's input buffers were full
+  int64_t torch_open = 0;       // of `open`: torch TCPStore clients
+  int64_t torch_refused = 0;    // torch clients refused: not a node of the job, no attempt open
+  int64_t torch_errors = 0;     // torch connections ended for a malformed, unknown or oversized
+                                // query, a bound, or a wait past the server's max wait
 };
 
 class WireServer {
@@ -74,6 +83,18 @@ class WireServer {
   // read). Returns false after stop(); the caller then closes it.
   bool adopt(int fd, const std::string& peer);
 
+  // torch's TCPStore protocol (wire_server_tcpstore.cc): the job's store for workers that
+  // connect as c10d::TCPStore clients (TORCHELASTIC_USE_AGENT_STORE=True). Takes over a
+  // connection whose first bytes are tcpstore::kHello (not yet read) when an attempt is open
+  // and admits its peer; otherwise logs why (rate-limited) and returns false: the caller
+  // closes it.
+  bool adoptTorch(int fd, const std::string& peer);
+  // Opens attempt `attempt` of the job: the previous attempt's connections are closed and its
+  // keys deleted, so nothing of a dead attempt is seen by the next; connections from now on
+  // get a fresh namespace. `peers`: the IP addresses admitted (the job's nodes); `loopback`:
+  // 127.0.0.0/8 and ::1 too.
+  void beginTorchAttempt(int64_t attempt, std::vector<std::string> peers, bool loopback);
+
   // Closes every connection (their parked operations are cancelled) and ends the loop.
   // Returns once no parked operation can still answer into a connection. Idempotent.
   void stop();
@@ -81,6 +102,14 @@ class WireServer {
   WireStats stats() const;
 
  private:
+  struct TorchAttempt {
+    bool open = false;
+    int64_t attempt = 0;
+    uint64_t serial = 0;  // how many were opened: connections remember theirs
+    std::string ns;       // "tcpstore/<serial>/": its keys in the KvSpace
+    std::vector<std::string> peers;
+    bool loopback = false;
+  };
   struct Conn;
   struct OutChunk;
   using ConnPtr = std::shared_ptr<Conn>;
@@ -89,11 +118,25 @@ class WireServer {
   ConnPtr find(uint64_t id);
   void onReadable(const ConnPtr& c, uint32_t events);
   void processFrames(const ConnPtr& c);
+  enum class Next { kGoOn, kPaused, kClosed };
+  Next afterRequest(const ConnPtr& c);  // back-pressure after each request handled
+  void consumed(const ConnPtr& c, size_t bytes);
+  void endTurn(const ConnPtr& c, bool ended, bool more);
   bool hello(const ConnPtr& c, const ::ddpl::rendezvous::v1::StoreRequest& req);
   void handle(const ConnPtr& c, const ::ddpl::rendezvous::v1::StoreRequest& req);
   void respond(const ConnPtr& c, Answer a);
   void fail(const ConnPtr& c, int code, const std::string& message);
   void close(const ConnPtr& c);
+
+  // torch's protocol (wire_server_tcpstore.cc).
+  void processTorch(const ConnPtr& c);
+  bool handleTorch(const ConnPtr& c, tcpstore::Request& q);  // false: the connection ended
+  void replyTorch(const ConnPtr& c, std::string bytes, KvSpace::Value value = nullptr);
+  void replyTorchLocked(Conn& c, std::string bytes, KvSpace::Value value = nullptr);
+  bool parkTorch(const ConnPtr& c, std::vector<std::string> keys);  // false: ended
+  void cancelTorchWaits(const ConnPtr& c);
+  void endTorch(const ConnPtr& c, const std::string& why);  // logged, then closed
+  void warnTorch(const std::string& what);                  // rate-limited
   void expire(std::chrono::steady_clock::time_point now);
   int nextTimeoutMs(std::chrono::steady_clock::time_point now);
   void runResumes();
@@ -131,6 +174,10 @@ class WireServer {
   std::deque<std::pair<std::chrono::steady_clock::time_point, uint64_t>> hellos_, lingers_;
   std::vector<uint64_t> resumes_;  // connections to read again (back-pressure lifted)
   WireStats stats_;
+  TorchAttempt torch_;
+  std::atomic<uint64_t> torch_serial_{0};  // torch_.serial, read without mu_ by the queries
+  std::chrono::steady_clock::time_point torch_warned_at_{};
+  int64_t torch_unwarned_ = 0;
 };
 
 }  // namespace ddpl::rdzv::grpc_detail

@@ -37,19 +37,31 @@ void KvSpace::run(Fired& fired) {
   for (auto& [fn, values] : fired) fn(std::move(values));
 }
 
-void KvSpace::collectReadyLocked(const std::string& key, Fired& fired) {
+bool KvSpace::presentLocked(const std::string& key) const {
+  return data_.count(key) > 0 || queues_.count(key) > 0;
+}
+
+KvSpace::Value KvSpace::valueLocked(const std::string& key) const {
+  auto it = data_.find(key);
+  if (it != data_.end()) return it->second;
+  static const Value kEmpty = share({});
+  return kEmpty;
+}
+
+void KvSpace::collectReadyLocked(const std::string& key, Fired& fired, size_t limit) {
   auto it = by_key_.find(key);
   if (it == by_key_.end()) return;
   std::vector<WaitId> ids = it->second;  // unparkLocked edits the list
   for (WaitId id : ids) {
+    if (fired.size() >= limit) break;
     auto w = waiters_.find(id);
     if (w == waiters_.end()) continue;
     bool all = std::all_of(w->second.keys.begin(), w->second.keys.end(),
-                           [&](const std::string& k) { return data_.count(k) > 0; });
+                           [&](const std::string& k) { return presentLocked(k); });
     if (!all) continue;
     Values values;
     if (w->second.want_values)
-      for (const auto& k : w->second.keys) values.push_back(data_.at(k));
+      for (const auto& k : w->second.keys) values.push_back(valueLocked(k));
     fired.emplace_back(std::move(w->second.on_ready), std::move(values));
     Waiter done = std::move(w->second);
     unparkLocked(id, done);
@@ -141,7 +153,7 @@ Bytes KvSpace::compareSet(const std::string& key, const Bytes& expected, Bytes d
 bool KvSpace::check(const std::vector<std::string>& keys) const {
   std::lock_guard<std::mutex> lock(mu_);
   return std::all_of(keys.begin(), keys.end(),
-                     [&](const std::string& k) { return data_.count(k) > 0; });
+                     [&](const std::string& k) { return presentLocked(k); });
 }
 
 bool KvSpace::deleteKey(const std::string& key) {
@@ -170,14 +182,76 @@ int64_t KvSpace::deletePrefix(const std::string& prefix) {
     ++n;
   }
   data_.erase(first, last);
+  auto q = queues_.lower_bound(prefix);
+  while (q != queues_.end() && q->first.compare(0, prefix.size(), prefix) == 0)
+    q = queues_.erase(q);
   return n;
+}
+
+KvSpace::Value KvSpace::getShared(const std::string& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = data_.find(key);
+  return it == data_.end() ? nullptr : it->second;
+}
+
+void KvSpace::append(const std::string& key, const Bytes& value, size_t max_bytes) {
+  Fired fired;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = data_.find(key);
+    size_t have = it == data_.end() ? 0 : it->second->size();
+    if (value.size() > max_bytes || have > max_bytes - value.size())
+      throw StoreError(fmt::format(
+          "append on key '{}': {} + {} bytes is more than this store's value limit, {} bytes",
+          key, have, value.size(), max_bytes));
+    if (it == data_.end()) {
+      data_[key] = share(value);
+    } else {
+      // Values are immutable once stored (readers may hold them): a new one replaces it.
+      Bytes joined;
+      joined.reserve(it->second->size() + value.size());
+      joined.insert(joined.end(), it->second->begin(), it->second->end());
+      joined.insert(joined.end(), value.begin(), value.end());
+      it->second = share(std::move(joined));
+    }
+    collectReadyLocked(key, fired);
+  }
+  run(fired);
+}
+
+void KvSpace::queuePush(const std::string& key, Bytes value) {
+  Fired fired;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queues_[key].push_back(share(std::move(value)));
+    collectReadyLocked(key, fired, 1);
+  }
+  run(fired);
+}
+
+KvSpace::Popped KvSpace::queuePop(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Popped p;
+  auto it = queues_.find(key);
+  if (it == queues_.end()) return p;
+  p.length_before = static_cast<int64_t>(it->second.size());
+  p.value = std::move(it->second.front());
+  it->second.pop_front();
+  if (it->second.empty()) queues_.erase(it);
+  return p;
+}
+
+int64_t KvSpace::queueLen(const std::string& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = queues_.find(key);
+  return it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size());
 }
 
 std::vector<std::string> KvSpace::missing(const std::vector<std::string>& keys) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::string> out;
   for (const auto& k : keys)
-    if (!data_.count(k)) out.push_back(k);
+    if (!presentLocked(k)) out.push_back(k);
   return out;
 }
 
@@ -207,11 +281,11 @@ KvSpace::SharedStart KvSpace::waitForShared(const std::vector<std::string>& keys
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::string> absent;
   for (const auto& k : keys)
-    if (!data_.count(k)) absent.push_back(k);
+    if (!presentLocked(k)) absent.push_back(k);
   if (absent.empty()) {
     start.ready = true;
     if (want_values)
-      for (const auto& k : keys) start.values.push_back(data_.at(k));
+      for (const auto& k : keys) start.values.push_back(valueLocked(k));
     return start;
   }
   start.id = next_id_++;

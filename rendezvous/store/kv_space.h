@@ -8,6 +8,7 @@
 // (waitForShared): a get's answer holds a reference to the value, so a thousand gets of a
 // 16 MiB value cost a thousand references, not 16 GB of copies made under this class's lock.
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -52,9 +53,26 @@ class KvSpace {
   bool check(const std::vector<std::string>& keys) const;
   bool deleteKey(const std::string& key);
   int64_t numKeys(const std::string& prefix) const;
-  // Removes every key starting with `prefix` (not empty); returns how many. Parked waiters
-  // stay parked.
+  // Removes every key (and queue) starting with `prefix` (not empty); returns how many keys.
+  // Parked waiters stay parked.
   int64_t deletePrefix(const std::string& prefix);
+
+  // torch's TCPStore operations beyond c10d's Store (its append and queues, as its libuv
+  // server has them). append adds `value` to the end of the key's value (a missing key is
+  // created) and wakes its waiters.
+  // Throws StoreError naming the sizes when the joined value would pass `max_bytes`.
+  void append(const std::string& key, const Bytes& value, size_t max_bytes);
+  // The key's value; null when it is missing (a queue of that name is not a value).
+  Value getShared(const std::string& key) const;
+  // Queues live beside the keys, by name: a non-empty queue counts as a present key for
+  // check and wait, and a push wakes exactly one waiter parked on it (the one that will pop).
+  void queuePush(const std::string& key, Bytes value);
+  struct Popped {
+    int64_t length_before = 0;  // 0: the queue was empty, nothing was popped
+    Value value;
+  };
+  Popped queuePop(const std::string& key);
+  int64_t queueLen(const std::string& key) const;
 
   // Either answers at once or parks `on_ready`, which then runs exactly once unless
   // cancelWait wins first.
@@ -76,13 +94,17 @@ class KvSpace {
   };
   using Fired = std::vector<std::pair<ReadyShared, Values>>;
 
-  // Caller holds mu_: wakes every waiter parked on `key` whose keys all exist now.
-  void collectReadyLocked(const std::string& key, Fired& fired);
+  // Caller holds mu_: wakes every waiter parked on `key` whose keys all exist now (at most
+  // `limit` of them).
+  void collectReadyLocked(const std::string& key, Fired& fired, size_t limit = SIZE_MAX);
+  bool presentLocked(const std::string& key) const;  // a value, or a queue with an item
+  Value valueLocked(const std::string& key) const;   // the value, or an empty one for a queue
   void unparkLocked(WaitId id, const Waiter& w);
   static void run(Fired& fired);
 
   mutable std::mutex mu_;
   std::map<std::string, Value> data_;  // ordered, so numKeys(prefix) is a range scan; never null
+  std::map<std::string, std::deque<Value>> queues_;  // never empty: an emptied queue is erased
   WaitId next_id_ = 1;
   std::unordered_map<WaitId, Waiter> waiters_;
   std::unordered_map<std::string, std::vector<WaitId>> by_key_;
