@@ -19,6 +19,9 @@ inline constexpr const char kRestartCount[] = "TORCHELASTIC_RESTART_COUNT";
 inline constexpr const char kMaxRestarts[] = "TORCHELASTIC_MAX_RESTARTS";
 inline constexpr const char kRunId[] = "TORCHELASTIC_RUN_ID";
 inline constexpr const char kUseAgentStore[] = "TORCHELASTIC_USE_AGENT_STORE";
+// Read by launch: "1" leaves the job's TCPStore to rank 0 (torchrun's opt-out of its shared
+// store).
+inline constexpr const char kDisableSharedStore[] = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE";
 inline constexpr const char kErrorFile[] = "TORCHELASTIC_ERROR_FILE";
 inline constexpr const char kLogLinePrefixTemplate[] = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE";
 // Not torchrun's own, but set by it (or by us in its place) when the user has not.

@@ -3,10 +3,10 @@
 # build directory of their own configured without LibTorch:
 #   bash scripts/test_sanitized.sh asan   # AddressSanitizer + UndefinedBehaviorSanitizer, build-asan
 #   bash scripts/test_sanitized.sh tsan   # ThreadSanitizer, build-tsan
-# Left out: tests whose workers are Python programs importing torch (MultiNode, EtcdRendezvous,
+# Left out: tests whose workers are Python programs importing torch (MultiNode, AgentStore, EtcdRendezvous,
 # LaunchPython, the MPI job tests, the slurm/netns scripts) and the Python manifest check; they
 # test no more C++ than the ones kept and take minutes under a sanitizer on two cores. The
-# programs holding nothing else (multinode_test, etcd_rendezvous_test) are not even built
+# programs holding nothing else (multinode_test, etcd_rendezvous_test, agent_store_test) are not even built
 # (DDPL_SANITIZED_SUBSET).
 # TSan also leaves out the suites that run gRPC (the gRPC store and service, membership, TLS,
 # the rdzv-server binary, --standalone): Debian's gRPC, Abseil and protobuf are not built with

@@ -33,6 +33,12 @@ if(NOT DDPL_SANITIZED_SUBSET)
     SOURCES integration/multinode_test.cc LIBS ddpl_test_util LABELS integration TIMEOUT 300)
   add_dependencies(multinode_test launch rdzv-server)
 
+  # Issue 28: the agent store under unchanged Python scripts (torch's own client and server).
+  ddpl_add_test(NAME agent_store_test
+    SOURCES integration/agent_store_test.cc LIBS ddpl_test_util LABELS python TIMEOUT 600
+    PROCESSORS 2)
+  add_dependencies(agent_store_test launch ddpl_launch_grpc)
+
   # --rdzv-backend=etcd against real etcd servers the test starts (skipped without etcd).
   ddpl_add_test(NAME etcd_rendezvous_test
     SOURCES integration/etcd_rendezvous_test.cc LIBS ddpl_test_util LABELS integration TIMEOUT 600)

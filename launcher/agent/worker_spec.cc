@@ -148,7 +148,7 @@ Environment buildWorkerEnv(const Environment& base, const WorldAssignment& w,
   num(torchrun_env::kRestartCount, c.restart_count);
   num(torchrun_env::kMaxRestarts, c.max_restarts);
   put(torchrun_env::kRunId, w.run_id);
-  put(torchrun_env::kUseAgentStore, "False");
+  put(torchrun_env::kUseAgentStore, w.agent_store ? "True" : "False");
   put(torchrun_env::kErrorFile, c.error_file);
   // Same defaults as torchrun: the user's own value wins.
   if (!base.count(torchrun_env::kNcclAsyncErrorHandling))

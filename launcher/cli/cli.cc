@@ -174,6 +174,9 @@ ParseResult parseCommandLine(const std::vector<std::string>& args,
     throw UsageError(fmt::format("--standalone runs one node, but --nnodes={}:{} was given",
                                  o.nnodes_min, o.nnodes_max));
   validateTopology(o);
+  // torchrun's opt-out of the agent-hosted store; --rdzv-conf agent_store wins.
+  auto share = env.find(torchrun_env::kDisableSharedStore);
+  o.agent_store = o.rdzv_conf.agent_store.value_or(share == env.end() || share->second != "1");
   return result;
 }
 

@@ -63,6 +63,7 @@ struct RdzvConf {
       defaults::kHeartbeatWindow.count();  // when this agent hosts the service
   double exit_barrier_timeout_sec = 300;
   std::optional<bool> is_host;  // unset: host when the endpoint names this machine
+  std::optional<bool> agent_store;  // unset: on unless TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
   std::string token_file;
   std::string tls_ca_file;
   // Keys only the etcd backend reads (launcher/membership/etcd/etcd_config.h checks them), as
@@ -90,6 +91,9 @@ struct LaunchOptions {
   std::string rdzv_token;  // read once in main from --rdzv-conf token_file or DDPL_RDZV_TOKEN
   std::optional<int> master_port;  // unset: a free port is picked per attempt
   std::string local_addr;
+  // The agent hosts the job's TCPStore (TORCHELASTIC_USE_AGENT_STORE=True), as torchrun's
+  // does: --rdzv-conf agent_store, else off when TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1.
+  bool agent_store = true;
 
   // Supervision.
   int max_restarts = 0;

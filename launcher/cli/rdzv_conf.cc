@@ -37,6 +37,8 @@ RdzvConf parseRdzvConf(const std::string& v, std::vector<std::string>* warnings)
       c.exit_barrier_timeout_sec = parseSeconds(flag, value);
     else if (key == "is_host")
       c.is_host = parseBool(flag, value);
+    else if (key == "agent_store")
+      c.agent_store = parseBool(flag, value);
     else if (key == "token_file")
       c.token_file = value;
     else if (key == "tls_ca_file")
@@ -58,8 +60,8 @@ RdzvConf parseRdzvConf(const std::string& v, std::vector<std::string>* warnings)
       warn(fmt::format(
           "--rdzv-conf: unknown key '{}' ignored (known: join_timeout or timeout, "
           "last_call_timeout, read_timeout, close_timeout or exit_barrier_timeout, "
-          "heartbeat_timeout, keep_alive_interval, keep_alive_max_attempt, is_host, token_file, "
-          "tls_ca_file)",
+          "heartbeat_timeout, keep_alive_interval, keep_alive_max_attempt, is_host, agent_store, "
+          "token_file, tls_ca_file)",
           key));
   }
   if (keep_alive_interval || keep_alive_attempts)

@@ -44,17 +44,24 @@ GrpcRendezvousConfig grpcConfig(const MembershipRequest& r) {
     c.host =
         *o.rdzv_conf.is_host ? GrpcRendezvousConfig::Host::kYes : GrpcRendezvousConfig::Host::kNo;
   c.heartbeat_window = ms(o.rdzv_conf.heartbeat_timeout_sec);
+  c.agent_store = o.agent_store;
   return c;
 }
 
-// Plain runs stay exactly like torchrun's static rendezvous; --standalone also hosts our gRPC
-// store for the workers (DDPL_STORE_ADDR and token).
+// One node: the agent hosts the job's TCPStore (torch's protocol, our store behind it), as
+// torchrun's agent does; --rdzv-conf agent_store=0 or TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+// leave it to rank 0. Several static nodes know nothing of each other's addresses, so rank 0
+// hosts it there. --standalone also hands workers our gRPC store (DDPL_STORE_ADDR and token).
 Membership staticBackend(const MembershipRequest& r) {
   const LaunchOptions& o = r.options;
   Membership m;
-  if (o.standalone) m.store = std::make_unique<EmbeddedStore>("127.0.0.1");
+  bool agent_store = o.agent_store && o.nnodes_max == 1;
+  if (o.standalone || agent_store)
+    m.store = std::make_unique<EmbeddedStore>("127.0.0.1", agent_store,
+                                              agent_store ? o.master_port.value_or(0) : 0);
   m.rdzv = std::make_unique<LocalRendezvous>(r.run_id, r.nproc, o.master_addr, o.master_port,
-                                             m.store.get(), o.node_rank, o.nnodes_max);
+                                             m.store.get(), o.node_rank, o.nnodes_max,
+                                             o.standalone);
   return m;
 }
 

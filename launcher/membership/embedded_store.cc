@@ -40,9 +40,13 @@ std::string randomToken() {
 
 }  // namespace
 
-EmbeddedStore::EmbeddedStore(std::string host) : host_(std::move(host)), token_(randomToken()) {
+EmbeddedStore::EmbeddedStore(std::string host, bool tcpstore, int port)
+    : host_(std::move(host)), token_(randomToken()), tcpstore_(tcpstore) {
+  if (port < 0 || port > 65535)
+    throw InvalidArgument(fmt::format("embedded store: port {} is out of range 0..65535", port));
   sockaddr_in a{};
   a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
   if (inet_pton(AF_INET, host_.c_str(), &a.sin_addr) != 1)
     throw InvalidArgument("embedded store: '" + host_ + "' is not an IPv4 address");
   reserve_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -55,7 +59,14 @@ EmbeddedStore::EmbeddedStore(std::string host) : host_(std::move(host)), token_(
     int e = errno;
     close(reserve_fd_);
     throw NetworkError(
-        fmt::format("embedded store: cannot bind a port on {}: {}", host_, strerror(e)));
+        port != 0 ? fmt::format("--master-port: {}:{} {}; the agent hosts the job's store "
+                                "there: choose another port, or leave --master-port out for a "
+                                "free one",
+                                host_, port,
+                                e == EADDRINUSE ? "is already in use"
+                                                : std::string("cannot be bound: ") + strerror(e))
+                  : fmt::format("embedded store: cannot bind a port on {}: {}", host_,
+                                strerror(e)));
   }
   port_ = ntohs(a.sin_port);
   endpoint_ = fmt::format("{}:{}", host_, port_);
@@ -94,7 +105,16 @@ void EmbeddedStore::startInBackground() {
         }
       });
       loader.join();
-      server = GrpcPlugin::get().startStore(host_, port_, token_);
+      int64_t attempt;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        attempt = attempt_;
+      }
+      server = GrpcPlugin::get().startStore(host_, port_, token_, tcpstore_, attempt);
+      std::lock_guard<std::mutex> lock(mu_);
+      // An attempt begun while the server was starting: opened now, before anyone's workers
+      // of it can have been refused for long (they retry).
+      if (tcpstore_ && attempt_ != attempt) GrpcPlugin::get().beginStoreAttempt(server, attempt_);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -117,6 +137,12 @@ std::string EmbeddedStore::waitUntilServing() {
   if (starter_.joinable()) starter_.join();
   std::lock_guard<std::mutex> lock(mu_);
   return start_error_;
+}
+
+void EmbeddedStore::beginAttempt(int64_t attempt) {
+  std::lock_guard<std::mutex> lock(mu_);
+  attempt_ = attempt;
+  if (server_ && tcpstore_) GrpcPlugin::get().beginStoreAttempt(server_, attempt);
 }
 
 void EmbeddedStore::startServing() {

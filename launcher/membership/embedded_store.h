@@ -22,8 +22,11 @@ namespace ddpl::launcher {
 
 class EmbeddedStore {
  public:
-  // Reserves the port now; throws ddpl::NetworkError when it cannot.
-  explicit EmbeddedStore(std::string host = "127.0.0.1");
+  // Reserves the port now (`port` 0: a free one); throws ddpl::NetworkError when it cannot.
+  // `tcpstore`: the server also speaks torch's TCPStore protocol on that port, for workers
+  // started with TORCHELASTIC_USE_AGENT_STORE=True (the agent store, as torchrun's), one
+  // namespace per attempt (beginAttempt).
+  explicit EmbeddedStore(std::string host = "127.0.0.1", bool tcpstore = false, int port = 0);
   ~EmbeddedStore();  // stops the server (joins the start-up thread first)
   EmbeddedStore(const EmbeddedStore&) = delete;
   EmbeddedStore& operator=(const EmbeddedStore&) = delete;
@@ -44,12 +47,22 @@ class EmbeddedStore {
   std::string waitUntilServing();
 
   const std::string& endpoint() const { return endpoint_; }
+  const std::string& host() const { return host_; }
+  int port() const { return port_; }
+  bool tcpstore() const { return tcpstore_; }
+
+  // The agent store's attempt `attempt` (before its workers start): the previous attempt's
+  // torch clients are disconnected and its keys deleted. Before the server runs, it opens
+  // with this attempt. Throws ddpl::Error when the server refuses.
+  void beginAttempt(int64_t attempt);
 
  private:
   void startInBackground();
 
   std::string host_, token_, endpoint_;
+  bool tcpstore_ = false;
   int port_ = 0;
+  int64_t attempt_ = -1;  // guarded by mu_
   int reserve_fd_ = -1;
   std::thread starter_;
   // How long after the workers' start the server starts: no worker's program is up sooner

@@ -11,8 +11,9 @@
 
 namespace ddpl::launcher {
 namespace {
-using StartFn = void* (*)(const char*, int, const char*, int, char*, size_t);
+using StartFn = void* (*)(const char*, int, const char*, int, long long, int, char*, size_t);
 using StopFn = void (*)(void*);
+using AttemptFn = int (*)(void*, long long, char*, size_t);
 using GrpcFn = RendezvousHandler* (*)(const GrpcRendezvousConfig*, int, char*, size_t);
 using EtcdFn = RendezvousHandler* (*)(const EtcdRendezvousConfig*, int, char*, size_t);
 
@@ -51,12 +52,21 @@ void* GrpcPlugin::symbol(const char* name) {
   return s;
 }
 
-void* GrpcPlugin::startStore(const std::string& host, int port, const std::string& token) {
+void* GrpcPlugin::startStore(const std::string& host, int port, const std::string& token,
+                             bool tcpstore, int64_t attempt) {
   char buf[1024] = {0};
   void* server = reinterpret_cast<StartFn>(symbol("ddpl_embedded_store_start"))(
-      host.c_str(), port, token.c_str(), logLevel(), buf, sizeof(buf));
+      host.c_str(), port, token.c_str(), tcpstore ? 1 : 0, attempt, logLevel(), buf,
+      sizeof(buf));
   if (!server) throw NetworkError(buf);
   return server;
+}
+
+void GrpcPlugin::beginStoreAttempt(void* server, int64_t attempt) {
+  char buf[1024] = {0};
+  if (!reinterpret_cast<AttemptFn>(symbol("ddpl_embedded_store_begin_attempt"))(
+          server, attempt, buf, sizeof(buf)))
+    throw Error(buf);
 }
 
 void GrpcPlugin::stopStore(void* server) {

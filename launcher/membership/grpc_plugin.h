@@ -1,6 +1,7 @@
 #pragma once
 // Loads libddpl_launch_grpc.so (next to the launcher, in ../lib) on first use. Everything in
 // `launch` that needs gRPC goes through here, so runs that need none pay nothing for it.
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -15,8 +16,13 @@ class GrpcPlugin {
   static GrpcPlugin& get();
 
   // Returns an opaque server handle; throws ddpl::Error with the server's message.
-  void* startStore(const std::string& host, int port, const std::string& token);
+  // `tcpstore`: torch's TCPStore protocol on the same port (the agent store), with attempt
+  // `attempt` open from the start (< 0: none yet).
+  void* startStore(const std::string& host, int port, const std::string& token, bool tcpstore,
+                   int64_t attempt);
   void stopStore(void* server);
+  // The agent store's next attempt (RendezvousServer::beginTcpStoreAttempt, loopback only).
+  void beginStoreAttempt(void* server, int64_t attempt);
   std::unique_ptr<RendezvousHandler> makeGrpc(const GrpcRendezvousConfig& config);
   std::unique_ptr<RendezvousHandler> makeEtcd(const EtcdRendezvousConfig& config);
 

@@ -19,9 +19,14 @@ void initLog(int log_level) {
 
 extern "C" {
 
+// `tcpstore`: serve torch's TCPStore protocol too (the agent store), its attempt `attempt`
+// open from the start (< 0: none yet), for loopback clients.
 __attribute__((visibility("default"))) void* ddpl_embedded_store_start(const char* host, int port,
                                                                        const char* token,
-                                                                       int log_level, char* error,
+                                                                       int tcpstore,
+                                                                       long long attempt,
+                                                                       int log_level,
+                                                                       char* error,
                                                                        size_t error_len) {
   try {
     initLog(log_level);
@@ -29,6 +34,8 @@ __attribute__((visibility("default"))) void* ddpl_embedded_store_start(const cha
     opts.host = host;
     opts.port = port;
     opts.token = token;
+    opts.tcpstore = tcpstore != 0;
+    opts.tcpstore_attempt = attempt;
     opts.log_name = "launch-store";
     return new ddpl::rdzv::RendezvousServer(opts);
   } catch (const std::exception& e) {
@@ -39,6 +46,20 @@ __attribute__((visibility("default"))) void* ddpl_embedded_store_start(const cha
 
 __attribute__((visibility("default"))) void ddpl_embedded_store_stop(void* server) {
   delete static_cast<ddpl::rdzv::RendezvousServer*>(server);
+}
+
+// One node's attempt: its own workers connect over loopback.
+__attribute__((visibility("default"))) int ddpl_embedded_store_begin_attempt(void* server,
+                                                                             long long attempt,
+                                                                             char* error,
+                                                                             size_t error_len) {
+  try {
+    static_cast<ddpl::rdzv::RendezvousServer*>(server)->beginTcpStoreAttempt(attempt, {}, true);
+    return 1;
+  } catch (const std::exception& e) {
+    snprintf(error, error_len, "%s", e.what());
+    return 0;
+  }
 }
 
 // Returns a heap RendezvousHandler the caller owns (same build, same C++ ABI), or null with the

@@ -316,6 +316,8 @@ class GrpcRendezvous : public MultiNodeRendezvous {
     so.token = c_.token;
     so.heartbeat_window = c_.heartbeat_window;
     so.log_name = "rdzv";
+    so.tcpstore = c_.agent_store;
+    if (c_.agent_store) so.tcpstore_run_id = c_.run_id;
     try {
       server_ = std::make_unique<rdzv::RendezvousServer>(so);
     } catch (const NetworkError& e) {
@@ -411,9 +413,15 @@ class GrpcRendezvous : public MultiNodeRendezvous {
     w.run_id = a.run_id;
     w.master_addr = a.master_address;
     w.restart_count = failureCount();
-    // Group rank 0 picks MASTER_PORT on its own machine and tells the others.
     std::string port_key = roundKey("master_port");
-    if (a.group_rank == 0) {
+    if (a.agent_store) {
+      // The service's host serves the job's TCPStore on its port, this round's namespace open.
+      auto [host, port] = splitEndpoint(c_.endpoint);
+      w.agent_store = true;
+      w.master_addr = host;
+      w.master_port = port;
+    } else if (a.group_rank == 0) {
+      // Group rank 0 picks MASTER_PORT on its own machine and tells the others.
       int port = pickMasterPort(a.master_address, c_.local_addr);
       store_->set(port_key, rdzv::toBytes(std::to_string(port)));
       w.master_port = port;

@@ -22,6 +22,11 @@ struct GrpcRendezvousConfig : RoundsConfig {
   // first agent to bind it wins; the rest are clients).
   Host host = Host::kAuto;
   std::chrono::milliseconds heartbeat_window{defaults::kHeartbeatWindow};  // when hosting
+  // When hosting: serve the job's TCPStore too (torch's protocol on the service's port, a
+  // namespace per round, the round's nodes admitted), so that every node's workers connect to
+  // the endpoint as clients (TORCHELASTIC_USE_AGENT_STORE=True). Whether a round has it is the
+  // server's answer, not this flag: a standalone rdzv-server does not, and rank 0 then hosts.
+  bool agent_store = false;
 };
 
 // Throws ddpl::NetworkError naming the endpoint when the service cannot be reached within

@@ -17,14 +17,15 @@
 namespace ddpl::launcher {
 LocalRendezvous::LocalRendezvous(std::string run_id, int local_world_size, std::string master_addr,
                                  std::optional<int> master_port, EmbeddedStore* store,
-                                 int node_rank, int nnodes)
+                                 int node_rank, int nnodes, bool store_env)
     : run_id_(std::move(run_id)),
       local_world_size_(local_world_size),
       master_addr_(std::move(master_addr)),
       master_port_(master_port),
       store_(store),
       node_rank_(node_rank),
-      nnodes_(nnodes) {}
+      nnodes_(nnodes),
+      store_env_(store_env) {}
 
 void LocalRendezvous::startRendezvous(Done done) {
   try {
@@ -48,7 +49,12 @@ WorldAssignment LocalRendezvous::nextWorld() {
   w.run_id = run_id_;
   w.restart_count = failures_;
   w.master_addr = master_addr_;
-  if (nnodes_ > 1) {
+  if (store_ && store_->tcpstore()) {
+    store_->beginAttempt(w.round);
+    w.agent_store = true;
+    w.master_addr = store_->host();
+    w.master_port = store_->port();
+  } else if (nnodes_ > 1) {
     w.master_port = master_port_.value_or(kDefaultMasterPort);  // node 0's, maybe elsewhere
   } else if (master_port_) {
     checkPortFree(master_addr_, *master_port_);
@@ -56,11 +62,14 @@ WorldAssignment LocalRendezvous::nextWorld() {
   } else {
     w.master_port = pickFreePort(master_addr_);
   }
-  if (store_) w.worker_env = store_->workerEnv(run_id_, static_cast<int>(w.round));
+  if (store_ && store_env_) w.worker_env = store_->workerEnv(run_id_, static_cast<int>(w.round));
   return w;
 }
 
 std::string LocalRendezvous::describe() const {
+  if (store_ && store_->tcpstore())
+    return fmt::format("static (node {}/{}, {} workers, agent store on {})", node_rank_, nnodes_,
+                       local_world_size_, store_->endpoint());
   return fmt::format("static (node {}/{}, {} workers, MASTER_ADDR {})", node_rank_, nnodes_,
                      local_world_size_, master_addr_);
 }

@@ -14,10 +14,13 @@ namespace ddpl::launcher {
 // (default 29500) is node 0's.
 class LocalRendezvous : public RendezvousHandler {
  public:
-  // `store`, when given, is started for the first attempt and its endpoint handed to workers.
+  // `store`, when given, is started for the first attempt. `store_env`: its endpoint and
+  // token are handed to workers (DDPL_STORE_*, --standalone). When it serves torch's TCPStore
+  // protocol (the agent store), MASTER_ADDR:MASTER_PORT is its endpoint and each attempt opens
+  // a fresh namespace in it before the attempt's workers start.
   LocalRendezvous(std::string run_id, int local_world_size, std::string master_addr,
                   std::optional<int> master_port, EmbeddedStore* store = nullptr, int node_rank = 0,
-                  int nnodes = 1);
+                  int nnodes = 1, bool store_env = true);
   void startRendezvous(Done done) override;
   void setRoundEndedCallback(RoundEnded) override {}  // one node: rounds never end under us
   int recordFailure(const std::string&) override { return ++failures_; }
@@ -37,6 +40,7 @@ class LocalRendezvous : public RendezvousHandler {
   std::optional<int> master_port_;
   EmbeddedStore* store_;
   int node_rank_, nnodes_;
+  bool store_env_;
   int failures_ = 0;
   int64_t round_ = 0;
 };

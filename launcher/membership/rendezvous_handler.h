@@ -27,8 +27,11 @@ struct WorldAssignment : rdzv::round_rules::NodePlace {
   }
   std::string run_id;
   int restart_count = 0;     // job-wide worker-group failures so far (same on every node)
-  std::string master_addr;   // where rank 0's store listens
+  std::string master_addr;   // where the job's TCPStore listens (rank 0's, or the agent's)
   int master_port = 0;
+  // The agent hosts the job's TCPStore (TORCHELASTIC_USE_AGENT_STORE=True): workers connect
+  // to MASTER_ADDR:MASTER_PORT as clients, rank 0 hosts nothing.
+  bool agent_store = false;
   // Added to every worker's environment for this attempt (the store endpoint, for example).
   std::map<std::string, std::string> worker_env;
 };

@@ -73,7 +73,7 @@ TEST(Launch, EveryRankGetsTheTorchrunEnvironment) {
     EXPECT_TRUE(has("TORCHELASTIC_RESTART_COUNT=0"));
     EXPECT_TRUE(has("TORCHELASTIC_MAX_RESTARTS=2"));
     EXPECT_TRUE(has("TORCHELASTIC_RUN_ID=envjob"));
-    EXPECT_TRUE(has("TORCHELASTIC_USE_AGENT_STORE=False"));
+    EXPECT_TRUE(has("TORCHELASTIC_USE_AGENT_STORE=True"));  // the agent hosts the store
     EXPECT_TRUE(has("TORCH_NCCL_ASYNC_ERROR_HANDLING=1"));
     EXPECT_TRUE(has("ARGS=arg" + std::to_string(rank)));
     for (const auto& l : linesWith(out, p + "MASTER_PORT=")) ports.insert(l.substr(l.find('=') + 1));

@@ -552,3 +552,42 @@ TEST_F(MultiNode, RdzvTokenHasOneNameForServerAndLaunchTheOldOneWarns) {
     EXPECT_EQ(s->outputSoFar().find(kNew), std::string::npos) << s->outputSoFar();
   }
 }
+
+// Issue 28: the hosting agent serves the job's TCPStore (torch's protocol) on the rendezvous
+// port, a namespace per round, admitting the round's nodes. Two nodes on loopback run a Gloo
+// job through it whose worker is SIGKILLed once after its group formed: the next round forms
+// its group through the same store, seeing nothing of the round before.
+TEST_F(MultiNode, AgentStoreServesEveryNodeAndARestartSeesNoStaleKey) {
+  env_.env["KILLS"] = "1";
+  const std::string script = std::string(DDPL_SOURCE_DIR) + "/tests/python/agent_store_restarts.py";
+  std::vector<std::unique_ptr<Background>> agents;
+  for (int i = 0; i < 2; ++i) agents.push_back(agent("2", script, {"--max-restarts=1"}));
+  std::string all;
+  for (auto& a : agents) {
+    auto r = a->wait(240s);
+    EXPECT_EQ(r.exit_code, 0) << r.all();
+    all += r.all();
+  }
+  EXPECT_EQ(all.find("STALE"), std::string::npos) << all;
+  EXPECT_EQ(count(all, "ATTEMPT OK attempt=1 "), 2) << all;
+  EXPECT_EQ(count(all, "sum=24"), 2) << all;
+  EXPECT_EQ(count(all, "hosted by this agent"), 1) << all;
+  EXPECT_NE(all.find("torch TCPStore: attempt"), std::string::npos) << all;
+  EXPECT_EQ(all.find("refused a torch TCPStore client"), std::string::npos) << all;
+}
+
+// Behind a standalone rdzv-server nobody hosts an agent store: rank 0 hosts torch's own, as
+// before, and plain clients of MASTER_ADDR:MASTER_PORT then find it.
+TEST_F(MultiNode, BehindAStandaloneServerRankZeroHostsTheStore) {
+  auto s = server();
+  std::vector<std::unique_ptr<Background>> agents;
+  for (int i = 0; i < 2; ++i)
+    agents.push_back(agent("2", kEnvDump));
+  std::string all;
+  for (auto& a : agents) {
+    auto r = a->wait(120s);
+    EXPECT_EQ(r.exit_code, 0) << r.all();
+    all += r.all();
+  }
+  EXPECT_EQ(count(all, "TORCHELASTIC_USE_AGENT_STORE=False"), 2) << all;
+}
