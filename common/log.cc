@@ -32,18 +32,10 @@ class WrappedStderrSink : public spdlog::sinks::base_sink<std::mutex> {
 
  protected:
   void sink_it_(const spdlog::details::log_msg& msg) override {
-    ConsoleWrapper wrap;
-    {
-      std::lock_guard<std::mutex> lock(g_wrap_mu);
-      wrap = *g_wrapper;
-    }
-    if (wrap)
-      wrap([&] {
-        inner_->log(msg);
-        inner_->flush();
-      });
-    else
+    writeThroughConsole([&] {
       inner_->log(msg);
+      inner_->flush();
+    });
   }
   void flush_() override { inner_->flush(); }
   void set_pattern_(const std::string& pattern) override { inner_->set_pattern(pattern); }
@@ -96,6 +88,18 @@ spdlog::level::level_enum parseLevel(const std::string& name) {
 void setConsoleWrapper(ConsoleWrapper wrapper) {
   std::lock_guard<std::mutex> lock(g_wrap_mu);
   *g_wrapper = std::move(wrapper);
+}
+
+void writeThroughConsole(const std::function<void()>& write) {
+  ConsoleWrapper wrap;
+  {
+    std::lock_guard<std::mutex> lock(g_wrap_mu);
+    wrap = *g_wrapper;
+  }
+  if (wrap)
+    wrap(write);
+  else
+    write();
 }
 
 void setLevel(spdlog::level::level_enum level) { logger().set_level(level); }

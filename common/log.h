@@ -28,6 +28,9 @@ void setLevel(spdlog::level::level_enum level);
 // draws them again. Empty: lines are written as they are.
 using ConsoleWrapper = std::function<void(const std::function<void()>& write)>;
 void setConsoleWrapper(ConsoleWrapper wrapper);
+// Runs `write` as a log line's write: through the console wrapper when one is set. (A plugin
+// with its own copy of this facade sends its lines through the program's this way.)
+void writeThroughConsole(const std::function<void()>& write);
 
 spdlog::logger& logger();
 

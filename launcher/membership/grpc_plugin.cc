@@ -14,6 +14,7 @@ namespace {
 using StartFn = void* (*)(const char*, int, const char*, int, long long, int, char*, size_t);
 using StopFn = void (*)(void*);
 using AttemptFn = int (*)(void*, long long, char*, size_t);
+using ConsoleFn = void (*)(void (*)(void (*)(void*), void*));
 using GrpcFn = RendezvousHandler* (*)(const GrpcRendezvousConfig*, int, char*, size_t);
 using EtcdFn = RendezvousHandler* (*)(const EtcdRendezvousConfig*, int, char*, size_t);
 
@@ -36,8 +37,14 @@ GrpcPlugin& GrpcPlugin::get() {
   std::call_once(once, [] {
     std::string path = defaultPath();
     void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (h)
+    if (h) {
       plugin = new GrpcPlugin(h);
+      // Its own copy of the logging facade writes through launch's console.
+      if (auto* console = reinterpret_cast<ConsoleFn>(dlsym(h, "ddpl_plugin_console")))
+        console([](void (*write)(void*), void* arg) {
+          log::writeThroughConsole([&] { write(arg); });
+        });
+    }
     else
       error =
           "cannot load " + path + " (launch's gRPC plugin; rebuild with make build): " + dlerror();

@@ -3,6 +3,7 @@
 // by jobs that use them (launcher/membership/grpc_plugin.h). Errors cross the boundary as text,
 // never as exceptions.
 #include <cstdio>
+#include <functional>
 #include <exception>
 
 #include "common/log.h"
@@ -18,6 +19,16 @@ void initLog(int log_level) {
 }  // namespace
 
 extern "C" {
+
+// The plugin's log lines go through launch's console (its live status line makes room for
+// them): `through` runs one write the way launch runs its own lines' writes.
+__attribute__((visibility("default"))) void ddpl_plugin_console(void (*through)(void (*)(void*),
+                                                                                void*)) {
+  ddpl::log::setConsoleWrapper([through](const std::function<void()>& write) {
+    through([](void* w) { (*static_cast<const std::function<void()>*>(w))(); },
+            const_cast<void*>(static_cast<const void*>(&write)));
+  });
+}
 
 // `tcpstore`: serve torch's TCPStore protocol too (the agent store), its attempt `attempt`
 // open from the start (< 0: none yet), for loopback clients.
