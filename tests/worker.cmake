@@ -6,6 +6,13 @@ ddpl_add_test(NAME worker_checkpoints_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/worker_checkpoints_test.cc
   LIBS ddpl_worker LABELS worker TIMEOUT 120)
 target_precompile_headers(worker_checkpoints_test REUSE_FROM ddpl_worker)
+# Issue 28: LibTorch's own TCPStore client against our server's TCPStore protocol and torch's.
+if(TARGET ddpl_rdzv_server)
+  ddpl_add_test(NAME tcpstore_cpp_client_test
+    SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/tcpstore_cpp_client_test.cc
+    LIBS ddpl_worker ddpl_rdzv_server LABELS worker TIMEOUT 120)
+  target_precompile_headers(tcpstore_cpp_client_test REUSE_FROM ddpl_worker)
+endif()
 
 # worker_rank, the rank program every multi-process test starts, and the stripped library on
 # its stack: in a file of their own, as the GPU checks build them without the suite.
