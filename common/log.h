@@ -3,7 +3,9 @@
 // start-up; the level is chosen at run time. Libraries log through this, never to std::cerr.
 #include <spdlog/spdlog.h>
 
+#include <chrono>
 #include <functional>
+#include <mutex>
 #include <string>
 
 namespace ddpl::log {
@@ -33,6 +35,32 @@ void setConsoleWrapper(ConsoleWrapper wrapper);
 void writeThroughConsole(const std::function<void()>& write);
 
 spdlog::logger& logger();
+
+// Lets one line of a kind through per `interval`, for lines a peer can provoke at any rate.
+// admit() says whether this one goes out and, when it does, how many were held back since
+// the last one that did (to be said with it). Thread-safe.
+class Limiter {
+ public:
+  explicit Limiter(std::chrono::steady_clock::duration interval) : interval_(interval) {}
+  bool admit(int64_t* held_back) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto now = std::chrono::steady_clock::now();
+    if (last_ != std::chrono::steady_clock::time_point{} && now - last_ < interval_) {
+      ++held_;
+      return false;
+    }
+    last_ = now;
+    *held_back = held_;
+    held_ = 0;
+    return true;
+  }
+
+ private:
+  std::mutex mu_;
+  std::chrono::steady_clock::duration interval_;
+  std::chrono::steady_clock::time_point last_{};
+  int64_t held_ = 0;
+};
 
 std::string hostname();
 

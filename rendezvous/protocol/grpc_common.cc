@@ -57,21 +57,9 @@ void logFromProtobuf(google::protobuf::LogLevel level, const char* file, int lin
     log::error("protobuf {}:{}: {}", file, line, message);
     return;
   }
-  static std::mutex mu;
-  static Clock::time_point logged_at{};
-  static int64_t held = 0;
-  int64_t before;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto now = Clock::now();
-    if (logged_at != Clock::time_point{} && now - logged_at < kProtobufLogInterval) {
-      ++held;
-      return;
-    }
-    logged_at = now;
-    before = held;
-    held = 0;
-  }
+  static auto* limiter = new log::Limiter(kProtobufLogInterval);  // never freed: threads at exit
+  int64_t before = 0;
+  if (!limiter->admit(&before)) return;
   if (before > 0)
     log::warn("protobuf: {} more message(s) in the last {}s were not logged; the latest:", before,
               std::chrono::duration_cast<std::chrono::seconds>(kProtobufLogInterval).count());

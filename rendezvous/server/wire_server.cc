@@ -417,6 +417,10 @@ void WireServer::handle(const ConnPtr& c, const pb::StoreRequest& req) {
                                          c->parked.erase(slot);
                                          maybeResumeLocked(*c);
                                        });
+  startParked(c, slot, std::move(op));
+}
+
+void WireServer::startParked(const ConnPtr& c, uint64_t slot, std::shared_ptr<ParkedOp> op) {
   bool cancelled;
   {
     std::lock_guard<std::mutex> lock(c->mu);

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "common/event_loop.h"
+#include "common/log.h"
 #include "proto/rendezvous.pb.h"
 #include "rendezvous/store/kv_space.h"
 #include "rendezvous/store/store.h"
@@ -47,6 +48,7 @@ struct Request;
 namespace ddpl::rdzv::grpc_detail {
 
 class Core;
+class ParkedOp;
 struct Answer;
 
 struct WireOptions {
@@ -124,6 +126,8 @@ class WireServer {
   void endTurn(const ConnPtr& c, bool ended, bool more);
   bool hello(const ConnPtr& c, const ::ddpl::rendezvous::v1::StoreRequest& req);
   void handle(const ConnPtr& c, const ::ddpl::rendezvous::v1::StoreRequest& req);
+  // Holds `op` on the connection under `slot` until it answers, and starts it.
+  void startParked(const ConnPtr& c, uint64_t slot, std::shared_ptr<ParkedOp> op);
   void respond(const ConnPtr& c, Answer a);
   void fail(const ConnPtr& c, int code, const std::string& message);
   void close(const ConnPtr& c);
@@ -176,8 +180,7 @@ class WireServer {
   WireStats stats_;
   TorchAttempt torch_;
   std::atomic<uint64_t> torch_serial_{0};  // torch_.serial, read without mu_ by the queries
-  std::chrono::steady_clock::time_point torch_warned_at_{};
-  int64_t torch_unwarned_ = 0;
+  log::Limiter torch_warnings_{std::chrono::seconds(10)};
 };
 
 }  // namespace ddpl::rdzv::grpc_detail

@@ -28,8 +28,6 @@
 namespace ddpl::rdzv::grpc_detail {
 namespace {
 
-using SteadyClock = std::chrono::steady_clock;
-constexpr auto kTorchWarnInterval = std::chrono::seconds(10);
 
 // "ipv4:10.0.0.2:5000" -> "10.0.0.2", "ipv6:[::1]:5000" -> "::1" (the gate's peer names).
 std::string peerIp(const std::string& peer) {
@@ -346,14 +344,7 @@ bool WireServer::parkTorch(const ConnPtr& c, std::vector<std::string> keys) {
         }
         maybeResumeLocked(*c);
       });
-  bool cancelled;
-  {
-    std::lock_guard<std::mutex> lock(c->mu);
-    c->parked.emplace(slot, op);
-    cancelled = c->closed;
-  }
-  op->start();
-  if (cancelled) op->cancel();
+  startParked(c, slot, std::move(op));
   return true;
 }
 
@@ -384,21 +375,10 @@ void WireServer::endTorch(const ConnPtr& c, const std::string& why) {
 
 void WireServer::warnTorch(const std::string& what) {
   int64_t skipped = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto now = SteadyClock::now();
-    if (torch_warned_at_ != SteadyClock::time_point{} &&
-        now - torch_warned_at_ < kTorchWarnInterval) {
-      ++torch_unwarned_;
-      return;
-    }
-    torch_warned_at_ = now;
-    skipped = torch_unwarned_;
-    torch_unwarned_ = 0;
-  }
+  if (!torch_warnings_.admit(&skipped)) return;
   if (skipped > 0)
-    log::warn("[{}] ({} more torch TCPStore refusals or errors in the last {}s)",
-              core_->cfg.log_name, skipped, kTorchWarnInterval.count());
+    log::warn("[{}] ({} more torch TCPStore refusals or errors in the last 10s)",
+              core_->cfg.log_name, skipped);
   log::warn("[{}] {}", core_->cfg.log_name, what);
 }
 
