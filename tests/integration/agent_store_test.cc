@@ -45,6 +45,13 @@ TEST(AgentStore, ClientOnlyScriptRunsAsUnderTorchrun) {
   ASSERT_EQ(r.exit_code, 0) << r.all();
   EXPECT_EQ(countOf(r.out, "CLIENT OK"), 4) << r.all();
   EXPECT_EQ(countOf(r.out, "peers=rank0,rank1,rank2,rank3 agent_store=True"), 4) << r.all();
+  // The same script under the pinned torchrun, whose agent hosts the store too.
+  std::string python = DDPL_PYTHON;
+  std::string torchrun = python.substr(0, python.rfind('/') + 1) + "torchrun";
+  auto t = run({torchrun, "--nproc-per-node=4", kScripts + "/tcpstore_client_only.py"},
+               pythonEnv(240s));
+  ASSERT_EQ(t.exit_code, 0) << t.all();
+  EXPECT_EQ(countOf(t.all(), "peers=rank0,rank1,rank2,rank3 agent_store=True"), 4) << t.all();
 }
 
 // A Gloo job killed 20 times after its process group formed (Gloo's addresses in the store):
