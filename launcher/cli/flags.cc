@@ -100,12 +100,13 @@ const std::vector<Flag>& flags() {
        true,
        "K=V,...",
        "join_timeout, last_call_timeout, read_timeout, is_host, heartbeat_timeout, "
-       "exit_barrier_timeout (seconds), token_file, tls_ca_file",
+       "exit_barrier_timeout (seconds), token_file, tls_ca_file, agent_store (0: rank 0 hosts "
+       "the job's TCPStore)",
        [](auto&, auto& v, auto& o) { o.rdzv_conf = parseRdzvConf(v, &o.warnings); }},
       {{"--master-addr"},
        true,
        "ADDR",
-       "address of rank 0's store (default 127.0.0.1)",
+       "address of the job's TCPStore when rank 0 hosts it (default 127.0.0.1)",
        [](auto& f, auto& v, auto& o) {
          if (v.empty()) throw UsageError(fmt::format("{}: empty address", f));
          o.master_addr = v;

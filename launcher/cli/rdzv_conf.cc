@@ -51,8 +51,8 @@ RdzvConf parseRdzvConf(const std::string& v, std::vector<std::string>* warnings)
       keep_alive_attempts = parseNumber(flag, value, 1, 1e6);
     else if (key == "store_type" || key == "use_libuv")
       warn(
-          fmt::format("--rdzv-conf {}={}: has no effect here (launch's store is its own gRPC "
-                      "service, not a TCPStore)",
+          fmt::format("--rdzv-conf {}={}: has no effect here (the job's store is launch's "
+                      "own server, which speaks torch's TCPStore protocol to workers)",
                       key, value));
     else if (isEtcdConfKey(key))
       c.etcd[key] = value;  // checked by the etcd backend; ignored (with a warning) by the others
