@@ -47,6 +47,8 @@ __attribute__((visibility("default"))) void* ddpl_embedded_store_start(const cha
     opts.token = token;
     opts.tcpstore = tcpstore != 0;
     opts.tcpstore_attempt = attempt;
+    // The agent store: a client per worker, and any tool's of theirs.
+    opts.connections.max_connections_from_file_limit = tcpstore != 0;
     opts.log_name = "launch-store";
     return new ddpl::rdzv::RendezvousServer(opts);
   } catch (const std::exception& e) {

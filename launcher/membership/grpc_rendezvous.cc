@@ -317,7 +317,10 @@ class GrpcRendezvous : public MultiNodeRendezvous {
     so.heartbeat_window = c_.heartbeat_window;
     so.log_name = "rdzv";
     so.tcpstore = c_.agent_store;
-    if (c_.agent_store) so.tcpstore_run_id = c_.run_id;
+    if (c_.agent_store) {
+      so.tcpstore_run_id = c_.run_id;
+      so.connections.max_connections_from_file_limit = true;  // a client per rank of the job
+    }
     try {
       server_ = std::make_unique<rdzv::RendezvousServer>(so);
     } catch (const NetworkError& e) {

@@ -81,6 +81,12 @@ int connectionCap(const ServerOptions& o) {
   int want = o.connections.max_connections;
   rlimit rl{};
   if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return want;
+  if (o.connections.max_connections_from_file_limit) {
+    rlim_t fits = rl.rlim_cur > kReservedFds + kFdsPerConnection
+                      ? (rl.rlim_cur - kReservedFds) / kFdsPerConnection
+                      : 1;
+    return static_cast<int>(std::min<rlim_t>(fits, rlim_t{1} << 24));
+  }
   rlim_t need = static_cast<rlim_t>(want) * kFdsPerConnection + kReservedFds;
   if (rl.rlim_cur >= need) return want;
   int fits = rl.rlim_cur > kReservedFds + kFdsPerConnection

@@ -42,6 +42,11 @@ struct ConnectionLimits {
   // next call. Members and workers always hold a stream open, so only idle peers go.
   Duration max_connection_idle{std::chrono::seconds(30)};
   int max_connections = 4096;
+  // Set: as many as the open-file limit fits, whatever max_connections says, without the
+  // warning an operator's setting gets when it does not fit. For a server that holds a
+  // connection per rank of a job of any size: the agent store, whose torch clients are every
+  // worker of the job (raise the open-file limit for jobs of thousands of ranks).
+  bool max_connections_from_file_limit = false;
   // Memory gRPC may use for connections and their buffers; past it, gRPC refuses new
   // connections and shrinks buffers. 0: gRPC's default (unbounded).
   int64_t max_grpc_memory_bytes = int64_t{1} << 30;
