@@ -3,10 +3,12 @@
 // behind c10d's own classes (c10d::Store, c10d::PrefixStore, c10d::ProcessGroupGloo).
 //
 //   rdzv_bootstrap_bench [--ranks 8,64,256,1024] [--repeat 3] [--gloo-max 64]
-//                        [--impls socket,grpc,tcpstore] [--start staggered|together]
+//                        [--impls socket,grpc,tcpstore,agent] [--start staggered|together]
 //
 // socket: our store on the server's plain socket (the default client); grpc: our store on the
-// gRPC Session stream (GrpcStoreOptions::socket = false); tcpstore: torch's.
+// gRPC Session stream (GrpcStoreOptions::socket = false); tcpstore: torch's; agent: torch's
+// own client (c10d::TCPStore) against our server's TCPStore protocol, the store launch's agent
+// hosts for Python jobs (issue 28): the pair tcpstore/agent differs only in the server.
 //
 // Ranks are threads of this process, each with its own store client (its own TCPStore socket;
 // its own GrpcStore, whose channels to one server share gRPC's one connection inside a
@@ -65,10 +67,15 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr std::chrono::milliseconds kTimeout{std::chrono::seconds(300)};
 
-enum class Impl { kSocket, kGrpc, kTcp };
+// kAgent: torch's own TCPStore client against our server's TCPStore protocol (the agent
+// store launch hosts), where kTcp is the same client against torch's own server.
+enum class Impl { kSocket, kGrpc, kTcp, kAgent };
 
 const char* implName(Impl i) {
-  return i == Impl::kSocket ? "socket" : i == Impl::kGrpc ? "grpc" : "tcpstore";
+  return i == Impl::kSocket ? "socket"
+         : i == Impl::kGrpc ? "grpc"
+         : i == Impl::kTcp  ? "tcpstore"
+                            : "agent";
 }
 enum class Mode { kStore, kGloo };
 
@@ -81,7 +88,7 @@ struct Host {
 };
 
 c10::intrusive_ptr<c10d::Store> connect(Impl impl, const Host& h, const std::string& run) {
-  if (impl != Impl::kTcp) {
+  if (impl != Impl::kTcp && impl != Impl::kAgent) {
     ddpl::rdzv::GrpcStoreOptions o;
     o.endpoint = h.endpoint;
     o.prefix = run + "/";
@@ -90,7 +97,7 @@ c10::intrusive_ptr<c10d::Store> connect(Impl impl, const Host& h, const std::str
         std::shared_ptr<ddpl::rdzv::Store>(ddpl::rdzv::connectGrpcStore(o)), kTimeout);
   }
   c10d::TCPStoreOptions o;
-  o.port = h.port;
+  o.port = impl == Impl::kTcp ? h.port : static_cast<uint16_t>(h.server->port());
   o.isServer = false;
   o.waitWorkers = false;
   o.timeout = kTimeout;
@@ -252,8 +259,10 @@ int main(int argc, char** argv) {
             impls.push_back(Impl::kGrpc);
           else if (x == "tcpstore")
             impls.push_back(Impl::kTcp);
+          else if (x == "agent")
+            impls.push_back(Impl::kAgent);
           else
-            throw ddpl::InvalidArgument("--impls: '" + x + "' is not socket, grpc or tcpstore");
+            throw ddpl::InvalidArgument("--impls: '" + x + "' is not socket, grpc, tcpstore or agent");
         }
       } else if (a == "--start") {
         if (v != "staggered" && v != "together")
@@ -276,6 +285,9 @@ int main(int argc, char** argv) {
   // limit of long-lived calls per connection (1,024 by default) a real job never meets: one
   // rank per process. Raised above the largest N, as rdzv_scale_bench does.
   ddpl::rdzv::ServerOptions so;
+  so.tcpstore = true;  // the agent store: torch's protocol, its attempt open, loopback admitted
+  so.tcpstore_attempt = 0;
+  so.connections.max_connections_from_file_limit = true;
   for (int n : sizes)
     so.connections.max_streams_per_connection =
         std::max(so.connections.max_streams_per_connection, n + 64);

@@ -7,6 +7,7 @@ PY=.venv/bin/python
 echo "== launch overhead"; $PY bench/launch_overhead.py --build "$BUILD_DIR" --rounds 30
 echo "== recovery after a node loss"; $PY bench/recovery_bench.py --build "$BUILD_DIR" --rounds 3
 echo "== hang detection"; $PY bench/hang_detect.py --build "$BUILD_DIR" --rounds 5 --hang-timeout 5 --cap 180
+echo "== agent store vs torch's TCPStore server"; $PY bench/agent_store_bench.py --build "$BUILD_DIR"
 for extra in bench/rdzv_bench.sh bench/ddp_bench.sh; do
   if [ -f "$extra" ]; then echo "== $extra"; bash "$extra" "$BUILD_DIR"; fi
 done
