@@ -101,10 +101,6 @@ std::string routeAddressTo(const std::string& host, int port) {
   return out;
 }
 
-bool isLoopback(const std::string& host) {
-  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
-}
-
 int pickMasterPort(const std::string& master_addr, const std::string& local_addr) {
   std::string bind_addr = local_addr.empty() ? "0.0.0.0" : local_addr;
   return pickFreePort(isLoopback(master_addr) ? "127.0.0.1" : bind_addr);

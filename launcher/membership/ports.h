@@ -1,6 +1,8 @@
 #pragma once
 #include <string>
 
+#include "common/net.h"  // isLoopback
+
 namespace ddpl::launcher {
 
 // Binds port 0 on `addr` and returns the port the kernel chose (then closes it, so rank 0 can
@@ -9,8 +11,6 @@ int pickFreePort(const std::string& addr);
 
 // Throws ddpl::NetworkError naming addr:port when the port cannot be bound (already in use).
 void checkPortFree(const std::string& addr, int port);
-
-bool isLoopback(const std::string& host);
 
 // Group rank 0's MASTER_PORT: a free port on the address its workers' store binds, loopback
 // when the master address is (a job on one machine), else `local_addr` or every interface.

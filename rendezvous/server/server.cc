@@ -13,6 +13,7 @@
 #include <mutex>
 
 #include "common/errors.h"
+#include "common/net.h"
 #include "common/log.h"
 #include "rendezvous/protocol/grpc_common.h"
 #include "rendezvous/server/connection_gate.h"
@@ -101,10 +102,6 @@ int connectionCap(const ServerOptions& o) {
   return fits;
 }
 
-bool isLoopbackHost(const std::string& host) {
-  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
-}
-
 }  // namespace
 
 struct RendezvousServer::Impl {
@@ -149,7 +146,7 @@ RendezvousServer::RendezvousServer(const ServerOptions& options) : impl_(std::ma
   auto wire_slot = std::make_shared<std::atomic<grpc_detail::WireServer*>>(nullptr);
   if (options.tcpstore && !options.tcpstore_run_id.empty()) {
     cfg.tcpstore_run_id = options.tcpstore_run_id;
-    bool loopback = isLoopbackHost(options.host);
+    bool loopback = isLoopback(options.host);
     cfg.on_round_formed = [wire_slot, loopback](const RoundMembership& m) {
       std::vector<std::string> ips;
       for (const auto& n : m.nodes) ips.push_back(n.address);

@@ -47,6 +47,9 @@ WireServer::WireServer(Core* core, WireOptions options)
     : core_(core), options_(std::move(options)), read_buf_(kReadChunk) {
   max_frame_bytes_ = static_cast<uint32_t>(
       std::min<int64_t>(core_->cfg.max_value_bytes + kMessageOverheadBytes, UINT32_MAX));
+  torch_limits_.max_value_bytes = static_cast<uint64_t>(core_->cfg.max_value_bytes);
+  torch_limits_.max_query_bytes =
+      static_cast<uint64_t>(core_->cfg.max_value_bytes + kMessageOverheadBytes);
   if (loop_.error())
     throw NetworkError(std::string("rendezvous server: cannot create the store socket loop: ") +
                        std::strerror(loop_.error()));

@@ -38,12 +38,10 @@
 #include "common/event_loop.h"
 #include "common/log.h"
 #include "proto/rendezvous.pb.h"
+#include "rendezvous/protocol/tcpstore_format.h"
 #include "rendezvous/store/kv_space.h"
 #include "rendezvous/store/store.h"
 
-namespace ddpl::rdzv::tcpstore {
-struct Request;
-}
 
 namespace ddpl::rdzv::grpc_detail {
 
@@ -107,7 +105,6 @@ class WireServer {
   struct TorchAttempt {
     bool open = false;
     int64_t attempt = 0;
-    uint64_t serial = 0;  // how many were opened: connections remember theirs
     std::string ns;       // "tcpstore/<serial>/": its keys in the KvSpace
     std::vector<std::string> peers;
     bool loopback = false;
@@ -179,7 +176,10 @@ class WireServer {
   std::vector<uint64_t> resumes_;  // connections to read again (back-pressure lifted)
   WireStats stats_;
   TorchAttempt torch_;
-  std::atomic<uint64_t> torch_serial_{0};  // torch_.serial, read without mu_ by the queries
+  // How many attempts were opened (the current one's number): connections remember theirs.
+  // Changed under mu_; read without it by the queries.
+  std::atomic<uint64_t> torch_serial_{0};
+  tcpstore::Limits torch_limits_;  // from the Core's limits, set once
   log::Limiter torch_warnings_{std::chrono::seconds(10)};
 };
 

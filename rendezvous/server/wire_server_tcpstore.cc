@@ -19,6 +19,7 @@
 #include <algorithm>
 
 #include "common/log.h"
+#include "common/net.h"
 #include "rendezvous/protocol/grpc_common.h"
 #include "rendezvous/protocol/tcpstore_format.h"
 #include "rendezvous/server/service_core.h"
@@ -42,15 +43,6 @@ std::string peerIp(const std::string& peer) {
   return last == std::string::npos ? rest : rest.substr(0, last);
 }
 
-bool isLoopbackIp(const std::string& ip) { return ip.rfind("127.", 0) == 0 || ip == "::1"; }
-
-tcpstore::Limits torchLimits(const Core& core) {
-  tcpstore::Limits l;
-  l.max_value_bytes = static_cast<uint64_t>(core.cfg.max_value_bytes);
-  l.max_query_bytes = static_cast<uint64_t>(core.cfg.max_value_bytes + kMessageOverheadBytes);
-  return l;
-}
-
 std::string oneByte(uint8_t v) { return std::string(1, static_cast<char>(v)); }
 
 }  // namespace
@@ -63,7 +55,7 @@ bool WireServer::adoptTorch(int fd, const std::string& peer) {
     std::string ip = peerIp(peer);
     if (!torch_.open) {
       why = "the job's store has no attempt open yet (its workers are not started)";
-    } else if (!(torch_.loopback && isLoopbackIp(ip)) &&
+    } else if (!(torch_.loopback && isLoopback(ip)) &&
                std::find(torch_.peers.begin(), torch_.peers.end(), ip) == torch_.peers.end()) {
       why = fmt::format("{} is not one of the job's nodes ({}{})", ip,
                         fmt::join(torch_.peers, ", "),
@@ -76,7 +68,7 @@ bool WireServer::adoptTorch(int fd, const std::string& peer) {
       c->peer = peer;
       c->torch = true;
       c->ns = torch_.ns;
-      c->scope = torch_.serial;
+      c->scope = torch_serial_.load();
       c->authed = true;  // admitted by its address: its input counts with the others'
       c->id = next_id_++;
       conns_.emplace(c->id, c);
@@ -108,12 +100,12 @@ void WireServer::beginTorchAttempt(int64_t attempt, std::vector<std::string> pee
     previous = torch_.attempt;
     torch_.open = true;
     torch_.attempt = attempt;
-    torch_.serial = torch_serial_.fetch_add(1) + 1;
-    torch_.ns = fmt::format("tcpstore/{}/", torch_.serial);
+    uint64_t serial = torch_serial_.fetch_add(1) + 1;  // changed only here, under mu_
+    torch_.ns = fmt::format("tcpstore/{}/", serial);
     torch_.peers = std::move(peers);
     torch_.loopback = loopback;
     for (auto& [id, c] : conns_)
-      if (c->torch && c->scope != torch_.serial) old.push_back(c);
+      if (c->torch && c->scope != serial) old.push_back(c);
   }
   // A connection's mutex is never taken under mu_ (wire_server.h).
   for (auto& c : old) {
@@ -134,13 +126,12 @@ void WireServer::beginTorchAttempt(int64_t attempt, std::vector<std::string> pee
 }
 
 void WireServer::processTorch(const ConnPtr& c) {
-  const tcpstore::Limits limits = torchLimits(*core_);
   size_t off = 0;
   bool ended = false, paused = false;
   int handled = 0;
   tcpstore::Request q;
   while (handled < kRequestsPerTurn) {
-    auto r = tcpstore::parseQuery(c->in.data() + off, c->in.size() - off, limits, &q);
+    auto r = tcpstore::parseQuery(c->in.data() + off, c->in.size() - off, torch_limits_, &q);
     if (r.status == tcpstore::Parse::kNeedMore) break;
     if (r.status == tcpstore::Parse::kUnknown) {
       endTorch(c, fmt::format(
