@@ -7,6 +7,7 @@ ddpl_add_test(NAME launcher_unit_test
     unit/etcd_config_test.cc unit/file_io_test.cc unit/rdzv_token_test.cc unit/containment_test.cc
     unit/child_process_test.cc
     unit/event_loop_test.cc unit/hang_responder_test.cc unit/stacks_service_test.cc
+    unit/checkpoint_tier_test.cc
   LIBS ddpl_launcher ddpl_test_util LABELS unit TIMEOUT 60)
 
 # Integration and fault tests run the real `launch` binary.
@@ -38,6 +39,12 @@ if(NOT DDPL_SANITIZED_SUBSET)
     SOURCES integration/agent_store_test.cc LIBS ddpl_test_util LABELS python TIMEOUT 600
     PROCESSORS 2)
   add_dependencies(agent_store_test launch ddpl_launch_grpc)
+
+  # Issue 29: checkpoints in memory under launch, C++ (worker_rank) and Python DDP.
+  ddpl_add_test(NAME memory_checkpoint_test
+    SOURCES integration/memory_checkpoint_test.cc LIBS ddpl_test_util LABELS "python;fault"
+    TIMEOUT 400 PROCESSORS 2)
+  add_dependencies(memory_checkpoint_test launch worker_rank)
 
   # --rdzv-backend=etcd against real etcd servers the test starts (skipped without etcd).
   ddpl_add_test(NAME etcd_rendezvous_test

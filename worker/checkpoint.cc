@@ -26,6 +26,10 @@ constexpr int64_t kFormatVersion = 1;
 }  // namespace
 
 void saveCheckpoint(const std::string& path, const CheckpointRefs& parts) {
+  saveCheckpoint(path, parts, SaveLimits{});
+}
+
+void saveCheckpoint(const std::string& path, const CheckpointRefs& parts, const SaveLimits& limits) {
   if (parts.model == nullptr) throw InvalidArgument("saveCheckpoint: no model");
   torch::serialize::OutputArchive archive;
   archive.write("format_version", c10::IValue(kFormatVersion));
@@ -54,10 +58,17 @@ void saveCheckpoint(const std::string& path, const CheckpointRefs& parts) {
   // kept, the rest of the archive is accepted and dropped, and the error is thrown here, where
   // writeFileAtomically removes the temporary.
   std::exception_ptr writeError;
+  uint64_t written = 0;
   writeFileAtomically(path, [&](const FileSink& sink) {
     archive.save_to([&](const void* data, size_t size) -> size_t {
       if (writeError) return size;
       try {
+        // Stopped as soon as it is over: a state larger than memory allows never fills it.
+        if (written + size > limits.maxBytes)
+          throw CheckpointTooLarge(path + ": over " + std::to_string(limits.maxBytes) +
+                                       " bytes after " + std::to_string(written + size),
+                                   written + size);
+        written += size;
         sink(data, size);
       } catch (...) {
         writeError = std::current_exception();
@@ -66,7 +77,7 @@ void saveCheckpoint(const std::string& path, const CheckpointRefs& parts) {
     });
     if (writeError) std::rethrow_exception(writeError);
   });
-  wlog::info("checkpoint written: " + path);
+  if (limits.log) wlog::info("checkpoint written: " + path);
 }
 
 void saveCheckpoint(Session& session, const std::string& path, const CheckpointRefs& parts) {

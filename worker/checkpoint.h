@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <string>
 
+#include "common/errors.h"
+
 namespace ddpl::worker {
 
 class GradScaler;
@@ -29,6 +31,22 @@ struct CheckpointRefs {
 // Writes from this process, atomically. Throws ddpl::Error naming the path on failure and leaves
 // no temporary file behind.
 void saveCheckpoint(const std::string& path, const CheckpointRefs& parts);
+
+// A write that would pass SaveLimits::maxBytes: stopped there, nothing left behind.
+class CheckpointTooLarge : public Error {
+ public:
+  CheckpointTooLarge(const std::string& what, uint64_t bytes) : Error(what), bytes_(bytes) {}
+  uint64_t bytesSoFar() const { return bytes_; }
+
+ private:
+  uint64_t bytes_;
+};
+
+struct SaveLimits {
+  uint64_t maxBytes = UINT64_MAX;  // throws CheckpointTooLarge past it
+  bool log = true;                 // the "checkpoint written" line
+};
+void saveCheckpoint(const std::string& path, const CheckpointRefs& parts, const SaveLimits& limits);
 
 // Rank 0 writes, then all ranks meet at a barrier, so every rank can load it afterwards.
 void saveCheckpoint(Session& session, const std::string& path, const CheckpointRefs& parts);

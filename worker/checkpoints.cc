@@ -1,6 +1,7 @@
 #include "worker/checkpoints.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -9,11 +10,16 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <map>
 #include <regex>
+#include <set>
 
+#include "common/checkpoint_files.h"
 #include "common/errors.h"
 #include "common/file_io.h"
 #include "worker/collectives.h"
+#include "worker/log_bridge.h"
 #include "worker/session.h"
 
 namespace ddpl::worker {
@@ -199,7 +205,36 @@ ResumeReason chooseResume(int restartCount, const std::string& runId,
 }
 
 CheckpointManager::CheckpointManager(Session& session, CheckpointPolicy policy)
-    : session_(session), policy_(std::move(policy)), dir_(policy_.dir, policy_.keep) {}
+    : session_(session), policy_(std::move(policy)), dir_(policy_.dir, policy_.keep) {
+  const std::string& root = session_.options().checkpointMemory;
+  if (!policy_.memory || !enabled() || root.empty()) return;
+  std::string rankDir = root + "/" + ckpt::rankDirName(session_.rank());
+  struct stat st {};
+  // launch makes the directory of each of its ranks; without it this rank has no memory tier.
+  if (::lstat(rankDir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) rankDir_ = rankDir;
+}
+
+namespace {
+
+// The newest step in every rank's offer, over the process group. The answer is always below
+// `bound`; each round's candidate, the smallest of the ranks' newest offers below it, is at
+// least the answer, and is the answer when every rank has it. One round in the common case
+// (every rank offers the same newest step); never more rounds than offers.
+std::optional<int64_t> agreeOverGroup(Session& session, const std::set<int64_t>& offer) {
+  int64_t bound = std::numeric_limits<int64_t>::max();
+  for (;;) {
+    auto it = offer.lower_bound(bound);
+    const int64_t mine = it == offer.begin() ? -1 : *std::prev(it);
+    const int64_t candidate = detail::allReduceInts(session, {mine}, c10d::ReduceOp::MIN)[0];
+    if (candidate < 0) return std::nullopt;
+    const int64_t everyone =
+        detail::allReduceInts(session, {offer.count(candidate) ? 1 : 0}, c10d::ReduceOp::MIN)[0];
+    if (everyone == 1) return candidate;
+    bound = candidate;
+  }
+}
+
+}  // namespace
 
 ResumePoint CheckpointManager::resume(const CheckpointRefs& refs) {
   ResumePoint point;
@@ -221,12 +256,15 @@ ResumePoint CheckpointManager::resume(const CheckpointRefs& refs) {
 
   if (point.reason == ResumeReason::kFresh) {
     if (leader) point.removedStale = dir_.removeAll();
+  } else if (inMemory()) {
+    resumeAgreed(refs, point);
   } else {
     CheckpointFile file;
     const bool found = dir_.newestComplete(file, &point.skippedTruncated);
     if (found) {
       loadChecked(file.path, refs, point.reasonText);
       point.path = file.path;
+      point.source = "disk";
       if (refs.progress) point.progress = *refs.progress;
       std::lock_guard<std::mutex> lock(mu_);
       latest_ = file.path;
@@ -247,13 +285,122 @@ ResumePoint CheckpointManager::resume(const CheckpointRefs& refs) {
   return point;
 }
 
-std::string CheckpointManager::save(const CheckpointRefs& refs) {
+std::string CheckpointManager::save(const CheckpointRefs& refs, bool durable) {
   if (!enabled()) return "";
   if (!refs.progress)
     throw InvalidArgument("CheckpointManager::save: CheckpointRefs::progress is required");
+  if (inMemory()) return saveInMemory(refs, durable);
   const std::string path = dir_.pathFor(refs.progress->step);
   saveCheckpoint(session_, path, refs);
   if (session_.rank() == 0) dir_.prune();
+  std::lock_guard<std::mutex> lock(mu_);
+  latest_ = path;
+  return path;
+}
+
+std::string CheckpointManager::memoryFileName(int64_t step) const {
+  const std::string path = dir_.pathFor(step);
+  return path.substr(path.find_last_of('/') + 1);
+}
+
+void CheckpointManager::resumeAgreed(const CheckpointRefs& refs, ResumePoint& point) {
+  const int64_t rank = session_.rank();
+  std::set<int64_t> offer;
+  std::map<int64_t, std::string> inMemory, onDisk;
+  // Every rank holds the same state (replicated), so any local rank's copy serves: ranks may
+  // be one checkpoint apart when one dies, and with --checkpoint-memory-keep=1 the rank ahead
+  // kept only the newer.
+  const std::string& root = session_.options().checkpointMemory;
+  std::vector<std::pair<std::string, int64_t>> rankDirs{{rankDir_, rank}};
+  const int64_t first = rank - session_.options().localRank;  // launch numbers a node's ranks
+  for (int64_t r = first; r < first + session_.options().localWorldSize; ++r)  // contiguously
+    if (r != rank && r >= 0) rankDirs.emplace_back(root + "/" + ckpt::rankDirName(r), r);
+  for (const auto& [dir, owner] : rankDirs) {
+    for (const auto& s : ckpt::listCommitted(dir, owner)) {
+      const std::string name = memoryFileName(s.step);
+      const bool has = std::any_of(s.record.files.begin(), s.record.files.end(),
+                                   [&](const ckpt::FileEntry& f) { return f.path == name; });
+      if (!has || s.record.world_size != session_.worldSize() || inMemory.count(s.step) ||
+          (owner != rank && !s.record.replicated))
+        continue;
+      inMemory[s.step] = s.dir + "/" + name;
+      offer.insert(s.step);
+    }
+  }
+  std::vector<std::pair<int64_t, std::string>> truncated;
+  for (const auto& file : dir_.list()) {
+    if (onDisk.count(file.step)) continue;
+    const std::string defect = checkpointDefect(file.path);
+    if (!defect.empty()) {
+      truncated.emplace_back(file.step, file.path + ": " + defect);
+      continue;
+    }
+    onDisk[file.step] = file.path;
+    offer.insert(file.step);
+  }
+  const auto agreed = agreeOverGroup(session_, offer);
+  for (const auto& [step, why] : truncated)
+    if (!agreed || step > *agreed) point.skippedTruncated.push_back(why);
+  if (!agreed) return;
+  const bool fromMemory = inMemory.count(*agreed) > 0;
+  const std::string path = fromMemory ? inMemory[*agreed] : onDisk[*agreed];
+  loadChecked(path, refs, point.reasonText);
+  point.path = path;
+  point.source = fromMemory ? "memory" : "disk";
+  if (refs.progress) point.progress = *refs.progress;
+  std::lock_guard<std::mutex> lock(mu_);
+  latest_ = path;
+}
+
+std::string CheckpointManager::saveInMemory(const CheckpointRefs& refs, bool durable) {
+  const int64_t step = refs.progress->step;
+  const auto& o = session_.options();
+  const uint64_t held = ckpt::rankUsage(rankDir_).committed;
+  const uint64_t allowance = ckpt::writeAllowance(o.checkpointBudget, held);
+  const std::string partial = ckpt::beginStep(rankDir_, step);
+  const std::string file = partial + "/" + memoryFileName(step);
+  try {
+    saveCheckpoint(file, refs, SaveLimits{allowance, /*log=*/false});
+  } catch (const CheckpointTooLarge& e) {
+    ckpt::removePartials(rankDir_, static_cast<long>(::getpid()));
+    // Every rank holds the same state, so every rank is over: rank 0's disk copy serves all.
+    if (!warnedBudget_)
+      wlog::warn("checkpoint step " + std::to_string(step) + " does not fit this rank's memory " +
+                 "budget: more than " + std::to_string(e.bytesSoFar()) + " bytes, budget " +
+                 std::to_string(o.checkpointBudget) + " bytes of which " + std::to_string(held) +
+                 " hold committed checkpoints; written to " + dir_.dir() +
+                 " instead (raise launch --checkpoint-memory, or lower --checkpoint-memory-keep)");
+    warnedBudget_ = true;
+    const std::string path = dir_.pathFor(step);
+    if (session_.rank() == 0) {
+      fs::create_directories(dir_.dir());
+      saveCheckpoint(path, refs);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    latest_ = path;
+    return path;
+  } catch (...) {
+    ckpt::removePartials(rankDir_, static_cast<long>(::getpid()));
+    throw;
+  }
+  ckpt::CommitRecord record;
+  record.step = step;
+  record.rank = session_.rank();
+  record.world_size = session_.worldSize();
+  record.durable_path = dir_.dir();
+  if (record.durable_path.empty() || record.durable_path[0] != '/') {
+    char cwd[4096];
+    if (!::getcwd(cwd, sizeof cwd)) throw Error("cannot resolve " + dir_.dir() + ": getcwd failed");
+    record.durable_path = std::string(cwd) + "/" + record.durable_path;
+  }
+  record.persist = durable;
+  record.replicated = true;
+  record.keep = policy_.keep;
+  const std::string committed = ckpt::commitStep(rankDir_, partial, record);
+  ckpt::trimCommitted(rankDir_, o.checkpointKeep);
+  // A durable one is named where launch puts it (there by the time launch exits); the others
+  // live in memory only.
+  const std::string path = durable ? dir_.pathFor(step) : committed + "/" + memoryFileName(step);
   std::lock_guard<std::mutex> lock(mu_);
   latest_ = path;
   return path;

@@ -19,6 +19,12 @@
 //     already overwritten part of the model, and an older file would not fit either.
 //  4. Every rank must resume from the same step; if they do not, the directory is not shared
 //     between the nodes, and the error says so.
+//
+// Under launch with checkpoints in memory (SessionOptions::checkpointMemory, docs/checkpoints.md)
+// every rank also keeps its own copy in launch's memory: save() is a memory copy on each rank
+// (no collective), launch persists rank 0's copy to DIR in the background when the save is
+// durable, and resume() takes the newest step every rank can read, from memory or from DIR,
+// agreed over the process group (so rule 4 holds by construction).
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -34,6 +40,7 @@ struct CheckpointPolicy {
   std::string dir;      // empty: no checkpoints
   int keep = 2;         // newest complete checkpoints kept after each save (at least 1)
   bool resume = false;  // resume on a first start of a new job too (e.g. to train more epochs)
+  bool memory = true;   // use launch's checkpoint memory when the session has it
 };
 
 struct CheckpointFile {
@@ -84,6 +91,7 @@ struct ResumePoint {
   ResumeReason reason = ResumeReason::kFresh;
   std::string reasonText;     // "restart 2", "run JOB started again", "--resume"; empty when fresh
   std::string path;           // the checkpoint loaded; empty: none (starts at step 0)
+  std::string source;         // "memory" or "disk"; empty when none
   TrainingProgress progress;  // as saved in it (zeros when none)
   std::vector<std::string> skippedTruncated;  // "PATH: why", newest first (every rank)
   size_t removedStale = 0;  // a new job: the earlier run's checkpoints removed (rank 0's count)
@@ -96,6 +104,8 @@ class CheckpointManager {
 
   bool enabled() const { return dir_.enabled(); }
   const CheckpointDirectory& directory() const { return dir_; }
+  // Saves go to launch's checkpoint memory (this rank's directory in it).
+  bool inMemory() const { return !rankDir_.empty(); }
 
   // Decides (rank 0, then shared by an all-reduce), finds the newest complete checkpoint and
   // loads it into `refs` on every rank, checks that every rank resumes at the same step.
@@ -105,16 +115,26 @@ class CheckpointManager {
 
   // Rank 0 writes ckpt-step<progress->step>.pt atomically, all ranks meet at a barrier, rank 0
   // prunes to `keep`. `refs.progress` must be set. Returns the path.
-  std::string save(const CheckpointRefs& refs);
+  // In memory: every rank commits its copy (a memory copy, no collective); launch persists
+  // rank 0's to DIR when `durable`, and after a worker died. A copy over the memory budget is
+  // written to DIR by rank 0 instead, with a warning naming the sizes. Returns where the
+  // checkpoint is: for a durable one in memory, where launch persists it.
+  std::string save(const CheckpointRefs& refs, bool durable = true);
 
   // The checkpoint last written or resumed from; empty when none. Thread-safe (a cleanup hook
   // on the signal thread reads it while training writes).
   std::string latest() const;
 
  private:
+  std::string memoryFileName(int64_t step) const;
+  void resumeAgreed(const CheckpointRefs& refs, ResumePoint& point);
+  std::string saveInMemory(const CheckpointRefs& refs, bool durable);
+
   Session& session_;
   CheckpointPolicy policy_;
   CheckpointDirectory dir_;
+  std::string rankDir_;  // this rank's directory in launch's checkpoint memory; empty: none
+  bool warnedBudget_ = false;
   mutable std::mutex mu_;
   std::string latest_;
 };

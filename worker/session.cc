@@ -11,6 +11,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "common/checkpoint_format.h"
 #include "common/errors.h"
 #include "common/heartbeat.h"
 #include "common/parse.h"
@@ -163,6 +164,14 @@ SessionOptions SessionOptions::fromEnvironment(const Environment& env) {
                       v == "off");
   }
   o.backend = parseBackendKind(lookup(env, envvar::kBackend, "auto"));
+  o.checkpointMemory = lookup(env, ckpt::kMemoryEnv, "");
+  o.checkpointBudget = static_cast<uint64_t>(
+      parseInteger(ckpt::kBudgetEnv, lookup(env, ckpt::kBudgetEnv, "0")));
+  o.checkpointKeep = parseInt(env, ckpt::kKeepEnv, 1);
+  if (o.checkpointKeep < 1)
+    throw InvalidArgument(std::string(ckpt::kKeepEnv) + "=" + std::to_string(o.checkpointKeep) +
+                          ": at least 1");
+  o.checkpointDir = lookup(env, ckpt::kDirEnv, "");
   o.glooInterface = lookup(env, "GLOO_SOCKET_IFNAME", "");
   // glibc's own malloc settings (MALLOC_*_ env or GLIBC_TUNABLES) are the user's choice: ours
   // would override them, so they turn the tuning off unless DDPL_RETAIN_FREED_MEMORY says on.

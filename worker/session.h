@@ -88,9 +88,16 @@ struct SessionOptions {
   // DDPL_HEARTBEAT_FD from `launch`: where this rank reports its steps (worker/heartbeat.h);
   // -1: none (torchrun, mpirun).
   int heartbeatFd = -1;
+  // Checkpoints in memory (docs/checkpoints.md), from launch: DDPL_CHECKPOINT_MEMORY (the node's
+  // memory root; empty: off, as under torchrun or mpirun), DDPL_CHECKPOINT_MEMORY_BUDGET (bytes
+  // per rank), DDPL_CHECKPOINT_MEMORY_KEEP, DDPL_CHECKPOINT_DIR (launch's --checkpoint-dir).
+  std::string checkpointMemory;
+  uint64_t checkpointBudget = 0;
+  int checkpointKeep = 1;
+  std::string checkpointDir;
 
   // Reads RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
-  // TORCHELASTIC_*, DDPL_STORE_*, DDPL_BACKEND, GLOO_SOCKET_IFNAME, DDPL_RETAIN_FREED_MEMORY
+  // TORCHELASTIC_*, DDPL_STORE_*, DDPL_CHECKPOINT_*, DDPL_BACKEND, GLOO_SOCKET_IFNAME, DDPL_RETAIN_FREED_MEMORY
   // (and the MALLOC_* / GLIBC_TUNABLES it defers to). Pure: it never changes the process and
   // reads nothing but `env`. Malformed numbers and booleans are an
   // InvalidArgument naming the variable. Without RANK and WORLD_SIZE, an MPI launcher's

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fmt/ranges.h>
 #include <map>
 #include <optional>
 #include <set>
@@ -35,6 +36,7 @@
 #include "launcher/agent/stacks_service.h"
 #include "launcher/agent/supervisor.h"
 #include "launcher/agent/watchdog.h"
+#include "launcher/checkpoint/memory_tier.h"
 #include "launcher/health/heartbeat_channel.h"
 #include "launcher/health/progress.h"
 #include "launcher/health/stacks.h"
@@ -121,6 +123,10 @@ struct Agent::Impl {
   LiveView view;
   HangResponder hang_response;
   std::unique_ptr<StacksService> stacks;
+  std::unique_ptr<MemoryTier> ckpt_tier;  // null: checkpoints in memory are off
+  std::vector<RankCheckpointStatus> ckpt_status;  // refreshed once a second
+  double next_ckpt_status = 0;
+  uint64_t ckpt_budget = 0;
   double first_group_started = 0;     // for cfg.after_start; 0: no group yet
   size_t after_start_done = 0;        // how many of cfg.after_start have run (sorted by time)
   std::vector<uint64_t> output_seen;  // bytes of each local rank's output at the last tick
@@ -233,6 +239,37 @@ struct Agent::Impl {
       });
     });
     view.startMetrics();
+    startCheckpointTier();
+  }
+
+  // Checkpoints in memory (docs/checkpoints.md): on unless --checkpoint-memory=0. An automatic
+  // budget that cannot be had (no /dev/shm) turns the tier off with a warning; an explicit
+  // one is an error.
+  void startCheckpointTier() {
+    const auto& o = cfg.options;
+    const std::string base = "/dev/shm";
+    uint64_t budget =
+        o.checkpoint_memory ? *o.checkpoint_memory : MemoryTier::autoBudget(base, cfg.nproc);
+    if (budget == 0) {
+      if (!o.checkpoint_memory) log::warn("checkpoints in memory are off: {} is not usable", base);
+      return;
+    }
+    MemoryTierOptions mo;
+    mo.budget_per_rank = budget;
+    mo.keep = o.checkpoint_memory_keep;
+    mo.base = base;
+    if (!o.checkpoint_dir.empty()) mo.durable_dir = fs::absolute(o.checkpoint_dir).string();
+    try {
+      ckpt_tier = std::make_unique<MemoryTier>(mo);
+    } catch (const Error& e) {
+      if (o.checkpoint_memory) throw;
+      log::warn("checkpoints in memory are off: {}", e.what());
+      return;
+    }
+    watchdog.removeOnDeath(ckpt_tier->root());
+    ckpt_budget = budget;
+    log::debug("checkpoints in memory: {} per rank in {}", humanBytes(static_cast<int64_t>(budget)),
+               ckpt_tier->root());
   }
 
   void onRendezvousDone(std::optional<WorldAssignment> w, const std::string& error) {
@@ -313,10 +350,14 @@ struct Agent::Impl {
 
   void onMonitorTick() {
     double now = unixNow();
+    if (ckpt_tier && now >= next_ckpt_status) {
+      ckpt_status = ckpt_tier->status();
+      next_ckpt_status = now + 1;
+    }
     std::vector<RankReading> readings;
     for (const auto& w : workers) {
       if (w.alive) progress.onStep(w.local_rank, w.step(), now, w.waited());
-      readings.push_back({w.state(), w.step(), w.waited()});
+      readings.push_back({w.state(), w.step(), w.waited(), checkpointBytes(w.global_rank)});
     }
     view.maybeUpdate(readings, progress, now);  // also publishes the node's status for the job
     runAfterStartHooks(now);
@@ -358,6 +399,33 @@ struct Agent::Impl {
             execute(sup.onWorkerHung(local_rank, pid, when));
           }
         });
+  }
+
+  std::optional<int64_t> checkpointBytes(int global_rank) const {
+    for (const auto& s : ckpt_status)
+      if (s.rank == global_rank && s.committed_bytes + s.partial_bytes > 0)
+        return static_cast<int64_t>(s.committed_bytes + s.partial_bytes);
+    return std::nullopt;
+  }
+
+  // One line per run: what each rank holds in memory and what reached the disk.
+  void printCheckpointSummary() {
+    if (!ckpt_tier) return;
+    std::vector<std::string> parts;
+    for (const auto& s : ckpt_tier->status()) {
+      if (s.newest_step < 0 && s.committed_bytes == 0) continue;
+      std::string p = fmt::format("rank {} {} (step {}", s.rank,
+                                  humanBytes(static_cast<int64_t>(s.committed_bytes)), s.newest_step);
+      if (!s.persists)
+        p += ", rank 0's copy persists)";
+      else
+        p += s.persisted_step >= 0 ? fmt::format(", on disk {})", s.persisted_step) : ", not on disk)";
+      if (!s.error.empty()) p += ": " + s.error;
+      parts.push_back(std::move(p));
+    }
+    if (!parts.empty())
+      log::info("checkpoints in memory (budget {} per rank): {}",
+                humanBytes(static_cast<int64_t>(ckpt_budget)), fmt::join(parts, "; "));
   }
 
   void printSummary() {
@@ -435,6 +503,12 @@ struct Agent::Impl {
     if (first_group_started == 0) first_group_started = unixNow();
     hang.start(cfg.nproc, unixNow());
     output_seen.assign(static_cast<size_t>(cfg.nproc), 0);
+    std::map<std::string, std::string> ckpt_env;
+    if (ckpt_tier) {
+      std::vector<int64_t> ranks;
+      for (int lr = 0; lr < cfg.nproc; ++lr) ranks.push_back(world.rank_offset + lr);
+      ckpt_env = ckpt_tier->startGroup(ranks);
+    }
     std::vector<SpawnedProcess> spawned;
     for (int lr = 0; lr < cfg.nproc; ++lr) {
       std::string dir = rankDir(lr);
@@ -448,6 +522,7 @@ struct Agent::Impl {
           w.error_file};
       Environment extra = cfg.extra_env;
       for (const auto& [k, v] : world.worker_env) extra[k] = v;
+      for (const auto& [k, v] : ckpt_env) extra[k] = v;
       extra[kMarkerEnv] = watchdog.marker();
       w.heartbeat = HeartbeatChannel::open();
       if (w.heartbeat) extra[kHeartbeatFdEnv] = std::to_string(w.heartbeat->fd());
@@ -626,6 +701,7 @@ struct Agent::Impl {
     progress.onExit(w.local_rank, exit_time, seconds(usage.ru_utime) + seconds(usage.ru_stime),
                     usage.ru_maxrss);
     hang.onExit(w.local_rank);
+    if (ckpt_tier) ckpt_tier->onWorkerExit(w.global_rank, pid);
     // Output written before exit is shown before the exit is acted on.
     for (int fd : std::vector<int>(stream_fds)) router.drain(fd);
     ExitStatus st = ExitStatus::fromWaitStatus(wstatus);
@@ -748,6 +824,14 @@ struct Agent::Impl {
     }
     router.setStatus("");  // the summary replaces it
     printSummary();
+    if (ckpt_tier) {
+      std::string line = ckpt_tier->drain(cfg.options.checkpoint_drain_timeout_sec);
+      printCheckpointSummary();
+      if (line.find("not persisted") != std::string::npos)
+        log::warn("{}", line);
+      else if (!line.empty())
+        log::info("{}", line);
+    }
     bool job_ok = rdzv.finish(exit_code == 0);
     if (sup.stopReason() == StopReason::kSignal) {
       log::warn("stopped by {}: exit code {}", signalName(sup.stopSignal()), exit_code);

@@ -62,6 +62,7 @@ void LiveView::update(const std::vector<RankReading>& ranks, ProgressTracker& pr
     u.alive = r.worker.alive;
     u.step = r.step;
     u.waited_us = r.waited_us;
+    u.checkpoint_bytes = r.checkpoint_bytes;
     if (r.worker.alive) {
       u.cpu_seconds = processCpuSeconds(r.worker.pid);
       u.rss_bytes = processRssBytes(r.worker.pid);

@@ -6,6 +6,7 @@
 //
 // Threads: the agent's loop thread only.
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,7 @@ struct RankReading {
   WorkerState worker;
   uint64_t step = 0;
   uint64_t waited_us = 0;
+  std::optional<int64_t> checkpoint_bytes;  // in launch's checkpoint memory
 };
 
 class LiveView {

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <map>
 #include <set>
+#include <vector>
 
 #include "launcher/agent/child_process.h"
 #include "launcher/agent/containment.h"
@@ -46,7 +47,8 @@ bool environHas(pid_t pid, const std::string& needle) {
                                const std::string& cgroup_path) {
   std::set<pid_t> groups;
   std::map<pid_t, unsigned long long> strays;
-  std::string line, private_dir;
+  std::string line;
+  std::vector<std::string> private_dirs;  // the log folder, the checkpoint memory root
   char buf[256];
   bool clean = false;
   while (true) {
@@ -60,8 +62,8 @@ bool environHas(pid_t pid, const std::string& needle) {
       }
       if (line == "bye")
         clean = true;
-      else if (line.size() > 1 && line[0] == 'd')
-        private_dir = line.substr(1);
+      else if (line.size() > 1 && line[0] == 'd' && private_dirs.size() < 8)
+        private_dirs.push_back(line.substr(1));
       else if (line.size() > 1 && line[0] == '+')
         groups.insert(std::atoi(line.c_str() + 1));
       else if (line.size() > 1 && line[0] == '-')
@@ -85,7 +87,7 @@ bool environHas(pid_t pid, const std::string& needle) {
     if (!cgroup_path.empty()) removeCgroupTree(cgroup_path);
     // So can launch's private temporary directory: nobody was told of anything in it.
     std::error_code ec;
-    if (!private_dir.empty()) std::filesystem::remove_all(private_dir, ec);
+    for (const auto& d : private_dirs) std::filesystem::remove_all(d, ec);
   }
   _exit(0);
 }

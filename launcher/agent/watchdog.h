@@ -25,8 +25,9 @@ class Watchdog {
   // Tells the watchdog the launcher finished cleanly and reaps it. Idempotent.
   void release();
 
-  // A directory of launch's own (its temporary run directory without --log-dir) that goes
-  // too when launch dies without finishing: a SIGKILLed launch left one in /tmp each time.
+  // A directory of launch's own (its temporary run directory without --log-dir, the checkpoint
+  // memory root; up to 8) that goes too when launch dies without finishing: a SIGKILLed launch
+  // left one in /tmp each time.
   void removeOnDeath(const std::string& dir);
   void watchGroup(pid_t pgid);
   void unwatchGroup(pid_t pgid);

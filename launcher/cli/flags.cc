@@ -209,6 +209,41 @@ const std::vector<Flag>& flags() {
        "role name, used in log prefixes (default 'default')",
        // Empty is accepted, as torchrun does (torchx's dist.ddp passes --role ''): ROLE_NAME=''.
        [](auto&, auto& v, auto& o) { o.role = v; }},
+      {{"--checkpoint-memory"},
+       true,
+       "SIZE|auto",
+       "memory per local rank for checkpoints in memory (ddplaunch.checkpoint, the C++ "
+       "CheckpointManager): 512M, 4G; auto (default): a quarter of /dev/shm over the local "
+       "ranks; 0: off, checkpoints go straight to disk",
+       [](auto& f, auto& v, auto& o) {
+         if (v == "auto")
+           o.checkpoint_memory.reset();
+         else
+           o.checkpoint_memory = parseSize(f, v);
+       }},
+      {{"--checkpoint-memory-keep"},
+       true,
+       "K",
+       "committed checkpoints kept in memory per rank (default 1; one more may be being "
+       "written)",
+       [](auto& f, auto& v, auto& o) { o.checkpoint_memory_keep = parseInt(f, v, 1, 100); }},
+      {{"--checkpoint-dir"},
+       true,
+       "DIR",
+       "where checkpoints in memory are persisted when the program names no directory "
+       "(DDPL_CHECKPOINT_DIR in the workers)",
+       [](auto& f, auto& v, auto& o) {
+         if (v.empty()) throw UsageError(fmt::format("{}: empty directory", f));
+         o.checkpoint_dir = v;
+       }},
+      {{"--checkpoint-drain-timeout"},
+       true,
+       "SECONDS",
+       "at the end of the run, how long launch waits for checkpoints still being persisted "
+       "(default 120)",
+       [](auto& f, auto& v, auto& o) {
+         o.checkpoint_drain_timeout_sec = parseNumber(f, v, 0, 1e6);
+       }},
       {{"--log-dir"},
        true,
        "DIR",

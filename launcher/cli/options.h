@@ -120,6 +120,14 @@ struct LaunchOptions {
   std::string log_line_prefix_template = "[${role_name}${local_rank}]:";
   bool prefix_output = true;  // --no-prefix: worker lines reach the console as written
 
+  // Checkpoints in memory (launcher/checkpoint/memory_tier.h, docs/checkpoints.md).
+  // Bytes of memory per local rank: unset, automatic (a quarter of /dev/shm over the local
+  // ranks); 0, the tier is off.
+  std::optional<uint64_t> checkpoint_memory;
+  int checkpoint_memory_keep = 1;  // committed checkpoints kept in memory per rank
+  std::string checkpoint_dir;      // the durable directory when the program names none
+  double checkpoint_drain_timeout_sec = 120;  // at exit: the wait for persistence in progress
+
   // Placement.
   NumaBinding numa_binding = NumaBinding::kNone;
   std::string start_method = "spawn";  // accepted; every worker is a fork+exec'd process

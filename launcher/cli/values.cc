@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "common/errors.h"
@@ -65,6 +67,27 @@ StreamSelection selectionFromCode(const std::string& flag, const std::string& co
     throw UsageError(fmt::format(
         "{}: '{}' is not a stream code (0 none, 1 stdout, 2 stderr, 3 both)", flag, code));
   return {(c & 1) != 0, (c & 2) != 0};
+}
+
+uint64_t parseSize(const std::string& flag, const std::string& v) {
+  std::string t = trim(v);
+  size_t i = 0;
+  while (i < t.size() && (std::isdigit(static_cast<unsigned char>(t[i])) || t[i] == '.')) ++i;
+  std::string number = t.substr(0, i), unit = t.substr(i);
+  for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  if (unit.size() > 1 && unit.back() == 'B') unit.pop_back();
+  if (unit.size() > 1 && unit.back() == 'I') unit.pop_back();
+  int shift = -1;
+  const std::string units = "BKMGT";
+  if (unit.empty())
+    shift = 0;
+  else if (unit.size() == 1 && units.find(unit[0]) != std::string::npos)
+    shift = 10 * static_cast<int>(units.find(unit[0]));
+  char* end = nullptr;
+  double n = number.empty() ? -1 : std::strtod(number.c_str(), &end);
+  if (shift < 0 || n < 0 || !end || *end != '\0' || n * std::pow(2.0, shift) > 1e18)
+    throw UsageError(flag + ": '" + v + "' is not a size (e.g. 0, 512M, 4G)");
+  return static_cast<uint64_t>(n * std::pow(2.0, shift));
 }
 
 }  // namespace ddpl::launcher::cli

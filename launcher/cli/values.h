@@ -15,6 +15,9 @@ int parseInt(const std::string& flag, const std::string& v, int min_value,
              int max_value = 1'000'000'000);
 double parseSeconds(const std::string& flag, const std::string& v);
 
+// A size in bytes: 123, 512K, 640M, 4G, 1T (powers of 1024; a trailing B or iB is allowed).
+uint64_t parseSize(const std::string& flag, const std::string& v);
+
 // A run id names directories (<log-dir>/<run id>), cgroups and keys: it must never climb out of
 // the log directory (../../x) or exceed what a file name may hold (issue 33).
 void checkRunId(const std::string& flag, const std::string& id);

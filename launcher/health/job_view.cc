@@ -74,6 +74,8 @@ std::string render(const JobFigures& f, size_t list_up_to, const char* sep, bool
   if (!gpu.empty()) out += fmt::format("{}gpu% {}", sep, gpu);
   std::string gmem = perRank(f.gpu_memory_bytes, list_up_to, bytes);
   if (!gmem.empty()) out += fmt::format("{}gpu mem {}", sep, gmem);
+  std::string ckpt = perRank(f.checkpoint_bytes, list_up_to, bytes);
+  if (!ckpt.empty()) out += fmt::format("{}ckpt mem {}", sep, ckpt);
   return out;
 }
 
@@ -146,6 +148,7 @@ JobFigures JobView::figures() const {
     f.rss_bytes.push_back(r.alive ? r.rss_bytes : -1);
     f.gpu_util_percent.push_back(r.gpu_util_percent);
     f.gpu_memory_bytes.push_back(r.gpu_memory_bytes);
+    f.checkpoint_bytes.push_back(r.checkpoint_bytes);
     if (r.step > 0) {
       f.stepping = true;
       min_step = std::min(min_step, r.step);

@@ -21,6 +21,7 @@ struct RankUsage {
   int64_t rss_bytes = -1;  // resident memory; -1: unknown
   std::optional<double> gpu_util_percent;
   std::optional<int64_t> gpu_memory_bytes;
+  std::optional<int64_t> checkpoint_bytes;  // held in launch's checkpoint memory (docs/checkpoints.md)
 };
 
 struct JobFigures {
@@ -40,6 +41,7 @@ struct JobFigures {
   std::vector<int64_t> rss_bytes;                  // per local rank, -1 unknown
   std::vector<std::optional<double>> gpu_util_percent;
   std::vector<std::optional<int64_t>> gpu_memory_bytes;
+  std::vector<std::optional<int64_t>> checkpoint_bytes;
 };
 
 class JobView {

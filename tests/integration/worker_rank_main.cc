@@ -4,8 +4,12 @@
 // and exits non-zero with a message when it does not hold.
 #include <torch/torch.h>
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -14,7 +18,9 @@
 
 #include "common/errors.h"
 #include "worker/amp.h"
+#include "common/checkpoint_files.h"
 #include "worker/checkpoint.h"
+#include "worker/checkpoints.h"
 #include "worker/ddp.h"
 #include "worker/error_report.h"
 #include "worker/session.h"
@@ -402,6 +408,93 @@ int scalerSequence(const std::string& pattern, const std::string& device_name) {
   return 0;
 }
 
+// Two files of ckpt_train's final parameters: 0 when every tensor is bit for bit the same.
+int sameTensors(const std::string& a, const std::string& b) {
+  std::vector<torch::Tensor> x, y;
+  torch::load(x, a);
+  torch::load(y, b);
+  if (x.size() != y.size()) fail("tensor counts differ: " + a + " vs " + b);
+  for (size_t i = 0; i < x.size(); ++i)
+    if (!torch::equal(x[i], y[i]))
+      fail("parameter " + std::to_string(i) + " differs: max difference " +
+           std::to_string((x[i] - y[i]).abs().max().item<double>()));
+  std::printf("same\n");
+  return 0;
+}
+
+// Training with checkpoints through CheckpointManager (in launch's memory when launch gives
+// it), killed once on the first attempt: `arg` is comma-separated key=value: steps, every (a
+// checkpoint every N steps), durable (every Nth of them reaches the disk), dir, out (rank 0
+// saves the final parameters there), kill=STEP:RANK:step|checkpoint (SIGKILL in the middle of
+// that step's backward-to-update, or halfway through writing that step's checkpoint in memory;
+// RANK -1: every rank).
+// Data depend on the step only, so a resumed run must end with a never-failed run's weights.
+int checkpointedTraining(dw::Session& session, const std::string& arg) {
+  std::map<std::string, std::string> kv;
+  for (size_t start = 0; start < arg.size();) {
+    size_t end = arg.find(',', start);
+    if (end == std::string::npos) end = arg.size();
+    std::string item = arg.substr(start, end - start);
+    auto eq = item.find('=');
+    if (eq != std::string::npos) kv[item.substr(0, eq)] = item.substr(eq + 1);
+    start = end + 1;
+  }
+  const int steps = std::stoi(kv.at("steps")), every = std::stoi(kv.at("every"));
+  const int durable = kv.count("durable") ? std::stoi(kv["durable"]) : 1;
+  int killStep = -1, killRank = -1;
+  std::string killWhere;
+  if (kv.count("kill")) {
+    const std::string k = kv["kill"];
+    killStep = std::stoi(k.substr(0, k.find(':')));
+    killRank = std::stoi(k.substr(k.find(':') + 1));
+    killWhere = k.substr(k.rfind(':') + 1);
+  }
+  const bool killHere =
+      session.options().restartCount == 0 && (killRank < 0 || session.rank() == killRank);
+  const int rank = session.rank(), world = session.worldSize();
+
+  torch::manual_seed(77);
+  auto model = std::make_shared<MlpImpl>(false, 32);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  dw::TrainingProgress progress;
+  dw::CheckpointRefs refs{model.get(), &opt, nullptr, &progress};
+  dw::CheckpointManager ckpts(session, dw::CheckpointPolicy{kv.at("dir"), 2, false});
+  const dw::ResumePoint point = ckpts.resume(refs);
+  // After the load, as ddp_resnet does: the wrapper hooks the parameters it is given.
+  dw::DistributedDataParallel<MlpImpl> ddp(model, session.backend());
+  if (!point.path.empty())
+    std::printf("rank %d resumed from step %lld (%s)\n", rank,
+                static_cast<long long>(point.progress.step), point.source.c_str());
+  else
+    std::printf("rank %d fresh start\n", rank);
+  std::fflush(stdout);
+  for (int step = static_cast<int>(point.progress.step); step < steps; ++step) {
+    opt.zero_grad();
+    auto [x, y] = globalBatch(step, 0, world * kPerRankBatch);
+    auto loss = torch::mse_loss(ddp.forward(x.narrow(0, rank * kPerRankBatch, kPerRankBatch)),
+                                y.narrow(0, rank * kPerRankBatch, kPerRankBatch));
+    loss.backward();
+    if (killHere && step == killStep && killWhere == "step") ::kill(::getpid(), SIGKILL);
+    opt.step();
+    progress.step = step + 1;
+    if (progress.step % every != 0) continue;
+    if (killHere && step + 1 == killStep && killWhere == "checkpoint" && ckpts.inMemory()) {
+      // Half of this step's checkpoint written into launch's memory, then the crash.
+      std::string rankDir = session.options().checkpointMemory + "/" + ddpl::ckpt::rankDirName(rank);
+      std::string partial = ddpl::ckpt::beginStep(rankDir, progress.step);
+      std::ofstream(partial + "/half.pt") << std::string(4096, 'x');
+      ::kill(::getpid(), SIGKILL);
+    }
+    ckpts.save(refs, (progress.step / every) % durable == 0);
+  }
+  if (rank == 0 && kv.count("out")) {
+    std::vector<torch::Tensor> params;
+    for (auto& p : model->parameters()) params.push_back(p.detach().clone());
+    torch::save(params, kv["out"]);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -417,6 +510,7 @@ int main(int argc, char** argv) {
     if (scenario == "throw_named") return throwNamed();
     if (scenario == "throw_in_thread") return throwInThread();
     if (scenario == "scaler") return scalerSequence(arg, argc > 3 ? argv[3] : "cpu");
+    if (scenario == "ckpt_equal") return sameTensors(arg, argc > 3 ? argv[3] : "");
     dw::Session session(options);
     if (scenario == "equivalence") return equivalence(session, false, false);
     if (scenario == "equivalence_nosync") return equivalence(session, true, false);
@@ -429,6 +523,7 @@ int main(int argc, char** argv) {
     if (scenario == "signal") return waitForSignal(session, arg);
     if (scenario == "hang") return hang(session, arg);
     if (scenario == "straggler") return straggler(session, arg);
+    if (scenario == "ckpt_train") return checkpointedTraining(session, arg);
     throw ddpl::InvalidArgument("unknown scenario '" + scenario + "'");
   });
 }

@@ -1,0 +1,201 @@
+#include "common/checkpoint_format.h"
+
+#include <algorithm>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "common/errors.h"
+
+namespace ddpl::ckpt {
+
+using nlohmann::json;
+
+std::string rankDirName(int64_t rank) { return "rank-" + std::to_string(rank); }
+std::string stepDirName(int64_t step) { return "step-" + std::to_string(step); }
+std::string partialDirName(int64_t step, long pid) {
+  return "partial-" + std::to_string(step) + "-" + std::to_string(pid);
+}
+std::string markerName(int64_t step, int64_t rank) {
+  return ".ddpl-step-" + std::to_string(step) + ".rank-" + std::to_string(rank) + ".json";
+}
+
+namespace {
+
+// A non-negative decimal without sign, leading zeros or overflow: "step-007" is not a step
+// directory of ours, so two names never mean the same step.
+std::optional<int64_t> parseCount(const std::string& s) {
+  if (s.empty() || s.size() > 18 || (s.size() > 1 && s[0] == '0')) return std::nullopt;
+  int64_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + (c - '0');
+  }
+  return v;
+}
+
+bool startsWith(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
+
+}  // namespace
+
+std::optional<int64_t> parseStepDirName(const std::string& name) {
+  if (!startsWith(name, "step-")) return std::nullopt;
+  return parseCount(name.substr(5));
+}
+
+std::optional<PartialName> parsePartialDirName(const std::string& name) {
+  if (!startsWith(name, "partial-")) return std::nullopt;
+  std::string rest = name.substr(8);
+  auto dash = rest.find('-');
+  if (dash == std::string::npos) return std::nullopt;
+  auto step = parseCount(rest.substr(0, dash));
+  auto pid = parseCount(rest.substr(dash + 1));
+  if (!step || !pid || *pid > std::numeric_limits<int>::max()) return std::nullopt;
+  return PartialName{*step, static_cast<long>(*pid)};
+}
+
+std::optional<MarkerName> parseMarkerName(const std::string& name) {
+  const std::string head = ".ddpl-step-", mid = ".rank-", tail = ".json";
+  if (!startsWith(name, head) || name.size() < head.size() + tail.size() ||
+      name.compare(name.size() - tail.size(), tail.size(), tail) != 0)
+    return std::nullopt;
+  std::string body = name.substr(head.size(), name.size() - head.size() - tail.size());
+  auto m = body.find(mid);
+  if (m == std::string::npos) return std::nullopt;
+  auto step = parseCount(body.substr(0, m));
+  auto rank = parseCount(body.substr(m + mid.size()));
+  if (!step || !rank) return std::nullopt;
+  return MarkerName{*step, *rank};
+}
+
+bool safeRelativePath(const std::string& path) {
+  if (path.empty() || path[0] == '/' || path.size() > 4096) return false;
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t end = path.find('/', start);
+    if (end == std::string::npos) end = path.size();
+    std::string part = path.substr(start, end - start);
+    if (part.empty() || part == "." || part == ".." || part.find('\0') != std::string::npos)
+      return false;
+    start = end + 1;
+  }
+  return true;
+}
+
+std::string encodeRecord(const CommitRecord& r) {
+  json files = json::array();
+  for (const auto& f : r.files) files.push_back({{"path", f.path}, {"size", f.size}});
+  json j = {{"version", r.version},       {"step", r.step},
+            {"rank", r.rank},             {"world_size", r.world_size},
+            {"files", files},             {"bytes", r.bytes},
+            {"durable_path", r.durable_path}, {"persist", r.persist},
+            {"replicated", r.replicated}, {"keep", r.keep},
+            {"time", r.time}};
+  return j.dump();
+}
+
+namespace {
+
+const json& field(const json& j, const char* name) {
+  auto it = j.find(name);
+  if (it == j.end()) throw InvalidArgument(std::string("commit record: no '") + name + "'");
+  return *it;
+}
+
+int64_t nonNegative(const json& j, const char* name) {
+  const json& v = field(j, name);
+  if (!v.is_number_integer() || v.get<int64_t>() < 0)
+    throw InvalidArgument(std::string("commit record: '") + name +
+                          "' is not a non-negative integer: " + v.dump());
+  return v.get<int64_t>();
+}
+
+bool flag(const json& j, const char* name) {
+  const json& v = field(j, name);
+  if (!v.is_boolean())
+    throw InvalidArgument(std::string("commit record: '") + name + "' is not true/false");
+  return v.get<bool>();
+}
+
+}  // namespace
+
+CommitRecord decodeRecord(const std::string& text) {
+  if (text.size() > kMaxRecordBytes)
+    throw InvalidArgument("commit record: " + std::to_string(text.size()) + " bytes (limit " +
+                          std::to_string(kMaxRecordBytes) + ")");
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) throw InvalidArgument("commit record: not a JSON object");
+  CommitRecord r;
+  r.version = static_cast<int>(nonNegative(j, "version"));
+  if (r.version != kFormatVersion)
+    throw InvalidArgument("commit record: format version " + std::to_string(r.version) +
+                          ", this build reads " + std::to_string(kFormatVersion));
+  r.step = nonNegative(j, "step");
+  r.rank = nonNegative(j, "rank");
+  r.world_size = nonNegative(j, "world_size");
+  if (r.world_size < 1 || r.rank >= r.world_size)
+    throw InvalidArgument("commit record: rank " + std::to_string(r.rank) + " of world size " +
+                          std::to_string(r.world_size));
+  const json& files = field(j, "files");
+  if (!files.is_array()) throw InvalidArgument("commit record: 'files' is not a list");
+  if (files.size() > kMaxFiles)
+    throw InvalidArgument("commit record: " + std::to_string(files.size()) + " files (limit " +
+                          std::to_string(kMaxFiles) + ")");
+  uint64_t sum = 0;
+  std::set<std::string> seen;
+  for (const auto& f : files) {
+    if (!f.is_object()) throw InvalidArgument("commit record: a file entry is not an object");
+    const json& p = field(f, "path");
+    if (!p.is_string() || !safeRelativePath(p.get<std::string>()))
+      throw InvalidArgument("commit record: unsafe file path " + p.dump());
+    FileEntry e{p.get<std::string>(), static_cast<uint64_t>(nonNegative(f, "size"))};
+    if (!seen.insert(e.path).second)
+      throw InvalidArgument("commit record: file '" + e.path + "' listed twice");
+    if (e.path == kRecordName) throw InvalidArgument("commit record: lists itself");
+    sum += e.size;
+    r.files.push_back(std::move(e));
+  }
+  r.bytes = static_cast<uint64_t>(nonNegative(j, "bytes"));
+  if (r.bytes != sum)
+    throw InvalidArgument("commit record: 'bytes' is " + std::to_string(r.bytes) +
+                          " but the files add up to " + std::to_string(sum));
+  const json& d = field(j, "durable_path");
+  if (!d.is_string()) throw InvalidArgument("commit record: 'durable_path' is not a string");
+  r.durable_path = d.get<std::string>();
+  if (!r.durable_path.empty() && r.durable_path[0] != '/')
+    throw InvalidArgument("commit record: 'durable_path' is not absolute: " + r.durable_path);
+  r.persist = flag(j, "persist");
+  r.replicated = flag(j, "replicated");
+  r.keep = nonNegative(j, "keep");
+  const json& t = field(j, "time");
+  if (!t.is_number()) throw InvalidArgument("commit record: 'time' is not a number");
+  r.time = t.get<double>();
+  return r;
+}
+
+std::optional<int64_t> agreeOnStep(const std::vector<std::vector<int64_t>>& offers) {
+  if (offers.empty()) return std::nullopt;
+  std::set<int64_t> common(offers[0].begin(), offers[0].end());
+  for (size_t i = 1; i < offers.size() && !common.empty(); ++i) {
+    std::set<int64_t> next;
+    for (int64_t s : offers[i])
+      if (common.count(s)) next.insert(s);
+    common.swap(next);
+  }
+  if (common.empty()) return std::nullopt;
+  return *common.rbegin();
+}
+
+std::vector<int64_t> stepsToRetire(std::vector<int64_t> persisted, int64_t keep) {
+  std::sort(persisted.begin(), persisted.end());
+  persisted.erase(std::unique(persisted.begin(), persisted.end()), persisted.end());
+  if (keep <= 0 || persisted.size() <= static_cast<size_t>(keep)) return {};
+  persisted.resize(persisted.size() - static_cast<size_t>(keep));
+  return persisted;
+}
+
+uint64_t writeAllowance(uint64_t budget, uint64_t committed_bytes) {
+  return committed_bytes >= budget ? 0 : budget - committed_bytes;
+}
+
+}  // namespace ddpl::ckpt

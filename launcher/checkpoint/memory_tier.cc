@@ -1,0 +1,454 @@
+#include "launcher/checkpoint/memory_tier.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/inotify.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "common/checkpoint_files.h"
+#include "common/errors.h"
+#include "common/log.h"
+#include "launcher/health/job_view.h"
+
+namespace fs = std::filesystem;
+
+namespace ddpl::launcher {
+
+namespace {
+
+// ioprio_set(2) has no glibc wrapper. Idle class: the disk serves the copy only when nobody
+// else (the training's data loading) wants it.
+constexpr int kIoprioWhoProcess = 1;
+constexpr int kIoprioClassShift = 13;
+constexpr int kIoprioClassBestEffort = 2;
+constexpr int kIoprioClassIdle = 3;
+
+void setThreadPriority(bool background) {
+  pid_t tid = static_cast<pid_t>(syscall(SYS_gettid));
+  int ioprio = background ? (kIoprioClassIdle << kIoprioClassShift)
+                          : (kIoprioClassBestEffort << kIoprioClassShift) | 4;
+  syscall(SYS_ioprio_set, kIoprioWhoProcess, tid, ioprio);
+  // Lowering the nice value back needs privileges: without them the drain runs at 19, which
+  // only matters when something else wants the CPU after the workers are gone.
+  setpriority(PRIO_PROCESS, static_cast<id_t>(tid), background ? 19 : 0);
+}
+
+double monotonicSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+struct MemoryTier::Impl {
+  struct Rank {
+    std::string dir;
+    int wd = -1;
+    bool current = true;     // a rank of the running group on this node
+    int64_t newest = -1;     // newest committed step seen
+    bool persists = true;    // the newest record's: false for a replicated state of rank > 0
+    int64_t persisted = -1;  // newest persisted
+    int64_t pending = -1;    // step to persist next; -1: none
+    bool urgent = false;     // its worker died: before every other rank
+    bool force = false;      // persist even a step committed with persist=false
+    std::string error;
+  };
+
+  MemoryTierOptions opt;
+  std::string root;
+  int inotify_fd = -1;
+  int wake_fd = -1;
+  std::thread thread;
+  mutable std::mutex mu;
+  std::condition_variable idle_cv;
+  std::map<int64_t, Rank> ranks;
+  std::map<int, int64_t> wd_rank;
+  bool stopping = false;
+  bool draining = false;
+  bool busy = false;
+  bool keep_root = false;  // drain left checkpoints that are not on disk
+  log::Limiter failure_lines{std::chrono::seconds(30)};
+
+  void wake() {
+    uint64_t one = 1;
+    (void)!write(wake_fd, &one, sizeof(one));
+  }
+
+  // The record of rank's step-<step> when it is committed and valid, else none.
+  std::optional<ckpt::CommitRecord> record(int64_t rank, int64_t step, const std::string& dir) {
+    return ckpt::readCommitted(dir + "/" + ckpt::stepDirName(step), step, rank);
+  }
+
+  static bool persistable(const ckpt::CommitRecord& r) {
+    return !r.durable_path.empty() && (!r.replicated || r.rank == 0);
+  }
+
+  // Called with mu held: a commit of `step` seen for `rank`.
+  void noteCommit(Rank& r, const ckpt::CommitRecord& rec) {
+    if (rec.step >= r.newest) r.persists = persistable(rec);
+    r.newest = std::max(r.newest, rec.step);
+    if (rec.persist && persistable(rec) && rec.step > r.persisted)
+      r.pending = std::max(r.pending, rec.step);
+  }
+
+  void scanRank(int64_t rank) {
+    std::string dir;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = ranks.find(rank);
+      if (it == ranks.end()) return;
+      dir = it->second.dir;
+    }
+    auto steps = ckpt::listCommitted(dir, rank);
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = ranks.find(rank);
+    if (it == ranks.end()) return;
+    for (const auto& s : steps) noteCommit(it->second, s.record);
+  }
+
+  void readEvents() {
+    alignas(inotify_event) char buf[16384];
+    for (;;) {
+      ssize_t n = read(inotify_fd, buf, sizeof(buf));
+      if (n <= 0) return;
+      for (char* p = buf; p < buf + n;) {
+        auto* ev = reinterpret_cast<inotify_event*>(p);
+        p += sizeof(inotify_event) + ev->len;
+        if (ev->mask & IN_Q_OVERFLOW) {
+          std::vector<int64_t> all;
+          {
+            std::lock_guard<std::mutex> lock(mu);
+            for (const auto& [rank, _] : ranks) all.push_back(rank);
+          }
+          for (int64_t rank : all) scanRank(rank);
+          continue;
+        }
+        if (ev->len == 0 || !(ev->mask & IN_ISDIR)) continue;
+        auto step = ckpt::parseStepDirName(ev->name);
+        if (!step) continue;
+        int64_t rank;
+        std::string dir;
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          auto w = wd_rank.find(ev->wd);
+          if (w == wd_rank.end()) continue;
+          rank = w->second;
+          dir = ranks[rank].dir;
+        }
+        auto rec = record(rank, *step, dir);
+        if (!rec) continue;  // removed again already, or not ours to read
+        std::lock_guard<std::mutex> lock(mu);
+        auto it = ranks.find(rank);
+        if (it != ranks.end()) noteCommit(it->second, *rec);
+      }
+    }
+  }
+
+  // With mu held: the next rank to persist, urgent ones first, then the lowest rank.
+  std::map<int64_t, Rank>::iterator nextJob() {
+    auto best = ranks.end();
+    for (auto it = ranks.begin(); it != ranks.end(); ++it) {
+      if (it->second.pending < 0) continue;
+      if (best == ranks.end() || (it->second.urgent && !best->second.urgent)) best = it;
+    }
+    return best;
+  }
+
+  void persist(int64_t rank, const std::string& dir, int64_t step, bool force, bool urgent) {
+    std::string error;
+    uint64_t bytes = 0;
+    std::string where;
+    double t0 = monotonicSeconds();
+    try {
+      auto rec = record(rank, step, dir);
+      if (!rec) return;  // trimmed by its writer meanwhile: a newer one is pending
+      if ((!rec->persist && !force) || !persistable(*rec)) return;
+      where = rec->durable_path;
+      bytes = ckpt::persistStep(dir + "/" + ckpt::stepDirName(step), *rec, /*move=*/false);
+      ckpt::retireDurable(ckpt::durableRoot(*rec), rank, rec->keep);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    double took = monotonicSeconds() - t0;
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = ranks.find(rank);
+    if (it == ranks.end()) return;
+    Rank& r = it->second;
+    if (error.empty()) {
+      if (!where.empty()) r.persisted = std::max(r.persisted, step);
+      r.error.clear();
+      if (!where.empty()) {
+        if (urgent || draining)
+          log::info("checkpoint step {} of rank {} persisted to {} ({} in {:.2f}s)", step, rank,
+                    where, humanBytes(static_cast<int64_t>(bytes)), took);
+        else
+          log::debug("checkpoint step {} of rank {} persisted to {} ({} in {:.2f}s)", step, rank,
+                     where, humanBytes(static_cast<int64_t>(bytes)), took);
+      }
+    } else {
+      r.error = error;
+      int64_t held = 0;
+      if (failure_lines.admit(&held))
+        log::warn("cannot persist checkpoint step {} of rank {}: {}; it stays in memory, training "
+                  "goes on{}",
+                  step, rank, error,
+                  held ? fmt::format(" ({} more such failures not shown)", held) : "");
+    }
+  }
+
+  void run() {
+    setThreadPriority(true);
+    bool background = true;
+    for (;;) {
+      bool have_job;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (stopping) return;
+        if (draining && background) {
+          setThreadPriority(false);
+          background = false;
+        }
+        have_job = nextJob() != ranks.end();
+        if (!have_job) {
+          retireStale();
+          busy = false;
+          idle_cv.notify_all();
+        }
+      }
+      pollfd fds[2] = {{inotify_fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
+      if (poll(fds, 2, have_job ? 0 : -1) < 0 && errno != EINTR) return;
+      if (fds[1].revents & POLLIN) {
+        uint64_t v;
+        (void)!read(wake_fd, &v, sizeof(v));
+      }
+      readEvents();
+      int64_t rank, step;
+      std::string dir;
+      bool force, urgent;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (stopping) return;
+        auto job = nextJob();
+        if (job == ranks.end()) continue;
+        rank = job->first;
+        step = job->second.pending;
+        dir = job->second.dir;
+        force = job->second.force;
+        urgent = job->second.urgent;
+        job->second.pending = -1;
+        job->second.urgent = job->second.force = false;
+        busy = true;
+      }
+      persist(rank, dir, step, force, urgent);
+    }
+  }
+
+  // With mu held, nothing pending: the directories of ranks that left this node go.
+  void retireStale() {
+    for (auto it = ranks.begin(); it != ranks.end();) {
+      if (it->second.current) {
+        ++it;
+        continue;
+      }
+      inotify_rm_watch(inotify_fd, it->second.wd);
+      wd_rank.erase(it->second.wd);
+      std::error_code ec;
+      fs::remove_all(it->second.dir, ec);
+      it = ranks.erase(it);
+    }
+  }
+
+  // With mu held: the newest committed step of a rank to be persisted next, whatever its
+  // persist flag said (its worker is gone).
+  void persistNewest(Rank& r, int64_t rank, bool urgent) {
+    auto steps = ckpt::listCommitted(r.dir, rank);
+    if (steps.empty()) return;
+    const auto& newest = steps.front();
+    r.newest = std::max(r.newest, newest.step);
+    if (newest.step > r.persisted && persistable(newest.record)) {
+      r.pending = newest.step;
+      r.force = true;
+      r.urgent = r.urgent || urgent;
+    }
+  }
+};
+
+uint64_t MemoryTier::autoBudget(const std::string& base, int nproc) {
+  struct statvfs sv{};
+  if (statvfs(base.c_str(), &sv) != 0 || nproc < 1) return 0;
+  uint64_t size = static_cast<uint64_t>(sv.f_blocks) * sv.f_frsize;
+  return size / 4 / static_cast<uint64_t>(nproc);
+}
+
+MemoryTier::MemoryTier(MemoryTierOptions options) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.opt = std::move(options);
+  std::string tmpl = m.opt.base + "/ddpl-ckpt-XXXXXX";
+  if (!mkdtemp(tmpl.data()))
+    throw Error("cannot create the checkpoint memory root in " + m.opt.base + ": " +
+                strerror(errno) + " (--checkpoint-memory=0 turns checkpoints in memory off)");
+  m.root = tmpl;
+  m.inotify_fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+  m.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (m.inotify_fd < 0 || m.wake_fd < 0) {
+    int e = errno;
+    if (m.inotify_fd >= 0) close(m.inotify_fd);
+    if (m.wake_fd >= 0) close(m.wake_fd);
+    rmdir(m.root.c_str());
+    throw Error(std::string("cannot watch the checkpoint memory root: ") + strerror(e));
+  }
+  m.thread = std::thread([&m] { m.run(); });
+}
+
+MemoryTier::~MemoryTier() {
+  Impl& m = *impl_;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    m.stopping = true;
+  }
+  m.wake();
+  if (m.thread.joinable()) m.thread.join();
+  close(m.inotify_fd);
+  close(m.wake_fd);
+  std::error_code ec;
+  if (!m.keep_root) fs::remove_all(m.root, ec);
+}
+
+const std::string& MemoryTier::root() const { return impl_->root; }
+
+std::map<std::string, std::string> MemoryTier::startGroup(const std::vector<int64_t>& global_ranks) {
+  Impl& m = *impl_;
+  std::set<int64_t> wanted(global_ranks.begin(), global_ranks.end());
+  std::vector<int64_t> fresh;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    for (auto& [rank, r] : m.ranks) {
+      bool now = wanted.count(rank) > 0;
+      if (r.current && !now) m.persistNewest(r, rank, /*urgent=*/false);
+      r.current = now;
+    }
+    for (int64_t rank : wanted) {
+      if (m.ranks.count(rank)) continue;
+      Impl::Rank r;
+      r.dir = m.root + "/" + ckpt::rankDirName(rank);
+      if (mkdir(r.dir.c_str(), 0700) != 0 && errno != EEXIST)
+        throw Error("cannot create " + r.dir + ": " + strerror(errno));
+      r.wd = inotify_add_watch(m.inotify_fd, r.dir.c_str(),
+                               IN_MOVED_TO | IN_CREATE | IN_ONLYDIR | IN_DONT_FOLLOW);
+      if (r.wd < 0)
+        throw Error("cannot watch " + r.dir + ": " + strerror(errno) +
+                    " (fs.inotify.max_user_watches?)");
+      m.wd_rank[r.wd] = rank;
+      m.ranks[rank] = std::move(r);
+      fresh.push_back(rank);
+    }
+  }
+  m.wake();
+  std::map<std::string, std::string> env;
+  env[ckpt::kMemoryEnv] = m.root;
+  env[ckpt::kBudgetEnv] = std::to_string(m.opt.budget_per_rank);
+  env[ckpt::kKeepEnv] = std::to_string(m.opt.keep);
+  if (!m.opt.durable_dir.empty()) env[ckpt::kDirEnv] = m.opt.durable_dir;
+  return env;
+}
+
+void MemoryTier::onWorkerExit(int64_t global_rank, pid_t pid) {
+  Impl& m = *impl_;
+  std::string dir;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    auto it = m.ranks.find(global_rank);
+    if (it == m.ranks.end()) return;
+    dir = it->second.dir;
+  }
+  // A half-written step is never offered and never persisted: gone with its writer.
+  ckpt::removePartials(dir, static_cast<long>(pid));
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    auto it = m.ranks.find(global_rank);
+    if (it != m.ranks.end()) m.persistNewest(it->second, global_rank, /*urgent=*/true);
+  }
+  m.wake();
+}
+
+std::vector<RankCheckpointStatus> MemoryTier::status() const {
+  const Impl& m = *impl_;
+  std::vector<RankCheckpointStatus> out;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    for (const auto& [rank, r] : m.ranks) {
+      if (!r.current) continue;
+      RankCheckpointStatus s;
+      s.rank = rank;
+      s.newest_step = r.newest;
+      s.persisted_step = r.persisted;
+      s.persists = r.persists;
+      s.error = r.error;
+      out.push_back(s);
+    }
+  }
+  for (auto& s : out) {
+    auto u = ckpt::rankUsage(m.root + "/" + ckpt::rankDirName(s.rank));
+    s.committed_bytes = u.committed;
+    s.partial_bytes = u.partial;
+  }
+  return out;
+}
+
+std::string MemoryTier::drain(double timeout_sec) {
+  Impl& m = *impl_;
+  std::unique_lock<std::mutex> lock(m.mu);
+  m.draining = true;
+  for (auto& [rank, r] : m.ranks) m.persistNewest(r, rank, /*urgent=*/false);
+  bool any = m.nextJob() != m.ranks.end();
+  if (!any) return "";
+  double t0 = monotonicSeconds();
+  m.busy = true;
+  lock.unlock();
+  m.wake();
+  lock.lock();
+  bool finished = m.idle_cv.wait_for(
+      lock, std::chrono::duration<double>(timeout_sec),
+      [&] { return !m.busy && m.nextJob() == m.ranks.end(); });
+  std::vector<std::string> left;
+  for (const auto& [rank, r] : m.ranks) {
+    auto steps = ckpt::listCommitted(r.dir, rank);
+    if (steps.empty() || !Impl::persistable(steps.front().record) || steps.front().step <= r.persisted)
+      continue;
+    left.push_back(fmt::format("rank {} step {}{}", rank, steps.front().step,
+                               r.error.empty() ? "" : " (" + r.error + ")"));
+  }
+  if (left.empty())
+    return fmt::format("checkpoints in memory persisted at exit in {:.2f}s",
+                       monotonicSeconds() - t0);
+  // What is not on disk is not deleted: the root stays for the user to copy from.
+  m.stopping = true;
+  lock.unlock();
+  m.wake();
+  if (m.thread.joinable()) m.thread.join();
+  std::string kept = m.root;
+  m.keep_root = true;
+  std::string why = finished ? "" : fmt::format(" within {:.0f}s", timeout_sec);
+  return fmt::format(
+      "checkpoints not persisted{}: {}; kept in memory at {} (remove it when copied)", why,
+      fmt::join(left, ", "), kept);
+}
+
+}  // namespace ddpl::launcher

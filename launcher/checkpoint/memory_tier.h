@@ -1,0 +1,74 @@
+#pragma once
+// The agent's side of checkpoints in memory (docs/checkpoints.md): a private root on /dev/shm
+// that outlives the workers, one directory per rank, and a thread that persists what workers
+// commit to its durable place in the background, at idle I/O priority, newest first; when a
+// worker dies, its newest committed step is persisted before anything else. The workers write
+// and commit themselves (common/checkpoint_files.h); launch only watches (inotify), copies,
+// reports the memory each rank holds, and removes the root at exit.
+//
+// Threading: the agent's loop thread calls every public function; the persister thread owns
+// the inotify descriptor and the queue, and shares the per-rank status under a mutex.
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ddpl::launcher {
+
+struct MemoryTierOptions {
+  uint64_t budget_per_rank = 0;
+  int64_t keep = 1;
+  std::string durable_dir;  // launch's --checkpoint-dir (absolute); empty: the programs' own
+  std::string base = "/dev/shm";
+};
+
+struct RankCheckpointStatus {
+  int64_t rank = 0;
+  uint64_t committed_bytes = 0;
+  uint64_t partial_bytes = 0;
+  int64_t newest_step = -1;     // committed in memory; -1: none
+  int64_t persisted_step = -1;  // newest persisted by launch; -1: none
+  bool persists = true;         // false: a replicated state, which rank 0's copy persists
+  std::string error;            // the last persistence failure, empty when the last one worked
+};
+
+class MemoryTier {
+ public:
+  // The automatic budget: a quarter of the file system at `base` over `nproc` ranks; 0 when it
+  // cannot be read.
+  static uint64_t autoBudget(const std::string& base, int nproc);
+
+  // Creates the root (mkdtemp under options.base: exclusive, 0700) and starts the persister.
+  // Throws ddpl::Error naming the directory when it cannot.
+  explicit MemoryTier(MemoryTierOptions options);
+  ~MemoryTier();  // stops the thread (without waiting for persistence: see drain) and removes the root
+  MemoryTier(const MemoryTier&) = delete;
+  MemoryTier& operator=(const MemoryTier&) = delete;
+
+  const std::string& root() const;
+
+  // Before a group starts: the rank directories of its global ranks exist and are watched.
+  // Directories of ranks no longer on this node are persisted (newest step) and removed.
+  // Returns the variables to add to the workers' environment.
+  std::map<std::string, std::string> startGroup(const std::vector<int64_t>& global_ranks);
+
+  // A worker exited: its half-written steps go, and its newest committed step is persisted
+  // before anything else.
+  void onWorkerExit(int64_t global_rank, pid_t pid);
+
+  std::vector<RankCheckpointStatus> status() const;
+
+  // At the end of the run: persists what is committed but not yet persisted (at normal
+  // priority), waiting at most `timeout_sec`. Returns a line for the log ("" when nothing was
+  // to do).
+  std::string drain(double timeout_sec);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ddpl::launcher

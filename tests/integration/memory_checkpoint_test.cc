@@ -1,0 +1,163 @@
+// Checkpoints in memory under launch (issue 29, docs/checkpoints.md): a worker SIGKILLed mid-step
+// or mid-checkpoint, and the group resumes from launch's memory at a step every rank agrees on
+// and ends with the weights of a run that never failed; the C++ worker library's DDP
+// (tests/integration/worker_rank_main.cc, scenario ckpt_train) and Python DDP
+// (tests/python/ckpt_train.py). Then the bounds: a memory budget too small, a disk that refuses
+// writes.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <regex>
+#include <string>
+
+#include "tests/common/subprocess.h"
+
+using namespace ddpl::testing;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+namespace {
+const std::string kLaunch = std::string(DDPL_BIN_DIR) + "/launch";
+const std::string kRank = std::string(DDPL_TEST_BIN_DIR) + "/worker_rank";
+const std::string kScripts = std::string(DDPL_SOURCE_DIR) + "/tests/python";
+
+RunOptions jobEnv() {
+  RunOptions o;
+  o.env = {{"PYTHON_EXEC", DDPL_PYTHON}, {"OMP_NUM_THREADS", "1"}, {"DDPL_BACKEND", "gloo"},
+           {"PYTHONPATH", std::string(DDPL_SOURCE_DIR) + "/python"}};
+  o.timeout = 240s;
+  return o;
+}
+
+int countOf(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
+  return n;
+}
+
+class MemoryCheckpoints : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = makeTempDir("ddpl-memckpt"); }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // The C++ DDP job: 40 steps, a checkpoint every 4 (every third durable), 2 ranks.
+  RunResult cppJob(const std::string& tag, const std::string& extra,
+                   std::vector<std::string> flags = {}) {
+    std::vector<std::string> argv{kLaunch, "--nproc-per-node=2", "--max-restarts=1"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    argv.insert(argv.end(), {kRank, "ckpt_train",
+                             "steps=40,every=4,durable=3,dir=" + dir_ + "/" + tag + ",out=" + dir_ +
+                                 "/" + tag + ".pt" + extra});
+    return run(argv, jobEnv());
+  }
+  bool sameWeights(const std::string& a, const std::string& b) {
+    auto r = run({kRank, "ckpt_equal", dir_ + "/" + a + ".pt", dir_ + "/" + b + ".pt"});
+    if (r.exit_code != 0) ADD_FAILURE() << r.all();
+    return r.exit_code == 0;
+  }
+  std::string dir_;
+};
+
+TEST_F(MemoryCheckpoints, CppDdpKilledMidStepResumesFromMemoryAsIfItNeverFailed) {
+  auto ref = cppJob("ref", "");
+  ASSERT_EQ(ref.exit_code, 0) << ref.all();
+  EXPECT_EQ(countOf(ref.out, "fresh start"), 2) << ref.all();
+  auto r = cppJob("kill", ",kill=18:1:step", {"--monitor=log", "--monitor-log-interval=1"});
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  // Steps 16 was the newest committed when rank 1 died in step 18: both ranks agree on it,
+  // each from its own copy in memory.
+  EXPECT_NE(r.out.find("rank 0 resumed from step 16 (memory)"), std::string::npos) << r.all();
+  EXPECT_NE(r.out.find("rank 1 resumed from step 16 (memory)"), std::string::npos) << r.all();
+  EXPECT_TRUE(sameWeights("ref", "kill"));
+  // launch persisted the durable ones (12, 24, 36) and, on the failure, the newest (16), at exit the
+  // last (40); the memory each rank holds was in the live view and the summary.
+  // last (40); --keep-checkpoints 2 leaves the newest two.
+  for (int step : {16, 40})  // said at info level; the routine ones at debug
+    EXPECT_NE(r.err.find("checkpoint step " + std::to_string(step) + " of rank 0 persisted"),
+              std::string::npos)
+        << step << "\n" << r.all();
+  for (const char* f : {"ckpt-step00000036.pt", "ckpt-step00000040.pt"})
+    EXPECT_TRUE(fs::exists(dir_ + "/kill/" + f)) << f << "\n" << r.all();
+  EXPECT_FALSE(fs::exists(dir_ + "/kill/ckpt-step00000024.pt")) << r.all();
+  EXPECT_NE(r.err.find("ckpt mem "), std::string::npos) << r.all();
+  EXPECT_TRUE(std::regex_search(r.err, std::regex("checkpoints in memory \\(budget [^)]+ per "
+                                                  "rank\\): rank 0 [0-9.]+[KM]iB \\(step 40")))
+      << r.all();
+}
+
+TEST_F(MemoryCheckpoints, CppDdpKilledMidCheckpointResumesFromTheStepBefore) {
+  auto ref = cppJob("ref", "");
+  ASSERT_EQ(ref.exit_code, 0) << ref.all();
+  // Every rank dies halfway through writing step 20's checkpoint: never offered, so 16.
+  auto r = cppJob("kill", ",kill=20:-1:checkpoint");
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_NE(r.out.find("rank 0 resumed from step 16 (memory)"), std::string::npos) << r.all();
+  EXPECT_NE(r.out.find("rank 1 resumed from step 16 (memory)"), std::string::npos) << r.all();
+  EXPECT_TRUE(sameWeights("ref", "kill"));
+}
+
+TEST_F(MemoryCheckpoints, ABudgetTooSmallGoesToDiskWithTheSizesAndTrainingGoesOn) {
+  auto ref = cppJob("ref", "", {"--checkpoint-memory=0"});
+  ASSERT_EQ(ref.exit_code, 0) << ref.all();
+  auto r = cppJob("kill", ",kill=18:1:step", {"--checkpoint-memory=1K"});
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_TRUE(std::regex_search(r.all(), std::regex("checkpoint step 4 does not fit this rank's "
+                                                    "memory budget: more than [0-9]+ bytes, budget "
+                                                    "1024 bytes")))
+      << r.all();
+  EXPECT_NE(r.out.find("rank 1 resumed from step 16 (disk)"), std::string::npos) << r.all();
+  EXPECT_TRUE(sameWeights("ref", "kill"));
+}
+
+// A full disk (a one-page tmpfs in a mount namespace of the job's own): persistence fails and
+// says so, training finishes, and what never reached the disk stays in memory, named.
+TEST_F(MemoryCheckpoints, ADiskThatRefusesWritesNeitherStopsTrainingNorLosesTheCheckpoint) {
+  auto probe = run({"/usr/bin/unshare", "-m", "/bin/sh", "-c", "mount -t tmpfs -o size=4k none " + dir_});
+  if (probe.exit_code != 0) GTEST_SKIP() << "no mount namespace here: " << probe.all();
+  const std::string ckpt = dir_ + "/full";
+  fs::create_directories(ckpt);
+  std::string cmd = "mount -t tmpfs -o size=4k none " + ckpt + " && exec " + kLaunch +
+                    " --nproc-per-node=2 " + kRank + " ckpt_train steps=40,every=4,durable=1,dir=" +
+                    ckpt;
+  auto r = run({"/usr/bin/unshare", "-m", "/bin/sh", "-c", cmd}, jobEnv());
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_NE(r.err.find("No space left on device (errno 28); it stays in memory, training goes on"),
+            std::string::npos)
+      << r.all();
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.err, m,
+                                std::regex("checkpoints not persisted: rank 0 step 40 [^;]*; kept "
+                                           "in memory at (/dev/shm/ddpl-ckpt-[A-Za-z0-9]+)")))
+      << r.all();
+  const std::string kept = m[1];
+  EXPECT_TRUE(fs::exists(kept + "/rank-0/step-40/ckpt-step00000040.pt")) << r.all();
+  fs::remove_all(kept);
+}
+
+// Python DDP through ddplaunch.checkpoint: the same, killed mid-step and mid-checkpoint.
+TEST_F(MemoryCheckpoints, PythonDdpKilledMidStepAndMidCheckpointResumesFromMemory) {
+  auto job = [&](const std::string& tag, std::vector<std::string> extra) {
+    std::vector<std::string> argv{kLaunch, "--nproc-per-node=2", "--max-restarts=1",
+                                  kScripts + "/ckpt_train.py", "--steps", "30", "--ckpt-every",
+                                  "3", "--dir", dir_ + "/" + tag, "--out", dir_ + "/" + tag + ".pt"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return run(argv, jobEnv());
+  };
+  auto same = [&](const std::string& a, const std::string& b) {
+    auto r = run({DDPL_PYTHON, kScripts + "/ckpt_equal.py", dir_ + "/" + a + ".pt",
+                  dir_ + "/" + b + ".pt"});
+    EXPECT_EQ(r.exit_code, 0) << r.all();
+  };
+  auto ref = job("ref", {});
+  ASSERT_EQ(ref.exit_code, 0) << ref.all();
+  auto step = job("step", {"--kill-at", "14:1:step"});
+  ASSERT_EQ(step.exit_code, 0) << step.all();
+  EXPECT_EQ(countOf(step.out, "resumed from step 12 (memory)"), 2) << step.all();
+  same("ref", "step");
+  auto mid = job("ckpt", {"--kill-at", "15:0:checkpoint"});
+  ASSERT_EQ(mid.exit_code, 0) << mid.all();
+  EXPECT_EQ(countOf(mid.out, "resumed from step 12 (memory)"), 2) << mid.all();
+  same("ref", "ckpt");
+}
+
+}  // namespace

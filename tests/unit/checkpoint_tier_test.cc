@@ -1,0 +1,343 @@
+// Checkpoints in memory (docs/checkpoints.md): the commit protocol and its decisions
+// (common/checkpoint_format.h, common/checkpoint_files.h), and launch's side of it
+// (launcher/checkpoint/memory_tier.h) with real files, a real inotify and its persister thread.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "common/checkpoint_files.h"
+#include "common/errors.h"
+#include "launcher/checkpoint/memory_tier.h"
+#include "launcher/cli/values.h"
+#include "tests/common/subprocess.h"
+
+namespace fs = std::filesystem;
+namespace ck = ddpl::ckpt;
+using ddpl::launcher::MemoryTier;
+using ddpl::launcher::MemoryTierOptions;
+
+namespace {
+
+void writeFile(const std::string& path, const std::string& bytes) {
+  fs::create_directories(fs::path(path).parent_path());
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+std::string readFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+ck::CommitRecord recordFor(int64_t rank, int64_t world, const std::string& durable) {
+  ck::CommitRecord r;
+  r.rank = rank;
+  r.world_size = world;
+  r.durable_path = durable;
+  return r;
+}
+
+// Begins, writes `files`, commits step `step` of `rank` in `rank_dir`.
+std::string commit(const std::string& rank_dir, int64_t rank, int64_t step,
+                   const std::map<std::string, std::string>& files, ck::CommitRecord r) {
+  std::string partial = ck::beginStep(rank_dir, step);
+  for (const auto& [name, bytes] : files) writeFile(partial + "/" + name, bytes);
+  r.step = step;
+  r.rank = rank;
+  return ck::commitStep(rank_dir, partial, r);
+}
+
+// Polls `ok` for up to 20 s (the persister runs on its own thread).
+template <typename F>
+bool eventually(F ok) {
+  for (int i = 0; i < 2000; ++i) {
+    if (ok()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return ok();
+}
+
+class CheckpointFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ddpl::testing::makeTempDir("ddpl-ckpt");
+    rank_dir_ = dir_ + "/mem/rank-0";
+    fs::create_directories(rank_dir_);
+    durable_ = dir_ + "/durable";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string dir_, rank_dir_, durable_;
+};
+
+TEST(CheckpointFormat, NamesParseBackAndNothingElse) {
+  EXPECT_EQ(ck::parseStepDirName(ck::stepDirName(40)), 40);
+  EXPECT_FALSE(ck::parseStepDirName("step-007"));
+  EXPECT_FALSE(ck::parseStepDirName("step-"));
+  EXPECT_FALSE(ck::parseStepDirName("step-4x"));
+  auto p = ck::parsePartialDirName(ck::partialDirName(12, 345));
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->step, 12);
+  EXPECT_EQ(p->pid, 345);
+  auto m = ck::parseMarkerName(ck::markerName(9, 3));
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->step, 9);
+  EXPECT_EQ(m->rank, 3);
+  EXPECT_FALSE(ck::parseMarkerName(".ddpl-step-9.rank-3.json.tmp.1"));
+  EXPECT_TRUE(ck::safeRelativePath("a/b.pt"));
+  for (const char* bad : {"", "/etc/passwd", "../x", "a/../../x", "a//b", "./a"})
+    EXPECT_FALSE(ck::safeRelativePath(bad)) << bad;
+}
+
+TEST(CheckpointFormat, RecordRoundTripsAndRefusesWhatDoesNotAddUp) {
+  ck::CommitRecord r = recordFor(1, 4, "/ckpt/step-8");
+  r.step = 8;
+  r.files = {{"a.pt", 10}, {"sub/b.pt", 5}};
+  r.bytes = 15;
+  r.replicated = true;
+  ck::CommitRecord back = ck::decodeRecord(ck::encodeRecord(r));
+  EXPECT_EQ(back.step, 8);
+  EXPECT_EQ(back.rank, 1);
+  EXPECT_EQ(back.files.size(), 2u);
+  EXPECT_TRUE(back.replicated);
+  auto refused = [](ck::CommitRecord x, const std::string& word) {
+    try {
+      ck::decodeRecord(ck::encodeRecord(x));
+      ADD_FAILURE() << "accepted a record with " << word;
+    } catch (const ddpl::InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(word), std::string::npos) << e.what();
+    }
+  };
+  auto x = r;
+  x.bytes = 16;
+  refused(x, "add up");
+  x = r;
+  x.files[0].path = "../escape";
+  refused(x, "unsafe");
+  x = r;
+  x.rank = 4;
+  refused(x, "world size");
+  x = r;
+  x.durable_path = "relative";
+  refused(x, "absolute");
+  EXPECT_THROW(ck::decodeRecord("[1,2]"), ddpl::InvalidArgument);
+  EXPECT_THROW(ck::decodeRecord("{\"version\": 2}"), ddpl::InvalidArgument);
+}
+
+TEST(CheckpointFormat, AgreementIsTheNewestStepEveryRankOffers) {
+  EXPECT_EQ(ck::agreeOnStep({{10, 20, 30}, {20, 30}, {30, 10, 20}}), 30);
+  // Rank 1 lost its newest (its worker died mid-commit): everyone goes back to 20.
+  EXPECT_EQ(ck::agreeOnStep({{10, 20, 30}, {10, 20}, {20, 30}}), 20);
+  EXPECT_EQ(ck::agreeOnStep({{10}, {20}}), std::nullopt);
+  EXPECT_EQ(ck::agreeOnStep({{}, {20}}), std::nullopt);
+  EXPECT_EQ(ck::agreeOnStep({{5}}), 5);
+}
+
+TEST(CheckpointFormat, RetentionKeepsTheNewestAndTheBudgetNeverGoesNegative) {
+  EXPECT_EQ(ck::stepsToRetire({30, 10, 20, 40}, 2), (std::vector<int64_t>{10, 20}));
+  EXPECT_TRUE(ck::stepsToRetire({30, 10}, 2).empty());
+  EXPECT_TRUE(ck::stepsToRetire({30, 10, 20}, 0).empty());
+  EXPECT_EQ(ck::writeAllowance(100, 30), 70u);
+  EXPECT_EQ(ck::writeAllowance(100, 130), 0u);
+}
+
+TEST_F(CheckpointFiles, CommitIsTheRenameAndListsTheFilesWithTheirSizes) {
+  commit(rank_dir_, 0, 4, {{"model.pt", "abcd"}, {"opt/state.pt", "xy"}}, recordFor(0, 2, ""));
+  auto steps = ck::listCommitted(rank_dir_, 0);
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0].step, 4);
+  EXPECT_EQ(steps[0].record.bytes, 6u);
+  EXPECT_EQ(steps[0].record.files.size(), 2u);
+  EXPECT_EQ(steps[0].record.world_size, 2);
+  // A committed step of the same number again (a restarted attempt) replaces the first.
+  commit(rank_dir_, 0, 4, {{"model.pt", "abcdef"}}, recordFor(0, 2, ""));
+  steps = ck::listCommitted(rank_dir_, 0);
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0].record.bytes, 6u);
+  EXPECT_EQ(steps[0].record.files.size(), 1u);
+}
+
+TEST_F(CheckpointFiles, AWriterKilledBeforeItsCommitLeavesNothingThatIsOffered) {
+  commit(rank_dir_, 0, 4, {{"model.pt", "good"}}, recordFor(0, 1, ""));
+  pid_t child = fork();
+  if (child == 0) {
+    std::string partial = ck::beginStep(rank_dir_, 8);
+    writeFile(partial + "/model.pt", std::string(1000, 'h'));
+    _exit(0);  // dies between the write and the commit
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  auto steps = ck::listCommitted(rank_dir_, 0);
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0].step, 4);
+  EXPECT_EQ(ck::rankUsage(rank_dir_).partial, 1000u);
+  ck::removePartials(rank_dir_, child);
+  EXPECT_EQ(ck::rankUsage(rank_dir_).partial, 0u);
+}
+
+TEST_F(CheckpointFiles, TornOrForgedStepsAreNotOffered) {
+  std::string torn = commit(rank_dir_, 0, 4, {{"model.pt", "1234"}}, recordFor(0, 1, ""));
+  std::string why;
+  ASSERT_TRUE(ck::readCommitted(torn, 4, 0, &why)) << why;
+  fs::resize_file(torn + "/model.pt", 2);  // cut short after the commit
+  EXPECT_FALSE(ck::readCommitted(torn, 4, 0, &why));
+  EXPECT_NE(why.find("2 bytes, the record says 4"), std::string::npos) << why;
+  // A record moved under another step's name does not count for that step.
+  std::string moved = commit(rank_dir_, 0, 8, {{"model.pt", "5678"}}, recordFor(0, 1, ""));
+  fs::rename(moved, rank_dir_ + "/step-12");
+  EXPECT_FALSE(ck::readCommitted(rank_dir_ + "/step-12", 12, 0, &why));
+  EXPECT_NE(why.find("step 8"), std::string::npos) << why;
+  // A symlink inside a step is refused at commit.
+  std::string partial = ck::beginStep(rank_dir_, 16);
+  fs::create_symlink("/etc/passwd", partial + "/model.pt");
+  ck::CommitRecord r = recordFor(0, 1, "");
+  r.step = 16;
+  EXPECT_THROW(ck::commitStep(rank_dir_, partial, r), ddpl::InvalidArgument);
+  EXPECT_TRUE(ck::listCommitted(rank_dir_, 0).empty());
+}
+
+TEST_F(CheckpointFiles, TrimKeepsTheNewest) {
+  for (int64_t s : {4, 8, 12}) commit(rank_dir_, 0, s, {{"m", "x"}}, recordFor(0, 1, ""));
+  ck::trimCommitted(rank_dir_, 1);
+  auto steps = ck::listCommitted(rank_dir_, 0);
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0].step, 12);
+}
+
+TEST_F(CheckpointFiles, PersistedStepsAreReadableByTheirRankAndRetired) {
+  for (int64_t s : {4, 8, 12}) {
+    auto r = recordFor(1, 2, durable_ + "/step-" + std::to_string(s));
+    r.keep = 2;
+    std::string step_dir = commit(rank_dir_, 1, s, {{"shard-1.pt", "s" + std::to_string(s)}}, r);
+    auto rec = ck::readCommitted(step_dir, s, 1);
+    ASSERT_TRUE(rec);
+    EXPECT_EQ(ck::persistStep(step_dir, *rec, false), rec->bytes);
+    ck::retireDurable(ck::durableRoot(*rec), 1, rec->keep);
+  }
+  auto on_disk = ck::listDurable(durable_, 1);
+  ASSERT_EQ(on_disk.size(), 2u);
+  EXPECT_EQ(on_disk[0].step, 12);
+  EXPECT_EQ(readFile(durable_ + "/step-12/shard-1.pt"), "s12");
+  EXPECT_FALSE(fs::exists(durable_ + "/step-4"));
+  // Not replicated: rank 0 cannot read rank 1's steps.
+  EXPECT_TRUE(ck::listDurable(durable_, 0).empty());
+  // A file lost on disk: that step is no longer offered.
+  fs::remove(durable_ + "/step-12/shard-1.pt");
+  on_disk = ck::listDurable(durable_, 1);
+  ASSERT_EQ(on_disk.size(), 1u);
+  EXPECT_EQ(on_disk[0].step, 8);
+}
+
+TEST_F(CheckpointFiles, AReplicatedStepOfRankZeroServesEveryRank) {
+  auto r = recordFor(0, 4, durable_);
+  r.replicated = true;
+  std::string step_dir = commit(rank_dir_, 0, 6, {{"ckpt-step6.pt", "state"}}, r);
+  ck::persistStep(step_dir, *ck::readCommitted(step_dir, 6, 0), false);
+  EXPECT_EQ(readFile(durable_ + "/ckpt-step6.pt"), "state");  // flat: the user's own names
+  for (int64_t rank : {0, 1, 3}) {
+    auto steps = ck::listDurable(durable_, rank);
+    ASSERT_EQ(steps.size(), 1u) << rank;
+    EXPECT_EQ(steps[0].step, 6);
+  }
+}
+
+class Tier : public CheckpointFiles {
+ protected:
+  MemoryTierOptions options() {
+    MemoryTierOptions o;
+    o.budget_per_rank = 1 << 20;
+    o.base = dir_;
+    o.durable_dir = durable_;
+    return o;
+  }
+};
+
+TEST_F(Tier, PersistsCommitsInTheBackgroundAndRemovesItsRootAtTheEnd) {
+  std::string root;
+  {
+    MemoryTier tier(options());
+    root = tier.root();
+    struct stat st {};
+    ASSERT_EQ(lstat(root.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0700u);
+    auto env = tier.startGroup({2, 3});
+    EXPECT_EQ(env[ck::kMemoryEnv], root);
+    EXPECT_EQ(env[ck::kBudgetEnv], std::to_string(1 << 20));
+    EXPECT_EQ(env[ck::kDirEnv], durable_);
+    auto r = recordFor(3, 4, durable_ + "/step-5");
+    commit(root + "/rank-3", 3, 5, {{"w.pt", "weights"}}, r);
+    ASSERT_TRUE(eventually([&] { return fs::exists(durable_ + "/step-5/" + ck::markerName(5, 3)); }));
+    EXPECT_EQ(readFile(durable_ + "/step-5/w.pt"), "weights");
+    // A step committed with persist=false stays in memory only, until its worker dies.
+    r = recordFor(3, 4, durable_ + "/step-6");
+    r.persist = false;
+    commit(root + "/rank-3", 3, 6, {{"w.pt", "newer"}}, r);
+    auto status = tier.status();
+    ASSERT_EQ(status.size(), 2u);
+    EXPECT_TRUE(eventually([&] {
+      for (const auto& s : tier.status())
+        if (s.rank == 3) return s.newest_step == 6 && s.persisted_step == 5;
+      return false;
+    }));
+    EXPECT_FALSE(fs::exists(durable_ + "/step-6"));
+    // The worker dies mid-write of step 7: its partial goes, step 6 is persisted first.
+    std::string partial = root + "/rank-3/" + ck::partialDirName(7, 4242);
+    fs::create_directories(partial);
+    writeFile(partial + "/w.pt", "half");
+    tier.onWorkerExit(3, 4242);
+    EXPECT_FALSE(fs::exists(partial));
+    ASSERT_TRUE(eventually([&] { return fs::exists(durable_ + "/step-6/" + ck::markerName(6, 3)); }));
+    EXPECT_EQ(readFile(durable_ + "/step-6/w.pt"), "newer");
+    EXPECT_EQ(tier.drain(10), "");  // everything already on disk
+  }
+  EXPECT_FALSE(fs::exists(root));
+}
+
+TEST_F(Tier, DrainPersistsTheNewestAndADiskThatRefusesKeepsTheMemory) {
+  std::string root;
+  {
+    MemoryTier tier(options());
+    root = tier.root();
+    tier.startGroup({0});
+    // Its durable place is under a regular file: every write there fails (ENOTDIR).
+    writeFile(dir_ + "/not-a-dir", "x");
+    auto r = recordFor(0, 1, dir_ + "/not-a-dir/step-3");
+    commit(root + "/rank-0", 0, 3, {{"w.pt", "w"}}, r);
+    ASSERT_TRUE(eventually([&] { return !tier.status()[0].error.empty(); }));
+    std::string line = tier.drain(5);
+    EXPECT_NE(line.find("not persisted"), std::string::npos) << line;
+    EXPECT_NE(line.find("rank 0 step 3"), std::string::npos) << line;
+    EXPECT_NE(line.find(root), std::string::npos) << line;
+  }
+  // Not on disk, so not deleted: the line named where it is.
+  EXPECT_TRUE(fs::exists(root + "/rank-0/step-3/w.pt"));
+  fs::remove_all(root);
+}
+
+TEST_F(Tier, RanksThatLeaveTheNodeArePersistedThenRemoved) {
+  MemoryTier tier(options());
+  tier.startGroup({0, 1});
+  auto r = recordFor(1, 2, durable_ + "/step-2");
+  r.persist = false;
+  commit(tier.root() + "/rank-1", 1, 2, {{"w.pt", "w1"}}, r);
+  tier.startGroup({0});  // re-formed: rank 1 is elsewhere now
+  ASSERT_TRUE(eventually([&] { return !fs::exists(tier.root() + "/rank-1"); }));
+  EXPECT_EQ(readFile(durable_ + "/step-2/w.pt"), "w1");
+}
+
+TEST(CheckpointFlags, SizesParse) {
+  using ddpl::launcher::cli::parseSize;
+  EXPECT_EQ(parseSize("--checkpoint-memory", "0"), 0u);
+  EXPECT_EQ(parseSize("--checkpoint-memory", "512M"), 512ull << 20);
+  EXPECT_EQ(parseSize("--checkpoint-memory", "4G"), 4ull << 30);
+  EXPECT_EQ(parseSize("--checkpoint-memory", "1.5GiB"), 3ull << 29);
+  EXPECT_EQ(parseSize("--checkpoint-memory", "100kb"), 100ull << 10);
+  for (const char* bad : {"", "M", "-1G", "4X", "1e30"})
+    EXPECT_THROW(parseSize("--checkpoint-memory", bad), ddpl::UsageError) << bad;
+}
+
+}  // namespace
