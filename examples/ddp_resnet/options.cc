@@ -178,6 +178,13 @@ const std::vector<Flag>& flags() {
        [](Options& o, const std::string& f, const std::string& v) {
          o.checkpointEvery = parseInteger(f, v, 0, kMaxCount);
        }},
+      {"--memory-checkpoint-every", true, "N",
+       "under launch, also checkpoint into launch's memory every N optimizer steps (a memory "
+       "copy; launch persists the durable ones and, after a failure, the newest); 0: only the "
+       "durable ones",
+       [](Options& o, const std::string& f, const std::string& v) {
+         o.memoryCheckpointEvery = parseInteger(f, v, 0, kMaxCount);
+       }},
       {"--keep-checkpoints", true, "N", "how many recent checkpoints to keep",
        [](Options& o, const std::string& f, const std::string& v) {
          o.keepCheckpoints = parseInteger(f, v, 1, 1000);

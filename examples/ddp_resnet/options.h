@@ -75,6 +75,9 @@ struct Options {
   std::string checkpointDir = "checkpoints/ddp_resnet";  // empty: no checkpoints
   int checkpointEvery = 0;  // optimizer steps; 0: at the end of each epoch only
   int keepCheckpoints = kDefaultKeepCheckpoints;
+  // Under launch with checkpoints in memory: a memory copy every N steps besides the durable
+  // ones (docs/checkpoints.md); 0: none.
+  int memoryCheckpointEvery = 10;
   bool resume = false;  // also resume on a first start (restarts by the launcher always do)
   int evalEvery = 1;    // epochs; the last epoch is always evaluated
 

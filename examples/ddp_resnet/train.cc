@@ -244,8 +244,10 @@ class Training {
     }
     startStep_ = std::min(startStep_, plan_.totalSteps);
     if (!resumedFrom_.empty()) {
-      progress_->line("resumed from " + resumedFrom_ + " at step " + std::to_string(startStep_) +
-                      "/" + std::to_string(plan_.totalSteps) + " (" + why + ")");
+      progress_->line("resumed from step " + std::to_string(point.progress.step) + " (" +
+                      point.source + ": " + resumedFrom_ + "), continuing at step " +
+                      std::to_string(startStep_) + "/" + std::to_string(plan_.totalSteps) + " (" +
+                      why + ")");
     }
     step_ = startStep_;
     state_->step = step_;
@@ -269,8 +271,13 @@ class Training {
     for (int64_t s = step_ - epoch * plan_.stepsPerEpoch; s < plan_.stepsPerEpoch; ++s) {
       trainStep(epoch, s, indices);
       reportProgress(epoch, s, epochStart);
-      if (o_.checkpointEvery > 0 && step_ % o_.checkpointEvery == 0 && s + 1 < plan_.stepsPerEpoch)
-        save(epoch);
+      if (s + 1 < plan_.stepsPerEpoch) {
+        if (o_.checkpointEvery > 0 && step_ % o_.checkpointEvery == 0)
+          save(epoch);
+        else if (checkpoints_->inMemory() && o_.memoryCheckpointEvery > 0 &&
+                 step_ % o_.memoryCheckpointEvery == 0)
+          save(epoch, /*durable=*/false);
+      }
     }
     trainSeconds_ += secondsSince(epochStart);
 
@@ -515,11 +522,12 @@ class Training {
     windowSteps_ = 0;
   }
 
-  void save(int64_t epoch) {
+  void save(int64_t epoch, bool durable = true) {
     if (!checkpoints_->enabled()) return;
-    progress_->finishLine();  // the library logs the write: not onto the end of a progress bar
+    // The library logs a disk write: not onto the end of a progress bar. A memory copy is silent.
+    if (!checkpoints_->inMemory()) progress_->finishLine();
     saved_ = {epoch, step_, step_ * plan_.globalBatch};
-    checkpoints_->save(refs_);
+    checkpoints_->save(refs_, durable);
   }
 
   void logEpoch(int64_t epoch, const EpochResult& r) {

@@ -136,7 +136,8 @@ TEST_F(ExampleTraining, ResumesTheSameRunOrOnRequestAndStartsANewRunAfresh) {
   EXPECT_EQ(s["resumed_from"], dir_ + "/ckpt/ckpt-step00000064.pt");
   EXPECT_EQ(s["epoch_log"].size(), 1u);
   EXPECT_NE(
-      r.out.find("resumed from " + dir_ + "/ckpt/ckpt-step00000064.pt at step 64/128 (--resume)"),
+      r.out.find("resumed from step 64 (disk: " + dir_ +
+                 "/ckpt/ckpt-step00000064.pt), continuing at step 64/128 (--resume)"),
       std::string::npos)
       << r.out;
 
@@ -201,7 +202,8 @@ TEST_F(ExampleTraining, ATruncatedNewestCheckpointIsSkippedForTheNewestCompleteO
   ASSERT_EQ(r.exit_code, 0) << r.all();
   EXPECT_NE(r.out.find("skipping checkpoint " + newest + ": truncated: "), std::string::npos)
       << r.out;
-  EXPECT_NE(r.out.find("resumed from " + dir_ + "/ckpt/ckpt-step00000012.pt at step 12/32 (--resume)"),
+  EXPECT_NE(r.out.find("resumed from step 12 (disk: " + dir_ +
+                 "/ckpt/ckpt-step00000012.pt), continuing at step 12/32 (--resume)"),
             std::string::npos)
       << r.out;
   const auto s = et::summary(dir_ + "/summary.json");
