@@ -6,10 +6,14 @@ programs (this package holds them under ddplaunch/bin/); the entry points only e
 In a training script, `ddplaunch.step()` once per step reports progress to launch; it does
 nothing under torchrun or without a launcher (ddplaunch.progress: step, current, add_wait,
 waiting, enabled).
+
+Checkpoints: `from ddplaunch import checkpoint as ckpt` (ddplaunch.checkpoint: save, load,
+latest, begin, commit, StorageWriter, StorageReader) writes them into launch's memory tier,
+or straight to the durable directory without launch (docs/checkpoints.md).
 """
 import os
 
-__all__ = ["binary", "step", "current", "add_wait", "waiting", "enabled"]
+__all__ = ["binary", "checkpoint", "step", "current", "add_wait", "waiting", "enabled"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _PROGRESS = ("step", "current", "add_wait", "waiting", "enabled")
@@ -29,8 +33,14 @@ def __getattr__(name):
         value = getattr(progress, name)
         globals()[name] = value
         return value
+    if name == "checkpoint":  # a submodule, loaded on first use for the same reason
+        import importlib
+
+        module = importlib.import_module("ddplaunch.checkpoint")
+        globals()[name] = module
+        return module
     raise AttributeError(f"module 'ddplaunch' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_PROGRESS))
+    return sorted(set(globals()) | set(_PROGRESS) | {"checkpoint"})
