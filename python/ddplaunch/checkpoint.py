@@ -259,12 +259,13 @@ def begin(step, dir=None):
 
 
 def _begin_disk(d, step, rank):
-    pid = os.getpid()
     _makedirs(d)
+    # One process writes a rank's checkpoints: another's partial is an earlier attempt's,
+    # killed before its commit (no launch here to remove it).
     for name in os.listdir(d):
-        if name.startswith(".partial-step-") and name.endswith(f"-rank-{rank}-{pid}"):
+        if name.startswith(".partial-step-") and f"-rank-{rank}-" in name:
             _rmtree(os.path.join(d, name))
-    return _disk_partial(d, step, rank, pid)
+    return _disk_partial(d, step, rank, os.getpid())
 
 
 def _record(step, rank, world, files, durable, persist, replicated, keep):
