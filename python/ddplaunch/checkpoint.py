@@ -439,7 +439,7 @@ def _retention(d, rank, keep):
 
 # ---------------------------------------------------------------------------- resume
 
-def _memory_steps(mem, rank, world):
+def _memory_steps(mem, rank, world, replicated_only=False):
     for name in os.listdir(mem):
         m = _STEP_DIR.match(name)
         if not m:
@@ -448,9 +448,20 @@ def _memory_steps(mem, rank, world):
         record = _read_record(os.path.join(path, RECORD))
         if (record and record.get("step") == int(m.group(1)) and record.get("rank") == rank
                 and record.get("world_size") == world
+                and (record.get("replicated") is True or not replicated_only)
                 and isinstance(record.get("files"), list)
                 and _files_intact(path, record["files"])):
             yield record["step"], path
+
+
+def _node_ranks(rank):
+    """The other ranks of this node: launch numbers a node's ranks contiguously."""
+    try:
+        local, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return []
+    first = rank - local
+    return [r for r in range(first, first + local_world) if r != rank and r >= 0]
 
 
 def _disk_steps(d, rank):
@@ -481,6 +492,14 @@ def latest(dir=None, store=None, timeout=300):
     if mem is not None:
         for step, path in _memory_steps(mem, rank, world):
             offers[step] = Checkpoint(step, path, "memory", rank)
+        # A replicated state is the same on every rank: the node's other ranks' copies serve
+        # too (when one rank died mid-write, the others may hold only the newer step).
+        for other in _node_ranks(rank):
+            theirs = _memory_dir(other)
+            if theirs is None:
+                continue
+            for step, path in _memory_steps(theirs, other, world, replicated_only=True):
+                offers.setdefault(step, Checkpoint(step, path, "memory", rank))
     d = _durable_dir(dir, required=False)
     if d is not None:
         for step, path in _disk_steps(d, rank).items():

@@ -154,10 +154,34 @@ TEST_F(MemoryCheckpoints, PythonDdpKilledMidStepAndMidCheckpointResumesFromMemor
   ASSERT_EQ(step.exit_code, 0) << step.all();
   EXPECT_EQ(countOf(step.out, "resumed from step 12 (memory)"), 2) << step.all();
   same("ref", "step");
-  auto mid = job("ckpt", {"--kill-at", "15:0:checkpoint"});
+  // Every rank dies halfway through writing step 15: never offered, so 12.
+  auto mid = job("ckpt", {"--kill-at", "15:-1:checkpoint"});
   ASSERT_EQ(mid.exit_code, 0) << mid.all();
   EXPECT_EQ(countOf(mid.out, "resumed from step 12 (memory)"), 2) << mid.all();
   same("ref", "ckpt");
+}
+
+// torch.distributed.checkpoint through ddplaunch.checkpoint's StorageWriter/StorageReader:
+// each rank's shard in its own memory, read back from the node's memory after a kill.
+TEST_F(MemoryCheckpoints, DcpThroughTheStorageWriterResumesFromMemory) {
+  auto job = [&](const std::string& tag, std::vector<std::string> extra) {
+    std::vector<std::string> argv{kLaunch, "--nproc-per-node=2", "--max-restarts=1",
+                                  kScripts + "/ckpt_train.py", "--dcp", "--steps", "24",
+                                  "--ckpt-every", "4", "--dir", dir_ + "/" + tag, "--out",
+                                  dir_ + "/" + tag + ".pt"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return run(argv, jobEnv());
+  };
+  auto ref = job("ref", {});
+  ASSERT_EQ(ref.exit_code, 0) << ref.all();
+  auto step = job("step", {"--kill-at", "10:0:step"});
+  ASSERT_EQ(step.exit_code, 0) << step.all();
+  EXPECT_EQ(countOf(step.out, "resumed from step 8 (memory)"), 2) << step.all();
+  auto r = run({DDPL_PYTHON, kScripts + "/ckpt_equal.py", dir_ + "/ref.pt", dir_ + "/step.pt"});
+  EXPECT_EQ(r.exit_code, 0) << r.all();
+  // launch persisted every rank's shard with rank 0's metadata: a plain FileSystemReader reads
+  // the durable step.
+  EXPECT_TRUE(fs::exists(dir_ + "/step/step-24/.metadata")) << step.all();
 }
 
 }  // namespace

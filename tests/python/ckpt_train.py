@@ -9,7 +9,7 @@ data. Step s's checkpoint holds the state after step s; a resumed run starts at 
         --dir CKPT --out final.pt [--kill-at 12:1:step] [--dcp]
 
 --kill-at STEP:RANK:WHERE: on the first attempt only (TORCHELASTIC_RESTART_COUNT 0), rank RANK
-SIGKILLs itself at STEP: WHERE=step after backward, before optimizer.step; WHERE=checkpoint
+(-1: every rank) SIGKILLs itself at STEP: WHERE=step after backward, before optimizer.step; WHERE=checkpoint
 half way through writing that step's checkpoint (half the bytes of the file under begin()).
 
 Prints exactly one line on rank 0 and on every rank that resumed: `resumed from step S
@@ -86,8 +86,8 @@ def restore(model, opt, found, dcp):
 
 
 def save(model, opt, step, args, rank, first_attempt):
-    if args.kill and args.kill[:2] == (step, rank) and args.kill[2] == "checkpoint" \
-            and first_attempt:
+    if args.kill and args.kill[0] == step and args.kill[1] in (rank, -1) \
+            and args.kill[2] == "checkpoint" and first_attempt:
         buf = io.BytesIO()
         torch.save(state_of(model, opt, False), buf)
         path = ckpt.begin(step, dir=args.dir)
@@ -129,7 +129,8 @@ def main():
         loss = nn.functional.mse_loss(model(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        if args.kill == (step, rank, "step") and first_attempt:
+        if args.kill and (args.kill[0], args.kill[2]) == (step, "step") \
+                and args.kill[1] in (rank, -1) and first_attempt:
             die()
         opt.step()
         ddplaunch.step(step)
