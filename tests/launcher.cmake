@@ -50,6 +50,13 @@ if(NOT DDPL_SANITIZED_SUBSET)
   ddpl_add_test(NAME etcd_rendezvous_test
     SOURCES integration/etcd_rendezvous_test.cc LIBS ddpl_test_util LABELS integration TIMEOUT 600)
   add_dependencies(etcd_rendezvous_test launch)
+
+  # ddplaunch.checkpoint (python/ddplaunch/checkpoint.py) against the memory tier's contract
+  # (docs/checkpoints.md): the commit protocol, keep, budget, disk layout, agreement over a real
+  # TCPStore, DCP on gloo. launch's side is in checkpoint_tier_test.cc.
+  add_test(NAME python_checkpoint_test
+    COMMAND ${DDPL_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/unit/python_checkpoint_test.py)
+  set_tests_properties(python_checkpoint_test PROPERTIES TIMEOUT 180 LABELS "unit;python" PROCESSORS 2)
 endif()
 ddpl_add_test(NAME etcd_client_test
   SOURCES integration/etcd_client_test.cc LIBS ddpl_etcd_client ddpl_test_util LABELS integration TIMEOUT 120)
