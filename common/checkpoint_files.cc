@@ -18,7 +18,9 @@ namespace ddpl::ckpt {
 
 namespace {
 
-std::string errnoText(int e) { return std::string(strerror(e)) + " (errno " + std::to_string(e) + ")"; }
+std::string errnoText(int e) {
+  return std::string(strerror(e)) + " (errno " + std::to_string(e) + ")";
+}
 
 [[noreturn]] void fail(const std::string& what, const std::string& path, int e) {
   throw Error("cannot " + what + " " + path + ": " + errnoText(e));
@@ -41,7 +43,7 @@ bool readSmallFile(const std::string& path, size_t limit, std::string& out, std:
     return false;
   }
   Fd guard(fd);
-  struct stat st{};
+  struct stat st {};
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<size_t>(st.st_size) > limit) {
     if (why) *why = path + ": not a regular file of at most " + std::to_string(limit) + " bytes";
     return false;
@@ -63,7 +65,7 @@ bool readSmallFile(const std::string& path, size_t limit, std::string& out, std:
 // Every listed file a regular file (not through a symlink) of its size.
 bool filesPresent(const std::string& dir, const CommitRecord& r, std::string* why) {
   for (const auto& f : r.files) {
-    struct stat st{};
+    struct stat st {};
     std::string p = dir + "/" + f.path;
     if (lstat(p.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
       if (why) *why = p + ": missing or not a regular file";
@@ -96,9 +98,10 @@ std::vector<Entry> listDir(const std::string& dir) {
   while (dirent* e = readdir(d)) {
     std::string name = e->d_name;
     if (name == "." || name == "..") continue;
-    struct stat st{};
+    struct stat st {};
     if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
-    out.push_back({name, S_ISDIR(st.st_mode), S_ISREG(st.st_mode), static_cast<uint64_t>(st.st_size)});
+    out.push_back(
+        {name, S_ISDIR(st.st_mode), S_ISREG(st.st_mode), static_cast<uint64_t>(st.st_size)});
   }
   closedir(d);
   return out;
@@ -115,7 +118,7 @@ uint64_t treeBytes(const std::string& dir) {
 
 // Never follows a symlink; a vanished entry is no failure.
 void removeTree(const std::string& p) {
-  struct stat st{};
+  struct stat st {};
   if (lstat(p.c_str(), &st) != 0) return;
   if (S_ISDIR(st.st_mode)) {
     for (const auto& e : listDir(p)) removeTree(p + "/" + e.name);
@@ -143,12 +146,11 @@ void syncDirectory(const std::string& dir) {
 }
 
 double unixNow() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 void makeDirs(const std::string& dir) {
-  struct stat st{};
+  struct stat st {};
   if (dir.empty() || stat(dir.c_str(), &st) == 0) {
     if (!dir.empty() && !S_ISDIR(st.st_mode)) fail("create", dir, ENOTDIR);
     return;
@@ -259,8 +261,8 @@ std::string commitStep(const std::string& rank_dir, const std::string& partial,
     if (errno != ENOTEMPTY && errno != EEXIST) fail("commit", target, errno);
     // An earlier attempt committed this step: moved aside first, so the name never points at
     // a mixture of the two.
-    std::string aside = rank_dir + "/" + partialDirName(record.step, static_cast<long>(getpid())) +
-                        "-old";
+    std::string aside =
+        rank_dir + "/" + partialDirName(record.step, static_cast<long>(getpid())) + "-old";
     removeTree(aside);
     if (rename(target.c_str(), aside.c_str()) != 0) fail("replace", target, errno);
     if (rename(partial.c_str(), target.c_str()) != 0) fail("commit", target, errno);
@@ -273,7 +275,8 @@ void trimCommitted(const std::string& rank_dir, int64_t keep) {
   std::vector<std::pair<int64_t, std::string>> steps;
   for (const auto& e : listDir(rank_dir))
     if (auto s = parseStepDirName(e.name)) steps.emplace_back(*s, rank_dir + "/" + e.name);
-  std::sort(steps.begin(), steps.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::sort(steps.begin(), steps.end(),
+            [](const auto& a, const auto& b) { return a.first > b.first; });
   for (size_t i = static_cast<size_t>(std::max<int64_t>(keep, 1)); i < steps.size(); ++i)
     removeTree(steps[i].second);
 }
@@ -294,8 +297,9 @@ uint64_t persistStep(const std::string& step_dir, const CommitRecord& r, bool mo
       int fd = open(p.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
       if (fd < 0) fail("open", p, errno);
       fds.emplace_back(fd);
-      struct stat st{};
-      if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != f.size)
+      struct stat st {};
+      if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+          static_cast<uint64_t>(st.st_size) != f.size)
         throw Error("cannot persist " + p + ": changed after its commit");
     }
   }

@@ -40,7 +40,8 @@ std::string beginStep(const std::string& rank_dir, int64_t step);
 // filled here), writes the record and renames the directory to step-<N> (replacing an earlier
 // one of that step). Refuses symlinks and anything but regular files and directories. Returns
 // the committed directory.
-std::string commitStep(const std::string& rank_dir, const std::string& partial, CommitRecord& record);
+std::string commitStep(const std::string& rank_dir, const std::string& partial,
+                       CommitRecord& record);
 
 // Removes committed steps beyond the newest `keep` (at least 1 stays).
 void trimCommitted(const std::string& rank_dir, int64_t keep);

@@ -85,11 +85,16 @@ bool safeRelativePath(const std::string& path) {
 std::string encodeRecord(const CommitRecord& r) {
   json files = json::array();
   for (const auto& f : r.files) files.push_back({{"path", f.path}, {"size", f.size}});
-  json j = {{"version", r.version},       {"step", r.step},
-            {"rank", r.rank},             {"world_size", r.world_size},
-            {"files", files},             {"bytes", r.bytes},
-            {"durable_path", r.durable_path}, {"persist", r.persist},
-            {"replicated", r.replicated}, {"keep", r.keep},
+  json j = {{"version", r.version},
+            {"step", r.step},
+            {"rank", r.rank},
+            {"world_size", r.world_size},
+            {"files", files},
+            {"bytes", r.bytes},
+            {"durable_path", r.durable_path},
+            {"persist", r.persist},
+            {"replicated", r.replicated},
+            {"keep", r.keep},
             {"time", r.time}};
   return j.dump();
 }

@@ -42,10 +42,10 @@ struct CommitRecord {
   double time = 0;
 };
 
-std::string rankDirName(int64_t rank);                 // "rank-3"
-std::string stepDirName(int64_t step);                 // "step-40"
-std::string partialDirName(int64_t step, long pid);    // "partial-40-1234"
-std::string markerName(int64_t step, int64_t rank);    // ".ddpl-step-40.rank-3.json"
+std::string rankDirName(int64_t rank);               // "rank-3"
+std::string stepDirName(int64_t step);               // "step-40"
+std::string partialDirName(int64_t step, long pid);  // "partial-40-1234"
+std::string markerName(int64_t step, int64_t rank);  // ".ddpl-step-40.rank-3.json"
 std::optional<int64_t> parseStepDirName(const std::string& name);
 struct PartialName {
   int64_t step = 0;

@@ -29,7 +29,8 @@ void saveCheckpoint(const std::string& path, const CheckpointRefs& parts) {
   saveCheckpoint(path, parts, SaveLimits{});
 }
 
-void saveCheckpoint(const std::string& path, const CheckpointRefs& parts, const SaveLimits& limits) {
+void saveCheckpoint(const std::string& path, const CheckpointRefs& parts,
+                    const SaveLimits& limits) {
   if (parts.model == nullptr) throw InvalidArgument("saveCheckpoint: no model");
   torch::serialize::OutputArchive archive;
   archive.write("format_version", c10::IValue(kFormatVersion));

@@ -1,8 +1,8 @@
 #include "worker/checkpoints.h"
 
 #include <sys/stat.h>
-#include <unistd.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>

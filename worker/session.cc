@@ -165,8 +165,8 @@ SessionOptions SessionOptions::fromEnvironment(const Environment& env) {
   }
   o.backend = parseBackendKind(lookup(env, envvar::kBackend, "auto"));
   o.checkpointMemory = lookup(env, ckpt::kMemoryEnv, "");
-  o.checkpointBudget = static_cast<uint64_t>(
-      parseInteger(ckpt::kBudgetEnv, lookup(env, ckpt::kBudgetEnv, "0")));
+  o.checkpointBudget =
+      static_cast<uint64_t>(parseInteger(ckpt::kBudgetEnv, lookup(env, ckpt::kBudgetEnv, "0")));
   o.checkpointKeep = parseInt(env, ckpt::kKeepEnv, 1);
   if (o.checkpointKeep < 1)
     throw InvalidArgument(std::string(ckpt::kKeepEnv) + "=" + std::to_string(o.checkpointKeep) +

@@ -97,9 +97,9 @@ struct SessionOptions {
   std::string checkpointDir;
 
   // Reads RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
-  // TORCHELASTIC_*, DDPL_STORE_*, DDPL_CHECKPOINT_*, DDPL_BACKEND, GLOO_SOCKET_IFNAME, DDPL_RETAIN_FREED_MEMORY
-  // (and the MALLOC_* / GLIBC_TUNABLES it defers to). Pure: it never changes the process and
-  // reads nothing but `env`. Malformed numbers and booleans are an
+  // TORCHELASTIC_*, DDPL_STORE_*, DDPL_CHECKPOINT_*, DDPL_BACKEND, GLOO_SOCKET_IFNAME,
+  // DDPL_RETAIN_FREED_MEMORY (and the MALLOC_* / GLIBC_TUNABLES it defers to). Pure: it never
+  // changes the process and reads nothing but `env`. Malformed numbers and booleans are an
   // InvalidArgument naming the variable. Without RANK and WORLD_SIZE, an MPI launcher's
   // variables (OMPI_COMM_WORLD_*, PMI_*, PMIX_RANK, SLURM_*; DDPL_BOOTSTRAP=auto|env|mpi)
   // select the MPI bootstrap; RANK without WORLD_SIZE (or the reverse) outside an MPI launch,

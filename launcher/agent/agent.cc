@@ -1,6 +1,7 @@
 #include "launcher/agent/agent.h"
 
 #include <fcntl.h>
+#include <fmt/ranges.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
@@ -13,7 +14,6 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
-#include <fmt/ranges.h>
 #include <map>
 #include <optional>
 #include <set>
@@ -123,7 +123,7 @@ struct Agent::Impl {
   LiveView view;
   HangResponder hang_response;
   std::unique_ptr<StacksService> stacks;
-  std::unique_ptr<MemoryTier> ckpt_tier;  // null: checkpoints in memory are off
+  std::unique_ptr<MemoryTier> ckpt_tier;          // null: checkpoints in memory are off
   std::vector<RankCheckpointStatus> ckpt_status;  // refreshed once a second
   double next_ckpt_status = 0;
   uint64_t ckpt_budget = 0;
@@ -414,12 +414,14 @@ struct Agent::Impl {
     std::vector<std::string> parts;
     for (const auto& s : ckpt_tier->status()) {
       if (s.newest_step < 0 && s.committed_bytes == 0) continue;
-      std::string p = fmt::format("rank {} {} (step {}", s.rank,
-                                  humanBytes(static_cast<int64_t>(s.committed_bytes)), s.newest_step);
+      std::string p =
+          fmt::format("rank {} {} (step {}", s.rank,
+                      humanBytes(static_cast<int64_t>(s.committed_bytes)), s.newest_step);
       if (!s.persists)
         p += ", rank 0's copy persists)";
       else
-        p += s.persisted_step >= 0 ? fmt::format(", on disk {})", s.persisted_step) : ", not on disk)";
+        p += s.persisted_step >= 0 ? fmt::format(", on disk {})", s.persisted_step)
+                                   : ", not on disk)";
       if (!s.error.empty()) p += ": " + s.error;
       parts.push_back(std::move(p));
     }

@@ -1,5 +1,7 @@
 #include "launcher/checkpoint/memory_tier.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/inotify.h>
@@ -18,9 +20,6 @@
 #include <mutex>
 #include <set>
 #include <thread>
-
-#include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include "common/checkpoint_files.h"
 #include "common/errors.h"
@@ -51,8 +50,7 @@ void setThreadPriority(bool background) {
 }
 
 double monotonicSeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace
@@ -206,10 +204,10 @@ struct MemoryTier::Impl {
       r.error = error;
       int64_t held = 0;
       if (failure_lines.admit(&held))
-        log::warn("cannot persist checkpoint step {} of rank {}: {}; it stays in memory, training "
-                  "goes on{}",
-                  step, rank, error,
-                  held ? fmt::format(" ({} more such failures not shown)", held) : "");
+        log::warn(
+            "cannot persist checkpoint step {} of rank {}: {}; it stays in memory, training "
+            "goes on{}",
+            step, rank, error, held ? fmt::format(" ({} more such failures not shown)", held) : "");
     }
   }
 
@@ -291,7 +289,7 @@ struct MemoryTier::Impl {
 };
 
 uint64_t MemoryTier::autoBudget(const std::string& base, int nproc) {
-  struct statvfs sv{};
+  struct statvfs sv {};
   if (statvfs(base.c_str(), &sv) != 0 || nproc < 1) return 0;
   uint64_t size = static_cast<uint64_t>(sv.f_blocks) * sv.f_frsize;
   return size / 4 / static_cast<uint64_t>(nproc);
@@ -333,7 +331,8 @@ MemoryTier::~MemoryTier() {
 
 const std::string& MemoryTier::root() const { return impl_->root; }
 
-std::map<std::string, std::string> MemoryTier::startGroup(const std::vector<int64_t>& global_ranks) {
+std::map<std::string, std::string> MemoryTier::startGroup(
+    const std::vector<int64_t>& global_ranks) {
   Impl& m = *impl_;
   std::set<int64_t> wanted(global_ranks.begin(), global_ranks.end());
   std::vector<int64_t> fresh;
@@ -424,13 +423,13 @@ std::string MemoryTier::drain(double timeout_sec) {
   lock.unlock();
   m.wake();
   lock.lock();
-  bool finished = m.idle_cv.wait_for(
-      lock, std::chrono::duration<double>(timeout_sec),
-      [&] { return !m.busy && m.nextJob() == m.ranks.end(); });
+  bool finished = m.idle_cv.wait_for(lock, std::chrono::duration<double>(timeout_sec),
+                                     [&] { return !m.busy && m.nextJob() == m.ranks.end(); });
   std::vector<std::string> left;
   for (const auto& [rank, r] : m.ranks) {
     auto steps = ckpt::listCommitted(r.dir, rank);
-    if (steps.empty() || !Impl::persistable(steps.front().record) || steps.front().step <= r.persisted)
+    if (steps.empty() || !Impl::persistable(steps.front().record) ||
+        steps.front().step <= r.persisted)
       continue;
     left.push_back(fmt::format("rank {} step {}{}", rank, steps.front().step,
                                r.error.empty() ? "" : " (" + r.error + ")"));

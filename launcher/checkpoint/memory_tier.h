@@ -44,7 +44,8 @@ class MemoryTier {
   // Creates the root (mkdtemp under options.base: exclusive, 0700) and starts the persister.
   // Throws ddpl::Error naming the directory when it cannot.
   explicit MemoryTier(MemoryTierOptions options);
-  ~MemoryTier();  // stops the thread (without waiting for persistence: see drain) and removes the root
+  ~MemoryTier();  // stops the thread (without waiting for persistence: see drain) and removes the
+                  // root
   MemoryTier(const MemoryTier&) = delete;
   MemoryTier& operator=(const MemoryTier&) = delete;
 

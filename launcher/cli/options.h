@@ -124,8 +124,8 @@ struct LaunchOptions {
   // Bytes of memory per local rank: unset, automatic (a quarter of /dev/shm over the local
   // ranks); 0, the tier is off.
   std::optional<uint64_t> checkpoint_memory;
-  int checkpoint_memory_keep = 1;  // committed checkpoints kept in memory per rank
-  std::string checkpoint_dir;      // the durable directory when the program names none
+  int checkpoint_memory_keep = 1;             // committed checkpoints kept in memory per rank
+  std::string checkpoint_dir;                 // the durable directory when the program names none
   double checkpoint_drain_timeout_sec = 120;  // at exit: the wait for persistence in progress
 
   // Placement.

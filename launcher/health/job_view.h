@@ -21,7 +21,7 @@ struct RankUsage {
   int64_t rss_bytes = -1;  // resident memory; -1: unknown
   std::optional<double> gpu_util_percent;
   std::optional<int64_t> gpu_memory_bytes;
-  std::optional<int64_t> checkpoint_bytes;  // held in launch's checkpoint memory (docs/checkpoints.md)
+  std::optional<int64_t> checkpoint_bytes;  // in launch's checkpoint memory
 };
 
 struct JobFigures {

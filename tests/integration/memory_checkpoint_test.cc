@@ -23,7 +23,9 @@ const std::string kScripts = std::string(DDPL_SOURCE_DIR) + "/tests/python";
 
 RunOptions jobEnv() {
   RunOptions o;
-  o.env = {{"PYTHON_EXEC", DDPL_PYTHON}, {"OMP_NUM_THREADS", "1"}, {"DDPL_BACKEND", "gloo"},
+  o.env = {{"PYTHON_EXEC", DDPL_PYTHON},
+           {"OMP_NUM_THREADS", "1"},
+           {"DDPL_BACKEND", "gloo"},
            {"PYTHONPATH", std::string(DDPL_SOURCE_DIR) + "/python"}};
   o.timeout = 240s;
   return o;
@@ -69,13 +71,14 @@ TEST_F(MemoryCheckpoints, CppDdpKilledMidStepResumesFromMemoryAsIfItNeverFailed)
   EXPECT_NE(r.out.find("rank 0 resumed from step 16 (memory)"), std::string::npos) << r.all();
   EXPECT_NE(r.out.find("rank 1 resumed from step 16 (memory)"), std::string::npos) << r.all();
   EXPECT_TRUE(sameWeights("ref", "kill"));
-  // launch persisted the durable ones (12, 24, 36) and, on the failure, the newest (16), at exit the
-  // last (40); the memory each rank holds was in the live view and the summary.
-  // last (40); --keep-checkpoints 2 leaves the newest two.
+  // launch persisted the durable ones (12, 24, 36) and, on the failure, the newest (16), at exit
+  // the last (40); the memory each rank holds was in the live view and the summary. last (40);
+  // --keep-checkpoints 2 leaves the newest two.
   for (int step : {16, 40})  // said at info level; the routine ones at debug
     EXPECT_NE(r.err.find("checkpoint step " + std::to_string(step) + " of rank 0 persisted"),
               std::string::npos)
-        << step << "\n" << r.all();
+        << step << "\n"
+        << r.all();
   for (const char* f : {"ckpt-step00000036.pt", "ckpt-step00000040.pt"})
     EXPECT_TRUE(fs::exists(dir_ + "/kill/" + f)) << f << "\n" << r.all();
   EXPECT_FALSE(fs::exists(dir_ + "/kill/ckpt-step00000024.pt")) << r.all();
@@ -112,13 +115,14 @@ TEST_F(MemoryCheckpoints, ABudgetTooSmallGoesToDiskWithTheSizesAndTrainingGoesOn
 // A full disk (a one-page tmpfs in a mount namespace of the job's own): persistence fails and
 // says so, training finishes, and what never reached the disk stays in memory, named.
 TEST_F(MemoryCheckpoints, ADiskThatRefusesWritesNeitherStopsTrainingNorLosesTheCheckpoint) {
-  auto probe = run({"/usr/bin/unshare", "-m", "/bin/sh", "-c", "mount -t tmpfs -o size=4k none " + dir_});
+  auto probe =
+      run({"/usr/bin/unshare", "-m", "/bin/sh", "-c", "mount -t tmpfs -o size=4k none " + dir_});
   if (probe.exit_code != 0) GTEST_SKIP() << "no mount namespace here: " << probe.all();
   const std::string ckpt = dir_ + "/full";
   fs::create_directories(ckpt);
   std::string cmd = "mount -t tmpfs -o size=4k none " + ckpt + " && exec " + kLaunch +
-                    " --nproc-per-node=2 " + kRank + " ckpt_train steps=40,every=4,durable=1,dir=" +
-                    ckpt;
+                    " --nproc-per-node=2 " + kRank +
+                    " ckpt_train steps=40,every=4,durable=1,dir=" + ckpt;
   auto r = run({"/usr/bin/unshare", "-m", "/bin/sh", "-c", cmd}, jobEnv());
   ASSERT_EQ(r.exit_code, 0) << r.all();
   EXPECT_NE(r.err.find("No space left on device (errno 28); it stays in memory, training goes on"),
@@ -137,15 +141,24 @@ TEST_F(MemoryCheckpoints, ADiskThatRefusesWritesNeitherStopsTrainingNorLosesTheC
 // Python DDP through ddplaunch.checkpoint: the same, killed mid-step and mid-checkpoint.
 TEST_F(MemoryCheckpoints, PythonDdpKilledMidStepAndMidCheckpointResumesFromMemory) {
   auto job = [&](const std::string& tag, std::vector<std::string> extra) {
-    std::vector<std::string> argv{kLaunch, "--nproc-per-node=2", "--max-restarts=1",
-                                  kScripts + "/ckpt_train.py", "--steps", "30", "--ckpt-every",
-                                  "3", "--dir", dir_ + "/" + tag, "--out", dir_ + "/" + tag + ".pt"};
+    std::vector<std::string> argv{kLaunch,
+                                  "--nproc-per-node=2",
+                                  "--max-restarts=1",
+                                  kScripts + "/ckpt_train.py",
+                                  "--steps",
+                                  "30",
+                                  "--ckpt-every",
+                                  "3",
+                                  "--dir",
+                                  dir_ + "/" + tag,
+                                  "--out",
+                                  dir_ + "/" + tag + ".pt"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     return run(argv, jobEnv());
   };
   auto same = [&](const std::string& a, const std::string& b) {
-    auto r = run({DDPL_PYTHON, kScripts + "/ckpt_equal.py", dir_ + "/" + a + ".pt",
-                  dir_ + "/" + b + ".pt"});
+    auto r = run(
+        {DDPL_PYTHON, kScripts + "/ckpt_equal.py", dir_ + "/" + a + ".pt", dir_ + "/" + b + ".pt"});
     EXPECT_EQ(r.exit_code, 0) << r.all();
   };
   auto ref = job("ref", {});
@@ -165,9 +178,18 @@ TEST_F(MemoryCheckpoints, PythonDdpKilledMidStepAndMidCheckpointResumesFromMemor
 // each rank's shard in its own memory, read back from the node's memory after a kill.
 TEST_F(MemoryCheckpoints, DcpThroughTheStorageWriterResumesFromMemory) {
   auto job = [&](const std::string& tag, std::vector<std::string> extra) {
-    std::vector<std::string> argv{kLaunch, "--nproc-per-node=2", "--max-restarts=1",
-                                  kScripts + "/ckpt_train.py", "--dcp", "--steps", "24",
-                                  "--ckpt-every", "4", "--dir", dir_ + "/" + tag, "--out",
+    std::vector<std::string> argv{kLaunch,
+                                  "--nproc-per-node=2",
+                                  "--max-restarts=1",
+                                  kScripts + "/ckpt_train.py",
+                                  "--dcp",
+                                  "--steps",
+                                  "24",
+                                  "--ckpt-every",
+                                  "4",
+                                  "--dir",
+                                  dir_ + "/" + tag,
+                                  "--out",
                                   dir_ + "/" + tag + ".pt"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     return run(argv, jobEnv());

@@ -2,23 +2,22 @@
 // worker_fault_test) start several of these, under plain fork/exec, torchrun or `launch`, and
 // judge them by exit status, error files and marker files. Each scenario checks its own claim
 // and exits non-zero with a message when it does not hold.
-#include <torch/torch.h>
-
 #include <signal.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
-#include <map>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <stdexcept>
 #include <thread>
 
+#include "common/checkpoint_files.h"
 #include "common/errors.h"
 #include "worker/amp.h"
-#include "common/checkpoint_files.h"
 #include "worker/checkpoint.h"
 #include "worker/checkpoints.h"
 #include "worker/ddp.h"
@@ -480,7 +479,8 @@ int checkpointedTraining(dw::Session& session, const std::string& arg) {
     if (progress.step % every != 0) continue;
     if (killHere && step + 1 == killStep && killWhere == "checkpoint" && ckpts.inMemory()) {
       // Half of this step's checkpoint written into launch's memory, then the crash.
-      std::string rankDir = session.options().checkpointMemory + "/" + ddpl::ckpt::rankDirName(rank);
+      std::string rankDir =
+          session.options().checkpointMemory + "/" + ddpl::ckpt::rankDirName(rank);
       std::string partial = ddpl::ckpt::beginStep(rankDir, progress.step);
       std::ofstream(partial + "/half.pt") << std::string(4096, 'x');
       ::kill(::getpid(), SIGKILL);

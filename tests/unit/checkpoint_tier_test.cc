@@ -270,7 +270,8 @@ TEST_F(Tier, PersistsCommitsInTheBackgroundAndRemovesItsRootAtTheEnd) {
     EXPECT_EQ(env[ck::kDirEnv], durable_);
     auto r = recordFor(3, 4, durable_ + "/step-5");
     commit(root + "/rank-3", 3, 5, {{"w.pt", "weights"}}, r);
-    ASSERT_TRUE(eventually([&] { return fs::exists(durable_ + "/step-5/" + ck::markerName(5, 3)); }));
+    ASSERT_TRUE(
+        eventually([&] { return fs::exists(durable_ + "/step-5/" + ck::markerName(5, 3)); }));
     EXPECT_EQ(readFile(durable_ + "/step-5/w.pt"), "weights");
     // A step committed with persist=false stays in memory only, until its worker dies.
     r = recordFor(3, 4, durable_ + "/step-6");
@@ -290,7 +291,8 @@ TEST_F(Tier, PersistsCommitsInTheBackgroundAndRemovesItsRootAtTheEnd) {
     writeFile(partial + "/w.pt", "half");
     tier.onWorkerExit(3, 4242);
     EXPECT_FALSE(fs::exists(partial));
-    ASSERT_TRUE(eventually([&] { return fs::exists(durable_ + "/step-6/" + ck::markerName(6, 3)); }));
+    ASSERT_TRUE(
+        eventually([&] { return fs::exists(durable_ + "/step-6/" + ck::markerName(6, 3)); }));
     EXPECT_EQ(readFile(durable_ + "/step-6/w.pt"), "newer");
     EXPECT_EQ(tier.drain(10), "");  // everything already on disk
   }
