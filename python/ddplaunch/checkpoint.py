@@ -587,13 +587,16 @@ class _BudgetFile:
             self.fd = -1
 
 
-def _torch_save(obj, path, limit=None):
+def _torch_save(obj, path, limit=None, crc=True):
     """Returns False when the write stopped at `limit`."""
     import torch
+    from torch import serialization
 
     _makedirs(os.path.dirname(path))
     f = _BudgetFile(path, limit)
+    crc_before = serialization.get_crc32_options()
     try:
+        serialization.set_crc32_options(crc and crc_before)
         torch.save(obj, f)
         return True
     except BaseException:
@@ -601,6 +604,7 @@ def _torch_save(obj, path, limit=None):
             return False
         raise
     finally:
+        serialization.set_crc32_options(crc_before)
         f.close()
 
 
@@ -617,7 +621,9 @@ def save(obj, step, dir=None, replicated=False, persist=True, keep=2, flat=False
     budget = _budget() if mem is not None else None
     held = _held_bytes(mem, step) if budget is not None else 0
     limit = None if budget is None else max(0, budget - held)
-    if _torch_save(obj, os.path.join(path, filename), limit):
+    # In memory, the CRCs of torch.save's records would double the time the training loop
+    # waits (100 MB: 70 ms against 36 ms); the record's sizes catch torn writes.
+    if _torch_save(obj, os.path.join(path, filename), limit, crc=mem is None):
         return commit(step, dir, replicated, persist, keep, flat)
     _rmtree(path)
     d = _durable_dir(dir, required=False)
