@@ -55,13 +55,11 @@ def run_children(code, envs, timeout=120):
         full.update(env, PYTHONPATH=PYTHON_DIR)
         procs.append(subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=full,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outs = []
-    for p in procs:
-        out, err = p.communicate(timeout=timeout)
+    results = [p.communicate(timeout=timeout) for p in procs]
+    for p, (out, err) in zip(procs, results):
         if p.returncode != 0:
             raise AssertionError(f"child exited {p.returncode}:\n{out}\n{err}")
-        outs.append(out)
-    return outs
+    return [out for out, _ in results]
 
 
 class Base(unittest.TestCase):
