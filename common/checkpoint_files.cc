@@ -261,8 +261,8 @@ std::string commitStep(const std::string& rank_dir, const std::string& partial,
     if (errno != ENOTEMPTY && errno != EEXIST) fail("commit", target, errno);
     // An earlier attempt committed this step: moved aside first, so the name never points at
     // a mixture of the two.
-    std::string aside =
-        rank_dir + "/" + partialDirName(record.step, static_cast<long>(getpid())) + "-old";
+    std::string aside = rank_dir + "/replaced-" + std::to_string(record.step) + "-" +
+                        std::to_string(getpid());
     removeTree(aside);
     if (rename(target.c_str(), aside.c_str()) != 0) fail("replace", target, errno);
     if (rename(partial.c_str(), target.c_str()) != 0) fail("commit", target, errno);
@@ -271,14 +271,14 @@ std::string commitStep(const std::string& rank_dir, const std::string& partial,
   return target;
 }
 
-void trimCommitted(const std::string& rank_dir, int64_t keep) {
+void trimCommitted(const std::string& rank_dir, int64_t keep, int64_t just_committed) {
   std::vector<std::pair<int64_t, std::string>> steps;
   for (const auto& e : listDir(rank_dir))
     if (auto s = parseStepDirName(e.name)) steps.emplace_back(*s, rank_dir + "/" + e.name);
   std::sort(steps.begin(), steps.end(),
             [](const auto& a, const auto& b) { return a.first > b.first; });
   for (size_t i = static_cast<size_t>(std::max<int64_t>(keep, 1)); i < steps.size(); ++i)
-    removeTree(steps[i].second);
+    if (steps[i].first != just_committed) removeTree(steps[i].second);
 }
 
 std::string durableRoot(const CommitRecord& r) {

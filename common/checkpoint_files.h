@@ -43,8 +43,9 @@ std::string beginStep(const std::string& rank_dir, int64_t step);
 std::string commitStep(const std::string& rank_dir, const std::string& partial,
                        CommitRecord& record);
 
-// Removes committed steps beyond the newest `keep` (at least 1 stays).
-void trimCommitted(const std::string& rank_dir, int64_t keep);
+// Removes committed steps beyond the newest `keep` (at least 1 stays), never `just_committed`
+// (a run resumed from an earlier step may find later steps of its earlier attempt).
+void trimCommitted(const std::string& rank_dir, int64_t keep, int64_t just_committed = -1);
 // Removes partial directories whose writer `pid` is given, or all when pid is 0.
 void removePartials(const std::string& rank_dir, long pid = 0);
 

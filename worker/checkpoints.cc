@@ -397,7 +397,7 @@ std::string CheckpointManager::saveInMemory(const CheckpointRefs& refs, bool dur
   record.replicated = true;
   record.keep = policy_.keep;
   const std::string committed = ckpt::commitStep(rankDir_, partial, record);
-  ckpt::trimCommitted(rankDir_, o.checkpointKeep);
+  ckpt::trimCommitted(rankDir_, o.checkpointKeep, step);
   // A durable one is named where launch puts it (there by the time launch exits); the others
   // live in memory only.
   const std::string path = durable ? dir_.pathFor(step) : committed + "/" + memoryFileName(step);
