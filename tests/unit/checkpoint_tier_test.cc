@@ -294,6 +294,11 @@ TEST_F(Tier, PersistsCommitsInTheBackgroundAndRemovesItsRootAtTheEnd) {
     ASSERT_TRUE(
         eventually([&] { return fs::exists(durable_ + "/step-6/" + ck::markerName(6, 3)); }));
     EXPECT_EQ(readFile(durable_ + "/step-6/w.pt"), "newer");
+    ASSERT_TRUE(eventually([&] {
+      for (const auto& s : tier.status())
+        if (s.rank == 3) return s.persisted_step == 6;
+      return false;
+    }));
     EXPECT_EQ(tier.drain(10), "");  // everything already on disk
   }
   EXPECT_FALSE(fs::exists(root));
