@@ -298,12 +298,12 @@ def commit(step, dir=None, replicated=False, persist=True, keep=2, flat=False):
     files = _list_files(partial)
     record = _record(step, rank, world, files, durable, persist, replicated, keep)
     if mem is None:
-        return _commit_disk(partial, record, d, flat)
+        return _commit_disk(partial, record, d)
 
     budget, held = _budget(), _held_bytes(mem, step)
     if budget is not None and record["bytes"] > budget - held:
         _over_budget(step, f"{record['bytes']} bytes", budget, held, durable)
-        return _commit_disk(partial, record, d, flat)
+        return _commit_disk(partial, record, d)
     with os.fdopen(os.open(os.path.join(partial, RECORD), _NEW_FILE, 0o600), "w") as f:
         json.dump(record, f, indent=1)
     target = os.path.join(mem, f"step-{step}")
@@ -353,7 +353,7 @@ def _over_budget(step, size, budget, held, durable):
     print(msg, file=sys.stderr, flush=True)
 
 
-def _commit_disk(partial, record, d, flat):
+def _commit_disk(partial, record, d):
     """Moves the files of `partial` into the durable layout, marker last, then retention."""
     step, rank = record["step"], record["rank"]
     durable = record["durable_path"]
@@ -636,7 +636,7 @@ def save(obj, step, dir=None, replicated=False, persist=True, keep=2, flat=False
     _, world = _rank_world()
     record = _record(step, rank, world, _list_files(path), _durable_path(d, step, flat),
                      persist, replicated, keep)
-    return _commit_disk(path, record, d, flat)
+    return _commit_disk(path, record, d)
 
 
 def load(checkpoint, filename="state.pt", **torch_load_kwargs):
