@@ -58,22 +58,31 @@ def timed(fn):
 
 
 def bench_memory(state, repeats, durable):
-    """ckpt.save as a training loop calls it, in the memory root the environment names."""
+    """ckpt.save and ckpt.save_async as a training loop calls them, in the memory root the
+    environment names. save_async's blocked time is its call (the copy of the state); its
+    write and commit run on a thread, timed from the call to the commit (async_commit) and
+    waited for before the next call, as the training steps between two checkpoints would."""
     from ddplaunch import checkpoint as ckpt
 
-    times = []
-    for step in range(1, repeats + 1):
+    out = {"memory_sync": [], "memory_async": [], "async_commit": []}
+    for step in range(1, 2 * repeats + 1):
         found = None
+        if step <= repeats:
+            def save():
+                nonlocal found
+                found = ckpt.save(state, step, dir=durable, replicated=True)
 
-        def save():
-            nonlocal found
-            found = ckpt.save(state, step, dir=durable, replicated=True)
-
-        times.append(timed(save))
+            out["memory_sync"].append(timed(save))
+        else:
+            t0 = time.perf_counter()
+            pending = ckpt.save_async(state, step, dir=durable, replicated=True)
+            out["memory_async"].append((time.perf_counter() - t0) * 1000)
+            found = pending.result()
+            out["async_commit"].append((time.perf_counter() - t0) * 1000)
         if found is None or found.source != "memory":
             raise SystemExit(f"step {step} did not stay in memory ({found}): the budget is "
                              "too small for this size")
-    return times
+    return out
 
 
 def bench_torch_save(state, repeats, disk):
@@ -193,14 +202,17 @@ def run(args, sizes, tmp):
              "background while the next ones are measured)" if args.launch else
              "under a simulated memory root on /dev/shm (as launch makes it; nothing is "
              "persisted in the background)")
-    print(f"memory:     ddplaunch.checkpoint.save(state, step, replicated=True), {where}; "
-          "keep 1")
+    print(f"memory_async: ddplaunch.checkpoint.save_async(state, step, replicated=True): "
+          f"the copy of the state blocks, the write to memory and the commit run on a thread; "
+          f"{where}; keep 1")
+    print("memory_sync:  ddplaunch.checkpoint.save(...): torch.save into launch's memory and "
+          "the commit, all blocking")
     print(f"torch_save: torch.save to a new file in {tmp}, then flush and fsync "
           "(what a careful user does)")
     print(f"dcp:        torch.distributed.checkpoint.save, FileSystemWriter (fsync), one "
           f"process, to {tmp}")
     print(f"repeats: {args.repeats}; blocked time = wall time of the call (median, min, max)\n")
-    results = {}
+    results, commits = {}, {}
     for size in sizes:
         state = make_state(size)
         disk = os.path.join(tmp, "disk")
@@ -208,13 +220,16 @@ def run(args, sizes, tmp):
         memory = (memory_under_launch(args.launch, size, args.repeats, tmp) if args.launch
                   else memory_simulated(state, args.repeats, tmp))
         shutil.rmtree(os.path.join(tmp, "durable"), ignore_errors=True)
-        results[size] = {"memory": memory,
+        results[size] = {"memory_async": memory["memory_async"],
+                         "memory_sync": memory["memory_sync"],
                          "torch_save": bench_torch_save(state, args.repeats, disk),
                          "dcp": bench_dcp(state, args.repeats, disk)}
+        commits[size] = memory["async_commit"]
         del state
         print(f"{size} MB")
         for name, times in results[size].items():
-            print(f"  {name:10s} {fmt(times)}")
+            print(f"  {name:12s} {fmt(times)}")
+        print(f"  (save_async, from the call to the commit: {fmt(commits[size])})")
 
     print(f"\nsteps lost per failure, at a step time of {args.step_ms:g} ms: the interval is the "
           f"fewest steps between checkpoints that keeps checkpoint time <= {OVERHEAD:.0%} of "
@@ -222,15 +237,16 @@ def run(args, sizes, tmp):
           "half an interval of steps, to be run again (the restart itself not counted)")
     for size, res in results.items():
         cols = []
-        for name in ("memory", "torch_save", "dcp"):
+        for name in ("memory_async", "memory_sync", "torch_save", "dcp"):
             k = interval_for(summary(res[name])[0], args.step_ms)
             cols.append(f"{name}: every {k} steps, loses {k / 2:g}")
         print(f"  {size} MB  " + " | ".join(cols))
     print()
     for size, res in results.items():
-        m, t, d = (summary(res[n])[0] for n in ("memory", "torch_save", "dcp"))
-        print(f"size_mb={size} memory_ms={m:.1f} torch_save_ms={t:.1f} dcp_ms={d:.1f} "
-              f"ratio_torch_save={t / m:.1f}x ratio_dcp={d / m:.1f}x")
+        m, ms, t, d = (summary(res[n])[0]
+                       for n in ("memory_async", "memory_sync", "torch_save", "dcp"))
+        print(f"size_mb={size} memory_ms={m:.1f} memory_sync_ms={ms:.1f} torch_save_ms={t:.1f} "
+              f"dcp_ms={d:.1f} ratio_torch_save={t / m:.1f}x ratio_dcp={d / m:.1f}x")
 
 
 if __name__ == "__main__":

@@ -215,6 +215,49 @@ class CommitProtocol(Base):
         self.assertIn(3, self.steps_in(os.path.join(root, "rank-0")))
 
 
+class SaveAsync(Base):
+    def test_blocks_only_for_the_copy_and_commits_what_was_passed(self):
+        import torch
+
+        self.use_memory()
+        os.environ.update(RANK="0", WORLD_SIZE="1")
+        state = {"w": torch.zeros(1000), "meta": {"epoch": 3}}
+        pending = ckpt.save_async(state, 4, dir=self.durable, replicated=True)
+        state["w"].add_(1)  # the next training step changes the tensors in place
+        state["meta"]["epoch"] = 4
+        found = pending.result(timeout=60)
+        self.assertEqual((found.step, found.source), (4, "memory"))
+        loaded = ckpt.load(found)
+        self.assertTrue(torch.equal(loaded["w"], torch.zeros(1000)))
+        self.assertEqual(loaded["meta"]["epoch"], 3)
+        # latest() waits for a save in flight of its own process
+        ckpt.save_async(state, 8, dir=self.durable, replicated=True)
+        self.assertEqual(ckpt.latest(dir=self.durable).step, 8)
+        self.assertIsNone(ckpt.wait())
+
+    def test_a_process_killed_before_the_commit_leaves_the_step_before(self):
+        self.use_memory(keep=5)
+        self.commit_bytes(2)
+        code = f"""
+            import os, signal, torch
+            from ddplaunch import checkpoint as ckpt
+            def stop_before_commit(*a, **kw):  # the write is done, the rename not yet
+                os.kill(os.getpid(), signal.SIGKILL)
+            ckpt.commit = stop_before_commit
+            ckpt.save_async({{"w": torch.ones(100000)}}, 6, dir={self.durable!r})
+            ckpt.wait(timeout=60)
+        """
+        full = {k: v for k, v in os.environ.items() if k not in ENV_KEYS}
+        full.update({"RANK": "0", "WORLD_SIZE": "1", "DDPL_CHECKPOINT_MEMORY": self.root},
+                    PYTHONPATH=PYTHON_DIR)
+        p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full,
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, -signal.SIGKILL, p.stderr)
+        self.assertTrue(any(n.startswith("partial-6-") for n in os.listdir(self.root + "/rank-0")))
+        os.environ.update(RANK="0", WORLD_SIZE="1")
+        self.assertEqual(ckpt.latest(dir=self.durable).step, 2)
+
+
 class Budget(Base):
     def test_commit_over_budget_goes_to_disk_with_a_warning(self):
         root = self.use_memory(budget=1000, keep=1)
