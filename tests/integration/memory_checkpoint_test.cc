@@ -138,7 +138,8 @@ TEST_F(MemoryCheckpoints, ADiskThatRefusesWritesNeitherStopsTrainingNorLosesTheC
   fs::remove_all(kept);
 }
 
-// Python DDP through ddplaunch.checkpoint: the same, killed mid-step and mid-checkpoint.
+// Python DDP through ddplaunch.checkpoint: the same, killed mid-step (saving with save_async)
+// and mid-checkpoint.
 TEST_F(MemoryCheckpoints, PythonDdpKilledMidStepAndMidCheckpointResumesFromMemory) {
   auto job = [&](const std::string& tag, std::vector<std::string> extra) {
     std::vector<std::string> argv{kLaunch,
@@ -163,7 +164,7 @@ TEST_F(MemoryCheckpoints, PythonDdpKilledMidStepAndMidCheckpointResumesFromMemor
   };
   auto ref = job("ref", {});
   ASSERT_EQ(ref.exit_code, 0) << ref.all();
-  auto step = job("step", {"--kill-at", "14:1:step"});
+  auto step = job("step", {"--kill-at", "14:1:step", "--async"});
   ASSERT_EQ(step.exit_code, 0) << step.all();
   EXPECT_EQ(countOf(step.out, "resumed from step 12 (memory)"), 2) << step.all();
   same("ref", "step");

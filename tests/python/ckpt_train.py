@@ -6,7 +6,7 @@ Fixed seed, a tiny model, batches derived from (step, rank), so a resumed run se
 data. Step s's checkpoint holds the state after step s; a resumed run starts at s + 1.
 
     torchrun --nproc-per-node=2 --max-restarts=1 ckpt_train.py --steps 20 --ckpt-every 5 \\
-        --dir CKPT --out final.pt [--kill-at 12:1:step] [--dcp]
+        --dir CKPT --out final.pt [--kill-at 12:1:step] [--dcp | --async]
 
 --kill-at STEP:RANK:WHERE: on the first attempt only (TORCHELASTIC_RESTART_COUNT 0), rank RANK
 (-1: every rank) SIGKILLs itself at STEP: WHERE=step after backward, before optimizer.step; WHERE=checkpoint
@@ -40,6 +40,8 @@ def parse_args():
     p.add_argument("--out", help="rank 0 writes the final parameters here")
     p.add_argument("--kill-at", help="STEP:RANK:WHERE, WHERE in step|checkpoint")
     p.add_argument("--dcp", action="store_true", help="torch.distributed.checkpoint")
+    p.add_argument("--async", dest="async_", action="store_true",
+                   help="ckpt.save_async (the write and commit on a thread)")
     args = p.parse_args()
     args.kill = None
     if args.kill_at:
@@ -100,6 +102,8 @@ def save(model, opt, step, args, rank, first_attempt):
 
         dcp_.save(state_of(model, opt, True),
                   storage_writer=ckpt.StorageWriter(step, dir=args.dir))
+    elif args.async_:
+        ckpt.save_async(state_of(model, opt, False), step, dir=args.dir, replicated=True)
     else:
         ckpt.save(state_of(model, opt, False), step, dir=args.dir, replicated=True)
 
