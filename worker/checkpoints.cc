@@ -346,7 +346,10 @@ void CheckpointManager::resumeAgreed(const CheckpointRefs& refs, ResumePoint& po
   const std::string path = fromMemory ? inMemory[*agreed] : onDisk[*agreed];
   loadChecked(path, refs, point.reasonText);
   point.path = path;
-  point.source = fromMemory ? "memory" : "disk";
+  // launch fetched it from another node's replica (launcher/checkpoint/replica.h).
+  struct stat st {};
+  const std::string origin = path.substr(0, path.find_last_of('/')) + "/.ddpl-origin";
+  point.source = !fromMemory ? "disk" : ::lstat(origin.c_str(), &st) == 0 ? "peer replica" : "memory";
   if (refs.progress) point.progress = *refs.progress;
   std::lock_guard<std::mutex> lock(mu_);
   latest_ = path;

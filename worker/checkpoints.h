@@ -91,7 +91,7 @@ struct ResumePoint {
   ResumeReason reason = ResumeReason::kFresh;
   std::string reasonText;     // "restart 2", "run JOB started again", "--resume"; empty when fresh
   std::string path;           // the checkpoint loaded; empty: none (starts at step 0)
-  std::string source;         // "memory" or "disk"; empty when none
+  std::string source;  // "memory", "peer replica" (another node's copy) or "disk"; empty: none
   TrainingProgress progress;  // as saved in it (zeros when none)
   std::vector<std::string> skippedTruncated;  // "PATH: why", newest first (every rank)
   size_t removedStale = 0;  // a new job: the earlier run's checkpoints removed (rank 0's count)

@@ -17,6 +17,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <thread>
 #include <utility>
 
 #include "common/errors.h"
@@ -49,6 +50,7 @@ namespace {
 // Without a cgroup, how often orphaned descendants are looked for (for the watchdog only: the
 // end of a run finds them all regardless).
 constexpr int kStrayScanSeconds = 1;
+constexpr const char* kReplicaKey = "ckpt-replica";  // a node's checkpoint replica endpoint
 // The loop's tag for the signalfd; the workers' output pipes are tagged with their fd, the
 // stacks service's descriptors with tags of its own (StacksService::owns).
 constexpr uint64_t kSignalTag = uint64_t{1} << 40;
@@ -126,6 +128,7 @@ struct Agent::Impl {
   std::unique_ptr<MemoryTier> ckpt_tier;          // null: checkpoints in memory are off
   std::vector<RankCheckpointStatus> ckpt_status;  // refreshed once a second
   double next_ckpt_status = 0;
+  double next_successor_try = 0;
   uint64_t ckpt_budget = 0;
   double first_group_started = 0;     // for cfg.after_start; 0: no group yet
   size_t after_start_done = 0;        // how many of cfg.after_start have run (sorted by time)
@@ -350,6 +353,7 @@ struct Agent::Impl {
 
   void onMonitorTick() {
     double now = unixNow();
+    findSuccessor(now);
     if (ckpt_tier && now >= next_ckpt_status) {
       ckpt_status = ckpt_tier->status();
       next_ckpt_status = now + 1;
@@ -406,6 +410,66 @@ struct Agent::Impl {
       if (s.rank == global_rank && s.committed_bytes + s.partial_bytes > 0)
         return static_cast<int64_t>(s.committed_bytes + s.partial_bytes);
     return std::nullopt;
+  }
+
+  // Several nodes: this node's replica endpoint goes to the job's store; ranks with nothing in
+  // memory (a replacement node) fetch their newest step from the peer holding it; this node's
+  // commits go to the next node. Bounded: the peers' endpoints are awaited 10 s at most (they
+  // publish as their groups start), the fetches 60 s each.
+  void startReplicas(const std::vector<int64_t>& ranks) {
+    const std::string host = cfg.options.local_addr.empty() ? cfg.host : cfg.options.local_addr;
+    try {
+      rdzv.publishNodeValue(kReplicaKey, ckpt_tier->startReplicas(host, cfg.nproc));
+    } catch (const std::exception& e) {
+      log::warn("checkpoint replicas off for this round: {}", e.what());
+      return;
+    }
+    ckpt_tier->setSuccessor(std::nullopt);  // the last round's may be gone
+    // Only a node that has to fetch waits for the others' endpoints; the successor is otherwise
+    // looked up again on the monitor ticks.
+    const bool fetch = ckpt_tier->missing(ranks, world.world_size);
+    std::vector<ReplicaEndpoint> peers;
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(fetch ? 10 : 0);
+    std::vector<bool> found(static_cast<size_t>(world.group_world_size), false);
+    found[static_cast<size_t>(world.group_rank)] = true;
+    for (bool first = true; first || (std::chrono::steady_clock::now() < deadline &&
+                                      std::find(found.begin(), found.end(), false) != found.end());
+         first = false) {
+      for (int n = 0; n < world.group_world_size; ++n) {
+        if (found[static_cast<size_t>(n)]) continue;
+        try {
+          if (auto v = rdzv.nodeValue(kReplicaKey, n))
+            if (auto e = parseEndpoint(*v)) {
+              peers.push_back(*e);
+              found[static_cast<size_t>(n)] = true;
+              if (n == (world.group_rank + 1) % world.group_world_size) ckpt_tier->setSuccessor(*e);
+            }
+        } catch (const std::exception& e) {
+          log::debug("checkpoint replica endpoint of node {}: {}", n, e.what());
+        }
+      }
+      if (std::find(found.begin(), found.end(), false) != found.end())
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    if (fetch)
+      for (const auto& line : ckpt_tier->pullMissing(ranks, world.world_size, peers, 60))
+        log::info("{}", line);
+    next_successor_try = unixNow() + 1;
+  }
+
+  // On a monitor tick: the successor's endpoint, until it has published one.
+  void findSuccessor(double now) {
+    if (!ckpt_tier || world.group_world_size < 2 || now < next_successor_try ||
+        ckpt_tier->hasSuccessor())
+      return;
+    next_successor_try = now + 2;
+    int next = (world.group_rank + 1) % world.group_world_size;
+    try {
+      if (auto v = rdzv.nodeValue(kReplicaKey, next))
+        if (auto e = parseEndpoint(*v)) ckpt_tier->setSuccessor(*e);
+    } catch (const std::exception& e) {
+      log::debug("checkpoint replica endpoint of node {}: {}", next, e.what());
+    }
   }
 
   // One line per run: what each rank holds in memory and what reached the disk.
@@ -510,6 +574,7 @@ struct Agent::Impl {
       std::vector<int64_t> ranks;
       for (int lr = 0; lr < cfg.nproc; ++lr) ranks.push_back(world.rank_offset + lr);
       ckpt_env = ckpt_tier->startGroup(ranks);
+      if (world.group_world_size > 1) startReplicas(ranks);
     }
     std::vector<SpawnedProcess> spawned;
     for (int lr = 0; lr < cfg.nproc; ++lr) {

@@ -24,6 +24,7 @@
 #include "common/checkpoint_files.h"
 #include "common/errors.h"
 #include "common/log.h"
+#include "launcher/checkpoint/replica.h"
 #include "launcher/health/job_view.h"
 
 namespace fs = std::filesystem;
@@ -66,6 +67,7 @@ struct MemoryTier::Impl {
     int64_t pending = -1;    // step to persist next; -1: none
     bool urgent = false;     // its worker died: before every other rank
     bool force = false;      // persist even a step committed with persist=false
+    int64_t replicated = -1;  // newest step pushed to the successor (or failed to)
     std::string error;
   };
 
@@ -82,6 +84,8 @@ struct MemoryTier::Impl {
   bool draining = false;
   bool busy = false;
   bool keep_root = false;  // drain left checkpoints that are not on disk
+  std::unique_ptr<ReplicaServer> replica_server;
+  std::optional<ReplicaEndpoint> successor;  // the node that keeps this node's replicas
   log::Limiter failure_lines{std::chrono::seconds(30)};
 
   void wake() {
@@ -211,6 +215,36 @@ struct MemoryTier::Impl {
     }
   }
 
+  // With mu held: a rank whose newest committed step the successor has not had yet. Its
+  // worker's memory is the one to lose with this node, so every commit counts, persisted or not.
+  std::map<int64_t, Rank>::iterator nextReplication() {
+    if (!successor || draining) return ranks.end();
+    for (auto it = ranks.begin(); it != ranks.end(); ++it)
+      if (it->second.current && it->second.newest > it->second.replicated) return it;
+    return ranks.end();
+  }
+
+  void replicate(int64_t rank, const std::string& dir, int64_t step, const ReplicaEndpoint& to) {
+    std::string error;
+    double t0 = monotonicSeconds();
+    auto rec = record(rank, step, dir);
+    if (!rec) return;  // trimmed meanwhile: the newer one is next
+    try {
+      pushStep(to, dir + "/" + ckpt::stepDirName(step), *rec, 60);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    int64_t held = 0;
+    if (!error.empty() && failure_lines.admit(&held))
+      log::warn("cannot copy checkpoint step {} of rank {} to the peer {}: {}; it stays in this "
+                "node's memory{}",
+                step, rank, to.describe(), error,
+                held ? fmt::format(" ({} more such failures not shown)", held) : "");
+    else if (error.empty())
+      log::debug("checkpoint step {} of rank {} copied to the peer {} in {:.2f}s", step, rank,
+                 to.describe(), monotonicSeconds() - t0);
+  }
+
   void run() {
     setThreadPriority(true);
     bool background = true;
@@ -223,7 +257,7 @@ struct MemoryTier::Impl {
           setThreadPriority(false);
           background = false;
         }
-        have_job = nextJob() != ranks.end();
+        have_job = nextJob() != ranks.end() || nextReplication() != ranks.end();
         if (!have_job) {
           retireStale();
           busy = false;
@@ -244,7 +278,21 @@ struct MemoryTier::Impl {
         std::lock_guard<std::mutex> lock(mu);
         if (stopping) return;
         auto job = nextJob();
-        if (job == ranks.end()) continue;
+        if (job == ranks.end()) {
+          // Persistence first (a worker's death puts its step there); then the peer's copy.
+          auto rep = nextReplication();
+          if (rep == ranks.end()) continue;
+          rank = rep->first;
+          step = rep->second.newest;
+          dir = rep->second.dir;
+          rep->second.replicated = step;
+          ReplicaEndpoint to = *successor;
+          busy = true;
+          mu.unlock();
+          replicate(rank, dir, step, to);
+          mu.lock();
+          continue;
+        }
         rank = job->first;
         step = job->second.pending;
         dir = job->second.dir;
@@ -288,6 +336,89 @@ struct MemoryTier::Impl {
   }
 };
 
+std::string MemoryTier::startReplicas(const std::string& advertised_host, int nproc) {
+  Impl& m = *impl_;
+  if (!m.replica_server) {
+    // Its predecessor's ranks, about as many as this node's; one more step each while one is
+    // being received.
+    uint64_t total = m.opt.budget_per_rank * static_cast<uint64_t>(std::max(nproc, 1)) *
+                     static_cast<uint64_t>(m.opt.keep + 1);
+    m.replica_server = std::make_unique<ReplicaServer>(m.root + "/replicas", m.opt.budget_per_rank,
+                                                       total, m.opt.keep);
+  }
+  return encodeEndpoint({advertised_host, m.replica_server->port(), m.replica_server->secret()});
+}
+
+void MemoryTier::setSuccessor(std::optional<ReplicaEndpoint> to) {
+  Impl& m = *impl_;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    bool changed = !m.successor || !to || m.successor->describe() != to->describe();
+    m.successor = std::move(to);
+    if (changed)
+      for (auto& [rank, r] : m.ranks) r.replicated = -1;  // a new peer has none of them
+  }
+  m.wake();
+}
+
+bool MemoryTier::hasSuccessor() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->successor.has_value();
+}
+
+bool MemoryTier::missing(const std::vector<int64_t>& ranks, int64_t world_size) const {
+  for (int64_t rank : ranks) {
+    bool have = false;
+    for (const auto& s : ckpt::listCommitted(impl_->root + "/" + ckpt::rankDirName(rank), rank))
+      have |= s.record.world_size == world_size;
+    if (!have) return true;
+  }
+  return false;
+}
+
+std::vector<std::string> MemoryTier::pullMissing(const std::vector<int64_t>& ranks,
+                                                 int64_t world_size,
+                                                 const std::vector<ReplicaEndpoint>& peers,
+                                                 double timeout_sec) {
+  Impl& m = *impl_;
+  std::vector<std::string> lines;
+  for (int64_t rank : ranks) {
+    std::string dir = m.root + "/" + ckpt::rankDirName(rank);
+    bool have = false;
+    for (const auto& s : ckpt::listCommitted(dir, rank)) have |= s.record.world_size == world_size;
+    if (have) continue;
+    // The newest step any peer holds for this rank.
+    int64_t best = -1;
+    const ReplicaEndpoint* from = nullptr;
+    for (const auto& p : peers) {
+      try {
+        for (int64_t s : listSteps(p, rank, world_size, timeout_sec))
+          if (s > best) best = s, from = &p;
+      } catch (const std::exception& e) {
+        lines.push_back(fmt::format("rank {}: cannot ask the peer {}: {}", rank, p.describe(),
+                                    e.what()));
+      }
+    }
+    if (!from) continue;
+    double t0 = monotonicSeconds();
+    try {
+      uint64_t bytes = fetchStep(*from, rank, best, dir, timeout_sec);
+      lines.push_back(fmt::format("rank {}: checkpoint step {} copied from the replica on {} ({} in "
+                                  "{:.2f}s)",
+                                  rank, best, from->describe(),
+                                  humanBytes(static_cast<int64_t>(bytes)),
+                                  monotonicSeconds() - t0));
+      std::lock_guard<std::mutex> lock(m.mu);
+      auto it = m.ranks.find(rank);
+      if (it != m.ranks.end()) it->second.newest = std::max(it->second.newest, best);
+    } catch (const std::exception& e) {
+      lines.push_back(fmt::format("rank {}: cannot copy step {} from the peer {}: {}", rank, best,
+                                  from->describe(), e.what()));
+    }
+  }
+  return lines;
+}
+
 uint64_t MemoryTier::autoBudget(const std::string& base, int nproc) {
   struct statvfs sv {};
   if (statvfs(base.c_str(), &sv) != 0 || nproc < 1) return 0;
@@ -317,6 +448,7 @@ MemoryTier::MemoryTier(MemoryTierOptions options) : impl_(std::make_unique<Impl>
 
 MemoryTier::~MemoryTier() {
   Impl& m = *impl_;
+  m.replica_server.reset();
   {
     std::lock_guard<std::mutex> lock(m.mu);
     m.stopping = true;

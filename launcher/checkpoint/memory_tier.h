@@ -13,8 +13,11 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "launcher/checkpoint/replica.h"
 
 namespace ddpl::launcher {
 
@@ -61,6 +64,20 @@ class MemoryTier {
   void onWorkerExit(int64_t global_rank, pid_t pid);
 
   std::vector<RankCheckpointStatus> status() const;
+
+  // ---- Peer replicas (several nodes): this node keeps its predecessor's newest steps in a
+  // ReplicaServer and pushes its own to its successor (launcher/checkpoint/replica.h).
+  // Starts the server once; returns the endpoint to publish ("host port secret").
+  std::string startReplicas(const std::string& advertised_host, int nproc);
+  void setSuccessor(std::optional<ReplicaEndpoint> to);
+  bool hasSuccessor() const;
+  // Whether some of `ranks` has no committed step of this world size in this node's memory.
+  bool missing(const std::vector<int64_t>& ranks, int64_t world_size) const;
+  // Before a group starts: each of `ranks` with no committed step of this world size here
+  // gets the newest one any peer holds. Returns what happened, a line per rank, for the log.
+  std::vector<std::string> pullMissing(const std::vector<int64_t>& ranks, int64_t world_size,
+                                       const std::vector<ReplicaEndpoint>& peers,
+                                       double timeout_sec);
 
   // At the end of the run: persists what is committed but not yet persisted (at normal
   // priority), waiting at most `timeout_sec`. Returns a line for the log ("" when nothing was

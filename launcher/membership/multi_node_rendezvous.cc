@@ -278,6 +278,18 @@ std::vector<std::string> MultiNodeRendezvous::otherNodesStatus() {
   return out;
 }
 
+// "value/<key>/<round>/<node>": a round's values never mix with an earlier round's.
+void MultiNodeRendezvous::publishNodeValue(const std::string& key, const std::string& value) {
+  auto [me, nodes, round] = position();
+  kv_->set(fmt::format("value/{}/{}/{}", key, round, me), value);
+}
+
+std::optional<std::string> MultiNodeRendezvous::nodeValue(const std::string& key, int node) {
+  auto [me, nodes, round] = position();
+  if (node < 0 || node >= nodes) return std::nullopt;
+  return kv_->get(fmt::format("value/{}/{}/{}", key, round, node));
+}
+
 void MultiNodeRendezvous::setStacksRequestedCallback(StacksRequested requested) {
   std::lock_guard<std::mutex> lock(mu_);
   stacks_requested_ = std::move(requested);

@@ -105,6 +105,8 @@ class MultiNodeRendezvous : public RendezvousHandler {
   int64_t requestStacks(const std::string& why) override;
   void answerStacks(int64_t id, const std::string& answer) override;
   StacksAnswers stacksAnswers(int64_t id) override;
+  void publishNodeValue(const std::string& key, const std::string& value) override;
+  std::optional<std::string> nodeValue(const std::string& key, int node) override;
 
  protected:
   // `node_id`: this agent's id, unique in the job.

@@ -119,6 +119,15 @@ class RendezvousHandler {
     std::vector<int> missing;  // group ranks of the nodes that have not answered yet
   };
   virtual StacksAnswers stacksAnswers(int64_t /*id*/) { return {}; }
+
+  // ---- A small value per node and round, through the job's store (the checkpoint replicas'
+  // endpoints, issue 29). One node has no other node: both do nothing. Bounded like the
+  // health calls (a few seconds at most); nodeValue returns none when the node has published
+  // nothing in the current round.
+  virtual void publishNodeValue(const std::string& /*key*/, const std::string& /*value*/) {}
+  virtual std::optional<std::string> nodeValue(const std::string& /*key*/, int /*node*/) {
+    return std::nullopt;
+  }
 };
 
 }  // namespace ddpl::launcher

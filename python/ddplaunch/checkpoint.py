@@ -37,6 +37,7 @@ __all__ = ["Checkpoint", "begin", "commit", "latest", "save", "save_async", "wai
 
 VERSION = 1
 RECORD = ".ddpl-commit.json"
+_ORIGIN = ".ddpl-origin"  # in a step launch copied from another node's replica
 _MEMORY_ENV = "DDPL_CHECKPOINT_MEMORY"
 _BUDGET_ENV = "DDPL_CHECKPOINT_MEMORY_BUDGET"
 _KEEP_ENV = "DDPL_CHECKPOINT_MEMORY_KEEP"
@@ -51,7 +52,8 @@ _clients = {}  # TCPStore clients by endpoint, for latest() without a process gr
 
 @dataclasses.dataclass(frozen=True)
 class Checkpoint:
-    """A committed step: read its files from `path`; `source` is "memory" or "disk"."""
+    """A committed step: read its files from `path`; `source` is "memory", "peer" (launch
+    copied it from another node's replica) or "disk"."""
     step: int
     path: str
     source: str
@@ -496,7 +498,9 @@ def latest(dir=None, store=None, timeout=300):
     mem = _memory_dir(rank)
     if mem is not None:
         for step, path in _memory_steps(mem, rank, world):
-            offers[step] = Checkpoint(step, path, "memory", rank)
+            # launch fetched it from another node's replica: say so
+            source = "peer" if os.path.lexists(os.path.join(path, _ORIGIN)) else "memory"
+            offers[step] = Checkpoint(step, path, source, rank)
         # A replicated state is the same on every rank: the node's other ranks' copies serve
         # too (when one rank died mid-write, the others may hold only the newer step).
         for other in _node_ranks(rank):

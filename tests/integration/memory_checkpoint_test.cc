@@ -5,10 +5,12 @@
 // (tests/python/ckpt_train.py). Then the bounds: a memory budget too small, a disk that refuses
 // writes.
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <filesystem>
 #include <regex>
 #include <string>
+#include <thread>
 
 #include "tests/common/subprocess.h"
 
@@ -205,6 +207,71 @@ TEST_F(MemoryCheckpoints, DcpThroughTheStorageWriterResumesFromMemory) {
   // launch persisted every rank's shard with rank 0's metadata: a plain FileSystemReader reads
   // the durable step.
   EXPECT_TRUE(fs::exists(dir_ + "/step/step-24/.metadata")) << step.all();
+}
+
+// Two nodes on loopback (one rank each, the agent-hosted c10d rendezvous): node 1 is killed whole
+// (its agent and worker), a replacement node joins, and its rank resumes from the copy node 0
+// kept of node 1's checkpoints; no durable directory at all, so nothing can come from disk.
+TEST_F(MemoryCheckpoints, ANodeLostWholeResumesFromThePeersReplica) {
+  std::vector<std::string> train{kScripts + "/ckpt_train.py", "--steps", "60", "--ckpt-every",
+                                 "3"};
+  auto ref_args = std::vector<std::string>{kLaunch, "--nproc-per-node=2"};
+  ref_args.insert(ref_args.end(), train.begin(), train.end());
+  ref_args.insert(ref_args.end(), {"--out", dir_ + "/ref.pt"});
+  auto ref = run(ref_args, jobEnv());
+  ASSERT_EQ(ref.exit_code, 0) << ref.all();
+
+  const std::string endpoint = "127.0.0.1:" + std::to_string(freeLoopbackPort());
+  auto node = [&](const std::string& out) {
+    std::vector<std::string> args{kLaunch, "--nnodes=2", "--nproc-per-node=1",
+                                  "--rdzv-backend=c10d", "--rdzv-endpoint=" + endpoint,
+                                  "--rdzv-id=replicas", "--rdzv-conf=heartbeat_timeout=3",
+                                  "--max-restarts=3", "--checkpoint-memory-keep=2"};
+    args.insert(args.end(), train.begin(), train.end());
+    args.insert(args.end(), {"--step-sleep", "0.1", "--out", out});
+    return std::make_unique<Background>(args, jobEnv());
+  };
+  auto n0 = node(dir_ + "/killed.pt");
+  auto hosted = [&] { return n0->outputSoFar().find("hosted by this agent") != std::string::npos; };
+  for (int i = 0; i < 300 && !hosted(); ++i) std::this_thread::sleep_for(100ms);
+  ASSERT_TRUE(hosted()) << n0->outputSoFar();
+  auto n1 = node(dir_ + "/unused.pt");
+  // Node 0 holds node 1's step 9 or later: node 1 goes, agent and worker at once.
+  auto replicaStep = [&] {
+    int best = -1;
+    std::error_code ec;
+    for (const auto& root : fs::directory_iterator("/dev/shm", ec)) {
+      std::string rank1 = root.path().string() + "/replicas/rank-1";
+      if (root.path().filename().string().rfind("ddpl-ckpt-", 0) != 0 || !fs::exists(rank1)) continue;
+      for (const auto& s : fs::directory_iterator(rank1, ec)) {
+        std::string name = s.path().filename().string();
+        if (name.rfind("step-", 0) == 0) best = std::max(best, std::stoi(name.substr(5)));
+      }
+    }
+    return best;
+  };
+  for (int i = 0; i < 600 && replicaStep() < 9; ++i) std::this_thread::sleep_for(50ms);
+  ASSERT_GE(replicaStep(), 9) << n0->outputSoFar() << n1->outputSoFar();
+  ASSERT_EQ(::kill(n1->pid(), SIGKILL), 0);
+  auto lost = n1->wait(30s);
+  auto n2 = node(dir_ + "/unused2.pt");  // the replacement
+  auto r0 = n0->wait(180s), r2 = n2->wait(180s);
+  ASSERT_EQ(r0.exit_code, 0) << r0.all() << "\n--- replacement:\n" << r2.all();
+  ASSERT_EQ(r2.exit_code, 0) << r2.all();
+  std::smatch m0, m2;
+  ASSERT_TRUE(std::regex_search(r0.out, m0, std::regex("resumed from step (\\d+) \\(memory\\)")))
+      << r0.all();
+  ASSERT_TRUE(std::regex_search(r2.out, m2, std::regex("resumed from step (\\d+) \\(peer\\)")))
+      << r2.all();
+  EXPECT_EQ(m0[1], m2[1]);
+  EXPECT_GE(std::stoi(m2[1]), 9);
+  EXPECT_TRUE(std::regex_search(r2.err, std::regex("rank 1: checkpoint step \\d+ copied from the "
+                                                   "replica on ")))
+      << r2.all();
+  EXPECT_EQ((r0.out + r2.out).find("(disk)"), std::string::npos);
+  auto same = run({DDPL_PYTHON, kScripts + "/ckpt_equal.py", dir_ + "/ref.pt",
+                   dir_ + "/killed.pt"});
+  EXPECT_EQ(same.exit_code, 0) << same.all();
 }
 
 }  // namespace

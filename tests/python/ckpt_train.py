@@ -20,6 +20,7 @@ import io
 import os
 import signal
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../python"))
 
@@ -40,6 +41,8 @@ def parse_args():
     p.add_argument("--out", help="rank 0 writes the final parameters here")
     p.add_argument("--kill-at", help="STEP:RANK:WHERE, WHERE in step|checkpoint")
     p.add_argument("--dcp", action="store_true", help="torch.distributed.checkpoint")
+    p.add_argument("--step-sleep", type=float, default=0.0,
+                   help="seconds to sleep in each step (a slower job to kill mid-run)")
     p.add_argument("--async", dest="async_", action="store_true",
                    help="ckpt.save_async (the write and commit on a thread)")
     args = p.parse_args()
@@ -138,6 +141,8 @@ def main():
             die()
         opt.step()
         ddplaunch.step(step)
+        if args.step_sleep:
+            time.sleep(args.step_sleep)
         if args.ckpt_every > 0 and step % args.ckpt_every == 0:
             save(model, opt, step, args, rank, first_attempt)
 

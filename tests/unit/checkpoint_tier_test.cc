@@ -14,6 +14,7 @@
 #include "common/checkpoint_files.h"
 #include "common/errors.h"
 #include "launcher/checkpoint/memory_tier.h"
+#include "launcher/checkpoint/replica.h"
 #include "launcher/cli/values.h"
 #include "tests/common/subprocess.h"
 
@@ -345,6 +346,52 @@ TEST(CheckpointFlags, SizesParse) {
   EXPECT_EQ(parseSize("--checkpoint-memory", "100kb"), 100ull << 10);
   for (const char* bad : {"", "M", "-1G", "4X", "1e30"})
     EXPECT_THROW(parseSize("--checkpoint-memory", bad), ddpl::UsageError) << bad;
+}
+
+}  // namespace
+
+namespace {
+
+using ddpl::launcher::ReplicaEndpoint;
+using ddpl::launcher::ReplicaServer;
+
+TEST_F(CheckpointFiles, ReplicaPushListGetRoundTripAndRefusals) {
+  ReplicaServer server(dir_ + "/replicas", /*budget_per_rank=*/1000, /*total=*/3000, /*keep=*/1);
+  ReplicaEndpoint to{"127.0.0.1", server.port(), server.secret()};
+  ASSERT_EQ(ddpl::launcher::parseEndpoint(ddpl::launcher::encodeEndpoint(to))->port, to.port);
+  std::string step_dir =
+      commit(rank_dir_, 0, 6, {{"w.pt", "weights"}, {"sub/o.pt", "opt"}}, recordFor(0, 2, ""));
+  ddpl::launcher::pushStep(to, step_dir, *ck::readCommitted(step_dir, 6, 0), 10);
+  EXPECT_EQ(ddpl::launcher::listSteps(to, 0, 2, 10), (std::vector<int64_t>{6}));
+  EXPECT_TRUE(ddpl::launcher::listSteps(to, 0, 4, 10).empty());  // another world size
+  // A replacement node fetches it as a committed step of its own, marked as a peer's copy.
+  std::string fresh = dir_ + "/other/rank-0";
+  fs::create_directories(fresh);
+  EXPECT_EQ(ddpl::launcher::fetchStep(to, 0, 6, fresh, 10), 10u);
+  auto got = ck::listCommitted(fresh, 0);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(readFile(got[0].dir + "/sub/o.pt"), "opt");
+  EXPECT_TRUE(fs::exists(got[0].dir + "/" + ddpl::launcher::kOriginFile));
+  // Refused, saying why, and nothing stored: a wrong secret, a step over the budget, a GET of
+  // a step it does not hold.
+  ReplicaEndpoint wrong = to;
+  wrong.secret = std::string(32, '0');
+  try {
+    ddpl::launcher::listSteps(wrong, 0, 2, 10);
+    ADD_FAILURE() << "a wrong secret was served";
+  } catch (const ddpl::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("wrong secret"), std::string::npos) << e.what();
+  }
+  std::string big = commit(rank_dir_, 0, 9, {{"w.pt", std::string(1500, 'x')}}, recordFor(0, 2, ""));
+  try {
+    ddpl::launcher::pushStep(to, big, *ck::readCommitted(big, 9, 0), 10);
+    ADD_FAILURE() << "a step over the budget was taken";
+  } catch (const ddpl::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("1500 bytes, over the 1000"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(ddpl::launcher::listSteps(to, 0, 2, 10), (std::vector<int64_t>{6}));
+  EXPECT_THROW(ddpl::launcher::fetchStep(to, 0, 7, fresh, 10), ddpl::Error);
 }
 
 }  // namespace
