@@ -261,8 +261,8 @@ std::string commitStep(const std::string& rank_dir, const std::string& partial,
     if (errno != ENOTEMPTY && errno != EEXIST) fail("commit", target, errno);
     // An earlier attempt committed this step: moved aside first, so the name never points at
     // a mixture of the two.
-    std::string aside = rank_dir + "/replaced-" + std::to_string(record.step) + "-" +
-                        std::to_string(getpid());
+    std::string aside =
+        rank_dir + "/replaced-" + std::to_string(record.step) + "-" + std::to_string(getpid());
     removeTree(aside);
     if (rename(target.c_str(), aside.c_str()) != 0) fail("replace", target, errno);
     if (rename(partial.c_str(), target.c_str()) != 0) fail("commit", target, errno);

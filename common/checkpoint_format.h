@@ -9,15 +9,17 @@
 #include <string>
 #include <vector>
 
+#include "common/defaults.h"
+
 namespace ddpl::ckpt {
 
 inline constexpr int kFormatVersion = 1;
 inline constexpr const char* kRecordName = ".ddpl-commit.json";
-// Variables launch sets for each worker when the tier is on.
-inline constexpr const char* kMemoryEnv = "DDPL_CHECKPOINT_MEMORY";
-inline constexpr const char* kBudgetEnv = "DDPL_CHECKPOINT_MEMORY_BUDGET";
-inline constexpr const char* kKeepEnv = "DDPL_CHECKPOINT_MEMORY_KEEP";
-inline constexpr const char* kDirEnv = "DDPL_CHECKPOINT_DIR";
+// Variables launch sets for each worker when the tier is on (the one list: common/defaults.h).
+inline constexpr const char* kMemoryEnv = envvar::kCheckpointMemory;
+inline constexpr const char* kBudgetEnv = envvar::kCheckpointBudget;
+inline constexpr const char* kKeepEnv = envvar::kCheckpointKeep;
+inline constexpr const char* kDirEnv = envvar::kCheckpointDir;
 // A committed checkpoint lists its files; a record that names more is refused as hostile or
 // broken (the agent opens them all at once while copying).
 inline constexpr size_t kMaxFiles = 4096;

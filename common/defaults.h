@@ -65,5 +65,12 @@ inline constexpr const char kMpirun[] = "DDPL_MPIRUN";
 inline constexpr const char kMpiRanksPerHost[] = "DDPL_MPI_RANKS_PER_HOST";
 inline constexpr const char kEtcdPassword[] = "DDPL_ETCD_PASSWORD";
 
+// Set by launch for each worker: checkpoints in memory (docs/checkpoints.md): the node's memory
+// root, bytes per rank, committed steps kept per rank, launch's --checkpoint-dir.
+inline constexpr const char kCheckpointMemory[] = "DDPL_CHECKPOINT_MEMORY";
+inline constexpr const char kCheckpointBudget[] = "DDPL_CHECKPOINT_MEMORY_BUDGET";
+inline constexpr const char kCheckpointKeep[] = "DDPL_CHECKPOINT_MEMORY_KEEP";
+inline constexpr const char kCheckpointDir[] = "DDPL_CHECKPOINT_DIR";
+
 }  // namespace envvar
 }  // namespace ddpl

@@ -349,7 +349,9 @@ void CheckpointManager::resumeAgreed(const CheckpointRefs& refs, ResumePoint& po
   // launch fetched it from another node's replica (launcher/checkpoint/replica.h).
   struct stat st {};
   const std::string origin = path.substr(0, path.find_last_of('/')) + "/.ddpl-origin";
-  point.source = !fromMemory ? "disk" : ::lstat(origin.c_str(), &st) == 0 ? "peer replica" : "memory";
+  point.source = !fromMemory                         ? "disk"
+                 : ::lstat(origin.c_str(), &st) == 0 ? "peer replica"
+                                                     : "memory";
   if (refs.progress) point.progress = *refs.progress;
   std::lock_guard<std::mutex> lock(mu_);
   latest_ = path;
@@ -376,7 +378,7 @@ std::string CheckpointManager::saveInMemory(const CheckpointRefs& refs, bool dur
     warnedBudget_ = true;
     const std::string path = dir_.pathFor(step);
     if (session_.rank() == 0) {
-      fs::create_directories(dir_.dir());
+      fs::create_directories(path.substr(0, path.find_last_of('/')));
       saveCheckpoint(path, refs);
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -401,17 +403,23 @@ std::string CheckpointManager::saveInMemory(const CheckpointRefs& refs, bool dur
   record.keep = policy_.keep;
   const std::string committed = ckpt::commitStep(rankDir_, partial, record);
   ckpt::trimCommitted(rankDir_, o.checkpointKeep, step);
-  // A durable one is named where launch puts it (there by the time launch exits); the others
-  // live in memory only.
-  const std::string path = durable ? dir_.pathFor(step) : committed + "/" + memoryFileName(step);
+  // Readable now: the memory copy. A durable one is also where launch puts it, by the time
+  // launch exits (latestDurable()).
+  const std::string path = committed + "/" + memoryFileName(step);
   std::lock_guard<std::mutex> lock(mu_);
   latest_ = path;
+  if (durable) latestDurable_ = dir_.pathFor(step);
   return path;
 }
 
 std::string CheckpointManager::latest() const {
   std::lock_guard<std::mutex> lock(mu_);
   return latest_;
+}
+
+std::string CheckpointManager::latestDurable() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return inMemory() ? latestDurable_ : latest_;
 }
 
 }  // namespace ddpl::worker

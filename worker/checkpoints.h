@@ -118,12 +118,15 @@ class CheckpointManager {
   // In memory: every rank commits its copy (a memory copy, no collective); launch persists
   // rank 0's to DIR when `durable`, and after a worker died. A copy over the memory budget is
   // written to DIR by rank 0 instead, with a warning naming the sizes. Returns where the
-  // checkpoint is: for a durable one in memory, where launch persists it.
+  // checkpoint can be read now (in memory: launch's copy; latestDurable() names DIR's).
   std::string save(const CheckpointRefs& refs, bool durable = true);
 
   // The checkpoint last written or resumed from; empty when none. Thread-safe (a cleanup hook
   // on the signal thread reads it while training writes).
   std::string latest() const;
+  // The newest durable one by its place in DIR: the same as latest() without launch's memory;
+  // in memory, where launch persists the last durable save (there once launch has exited).
+  std::string latestDurable() const;
 
  private:
   std::string memoryFileName(int64_t step) const;
@@ -136,7 +139,7 @@ class CheckpointManager {
   std::string rankDir_;  // this rank's directory in launch's checkpoint memory; empty: none
   bool warnedBudget_ = false;
   mutable std::mutex mu_;
-  std::string latest_;
+  std::string latest_, latestDurable_;
 };
 
 }  // namespace ddpl::worker

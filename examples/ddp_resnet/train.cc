@@ -305,7 +305,7 @@ class Training {
     const int64_t stepsRun = step_ - startStep_;
     const double throughput =
         static_cast<double>(stepsRun * plan_.globalBatch) / std::max(trainSeconds_, 1e-9);
-    std::string checkpoint = checkpoints_->latest();
+    std::string checkpoint = checkpoints_->latestDurable();
     progress_->line(
         "finished: " + std::to_string(step_) + "/" + std::to_string(plan_.totalSteps) + " steps" +
         (startStep_ > 0 ? " (" + std::to_string(stepsRun) + " in this run, resumed at " +

@@ -128,7 +128,6 @@ struct Agent::Impl {
   std::unique_ptr<MemoryTier> ckpt_tier;          // null: checkpoints in memory are off
   std::vector<RankCheckpointStatus> ckpt_status;  // refreshed once a second
   double next_ckpt_status = 0;
-  double next_successor_try = 0;
   uint64_t ckpt_budget = 0;
   double first_group_started = 0;     // for cfg.after_start; 0: no group yet
   size_t after_start_done = 0;        // how many of cfg.after_start have run (sorted by time)
@@ -353,7 +352,6 @@ struct Agent::Impl {
 
   void onMonitorTick() {
     double now = unixNow();
-    findSuccessor(now);
     if (ckpt_tier && now >= next_ckpt_status) {
       ckpt_status = ckpt_tier->status();
       next_ckpt_status = now + 1;
@@ -412,10 +410,12 @@ struct Agent::Impl {
     return std::nullopt;
   }
 
-  // Several nodes: this node's replica endpoint goes to the job's store; ranks with nothing in
-  // memory (a replacement node) fetch their newest step from the peer holding it; this node's
-  // commits go to the next node. Bounded: the peers' endpoints are awaited 10 s at most (they
-  // publish as their groups start), the fetches 60 s each.
+  // Several nodes: this node's replica endpoint goes to the job's store (written by the
+  // rendezvous's health thread: the loop never waits on the store for it) and the persister
+  // thread looks up the next node's to send this node's commits there. A node that joins a
+  // running job (a round after the first, or a restart) with nothing in memory for its ranks
+  // (a replacement) fetches their newest steps from the peers before its workers start: there
+  // the loop waits, 10 s at most for the peers' endpoints and 60 s per fetch.
   void startReplicas(const std::vector<int64_t>& ranks) {
     const std::string host = cfg.options.local_addr.empty() ? cfg.host : cfg.options.local_addr;
     try {
@@ -424,17 +424,20 @@ struct Agent::Impl {
       log::warn("checkpoint replicas off for this round: {}", e.what());
       return;
     }
-    ckpt_tier->setSuccessor(std::nullopt);  // the last round's may be gone
-    // Only a node that has to fetch waits for the others' endpoints; the successor is otherwise
-    // looked up again on the monitor ticks.
-    const bool fetch = ckpt_tier->missing(ranks, world.world_size);
+    const int next = (world.group_rank + 1) % world.group_world_size;
+    ckpt_tier->setSuccessorLookup([this, next]() -> std::optional<ReplicaEndpoint> {
+      if (auto v = rdzv.nodeValue(kReplicaKey, next)) return parseEndpoint(*v);
+      return std::nullopt;
+    });
+    if ((world.round == 0 && world.restart_count == 0) ||
+        !ckpt_tier->missing(ranks, world.world_size))
+      return;
     std::vector<ReplicaEndpoint> peers;
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(fetch ? 10 : 0);
     std::vector<bool> found(static_cast<size_t>(world.group_world_size), false);
     found[static_cast<size_t>(world.group_rank)] = true;
-    for (bool first = true; first || (std::chrono::steady_clock::now() < deadline &&
-                                      std::find(found.begin(), found.end(), false) != found.end());
-         first = false) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::find(found.begin(), found.end(), false) != found.end() &&
+           std::chrono::steady_clock::now() < deadline) {
       for (int n = 0; n < world.group_world_size; ++n) {
         if (found[static_cast<size_t>(n)]) continue;
         try {
@@ -442,7 +445,6 @@ struct Agent::Impl {
             if (auto e = parseEndpoint(*v)) {
               peers.push_back(*e);
               found[static_cast<size_t>(n)] = true;
-              if (n == (world.group_rank + 1) % world.group_world_size) ckpt_tier->setSuccessor(*e);
             }
         } catch (const std::exception& e) {
           log::debug("checkpoint replica endpoint of node {}: {}", n, e.what());
@@ -451,25 +453,8 @@ struct Agent::Impl {
       if (std::find(found.begin(), found.end(), false) != found.end())
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-    if (fetch)
-      for (const auto& line : ckpt_tier->pullMissing(ranks, world.world_size, peers, 60))
-        log::info("{}", line);
-    next_successor_try = unixNow() + 1;
-  }
-
-  // On a monitor tick: the successor's endpoint, until it has published one.
-  void findSuccessor(double now) {
-    if (!ckpt_tier || world.group_world_size < 2 || now < next_successor_try ||
-        ckpt_tier->hasSuccessor())
-      return;
-    next_successor_try = now + 2;
-    int next = (world.group_rank + 1) % world.group_world_size;
-    try {
-      if (auto v = rdzv.nodeValue(kReplicaKey, next))
-        if (auto e = parseEndpoint(*v)) ckpt_tier->setSuccessor(*e);
-    } catch (const std::exception& e) {
-      log::debug("checkpoint replica endpoint of node {}: {}", next, e.what());
-    }
+    for (const auto& line : ckpt_tier->pullMissing(ranks, world.world_size, peers, 60))
+      log::info("{}", line);
   }
 
   // One line per run: what each rank holds in memory and what reached the disk.

@@ -60,13 +60,13 @@ struct MemoryTier::Impl {
   struct Rank {
     std::string dir;
     int wd = -1;
-    bool current = true;     // a rank of the running group on this node
-    int64_t newest = -1;     // newest committed step seen
-    bool persists = true;    // the newest record's: false for a replicated state of rank > 0
-    int64_t persisted = -1;  // newest persisted
-    int64_t pending = -1;    // step to persist next; -1: none
-    bool urgent = false;     // its worker died: before every other rank
-    bool force = false;      // persist even a step committed with persist=false
+    bool current = true;      // a rank of the running group on this node
+    int64_t newest = -1;      // newest committed step seen
+    bool persists = true;     // the newest record's: false for a replicated state of rank > 0
+    int64_t persisted = -1;   // newest persisted
+    int64_t pending = -1;     // step to persist next; -1: none
+    bool urgent = false;      // its worker died: before every other rank
+    bool force = false;       // persist even a step committed with persist=false
     int64_t replicated = -1;  // newest step pushed to the successor (or failed to)
     std::string error;
   };
@@ -86,6 +86,8 @@ struct MemoryTier::Impl {
   bool keep_root = false;  // drain left checkpoints that are not on disk
   std::unique_ptr<ReplicaServer> replica_server;
   std::optional<ReplicaEndpoint> successor;  // the node that keeps this node's replicas
+  std::function<std::optional<ReplicaEndpoint>()> lookup;  // finds it; empty: one node
+  double next_lookup = 0;
   log::Limiter failure_lines{std::chrono::seconds(30)};
 
   void wake() {
@@ -218,7 +220,7 @@ struct MemoryTier::Impl {
   // With mu held: a rank whose newest committed step the successor has not had yet. Its
   // worker's memory is the one to lose with this node, so every commit counts, persisted or not.
   std::map<int64_t, Rank>::iterator nextReplication() {
-    if (!successor || draining) return ranks.end();
+    if ((!successor && !lookup) || draining) return ranks.end();
     for (auto it = ranks.begin(); it != ranks.end(); ++it)
       if (it->second.current && it->second.newest > it->second.replicated) return it;
     return ranks.end();
@@ -236,10 +238,11 @@ struct MemoryTier::Impl {
     }
     int64_t held = 0;
     if (!error.empty() && failure_lines.admit(&held))
-      log::warn("cannot copy checkpoint step {} of rank {} to the peer {}: {}; it stays in this "
-                "node's memory{}",
-                step, rank, to.describe(), error,
-                held ? fmt::format(" ({} more such failures not shown)", held) : "");
+      log::warn(
+          "cannot copy checkpoint step {} of rank {} to the peer {}: {}; it stays in this "
+          "node's memory{}",
+          step, rank, to.describe(), error,
+          held ? fmt::format(" ({} more such failures not shown)", held) : "");
     else if (error.empty())
       log::debug("checkpoint step {} of rank {} copied to the peer {} in {:.2f}s", step, rank,
                  to.describe(), monotonicSeconds() - t0);
@@ -282,6 +285,28 @@ struct MemoryTier::Impl {
           // Persistence first (a worker's death puts its step there); then the peer's copy.
           auto rep = nextReplication();
           if (rep == ranks.end()) continue;
+          if (!successor) {
+            // Not known yet: ask the store (outside the lock), at most every 2 s.
+            double now = monotonicSeconds();
+            if (now < next_lookup) {
+              mu.unlock();
+              std::this_thread::sleep_for(std::chrono::milliseconds(200));
+              mu.lock();
+              continue;
+            }
+            next_lookup = now + 2;
+            auto find = lookup;
+            mu.unlock();
+            std::optional<ReplicaEndpoint> found;
+            try {
+              found = find();
+            } catch (const std::exception& e) {
+              log::debug("checkpoint replicas: the next node's endpoint: {}", e.what());
+            }
+            mu.lock();
+            if (found && !successor) successor = found;
+            continue;
+          }
           rank = rep->first;
           step = rep->second.newest;
           dir = rep->second.dir;
@@ -349,21 +374,16 @@ std::string MemoryTier::startReplicas(const std::string& advertised_host, int np
   return encodeEndpoint({advertised_host, m.replica_server->port(), m.replica_server->secret()});
 }
 
-void MemoryTier::setSuccessor(std::optional<ReplicaEndpoint> to) {
+void MemoryTier::setSuccessorLookup(std::function<std::optional<ReplicaEndpoint>()> lookup) {
   Impl& m = *impl_;
   {
     std::lock_guard<std::mutex> lock(m.mu);
-    bool changed = !m.successor || !to || m.successor->describe() != to->describe();
-    m.successor = std::move(to);
-    if (changed)
-      for (auto& [rank, r] : m.ranks) r.replicated = -1;  // a new peer has none of them
+    m.successor.reset();  // the last round's may be gone
+    m.lookup = std::move(lookup);
+    m.next_lookup = 0;
+    for (auto& [rank, r] : m.ranks) r.replicated = -1;
   }
   m.wake();
-}
-
-bool MemoryTier::hasSuccessor() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->successor.has_value();
 }
 
 bool MemoryTier::missing(const std::vector<int64_t>& ranks, int64_t world_size) const {
@@ -395,19 +415,19 @@ std::vector<std::string> MemoryTier::pullMissing(const std::vector<int64_t>& ran
         for (int64_t s : listSteps(p, rank, world_size, timeout_sec))
           if (s > best) best = s, from = &p;
       } catch (const std::exception& e) {
-        lines.push_back(fmt::format("rank {}: cannot ask the peer {}: {}", rank, p.describe(),
-                                    e.what()));
+        lines.push_back(
+            fmt::format("rank {}: cannot ask the peer {}: {}", rank, p.describe(), e.what()));
       }
     }
     if (!from) continue;
     double t0 = monotonicSeconds();
     try {
       uint64_t bytes = fetchStep(*from, rank, best, dir, timeout_sec);
-      lines.push_back(fmt::format("rank {}: checkpoint step {} copied from the replica on {} ({} in "
-                                  "{:.2f}s)",
-                                  rank, best, from->describe(),
-                                  humanBytes(static_cast<int64_t>(bytes)),
-                                  monotonicSeconds() - t0));
+      lines.push_back(
+          fmt::format("rank {}: checkpoint step {} copied from the replica on {} ({} in "
+                      "{:.2f}s)",
+                      rank, best, from->describe(), humanBytes(static_cast<int64_t>(bytes)),
+                      monotonicSeconds() - t0));
       std::lock_guard<std::mutex> lock(m.mu);
       auto it = m.ranks.find(rank);
       if (it != m.ranks.end()) it->second.newest = std::max(it->second.newest, best);

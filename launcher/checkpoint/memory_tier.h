@@ -11,6 +11,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -69,8 +70,9 @@ class MemoryTier {
   // ReplicaServer and pushes its own to its successor (launcher/checkpoint/replica.h).
   // Starts the server once; returns the endpoint to publish ("host port secret").
   std::string startReplicas(const std::string& advertised_host, int nproc);
-  void setSuccessor(std::optional<ReplicaEndpoint> to);
-  bool hasSuccessor() const;
+  // A new round: the successor is unknown until `lookup` (called on the persister thread, at
+  // most every 2 s while a commit waits to be sent; it may block on the job's store) finds it.
+  void setSuccessorLookup(std::function<std::optional<ReplicaEndpoint>()> lookup);
   // Whether some of `ranks` has no committed step of this world size in this node's memory.
   bool missing(const std::vector<int64_t>& ranks, int64_t world_size) const;
   // Before a group starts: each of `ranks` with no committed step of this world size here

@@ -59,8 +59,8 @@ void sendAll(int fd, const void* data, size_t size, const std::string& peer) {
     ssize_t n = send(fd, p, size, MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0)
-      throw NetworkError("checkpoint replica " + peer + ": send: " +
-                         (errno == EAGAIN ? std::string("timed out") : errnoText()));
+      throw NetworkError("checkpoint replica " + peer +
+                         ": send: " + (errno == EAGAIN ? std::string("timed out") : errnoText()));
     p += n;
     size -= static_cast<size_t>(n);
   }
@@ -88,8 +88,8 @@ std::string recvLine(int fd, const std::string& peer) {
     if (c == '\n') return line;
     line.push_back(c);
   }
-  throw InvalidArgument("checkpoint replica " + peer + ": a line over " +
-                        std::to_string(kMaxLine) + " bytes");
+  throw InvalidArgument("checkpoint replica " + peer + ": a line over " + std::to_string(kMaxLine) +
+                        " bytes");
 }
 
 // Copies `size` bytes from the socket into a new file (exclusive, no symlink followed).
@@ -119,7 +119,8 @@ void sendFiles(int sock, const std::string& step_dir, const ckpt::CommitRecord& 
     off_t off = 0;
     uint64_t left = r.files[i].size;
     while (left > 0) {
-      ssize_t n = sendfile(sock, fds[i].fd, &off, static_cast<size_t>(std::min<uint64_t>(left, kChunk)));
+      ssize_t n =
+          sendfile(sock, fds[i].fd, &off, static_cast<size_t>(std::min<uint64_t>(left, kChunk)));
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0)
         throw NetworkError("checkpoint replica " + peer + ": send " + r.files[i].path + ": " +
@@ -130,8 +131,9 @@ void sendFiles(int sock, const std::string& step_dir, const ckpt::CommitRecord& 
 }
 
 // Receives a record and its files into rank_dir/step-<N> as a committed step.
-uint64_t recvStep(int sock, size_t record_bytes, const std::string& rank_dir, const std::string& peer,
-                  const std::string& origin, ckpt::CommitRecord* out, uint64_t max_bytes) {
+uint64_t recvStep(int sock, size_t record_bytes, const std::string& rank_dir,
+                  const std::string& peer, const std::string& origin, ckpt::CommitRecord* out,
+                  uint64_t max_bytes) {
   if (record_bytes > ckpt::kMaxRecordBytes)
     throw InvalidArgument("checkpoint replica " + peer + ": record of " +
                           std::to_string(record_bytes) + " bytes");
@@ -146,7 +148,8 @@ uint64_t recvStep(int sock, size_t record_bytes, const std::string& rank_dir, co
     throw Error("cannot create " + rank_dir + ": " + errnoText());
   std::string partial = rank_dir + "/" + ckpt::partialDirName(r.step, static_cast<long>(getpid()));
   ckpt::removePartials(rank_dir, static_cast<long>(getpid()));
-  if (mkdir(partial.c_str(), 0700) != 0) throw Error("cannot create " + partial + ": " + errnoText());
+  if (mkdir(partial.c_str(), 0700) != 0)
+    throw Error("cannot create " + partial + ": " + errnoText());
   try {
     for (const auto& f : r.files) {
       std::string to = partial + "/" + f.path;
@@ -155,7 +158,8 @@ uint64_t recvStep(int sock, size_t record_bytes, const std::string& rank_dir, co
       recvFile(sock, to, f.size, peer);
     }
     if (!origin.empty())
-      writeFileAtomically(partial + "/" + kOriginFile, origin + "\n", AtomicWriteOptions{0600, false});
+      writeFileAtomically(partial + "/" + kOriginFile, origin + "\n",
+                          AtomicWriteOptions{0600, false});
     writeFileAtomically(partial + "/" + ckpt::kRecordName, text, AtomicWriteOptions{0600, false});
     std::string target = rank_dir + "/" + ckpt::stepDirName(r.step);
     std::error_code ec;
@@ -199,8 +203,8 @@ std::string request(const ReplicaEndpoint& to, const std::string& op) {
 
 void expectOk(const std::string& line, const std::string& peer) {
   if (line.rfind("OK", 0) != 0)
-    throw Error("checkpoint replica " + peer + " refused: " +
-                (line.rfind("ERR ", 0) == 0 ? line.substr(4) : line));
+    throw Error("checkpoint replica " + peer +
+                " refused: " + (line.rfind("ERR ", 0) == 0 ? line.substr(4) : line));
 }
 
 bool sameSecret(const std::string& a, const std::string& b) {
@@ -262,7 +266,8 @@ struct ReplicaServer::Impl {
       std::string from = tmp_dir + "/" + ckpt::stepDirName(r.step);
       std::string to = rank_dir + "/" + ckpt::stepDirName(r.step);
       fs::remove_all(to, ec);
-      if (rename(from.c_str(), to.c_str()) != 0) throw Error("cannot keep " + to + ": " + errnoText());
+      if (rename(from.c_str(), to.c_str()) != 0)
+        throw Error("cannot keep " + to + ": " + errnoText());
       ckpt::trimCommitted(rank_dir, keep, r.step);
       sendAll(sock, "OK\n", 3, peer);
     } else if (op == "LIST") {
@@ -278,7 +283,9 @@ struct ReplicaServer::Impl {
       if (!(line >> rank >> step) || rank < 0 || step < 0) throw InvalidArgument("bad GET");
       std::string step_dir = dir + "/" + ckpt::rankDirName(rank) + "/" + ckpt::stepDirName(step);
       auto r = ckpt::readCommitted(step_dir, step, rank);
-      if (!r) throw InvalidArgument("no step " + std::to_string(step) + " of rank " + std::to_string(rank));
+      if (!r)
+        throw InvalidArgument("no step " + std::to_string(step) + " of rank " +
+                              std::to_string(rank));
       std::string text = ckpt::encodeRecord(*r);
       std::string head = "OK " + std::to_string(text.size()) + "\n";
       sendAll(sock, head.data(), head.size(), peer);
@@ -394,7 +401,8 @@ void pushStep(const ReplicaEndpoint& to, const std::string& step_dir,
 std::vector<int64_t> listSteps(const ReplicaEndpoint& from, int64_t rank, int64_t world_size,
                                double timeout_sec) {
   Fd sock = connectTo(from, timeout_sec);
-  std::string head = request(from, "LIST " + std::to_string(rank) + " " + std::to_string(world_size));
+  std::string head =
+      request(from, "LIST " + std::to_string(rank) + " " + std::to_string(world_size));
   sendAll(sock.fd, head.data(), head.size(), from.describe());
   std::string line = recvLine(sock.fd, from.describe());
   expectOk(line, from.describe());

@@ -279,13 +279,20 @@ std::vector<std::string> MultiNodeRendezvous::otherNodesStatus() {
 }
 
 // "value/<key>/<round>/<node>": a round's values never mix with an earlier round's.
+// Kept for the health thread to write: the caller (the agent's loop) never waits on the store.
 void MultiNodeRendezvous::publishNodeValue(const std::string& key, const std::string& value) {
-  auto [me, nodes, round] = position();
-  kv_->set(fmt::format("value/{}/{}/{}", key, round, me), value);
+  std::lock_guard<std::mutex> lock(mu_);
+  node_values_[key] = {round_, value};
+  ++node_values_version_;
+  cv_.notify_all();
 }
 
 std::optional<std::string> MultiNodeRendezvous::nodeValue(const std::string& key, int node) {
   auto [me, nodes, round] = position();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (lost_) return std::nullopt;  // each call would wait out the read timeout
+  }
   if (node < 0 || node >= nodes) return std::nullopt;
   return kv_->get(fmt::format("value/{}/{}/{}", key, round, node));
 }
@@ -352,6 +359,7 @@ void MultiNodeRendezvous::healthLoop() {
   std::unique_ptr<JobKv::Subscription> pushed;
   bool subscribed = false;
   auto published = Clock::time_point{};
+  uint64_t values_published = 0;  // node_values_version_ last written
   std::unique_lock<std::mutex> lock(mu_);
   while (!health_stop_) {
     std::string line = status_;
@@ -364,7 +372,7 @@ void MultiNodeRendezvous::healthLoop() {
       continue;
     }
     lock.unlock();
-    bool more = false;
+    bool more = false, failed = false;
     try {
       if (!subscribed) {
         // Before reading where requests stand, so that none falls between the two.
@@ -377,6 +385,17 @@ void MultiNodeRendezvous::healthLoop() {
       }
       if (next < 0) next = kv_->add("stacks/next", 0) + 1;  // earlier requests are over
       auto now = Clock::now();
+      std::vector<std::pair<std::string, std::string>> values;
+      uint64_t version;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        version = node_values_version_;
+        if (version != values_published)
+          for (const auto& [key, v] : node_values_)
+            values.emplace_back(fmt::format("value/{}/{}/{}", key, v.first, me), v.second);
+      }
+      for (const auto& [key, value] : values) kv_->set(key, value);
+      values_published = version;  // after they are all set: a failure retries them all
       if (!line.empty() && me >= 0 && now - published >= kStatusEvery) {
         kv_->set(fmt::format("status/{}", me),
                  fmt::format("{}\n{}\n{:.3f}\n{}", round, log::hostname(), unixSeconds(), line));
@@ -393,12 +412,17 @@ void MultiNodeRendezvous::healthLoop() {
         more = true;  // another may follow at once
       }
     } catch (const std::exception& e) {
+      failed = true;
       log::debug("job health: {}", e.what());
     }
     lock.lock();
     if (!more)
       cv_.wait_for(lock, pushed ? kStatusEvery : kStacksPoll,
-                   [this] { return health_stop_ || stacks_poked_; });
+                   [this, &values_published, failed] {
+                     // New values go out at once; after a failure, on the next turn.
+                     return health_stop_ || stacks_poked_ ||
+                            (!failed && node_values_version_ != values_published);
+                   });
   }
   lock.unlock();
   pushed.reset();

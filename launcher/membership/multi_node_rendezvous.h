@@ -36,6 +36,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -198,6 +199,9 @@ class MultiNodeRendezvous : public RendezvousHandler {
   int rank_ = -1, nodes_ = 0;
   int64_t round_ = -1;
   std::string status_;
+  // publishNodeValue's values (key -> round, value), set by the health thread when new.
+  std::map<std::string, std::pair<int64_t, std::string>> node_values_;
+  uint64_t node_values_version_ = 0;  // changes with each publishNodeValue
   StacksRequested stacks_requested_;
   std::set<int64_t> mine_;        // requests this node made: not answered by itself
   int64_t preflight_cursor_ = 0;  // group rank 0: the preflight reports already in a table

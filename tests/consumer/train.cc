@@ -76,7 +76,8 @@ int main(int argc, char** argv) {
         !torch::equal(reloaded->weight, model->weight) || reloadedProgress.step != progress.step) {
       throw ddpl::Error("checkpoint " + checkpointPath + " does not hold the trained model");
     }
-    if (checkpoints.latest() != checkpointPath + ".d/ckpt-step00000008.pt" ||
+    // Readable at once, in launch's memory or in the directory; named in the directory.
+    if (checkpoints.latestDurable() != checkpointPath + ".d/ckpt-step00000008.pt" ||
         !dw::checkpointDefect(checkpoints.latest()).empty()) {
       throw ddpl::Error("CheckpointManager wrote '" + checkpoints.latest() + "'");
     }

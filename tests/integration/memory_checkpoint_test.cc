@@ -54,6 +54,20 @@ class MemoryCheckpoints : public ::testing::Test {
                                  "/" + tag + ".pt" + extra});
     return run(argv, jobEnv());
   }
+  // tests/python/ckpt_train.py under launch, 2 ranks, one restart allowed; `tag` names its
+  // durable directory and its final parameters.
+  RunResult pyJob(const std::string& tag, std::vector<std::string> args) {
+    std::vector<std::string> argv{kLaunch, "--nproc-per-node=2", "--max-restarts=1",
+                                  kScripts + "/ckpt_train.py"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    argv.insert(argv.end(), {"--dir", dir_ + "/" + tag, "--out", dir_ + "/" + tag + ".pt"});
+    return run(argv, jobEnv());
+  }
+  void samePyWeights(const std::string& a, const std::string& b) {
+    auto r = run(
+        {DDPL_PYTHON, kScripts + "/ckpt_equal.py", dir_ + "/" + a + ".pt", dir_ + "/" + b + ".pt"});
+    EXPECT_EQ(r.exit_code, 0) << r.all();
+  }
   bool sameWeights(const std::string& a, const std::string& b) {
     auto r = run({kRank, "ckpt_equal", dir_ + "/" + a + ".pt", dir_ + "/" + b + ".pt"});
     if (r.exit_code != 0) ADD_FAILURE() << r.all();
@@ -81,9 +95,9 @@ TEST_F(MemoryCheckpoints, CppDdpKilledMidStepResumesFromMemoryAsIfItNeverFailed)
               std::string::npos)
         << step << "\n"
         << r.all();
-  for (const char* f : {"ckpt-step00000036.pt", "ckpt-step00000040.pt"})
-    EXPECT_TRUE(fs::exists(dir_ + "/kill/" + f)) << f << "\n" << r.all();
-  EXPECT_FALSE(fs::exists(dir_ + "/kill/ckpt-step00000024.pt")) << r.all();
+  // 40 at least (36 too unless 40 replaced it in the queue first, as under load).
+  EXPECT_TRUE(fs::exists(dir_ + "/kill/ckpt-step00000040.pt")) << r.all();
+  EXPECT_FALSE(fs::exists(dir_ + "/kill/ckpt-step00000012.pt")) << r.all();
   EXPECT_NE(r.err.find("ckpt mem "), std::string::npos) << r.all();
   EXPECT_TRUE(std::regex_search(r.err, std::regex("checkpoints in memory \\(budget [^)]+ per "
                                                   "rank\\): rank 0 [0-9.]+[KM]iB \\(step 40")))
@@ -143,67 +157,34 @@ TEST_F(MemoryCheckpoints, ADiskThatRefusesWritesNeitherStopsTrainingNorLosesTheC
 // Python DDP through ddplaunch.checkpoint: the same, killed mid-step (saving with save_async)
 // and mid-checkpoint.
 TEST_F(MemoryCheckpoints, PythonDdpKilledMidStepAndMidCheckpointResumesFromMemory) {
-  auto job = [&](const std::string& tag, std::vector<std::string> extra) {
-    std::vector<std::string> argv{kLaunch,
-                                  "--nproc-per-node=2",
-                                  "--max-restarts=1",
-                                  kScripts + "/ckpt_train.py",
-                                  "--steps",
-                                  "30",
-                                  "--ckpt-every",
-                                  "3",
-                                  "--dir",
-                                  dir_ + "/" + tag,
-                                  "--out",
-                                  dir_ + "/" + tag + ".pt"};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    return run(argv, jobEnv());
+  const std::vector<std::string> train{"--steps", "30", "--ckpt-every", "3"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), train.begin(), train.end());
+    return extra;
   };
-  auto same = [&](const std::string& a, const std::string& b) {
-    auto r = run(
-        {DDPL_PYTHON, kScripts + "/ckpt_equal.py", dir_ + "/" + a + ".pt", dir_ + "/" + b + ".pt"});
-    EXPECT_EQ(r.exit_code, 0) << r.all();
-  };
-  auto ref = job("ref", {});
+  auto ref = pyJob("ref", train);
   ASSERT_EQ(ref.exit_code, 0) << ref.all();
-  auto step = job("step", {"--kill-at", "14:1:step", "--async"});
+  auto step = pyJob("step", with({"--kill-at", "14:1:step", "--async"}));
   ASSERT_EQ(step.exit_code, 0) << step.all();
   EXPECT_EQ(countOf(step.out, "resumed from step 12 (memory)"), 2) << step.all();
-  same("ref", "step");
+  samePyWeights("ref", "step");
   // Every rank dies halfway through writing step 15: never offered, so 12.
-  auto mid = job("ckpt", {"--kill-at", "15:-1:checkpoint"});
+  auto mid = pyJob("ckpt", with({"--kill-at", "15:-1:checkpoint"}));
   ASSERT_EQ(mid.exit_code, 0) << mid.all();
   EXPECT_EQ(countOf(mid.out, "resumed from step 12 (memory)"), 2) << mid.all();
-  same("ref", "ckpt");
+  samePyWeights("ref", "ckpt");
 }
 
 // torch.distributed.checkpoint through ddplaunch.checkpoint's StorageWriter/StorageReader:
 // each rank's shard in its own memory, read back from the node's memory after a kill.
 TEST_F(MemoryCheckpoints, DcpThroughTheStorageWriterResumesFromMemory) {
-  auto job = [&](const std::string& tag, std::vector<std::string> extra) {
-    std::vector<std::string> argv{kLaunch,
-                                  "--nproc-per-node=2",
-                                  "--max-restarts=1",
-                                  kScripts + "/ckpt_train.py",
-                                  "--dcp",
-                                  "--steps",
-                                  "24",
-                                  "--ckpt-every",
-                                  "4",
-                                  "--dir",
-                                  dir_ + "/" + tag,
-                                  "--out",
-                                  dir_ + "/" + tag + ".pt"};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    return run(argv, jobEnv());
-  };
-  auto ref = job("ref", {});
+  auto ref = pyJob("ref", {"--dcp", "--steps", "24", "--ckpt-every", "4"});
   ASSERT_EQ(ref.exit_code, 0) << ref.all();
-  auto step = job("step", {"--kill-at", "10:0:step"});
+  auto step =
+      pyJob("step", {"--dcp", "--steps", "24", "--ckpt-every", "4", "--kill-at", "10:0:step"});
   ASSERT_EQ(step.exit_code, 0) << step.all();
   EXPECT_EQ(countOf(step.out, "resumed from step 8 (memory)"), 2) << step.all();
-  auto r = run({DDPL_PYTHON, kScripts + "/ckpt_equal.py", dir_ + "/ref.pt", dir_ + "/step.pt"});
-  EXPECT_EQ(r.exit_code, 0) << r.all();
+  samePyWeights("ref", "step");
   // launch persisted every rank's shard with rank 0's metadata: a plain FileSystemReader reads
   // the durable step.
   EXPECT_TRUE(fs::exists(dir_ + "/step/step-24/.metadata")) << step.all();
@@ -213,8 +194,7 @@ TEST_F(MemoryCheckpoints, DcpThroughTheStorageWriterResumesFromMemory) {
 // (its agent and worker), a replacement node joins, and its rank resumes from the copy node 0
 // kept of node 1's checkpoints; no durable directory at all, so nothing can come from disk.
 TEST_F(MemoryCheckpoints, ANodeLostWholeResumesFromThePeersReplica) {
-  std::vector<std::string> train{kScripts + "/ckpt_train.py", "--steps", "60", "--ckpt-every",
-                                 "3"};
+  std::vector<std::string> train{kScripts + "/ckpt_train.py", "--steps", "60", "--ckpt-every", "3"};
   auto ref_args = std::vector<std::string>{kLaunch, "--nproc-per-node=2"};
   ref_args.insert(ref_args.end(), train.begin(), train.end());
   ref_args.insert(ref_args.end(), {"--out", dir_ + "/ref.pt"});
@@ -223,10 +203,15 @@ TEST_F(MemoryCheckpoints, ANodeLostWholeResumesFromThePeersReplica) {
 
   const std::string endpoint = "127.0.0.1:" + std::to_string(freeLoopbackPort());
   auto node = [&](const std::string& out) {
-    std::vector<std::string> args{kLaunch, "--nnodes=2", "--nproc-per-node=1",
-                                  "--rdzv-backend=c10d", "--rdzv-endpoint=" + endpoint,
-                                  "--rdzv-id=replicas", "--rdzv-conf=heartbeat_timeout=3",
-                                  "--max-restarts=3", "--checkpoint-memory-keep=2"};
+    std::vector<std::string> args{kLaunch,
+                                  "--nnodes=2",
+                                  "--nproc-per-node=1",
+                                  "--rdzv-backend=c10d",
+                                  "--rdzv-endpoint=" + endpoint,
+                                  "--rdzv-id=replicas",
+                                  "--rdzv-conf=heartbeat_timeout=3",
+                                  "--max-restarts=3",
+                                  "--checkpoint-memory-keep=2"};
     args.insert(args.end(), train.begin(), train.end());
     args.insert(args.end(), {"--step-sleep", "0.1", "--out", out});
     return std::make_unique<Background>(args, jobEnv());
@@ -242,7 +227,8 @@ TEST_F(MemoryCheckpoints, ANodeLostWholeResumesFromThePeersReplica) {
     std::error_code ec;
     for (const auto& root : fs::directory_iterator("/dev/shm", ec)) {
       std::string rank1 = root.path().string() + "/replicas/rank-1";
-      if (root.path().filename().string().rfind("ddpl-ckpt-", 0) != 0 || !fs::exists(rank1)) continue;
+      if (root.path().filename().string().rfind("ddpl-ckpt-", 0) != 0 || !fs::exists(rank1))
+        continue;
       for (const auto& s : fs::directory_iterator(rank1, ec)) {
         std::string name = s.path().filename().string();
         if (name.rfind("step-", 0) == 0) best = std::max(best, std::stoi(name.substr(5)));
@@ -269,9 +255,7 @@ TEST_F(MemoryCheckpoints, ANodeLostWholeResumesFromThePeersReplica) {
                                                    "replica on ")))
       << r2.all();
   EXPECT_EQ((r0.out + r2.out).find("(disk)"), std::string::npos);
-  auto same = run({DDPL_PYTHON, kScripts + "/ckpt_equal.py", dir_ + "/ref.pt",
-                   dir_ + "/killed.pt"});
-  EXPECT_EQ(same.exit_code, 0) << same.all();
+  samePyWeights("ref", "killed");
 }
 
 }  // namespace

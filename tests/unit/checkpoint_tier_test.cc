@@ -382,7 +382,8 @@ TEST_F(CheckpointFiles, ReplicaPushListGetRoundTripAndRefusals) {
   } catch (const ddpl::Error& e) {
     EXPECT_NE(std::string(e.what()).find("wrong secret"), std::string::npos) << e.what();
   }
-  std::string big = commit(rank_dir_, 0, 9, {{"w.pt", std::string(1500, 'x')}}, recordFor(0, 2, ""));
+  std::string big =
+      commit(rank_dir_, 0, 9, {{"w.pt", std::string(1500, 'x')}}, recordFor(0, 2, ""));
   try {
     ddpl::launcher::pushStep(to, big, *ck::readCommitted(big, 9, 0), 10);
     ADD_FAILURE() << "a step over the budget was taken";
