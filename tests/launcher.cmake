@@ -44,7 +44,12 @@ if(NOT DDPL_SANITIZED_SUBSET)
   ddpl_add_test(NAME memory_checkpoint_test
     SOURCES integration/memory_checkpoint_test.cc LIBS ddpl_test_util LABELS "python;fault"
     TIMEOUT 400 PROCESSORS 2)
-  add_dependencies(memory_checkpoint_test launch worker_rank)
+  add_dependencies(memory_checkpoint_test launch worker_rank ddpl_test_slow_disk)
+  # A slow disk for one directory (LD_PRELOAD): launch's background copies lag the training.
+  add_library(ddpl_test_slow_disk SHARED slow_disk/slow_disk.c)
+  set_target_properties(ddpl_test_slow_disk PROPERTIES
+    LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests/slow_disk)
+  target_link_libraries(ddpl_test_slow_disk PRIVATE ${CMAKE_DL_LIBS})
 
   # --rdzv-backend=etcd against real etcd servers the test starts (skipped without etcd).
   ddpl_add_test(NAME etcd_rendezvous_test

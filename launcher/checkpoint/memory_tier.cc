@@ -15,6 +15,8 @@
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
@@ -446,10 +448,37 @@ uint64_t MemoryTier::autoBudget(const std::string& base, int nproc) {
   return size / 4 / static_cast<uint64_t>(nproc);
 }
 
+namespace {
+
+// Roots of launches that died with their watchdog (a whole tree SIGKILLed at once) and held no
+// checkpoint: nothing in them to keep. A root with a file in it stays, whoever left it (the
+// drain keeps unpersisted checkpoints on purpose); a root whose pid lives stays.
+void sweepEmptyStaleRoots(const std::string& base) {
+  std::error_code ec;
+  for (fs::directory_iterator it(base, ec), end; !ec && it != end; it.increment(ec)) {
+    std::string name = it->path().filename().string();
+    long pid = 0;
+    if (std::sscanf(name.c_str(), "ddpl-ckpt-%ld-", &pid) != 1 || pid <= 0) continue;
+    struct stat st {};
+    if (lstat(it->path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid())
+      continue;
+    if (kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    bool empty = true;
+    for (fs::recursive_directory_iterator f(it->path(), ec), fend; !ec && f != fend;
+         f.increment(ec))
+      if (!f->is_directory(ec) || f->is_symlink(ec)) empty = false;
+    if (empty && !ec) fs::remove_all(it->path(), ec);
+  }
+}
+
+}  // namespace
+
 MemoryTier::MemoryTier(MemoryTierOptions options) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.opt = std::move(options);
-  std::string tmpl = m.opt.base + "/ddpl-ckpt-XXXXXX";
+  sweepEmptyStaleRoots(m.opt.base);
+  // The pid in the name tells a later launch whose root it was.
+  std::string tmpl = m.opt.base + "/ddpl-ckpt-" + std::to_string(getpid()) + "-XXXXXX";
   if (!mkdtemp(tmpl.data()))
     throw Error("cannot create the checkpoint memory root in " + m.opt.base + ": " +
                 strerror(errno) + " (--checkpoint-memory=0 turns checkpoints in memory off)");

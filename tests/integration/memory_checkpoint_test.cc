@@ -147,11 +147,42 @@ TEST_F(MemoryCheckpoints, ADiskThatRefusesWritesNeitherStopsTrainingNorLosesTheC
   std::smatch m;
   ASSERT_TRUE(std::regex_search(r.err, m,
                                 std::regex("checkpoints not persisted: rank 0 step 40 [^;]*; kept "
-                                           "in memory at (/dev/shm/ddpl-ckpt-[A-Za-z0-9]+)")))
+                                           "in memory at (/dev/shm/ddpl-ckpt-[A-Za-z0-9-]+)")))
       << r.all();
   const std::string kept = m[1];
   EXPECT_TRUE(fs::exists(kept + "/rank-0/step-40/ckpt-step00000040.pt")) << r.all();
   fs::remove_all(kept);
+}
+
+// A disk that takes 0.5 s for every write and fsync (tests/slow_disk, preloaded into launch):
+// training commits a durable checkpoint every 4 steps and finishes all 40 while launch is still
+// copying; at the end launch waits only --checkpoint-drain-timeout and keeps, naming it, what
+// did not reach the disk.
+TEST_F(MemoryCheckpoints, ASlowDiskHoldsNoTrainingAndTheExitWaitsAtMostTheDrainTimeout) {
+  const std::string slow = dir_ + "/slow";
+  RunOptions o = jobEnv();
+  o.env["LD_PRELOAD"] = std::string(DDPL_TEST_BIN_DIR) + "/slow_disk/libddpl_test_slow_disk.so";
+  o.env["DDPL_TEST_SLOW_DIR"] = slow;
+  o.env["DDPL_TEST_SLOW_MS"] = "500";
+  auto r = run({kLaunch, "--nproc-per-node=2", "--checkpoint-drain-timeout=1", kRank, "ckpt_train",
+                "steps=40,every=4,durable=1,dir=" + slow + ",out=" + dir_ + "/slow.pt"},
+               o);
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_TRUE(fs::exists(dir_ + "/slow.pt")) << r.all();
+  // Rank 0 held step 40 while the disk had an older one (or none yet).
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.err, m,
+                                std::regex("rank 0 [0-9.]+[KM]iB \\(step 40, (on disk "
+                                           "([0-9]+)|not on disk)")))
+      << r.all();
+  if (m[2].matched) EXPECT_LT(std::stoi(m[2]), 40) << r.all();
+  ASSERT_TRUE(
+      std::regex_search(r.err, m,
+                        std::regex("checkpoints not persisted within 1s: rank 0 step 40[^;]*; "
+                                   "kept in memory at (/dev/shm/ddpl-ckpt-[A-Za-z0-9-]+)")))
+      << r.all();
+  EXPECT_TRUE(fs::exists(std::string(m[1]) + "/rank-0/step-40/ckpt-step00000040.pt")) << r.all();
+  fs::remove_all(std::string(m[1]));
 }
 
 // Python DDP through ddplaunch.checkpoint: the same, killed mid-step (saving with save_async)

@@ -396,3 +396,27 @@ TEST_F(CheckpointFiles, ReplicaPushListGetRoundTripAndRefusals) {
 }
 
 }  // namespace
+
+namespace {
+
+// A launch SIGKILLed with its watchdog leaves its root; the next launch removes it when it
+// holds nothing, never one with a checkpoint in it or a live launch's.
+TEST_F(Tier, EmptyRootsOfDeadLaunchesAreSweptOthersStay) {
+  pid_t child = fork();
+  if (child == 0) _exit(0);
+  ASSERT_EQ(waitpid(child, nullptr, 0), child);
+  const std::string dead = dir_ + "/ddpl-ckpt-" + std::to_string(child) + "-abc123";
+  const std::string kept = dir_ + "/ddpl-ckpt-" + std::to_string(child) + "-def456";
+  const std::string live = dir_ + "/ddpl-ckpt-" + std::to_string(getpid()) + "-ghi789";
+  for (const auto& d : {dead, kept, live}) fs::create_directories(d + "/rank-0");
+  writeFile(kept + "/rank-0/step-4/w.pt", "unpersisted");
+  {
+    MemoryTier tier(options());
+    EXPECT_FALSE(fs::exists(dead));
+    EXPECT_TRUE(fs::exists(kept + "/rank-0/step-4/w.pt"));
+    EXPECT_TRUE(fs::exists(live));
+    EXPECT_NE(tier.root().find("/ddpl-ckpt-" + std::to_string(getpid()) + "-"), std::string::npos);
+  }
+}
+
+}  // namespace
