@@ -439,9 +439,11 @@ TEST(MetricsEndToEnd, LaunchServesEachRanksFiguresWithGpusFromNvml) {
   Scrape s;
   ASSERT_TRUE(ddpl::testing::eventually([&] {
     s = scrape(port);
+    // Each rank's own figures: under load rank 0 may have no step time yet when rank 1 has 5.
     return s.has(series("ddpl_rank_step", 1)) && s.at(series("ddpl_rank_step", 1)) >= 5 &&
            s.has(series("ddpl_rank_gpu_memory_bytes", 1)) &&
-           s.has(series("ddpl_rank_cpu_usage_ratio", 0));
+           s.has(series("ddpl_rank_cpu_usage_ratio", 0)) &&
+           s.has(series("ddpl_rank_step_duration_seconds", 0));
   }, std::chrono::seconds(30))) << s.body;
   EXPECT_EQ(s.at(series("ddpl_rank_gpu_memory_bytes", 0)), 1073741824);
   EXPECT_EQ(s.at(series("ddpl_rank_gpu_memory_bytes", 1)), 2147483648);
