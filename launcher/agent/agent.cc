@@ -128,7 +128,6 @@ struct Agent::Impl {
   std::unique_ptr<MemoryTier> ckpt_tier;          // null: checkpoints in memory are off
   std::vector<RankCheckpointStatus> ckpt_status;  // refreshed once a second
   double next_ckpt_status = 0;
-  uint64_t ckpt_budget = 0;
   double first_group_started = 0;     // for cfg.after_start; 0: no group yet
   size_t after_start_done = 0;        // how many of cfg.after_start have run (sorted by time)
   std::vector<uint64_t> output_seen;  // bytes of each local rank's output at the last tick
@@ -269,7 +268,6 @@ struct Agent::Impl {
       return;
     }
     watchdog.removeOnDeath(ckpt_tier->root());
-    ckpt_budget = budget;
     log::debug("checkpoints in memory: {} per rank in {}", humanBytes(static_cast<int64_t>(budget)),
                ckpt_tier->root());
   }
@@ -476,7 +474,7 @@ struct Agent::Impl {
     }
     if (!parts.empty())
       log::info("checkpoints in memory (budget {} per rank): {}",
-                humanBytes(static_cast<int64_t>(ckpt_budget)), fmt::join(parts, "; "));
+                humanBytes(static_cast<int64_t>(ckpt_tier->budgetPerRank())), fmt::join(parts, "; "));
   }
 
   void printSummary() {

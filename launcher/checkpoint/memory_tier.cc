@@ -388,13 +388,20 @@ void MemoryTier::setSuccessorLookup(std::function<std::optional<ReplicaEndpoint>
   m.wake();
 }
 
+namespace {
+
+// Whether `rank_dir` holds a committed step of `rank` for a world of `world_size`.
+bool holdsStep(const std::string& rank_dir, int64_t rank, int64_t world_size) {
+  for (const auto& s : ckpt::listCommitted(rank_dir, rank))
+    if (s.record.world_size == world_size) return true;
+  return false;
+}
+
+}  // namespace
+
 bool MemoryTier::missing(const std::vector<int64_t>& ranks, int64_t world_size) const {
-  for (int64_t rank : ranks) {
-    bool have = false;
-    for (const auto& s : ckpt::listCommitted(impl_->root + "/" + ckpt::rankDirName(rank), rank))
-      have |= s.record.world_size == world_size;
-    if (!have) return true;
-  }
+  for (int64_t rank : ranks)
+    if (!holdsStep(impl_->root + "/" + ckpt::rankDirName(rank), rank, world_size)) return true;
   return false;
 }
 
@@ -406,9 +413,7 @@ std::vector<std::string> MemoryTier::pullMissing(const std::vector<int64_t>& ran
   std::vector<std::string> lines;
   for (int64_t rank : ranks) {
     std::string dir = m.root + "/" + ckpt::rankDirName(rank);
-    bool have = false;
-    for (const auto& s : ckpt::listCommitted(dir, rank)) have |= s.record.world_size == world_size;
-    if (have) continue;
+    if (holdsStep(dir, rank, world_size)) continue;
     // The newest step any peer holds for this rank.
     int64_t best = -1;
     const ReplicaEndpoint* from = nullptr;
@@ -511,6 +516,7 @@ MemoryTier::~MemoryTier() {
 }
 
 const std::string& MemoryTier::root() const { return impl_->root; }
+uint64_t MemoryTier::budgetPerRank() const { return impl_->opt.budget_per_rank; }
 
 std::map<std::string, std::string> MemoryTier::startGroup(
     const std::vector<int64_t>& global_ranks) {

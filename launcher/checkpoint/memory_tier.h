@@ -54,6 +54,7 @@ class MemoryTier {
   MemoryTier& operator=(const MemoryTier&) = delete;
 
   const std::string& root() const;
+  uint64_t budgetPerRank() const;
 
   // Before a group starts: the rank directories of its global ranks exist and are watched.
   // Directories of ranks no longer on this node are persisted (newest step) and removed.
