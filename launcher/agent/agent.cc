@@ -474,7 +474,8 @@ struct Agent::Impl {
     }
     if (!parts.empty())
       log::info("checkpoints in memory (budget {} per rank): {}",
-                humanBytes(static_cast<int64_t>(ckpt_tier->budgetPerRank())), fmt::join(parts, "; "));
+                humanBytes(static_cast<int64_t>(ckpt_tier->budgetPerRank())),
+                fmt::join(parts, "; "));
   }
 
   void printSummary() {
