@@ -4,9 +4,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <netinet/in.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -89,22 +87,14 @@ void EmbeddedStore::startInBackground() {
     void* server = nullptr;
     try {
       // The workers' own start (exec, their interpreters, their imports) comes first on a
-      // small machine: the server starts kStartDelay after them, and its libraries load at
-      // the lowest priority, in a thread of their own. The server itself starts here, at
-      // normal priority, so that its threads do not inherit the loader's.
+      // small machine: the server starts kStartDelay after them, when the forks are done. Its
+      // libraries load at normal priority: every Python worker's init_process_group needs this
+      // store (the agent store), and at nice 19 a loaded machine starved the loader for 12 s
+      // while the workers, refused, sat in their connect back-off and were judged hung.
       {
         std::unique_lock<std::mutex> lock(mu_);
         if (stop_cv_.wait_for(lock, kStartDelay, [this] { return stopping_; })) return;
       }
-      std::thread loader([] {
-        setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 19);
-        try {
-          GrpcPlugin::get();
-        } catch (const std::exception&) {
-          // said again below, where the store would start
-        }
-      });
-      loader.join();
       int64_t attempt;
       {
         std::lock_guard<std::mutex> lock(mu_);
