@@ -31,19 +31,20 @@ add_dependencies(launcher_integration_test store_client_program)
 # trees do not build them at all.
 if(NOT DDPL_SANITIZED_SUBSET)
   ddpl_add_test(NAME multinode_test
-    SOURCES integration/multinode_test.cc LIBS ddpl_test_util LABELS integration TIMEOUT 300)
+    SOURCES integration/multinode_test.cc LIBS ddpl_test_util LABELS integration TIMEOUT 300
+    COST 30)
   add_dependencies(multinode_test launch rdzv-server)
 
   # Issue 28: the agent store under unchanged Python scripts (torch's own client and server).
   ddpl_add_test(NAME agent_store_test
     SOURCES integration/agent_store_test.cc LIBS ddpl_test_util LABELS python TIMEOUT 600
-    PROCESSORS 2)
+    PROCESSORS 2 COST 30)
   add_dependencies(agent_store_test launch ddpl_launch_grpc)
 
   # Issue 29: checkpoints in memory under launch, C++ (worker_rank) and Python DDP.
   ddpl_add_test(NAME memory_checkpoint_test
     SOURCES integration/memory_checkpoint_test.cc LIBS ddpl_test_util LABELS "python;fault"
-    TIMEOUT 400 PROCESSORS 2)
+    TIMEOUT 400 PROCESSORS 2 COST 40)
   add_dependencies(memory_checkpoint_test launch worker_rank ddpl_test_slow_disk)
   # A slow disk for one directory (LD_PRELOAD): launch's background copies lag the training.
   add_library(ddpl_test_slow_disk SHARED slow_disk/slow_disk.c)
@@ -53,7 +54,8 @@ if(NOT DDPL_SANITIZED_SUBSET)
 
   # --rdzv-backend=etcd against real etcd servers the test starts (skipped without etcd).
   ddpl_add_test(NAME etcd_rendezvous_test
-    SOURCES integration/etcd_rendezvous_test.cc LIBS ddpl_test_util LABELS integration TIMEOUT 600)
+    SOURCES integration/etcd_rendezvous_test.cc LIBS ddpl_test_util LABELS integration TIMEOUT 600
+    COST 25)
   add_dependencies(etcd_rendezvous_test launch)
 
   # ddplaunch.checkpoint (python/ddplaunch/checkpoint.py) against the memory tier's contract
@@ -61,7 +63,8 @@ if(NOT DDPL_SANITIZED_SUBSET)
   # TCPStore, DCP on gloo. launch's side is in checkpoint_tier_test.cc.
   add_test(NAME python_checkpoint_test
     COMMAND ${DDPL_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/unit/python_checkpoint_test.py)
-  set_tests_properties(python_checkpoint_test PROPERTIES TIMEOUT 180 LABELS "unit;python" PROCESSORS 2)
+  set_tests_properties(python_checkpoint_test PROPERTIES TIMEOUT 180 LABELS "unit;python" PROCESSORS 2
+    COST 25)
 endif()
 ddpl_add_test(NAME etcd_client_test
   SOURCES integration/etcd_client_test.cc LIBS ddpl_etcd_client ddpl_test_util LABELS integration TIMEOUT 120)
@@ -92,7 +95,8 @@ set_tests_properties(netns_test PROPERTIES TIMEOUT 180 LABELS integration SKIP_R
 # The Python wheel (make wheel): built, installed into a fresh venv, used without activating it.
 add_test(NAME wheel_test
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/wheel_test.sh ${PROJECT_SOURCE_DIR})
-set_tests_properties(wheel_test PROPERTIES TIMEOUT 900 LABELS integration PROCESSORS 2)
+set_tests_properties(wheel_test PROPERTIES TIMEOUT 900 LABELS integration PROCESSORS 2
+  COST 300)
 
 # A fake NVML (tests/fake_nvml/fake_nvml.c) so that the GPU paths run without a driver:
 # libnvidia-ml.so.1 in a directory of its own (never build/lib, where a program could find it by
