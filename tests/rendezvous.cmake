@@ -54,10 +54,13 @@ if(TARGET ddpl_rdzv_server)
                 LIBS ddpl_rdzv_server ddpl_test_util LABELS fault TIMEOUT 120)
 endif()
 if(TARGET ddpl_rdzv_server)
-  # Issue 33: bounds per connection and in total, against real rdzv-server processes.
+  # Issue 33: bounds per connection and in total, against real rdzv-server processes. Alone
+  # (SERIAL): each case judges a server by its memory and by how soon it ends a flooding
+  # connection. Beside three other cases the parked-calls one failed 2 suite runs in 4 (no
+  # end within 20 s of what takes 2 s alone); never alone, under busy loops or under compiles.
   ddpl_add_test(NAME rdzv_stream_bounds_test
                 SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fault/rdzv_stream_bounds_test.cc
                 LIBS ddpl_rdzv_client ddpl_rdzv_server ddpl_proto ddpl_test_util
-                LABELS fault TIMEOUT 120)
+                LABELS fault TIMEOUT 120 SERIAL)
   add_dependencies(rdzv_stream_bounds_test rdzv-server)
 endif()

@@ -310,7 +310,9 @@ void zeroWindowAttack(const Attack& a) {
   if (a.parked_waits)
     EXPECT_TRUE(eventually([&] { return hostile.ended() || hostile.goaway(); }, seconds(20)))
         << "the server let one connection park all " << opened
-        << " calls instead of ending it past its limit";
+        << " calls instead of ending it past its limit (" << hostile.resets()
+        << " streams reset); the server's log:\n"
+        << server.log();
   hostile.close();
   if (!a.check_release) return;
 #ifndef DDPL_TEST_ASAN
@@ -355,6 +357,7 @@ TEST(StreamBoundsTest, ParkedUnaryCallsCountAgainstTheConnectionsLimitToo) {
   a.parked_waits = true;
   a.check_release = false;
   a.bound = int64_t{160} << 20;
+  a.server_args = {"--log-level", "debug"};  // its log names each refusal, for a failure
   zeroWindowAttack(a);
 }
 
