@@ -157,6 +157,10 @@ CommitRecord decodeRecord(const std::string& text) {
     if (!seen.insert(e.path).second)
       throw InvalidArgument("commit record: file '" + e.path + "' listed twice");
     if (e.path == kRecordName) throw InvalidArgument("commit record: lists itself");
+    // Sizes of 2^63-1, 2^63-1 and 2 wrap to 0: a record could claim 'bytes' 0, pass every
+    // budget, then stream exabytes into /dev/shm (a peer's replica push).
+    if (e.size > std::numeric_limits<int64_t>::max() - sum)
+      throw InvalidArgument("commit record: file sizes add up past 2^63 bytes");
     sum += e.size;
     r.files.push_back(std::move(e));
   }

@@ -11,12 +11,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "common/checkpoint_files.h"
 #include "common/errors.h"
@@ -37,6 +40,14 @@ struct Fd {
   int fd = -1;
   explicit Fd(int f = -1) : fd(f) {}
   Fd(Fd&& o) noexcept : fd(o.fd) { o.fd = -1; }
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) {
+      if (fd >= 0) close(fd);
+      fd = o.fd;
+      o.fd = -1;
+    }
+    return *this;
+  }
   Fd(const Fd&) = delete;
   ~Fd() {
     if (fd >= 0) close(fd);
@@ -238,9 +249,9 @@ struct ReplicaServer::Impl {
   std::thread thread;
   log::Limiter refusals{std::chrono::seconds(30)};
 
-  void handle(int sock, const std::string& peer) {
+  void handle(int sock, const std::string& peer, const std::string& request_line) {
     setTimeouts(sock, 30);
-    std::istringstream line(recvLine(sock, peer));
+    std::istringstream line(request_line);
     std::string magic, given, op;
     line >> magic >> given >> op;
     if (magic != kMagic) throw InvalidArgument("not a checkpoint replica request");
@@ -296,36 +307,126 @@ struct ReplicaServer::Impl {
     }
   }
 
+  // A connection whose request line has not arrived yet. The line is read by the loop from
+  // every such connection at once, within kHelloSeconds, before the secret is known: one peer
+  // that connects and sends nothing (or a byte a minute) must not hold the only thread that
+  // takes this node's replicas, as it did when each connection was served to its end in turn.
+  struct Hello {
+    Fd sock;
+    std::string peer, line;
+    std::chrono::steady_clock::time_point deadline;
+  };
+  static constexpr int kHelloSeconds = 5;
+  static constexpr size_t kMaxHellos = 32;  // more at once: the oldest is closed
+
+  void refused(int sock, const std::string& peer, const std::string& why) {
+    std::string answer = "ERR " + why;
+    for (auto& c : answer)
+      if (c == '\n') c = ' ';
+    answer += "\n";
+    send(sock, answer.data(), answer.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    int64_t held = 0;
+    if (refusals.admit(&held))
+      log::warn("checkpoint replica request from {} refused: {}{}", peer, why,
+                held ? " (" + std::to_string(held) + " more not shown)" : "");
+  }
+
+  void accept1(std::vector<Hello>& hellos) {
+    sockaddr_storage addr{};
+    socklen_t len = sizeof(addr);
+    Fd sock(
+        accept4(listen_fd, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (sock.fd < 0) return;
+    char host[NI_MAXHOST] = "?", serv[NI_MAXSERV] = "?";
+    getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, host, sizeof(host), serv, sizeof(serv),
+                NI_NUMERICHOST | NI_NUMERICSERV);
+    if (hellos.size() >= kMaxHellos) {
+      refused(hellos.front().sock.fd, hellos.front().peer,
+              "closed for a newer connection: " + std::to_string(kMaxHellos) +
+                  " were waiting for their request");
+      hellos.erase(hellos.begin());
+    }
+    hellos.push_back({std::move(sock), std::string(host) + ":" + serv, "",
+                      std::chrono::steady_clock::now() + std::chrono::seconds(kHelloSeconds)});
+  }
+
+  // Reads what has arrived of the request line, never past its newline (a PUSH's record
+  // follows it). True when the connection is done with: its line is complete (`complete`),
+  // or it ended or broke the limits (refused).
+  bool readHello(Hello& h, bool* complete) {
+    char buf[kMaxLine];
+    ssize_t n = recv(h.sock.fd, buf, sizeof(buf) - h.line.size(), MSG_PEEK | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return false;
+    if (n <= 0) return true;
+    size_t take = static_cast<size_t>(n);
+    const char* nl = static_cast<const char*>(memchr(buf, '\n', take));
+    if (nl) take = static_cast<size_t>(nl - buf) + 1;
+    if (recv(h.sock.fd, buf, take, MSG_DONTWAIT) != static_cast<ssize_t>(take)) return true;
+    h.line.append(buf, nl ? take - 1 : take);
+    if (nl) {
+      *complete = true;
+      return true;
+    }
+    if (h.line.size() >= kMaxLine - 1) {
+      refused(h.sock.fd, h.peer, "a request line over " + std::to_string(kMaxLine) + " bytes");
+      return true;
+    }
+    return false;
+  }
+
+  void serve(Hello& h) {
+    // The transfers themselves block, with their 30 s timeouts: only a peer that knows the
+    // secret gets here.
+    fcntl(h.sock.fd, F_SETFL, fcntl(h.sock.fd, F_GETFL) & ~O_NONBLOCK);
+    try {
+      handle(h.sock.fd, h.peer, h.line);
+    } catch (const std::exception& e) {
+      refused(h.sock.fd, h.peer, e.what());
+    }
+  }
+
   void run() {
+    std::vector<Hello> hellos;
+    std::vector<pollfd> fds;
     for (;;) {
-      pollfd fds[2] = {{listen_fd, POLLIN, 0}, {stop_fd, POLLIN, 0}};
-      if (poll(fds, 2, -1) < 0 && errno != EINTR) return;
-      if (fds[1].revents) return;
-      if (!(fds[0].revents & POLLIN)) continue;
-      sockaddr_storage addr{};
-      socklen_t len = sizeof(addr);
-      Fd sock(accept4(listen_fd, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_CLOEXEC));
-      if (sock.fd < 0) continue;
-      char host[NI_MAXHOST] = "?", serv[NI_MAXSERV] = "?";
-      getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, host, sizeof(host), serv, sizeof(serv),
-                  NI_NUMERICHOST | NI_NUMERICSERV);
-      std::string peer = std::string(host) + ":" + serv;
-      try {
-        handle(sock.fd, peer);
-      } catch (const std::exception& e) {
-        std::string answer = std::string("ERR ") + e.what();
-        for (auto& c : answer)
-          if (c == '\n') c = ' ';
-        answer += "\n";
-        try {
-          sendAll(sock.fd, answer.data(), answer.size(), peer);
-        } catch (const std::exception&) {
+      auto now = std::chrono::steady_clock::now();
+      for (auto it = hellos.begin(); it != hellos.end();) {
+        if (it->deadline > now) {
+          ++it;
+          continue;
         }
-        int64_t held = 0;
-        if (refusals.admit(&held))
-          log::warn("checkpoint replica request from {} refused: {}{}", peer, e.what(),
-                    held ? " (" + std::to_string(held) + " more not shown)" : "");
+        refused(it->sock.fd, it->peer,
+                "no request within " + std::to_string(kHelloSeconds) + " s of connecting");
+        it = hellos.erase(it);
       }
+      int timeout_ms = -1;
+      for (const auto& h : hellos) {
+        auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(h.deadline - now).count();
+        timeout_ms = static_cast<int>(
+            std::max<int64_t>(1, timeout_ms < 0 ? ms : std::min<int64_t>(ms, timeout_ms)));
+      }
+      fds.assign({{listen_fd, POLLIN, 0}, {stop_fd, POLLIN, 0}});
+      for (const auto& h : hellos) fds.push_back({h.sock.fd, POLLIN, 0});
+      if (poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) return;
+      if (fds[1].revents) return;
+      std::vector<Hello> waiting, ready;
+      for (size_t i = 0; i < hellos.size(); ++i) {
+        bool complete = false;
+        if (!fds[i + 2].revents || !readHello(hellos[i], &complete))
+          waiting.push_back(std::move(hellos[i]));
+        else if (complete)
+          ready.push_back(std::move(hellos[i]));
+      }
+      hellos = std::move(waiting);
+      // Oldest first. One served to its end may take a while: the others' clocks stop
+      // meanwhile (their lines may be waiting in their sockets).
+      for (auto& h : ready) {
+        auto began = std::chrono::steady_clock::now();
+        serve(h);
+        auto spent = std::chrono::steady_clock::now() - began;
+        for (auto& other : hellos) other.deadline += spent;
+      }
+      if (fds[0].revents & POLLIN) accept1(hellos);
     }
   }
 };

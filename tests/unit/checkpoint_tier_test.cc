@@ -1,7 +1,10 @@
 // Checkpoints in memory (docs/checkpoints.md): the commit protocol and its decisions
 // (common/checkpoint_format.h, common/checkpoint_files.h), and launch's side of it
 // (launcher/checkpoint/memory_tier.h) with real files, a real inotify and its persister thread.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -9,6 +12,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <thread>
 
 #include "common/checkpoint_files.h"
@@ -125,6 +129,12 @@ TEST(CheckpointFormat, RecordRoundTripsAndRefusesWhatDoesNotAddUp) {
   x = r;
   x.durable_path = "relative";
   refused(x, "absolute");
+  // Sizes that wrap a 64-bit sum to 0 would pass every budget with 'bytes' 0.
+  x = r;
+  const uint64_t big = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+  x.files = {{"a.pt", big}, {"b.pt", big}, {"c.pt", 2}};
+  x.bytes = 0;
+  refused(x, "2^63");
   EXPECT_THROW(ck::decodeRecord("[1,2]"), ddpl::InvalidArgument);
   EXPECT_THROW(ck::decodeRecord("{\"version\": 2}"), ddpl::InvalidArgument);
 }
@@ -393,6 +403,43 @@ TEST_F(CheckpointFiles, ReplicaPushListGetRoundTripAndRefusals) {
   }
   EXPECT_EQ(ddpl::launcher::listSteps(to, 0, 2, 10), (std::vector<int64_t>{6}));
   EXPECT_THROW(ddpl::launcher::fetchStep(to, 0, 7, fresh, 10), ddpl::Error);
+}
+
+// The replica endpoint listens on every interface and reads a request before it knows the
+// secret: connections that send nothing, or a byte now and then, must not hold it. The server
+// used to serve one connection to its end at a time, with 30 s per read: the first idle one
+// held it past the real client's 3 s.
+TEST_F(CheckpointFiles, ReplicaServerIsNotHeldByConnectionsThatSendNothing) {
+  ReplicaServer server(dir_ + "/replicas", 1000, 3000, 1);
+  ReplicaEndpoint to{"127.0.0.1", server.port(), server.secret()};
+  auto connectRaw = [&] {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(to.port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0) << strerror(errno);
+    return fd;
+  };
+  std::vector<int> idle;
+  for (int i = 0; i < 40; ++i) idle.push_back(connectRaw());  // past the 32 kept waiting
+  int dribbler = connectRaw();
+  ASSERT_EQ(send(dribbler, "DDPL", 4, MSG_NOSIGNAL), 4);
+  std::string step_dir = commit(rank_dir_, 0, 6, {{"w.pt", "weights"}}, recordFor(0, 2, ""));
+  ddpl::launcher::pushStep(to, step_dir, *ck::readCommitted(step_dir, 6, 0), 3);
+  EXPECT_EQ(ddpl::launcher::listSteps(to, 0, 2, 3), (std::vector<int64_t>{6}));
+  // A line that never ends is cut at its limit.
+  int longline = connectRaw();
+  std::string junk(600, 'x');
+  ASSERT_EQ(send(longline, junk.data(), junk.size(), MSG_NOSIGNAL), 600);
+  char buf[256] = {0};
+  timeval tv{5, 0};
+  setsockopt(longline, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  ASSERT_GT(recv(longline, buf, sizeof(buf) - 1, 0), 0);
+  EXPECT_NE(std::string(buf).find("ERR a request line over 512 bytes"), std::string::npos) << buf;
+  for (int fd : idle) close(fd);
+  close(dribbler);
+  close(longline);
 }
 
 }  // namespace
