@@ -57,14 +57,14 @@ EmbeddedStore::EmbeddedStore(std::string host, bool tcpstore, int port)
     int e = errno;
     close(reserve_fd_);
     throw NetworkError(
-        port != 0 ? fmt::format("--master-port: {}:{} {}; the agent hosts the job's store "
-                                "there: choose another port, or leave --master-port out for a "
-                                "free one",
-                                host_, port,
-                                e == EADDRINUSE ? "is already in use"
-                                                : std::string("cannot be bound: ") + strerror(e))
-                  : fmt::format("embedded store: cannot bind a port on {}: {}", host_,
-                                strerror(e)));
+        port != 0
+            ? fmt::format("--master-port: {}:{} {}; the agent hosts the job's store "
+                          "there: choose another port, or leave --master-port out for a "
+                          "free one",
+                          host_, port,
+                          e == EADDRINUSE ? "is already in use"
+                                          : std::string("cannot be bound: ") + strerror(e))
+            : fmt::format("embedded store: cannot bind a port on {}: {}", host_, strerror(e)));
   }
   port_ = ntohs(a.sin_port);
   endpoint_ = fmt::format("{}:{}", host_, port_);

@@ -283,7 +283,8 @@ void zeroWindowAttack(const Attack& a) {
   ZeroWindowClient hostile(server.port(), "tok", a.ack_settings);
   int opened = 0;
   std::thread opener([&] {
-    opened = a.parked_waits ? hostile.openParkedWaits(a.streams) : hostile.openSessions(a.streams, 1030);
+    opened =
+        a.parked_waits ? hostile.openParkedWaits(a.streams) : hostile.openSessions(a.streams, 1030);
   });
   // Settled: the server's memory stops moving once it has read what it will.
   int64_t peak = baseline, last = -1;
