@@ -95,6 +95,7 @@ struct StacksService::Impl {
   // other nodes' hang requests that came while they were being taken.
   int own_hang_attempt = -1;
   std::string own_hang_answer;
+  EventLoop::Clock::time_point own_hang_saved{};
   bool hang_in_flight = false;
   std::vector<std::pair<int64_t, std::string>> deferred;
 
@@ -247,8 +248,18 @@ struct StacksService::Impl {
       return;
     }
     log::warn("another node asks for every worker's stack ({})", why);
-    // Found here as well and saved already (its workers may be stopping now): say so.
-    if (hang && own_hang_attempt == group.attempt && !own_hang_answer.empty()) {
+    // Found here as well and saved already (its workers may be stopping now): say so. Also
+    // when this node's group has restarted since: a request relayed through the rendezvous
+    // can arrive after that (0.8 s after it once), and the new workers' stacks (still
+    // importing torch) would answer for the hung ones. The new group starts after this
+    // node's hang stacks were saved and is found hung a hang timeout after its start at the
+    // soonest (the nodes of a job share --hang-timeout): a request within that long of the
+    // save is about the hang that was saved.
+    const bool own_hang_recent =
+        cfg.hang_timeout_sec > 0 && EventLoop::Clock::now() - own_hang_saved <
+                                        std::chrono::duration<double>(cfg.hang_timeout_sec);
+    if (hang && !own_hang_answer.empty() &&
+        (own_hang_attempt == group.attempt || own_hang_recent)) {
       rdzv.answerStacks(id, own_hang_answer);
       return;
     }
@@ -283,6 +294,7 @@ struct StacksService::Impl {
         jobFor([&](int lr) { return attempt_dir + "/" + std::to_string(lr) + "/stacks.txt"; });
     submit(std::move(job), [=](Saved saved) {
       own_hang_attempt = attempt;
+      own_hang_saved = EventLoop::Clock::now();
       own_hang_answer = fmt::format("{}: found the hang itself; {} stack(s) saved in {}", node,
                                     saved.lines.size(), attempt_dir + "/<local rank>/stacks.txt");
       for (const auto& l : saved.lines) own_hang_answer += "\n  " + l;

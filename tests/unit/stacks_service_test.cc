@@ -74,6 +74,7 @@ class StacksServiceTest : public ::testing::Test {
     c.host = "hostA";
     c.path_env = bin_;
     c.status_line = [] { return "node 2 (hostA): 1/1 ranks up"; };
+    c.hang_timeout_sec = 30;
     service_ = std::make_unique<StacksService>(c, loop_, rdzv_);
     service_->setGroup({0, run_dir_ + "/attempt_0", 2, {{0, 4, worker_, true}}});
   }
@@ -150,6 +151,57 @@ TEST_F(StacksServiceTest, HangStacksAwaitTheOtherNodesOnTimersAndAnswerTheirHang
   ASSERT_EQ(done->summaries.count(0), 1u);
   EXPECT_FALSE(done->summaries.at(0).in_collective);
   EXPECT_TRUE(fs::exists(run_dir_ + "/attempt_0/0/stacks.txt"));
+}
+
+// The other node's hang request, relayed through the rendezvous, arrives after this node found
+// the same hang and restarted its group: the answer is the hung workers' stacks saved at the
+// hang, not the new workers' (in CI they were still importing torch). Once a hang timeout has
+// passed since, a request may be about the new group: then its stacks are taken.
+TEST_F(StacksServiceTest, AHangRequestThatArrivesAfterARestartIsAnsweredWithTheHungStacks) {
+  bool saved = false;
+  service_->takeHangStacks(
+      "hang: rank(s) 4 on node 2 (hostA)", [&](const HangStacks&) { saved = true; },
+      [](HangStacks) {});
+  turnUntil([&] { return saved; });
+  ASSERT_TRUE(saved);
+  fs::create_directories(run_dir_ + "/attempt_1/0");
+  service_->setGroup({1, run_dir_ + "/attempt_1", 2, {{0, 4, worker_, true}}});
+  service_->onRemoteRequest(9, "hang: rank(s) 9 on node 1 (hostB)");
+  ASSERT_EQ(rdzv_.answers.count(9), 1u);  // at once: nothing to take
+  EXPECT_EQ(rdzv_.answers[9].rfind("node 2 (hostA): found the hang itself; 1 stack(s) saved in " +
+                                       run_dir_ + "/attempt_0/<local rank>/stacks.txt",
+                                   0),
+            0u)
+      << rdzv_.answers[9];
+  EXPECT_FALSE(fs::exists(run_dir_ + "/attempt_1/0/stacks.txt"));
+}
+
+TEST_F(StacksServiceTest, AHangRequestAHangTimeoutAfterTheOwnHangTakesTheNewGroupsStacks) {
+  StacksService::Config c;
+  c.run_dir = run_dir_;
+  c.host = "hostA";
+  c.path_env = bin_;
+  c.status_line = [] { return ""; };
+  c.hang_timeout_sec = 0.5;
+  service_ = std::make_unique<StacksService>(c, loop_, rdzv_);
+  service_->setGroup({0, run_dir_ + "/attempt_0", 2, {{0, 4, worker_, true}}});
+  bool saved = false;
+  service_->takeHangStacks(
+      "hang: rank(s) 4 on node 2 (hostA)", [&](const HangStacks&) { saved = true; },
+      [](HangStacks) {});
+  turnUntil([&] { return saved; });
+  ASSERT_TRUE(saved);
+  std::this_thread::sleep_for(600ms);
+  fs::create_directories(run_dir_ + "/attempt_1/0");
+  service_->setGroup({1, run_dir_ + "/attempt_1", 2, {{0, 4, worker_, true}}});
+  service_->onRemoteRequest(10, "hang: rank(s) 9 on node 1 (hostB)");
+  turnUntil([&] { return rdzv_.answers.count(10) > 0; });
+  ASSERT_EQ(rdzv_.answers.count(10), 1u);
+  EXPECT_EQ(rdzv_.answers[10].rfind("node 2 (hostA): 1 stack(s) saved in " + run_dir_ +
+                                        "/attempt_1/<local rank>/stacks.txt",
+                                    0),
+            0u)
+      << rdzv_.answers[10];
 }
 
 }  // namespace
