@@ -69,12 +69,29 @@ class StacksServiceTest : public ::testing::Test {
       execl("/bin/sleep", "sleep", "30", nullptr);
       _exit(127);
     }
+    startService(30);
+  }
+  // This node finds a hang and saves its stacks; `later` after, its group restarts (attempt 1).
+  void ownHangThenRestart(std::chrono::milliseconds later) {
+    bool saved = false;
+    service_->takeHangStacks(
+        "hang: rank(s) 4 on node 2 (hostA)", [&](const HangStacks&) { saved = true; },
+        [](HangStacks) {});
+    turnUntil([&] { return saved; });
+    ASSERT_TRUE(saved);
+    std::this_thread::sleep_for(later);
+    fs::create_directories(run_dir_ + "/attempt_1/0");
+    service_->setGroup({1, run_dir_ + "/attempt_1", 2, {{0, 4, worker_, true}}});
+  }
+  // The service under test, with this --hang-timeout, running attempt 0.
+  void startService(double hang_timeout_sec) {
+    service_.reset();
     StacksService::Config c;
     c.run_dir = run_dir_;
     c.host = "hostA";
     c.path_env = bin_;
     c.status_line = [] { return "node 2 (hostA): 1/1 ranks up"; };
-    c.hang_timeout_sec = 30;
+    c.hang_timeout_sec = hang_timeout_sec;
     service_ = std::make_unique<StacksService>(c, loop_, rdzv_);
     service_->setGroup({0, run_dir_ + "/attempt_0", 2, {{0, 4, worker_, true}}});
   }
@@ -158,14 +175,7 @@ TEST_F(StacksServiceTest, HangStacksAwaitTheOtherNodesOnTimersAndAnswerTheirHang
 // hang, not the new workers' (in CI they were still importing torch). Once a hang timeout has
 // passed since, a request may be about the new group: then its stacks are taken.
 TEST_F(StacksServiceTest, AHangRequestThatArrivesAfterARestartIsAnsweredWithTheHungStacks) {
-  bool saved = false;
-  service_->takeHangStacks(
-      "hang: rank(s) 4 on node 2 (hostA)", [&](const HangStacks&) { saved = true; },
-      [](HangStacks) {});
-  turnUntil([&] { return saved; });
-  ASSERT_TRUE(saved);
-  fs::create_directories(run_dir_ + "/attempt_1/0");
-  service_->setGroup({1, run_dir_ + "/attempt_1", 2, {{0, 4, worker_, true}}});
+  ownHangThenRestart(0ms);
   service_->onRemoteRequest(9, "hang: rank(s) 9 on node 1 (hostB)");
   ASSERT_EQ(rdzv_.answers.count(9), 1u);  // at once: nothing to take
   EXPECT_EQ(rdzv_.answers[9].rfind("node 2 (hostA): found the hang itself; 1 stack(s) saved in " +
@@ -177,23 +187,8 @@ TEST_F(StacksServiceTest, AHangRequestThatArrivesAfterARestartIsAnsweredWithTheH
 }
 
 TEST_F(StacksServiceTest, AHangRequestAHangTimeoutAfterTheOwnHangTakesTheNewGroupsStacks) {
-  StacksService::Config c;
-  c.run_dir = run_dir_;
-  c.host = "hostA";
-  c.path_env = bin_;
-  c.status_line = [] { return ""; };
-  c.hang_timeout_sec = 0.5;
-  service_ = std::make_unique<StacksService>(c, loop_, rdzv_);
-  service_->setGroup({0, run_dir_ + "/attempt_0", 2, {{0, 4, worker_, true}}});
-  bool saved = false;
-  service_->takeHangStacks(
-      "hang: rank(s) 4 on node 2 (hostA)", [&](const HangStacks&) { saved = true; },
-      [](HangStacks) {});
-  turnUntil([&] { return saved; });
-  ASSERT_TRUE(saved);
-  std::this_thread::sleep_for(600ms);
-  fs::create_directories(run_dir_ + "/attempt_1/0");
-  service_->setGroup({1, run_dir_ + "/attempt_1", 2, {{0, 4, worker_, true}}});
+  startService(0.5);
+  ownHangThenRestart(600ms);
   service_->onRemoteRequest(10, "hang: rank(s) 9 on node 1 (hostB)");
   turnUntil([&] { return rdzv_.answers.count(10) > 0; });
   ASSERT_EQ(rdzv_.answers.count(10), 1u);
