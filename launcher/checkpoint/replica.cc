@@ -389,22 +389,19 @@ struct ReplicaServer::Impl {
     std::vector<Hello> hellos;
     std::vector<pollfd> fds;
     for (;;) {
+      // Oldest first, and so soonest due: every deadline is its arrival plus kHelloSeconds,
+      // and a connection served moves them all alike.
       auto now = std::chrono::steady_clock::now();
-      for (auto it = hellos.begin(); it != hellos.end();) {
-        if (it->deadline > now) {
-          ++it;
-          continue;
-        }
-        refused(it->sock.fd, it->peer,
+      while (!hellos.empty() && hellos.front().deadline <= now) {
+        refused(hellos.front().sock.fd, hellos.front().peer,
                 "no request within " + std::to_string(kHelloSeconds) + " s of connecting");
-        it = hellos.erase(it);
+        hellos.erase(hellos.begin());
       }
       int timeout_ms = -1;
-      for (const auto& h : hellos) {
-        auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(h.deadline - now).count();
-        timeout_ms = static_cast<int>(
-            std::max<int64_t>(1, timeout_ms < 0 ? ms : std::min<int64_t>(ms, timeout_ms)));
-      }
+      if (!hellos.empty())
+        timeout_ms = static_cast<int>(std::max<int64_t>(
+            1, std::chrono::duration_cast<std::chrono::milliseconds>(hellos.front().deadline - now)
+                   .count()));
       fds.assign({{listen_fd, POLLIN, 0}, {stop_fd, POLLIN, 0}});
       for (const auto& h : hellos) fds.push_back({h.sock.fd, POLLIN, 0});
       if (poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) return;

@@ -437,6 +437,18 @@ TEST_F(CheckpointFiles, ReplicaServerIsNotHeldByConnectionsThatSendNothing) {
   setsockopt(longline, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   ASSERT_GT(recv(longline, buf, sizeof(buf) - 1, 0), 0);
   EXPECT_NE(std::string(buf).find("ERR a request line over 512 bytes"), std::string::npos) << buf;
+  // The dribbler's 5 s run out; the oldest idle ones went for newer ones before that.
+  setsockopt(dribbler, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  char why[256] = {0};
+  ASSERT_GT(recv(dribbler, why, sizeof(why) - 1, 0), 0);
+  EXPECT_NE(std::string(why).find("ERR no request within 5 s of connecting"), std::string::npos)
+      << why;
+  char first[256] = {0};
+  setsockopt(idle[0], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  ASSERT_GT(recv(idle[0], first, sizeof(first) - 1, 0), 0);
+  EXPECT_NE(std::string(first).find("ERR closed for a newer connection: 32 were waiting"),
+            std::string::npos)
+      << first;
   for (int fd : idle) close(fd);
   close(dribbler);
   close(longline);
