@@ -200,8 +200,7 @@ struct Agent::Impl {
     sc.interpreter = cfg.command[0];
     auto path = cfg.base_env.find("PATH");
     sc.path_env = path == cfg.base_env.end() ? "" : path->second;
-    // Unset: the automatic limit, never below its floor.
-    sc.hang_timeout_sec = cfg.options.hang_timeout_sec.value_or(HangOptions{}.auto_floor_sec);
+    sc.hang_timeout_sec = hangOptions(cfg.options).soonestLimitSec();
     sc.status_line = [this] {
       return fmt::format("node {} ({}): {}", world.group_rank, cfg.host, view.logLine());
     };

@@ -253,7 +253,7 @@ struct StacksService::Impl {
     // can arrive after that (0.8 s after it once), and the new workers' stacks (still
     // importing torch) would answer for the hung ones. The new group starts after this
     // node's hang stacks were saved and is found hung a hang timeout after its start at the
-    // soonest (the nodes of a job share --hang-timeout): a request within that long of the
+    // soonest (the nodes of a job share their hang limits): a request within that long of the
     // save is about the hang that was saved.
     const bool own_hang_recent =
         cfg.hang_timeout_sec > 0 && EventLoop::Clock::now() - own_hang_saved <

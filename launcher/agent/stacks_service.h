@@ -53,7 +53,8 @@ class StacksService {
     std::string path_env;     // the workers' PATH, where the tools are looked for
     // This node's line of the `launch status` reply: "node N (host): <live view>".
     std::function<std::string()> status_line;
-    // The soonest a group can be found hung (--hang-timeout; 0: never): how soon after this
+    // The soonest a group can be found hung (HangOptions::soonestLimitSec; 0: never): how
+    // soon after this
     // node's own hang another node's hang request may still be about it, though this node's
     // group restarted since.
     double hang_timeout_sec = 0;

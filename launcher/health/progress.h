@@ -2,6 +2,7 @@
 // What each worker of an attempt did, for the end-of-run summary: steps from its heartbeat
 // (common/heartbeat.h), CPU time and peak memory from its exit (wait4's rusage). Pure: the agent
 // feeds it observations with their times, so it is unit-tested without processes.
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <optional>
@@ -92,6 +93,12 @@ struct HangOptions {
   // The automatic limit: this many times the slowest step seen, never below the floor.
   double auto_multiple = 10;
   double auto_floor_sec = 600;
+
+  // The soonest a rank of a group that just started can be found hung, by any of the rules
+  // above (0: --hang-timeout=0, hangs are not looked for).
+  double soonestLimitSec() const {
+    return std::min(timeout_sec.value_or(auto_floor_sec), first_step_timeout_sec);
+  }
 };
 
 struct Hang {

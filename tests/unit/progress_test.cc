@@ -29,16 +29,18 @@ TEST(Progress, StepsMeanStepCpuAndMemoryPerRank) {
   ProgressTracker t;
   t.start(2, 4, 100.0);
   for (int s = 1; s <= 5; ++s) t.onStep(0, s, 100.0 + s * 0.5);  // 0.5 s a step
-  t.onStep(0, 5, 103.0);  // no change: not a step
+  t.onStep(0, 5, 103.0);                                         // no change: not a step
   t.onExit(0, 104.0, 2.0, 2048);
   t.onExit(1, 102.0, 0.1, 512);  // never beat
   ASSERT_TRUE(t.ranks()[0].meanStepSeconds().has_value());
   EXPECT_DOUBLE_EQ(*t.ranks()[0].meanStepSeconds(), 0.5);
   EXPECT_FALSE(t.ranks()[1].meanStepSeconds().has_value());
   std::string s = t.summary(110.0, 8, 1);
-  EXPECT_EQ(row(s, 4), (std::vector<std::string>{"4", "0", "4.0s", "5", "500ms", "2.0s", "50%", "2MiB"}))
+  EXPECT_EQ(row(s, 4),
+            (std::vector<std::string>{"4", "0", "4.0s", "5", "500ms", "2.0s", "50%", "2MiB"}))
       << s;
-  EXPECT_EQ(row(s, 5), (std::vector<std::string>{"5", "1", "2.0s", "-", "-", "100ms", "5%", "512KiB"}))
+  EXPECT_EQ(row(s, 5),
+            (std::vector<std::string>{"5", "1", "2.0s", "-", "-", "100ms", "5%", "512KiB"}))
       << s;
   EXPECT_EQ(s.find("advice"), std::string::npos) << s;
 }
@@ -89,13 +91,25 @@ TEST(Hang, AutomaticLimitIsTenSlowestStepsAboveTheFloor) {
   o.auto_floor_sec = 3;
   HangDetector h(o);
   h.start(1, 0);
-  EXPECT_EQ(h.limitFor(0), 0);  // no step yet: not watched
+  EXPECT_EQ(h.limitFor(0), 0);    // no step yet: not watched
   h.observe(0, 1, 0, false, 10);  // the first step includes start-up: not a step time
   EXPECT_DOUBLE_EQ(h.limitFor(0), 3);
   h.observe(0, 2, 0, false, 10.5);  // 0.5 s steps
   EXPECT_DOUBLE_EQ(h.limitFor(0), 5);
   EXPECT_TRUE(h.check(15).empty());
   EXPECT_EQ(h.check(15.6).size(), 1u);
+}
+
+// What the stacks service waits on after a hang: no rule finds a new group hung sooner.
+TEST(Hang, SoonestLimitIsTheSmallestRuleOrZeroWhenOff) {
+  HangOptions o;
+  EXPECT_DOUBLE_EQ(o.soonestLimitSec(), 600);  // the automatic floor
+  o.first_step_timeout_sec = 90;
+  EXPECT_DOUBLE_EQ(o.soonestLimitSec(), 90);
+  o.timeout_sec = 5;
+  EXPECT_DOUBLE_EQ(o.soonestLimitSec(), 5);
+  o.timeout_sec = 0;  // --hang-timeout=0
+  EXPECT_DOUBLE_EQ(o.soonestLimitSec(), 0);
 }
 
 TEST(Hang, RanksWithoutStepsOnlyWithTheFlagOrWhenOthersStep) {
@@ -109,8 +123,8 @@ TEST(Hang, RanksWithoutStepsOnlyWithTheFlagOrWhenOthersStep) {
   HangDetector h(o);
   h.start(1, 0);
   h.observe(0, 0, 1.0, false, 1);
-  h.observe(0, 0, 1.5, false, 2);    // CPU time grew: progress
-  h.observe(0, 0, 1.5, true, 3.5);   // output: progress
+  h.observe(0, 0, 1.5, false, 2);   // CPU time grew: progress
+  h.observe(0, 0, 1.5, true, 3.5);  // output: progress
   EXPECT_TRUE(h.check(5).empty());
   auto hung = h.check(5.6);
   ASSERT_EQ(hung.size(), 1u);
@@ -155,7 +169,8 @@ TEST(Hang, RanksWithoutStepsIdlingWithOccasionalTicksAreHung) {
   ASSERT_EQ(hung.size(), 4u);  // every rank: none of them works
   EXPECT_GT(found, 15);
   EXPECT_LT(found, 15.5);
-  EXPECT_NE(hung[0].why.find("no CPU time and no output for 15."), std::string::npos) << hung[0].why;
+  EXPECT_NE(hung[0].why.find("no CPU time and no output for 15."), std::string::npos)
+      << hung[0].why;
   EXPECT_NE(hung[0].why.find("idle rank's"), std::string::npos) << hung[0].why;
 }
 
@@ -175,7 +190,7 @@ TEST(Hang, NoRankIsHungWhileOneOfTheNodeComputes) {
     if (tick % 50 == 0) ticks += 0.01;
     h.observe(0, 0, ticks, false, found);  // a tick every 5 s
     h.observe(1, 0, busy, false, found);
-    h.observe(2, 0, 1.0, false, found);    // none
+    h.observe(2, 0, 1.0, false, found);  // none
     hung = h.check(found);
   }
   EXPECT_EQ(hung.size(), 3u);
@@ -208,7 +223,8 @@ TEST(Hang, NoRankIsHungWhileOneOfTheNodeComputes) {
   short_limit.timeout_sec = 1;
   HangDetector quick(short_limit);
   quick.start(1, 0);
-  for (int tick = 1; tick <= 12; ++tick) quick.observe(0, 0, 1 + (tick > 3 ? 0.02 : 0), false, tick * 0.1);
+  for (int tick = 1; tick <= 12; ++tick)
+    quick.observe(0, 0, 1 + (tick > 3 ? 0.02 : 0), false, tick * 0.1);
   EXPECT_EQ(quick.check(1.2).size(), 1u);
 }
 
@@ -337,7 +353,7 @@ TEST(Progress, GpuColumnsAndTheInputPipelineAdvice) {
     t.onGpu(1, 90.0, int64_t{2} << 30);
   }
   t.onGpu(1, std::nullopt, int64_t{5} << 30);  // peak, no utilisation known
-  t.onExit(0, 10, 9.8, 1024);                    // 98% of one core
+  t.onExit(0, 10, 9.8, 1024);                  // 98% of one core
   t.onExit(1, 10, 9.8, 1024);
   std::string s = t.summary(10, 8, 1);
   auto r0 = row(s, 0), r1 = row(s, 1);
@@ -400,8 +416,8 @@ SimResult simulate(const SimJob& job, std::mt19937_64& rng) {
   const double start = 1 + 2 * u(rng);  // start-up before the first step
   for (double at = start + -std::log(1 - u(rng)) * 10; at < start + job.seconds;
        at += -std::log(1 - u(rng)) * 10)
-    bursts.push_back({static_cast<int>(u(rng) * job.world), at, at + 0.3 + 2.7 * u(rng),
-                      1.2 + 0.6 * u(rng)});
+    bursts.push_back(
+        {static_cast<int>(u(rng) * job.world), at, at + 0.3 + 2.7 * u(rng), 1.2 + 0.6 * u(rng)});
   auto own = [&](int r, double now) {
     double ms = job.step_ms * bias[r] * std::exp(jitter(rng));
     if (r == job.slow_rank) ms *= job.slow_factor;
@@ -464,11 +480,22 @@ SimResult simulate(const SimJob& job, std::mt19937_64& rng) {
 SimJob shape(int i) {
   SimJob j;
   switch (i % 5) {
-    case 0: break;
-    case 1: j.step_ms = 50; break;
-    case 2: j.nproc = 2; break;
-    case 3: j.nproc = j.world = 8; j.step_ms = 30; break;
-    case 4: j.step_ms = 200; j.seconds = 60; break;
+    case 0:
+      break;
+    case 1:
+      j.step_ms = 50;
+      break;
+    case 2:
+      j.nproc = 2;
+      break;
+    case 3:
+      j.nproc = j.world = 8;
+      j.step_ms = 30;
+      break;
+    case 4:
+      j.step_ms = 200;
+      j.seconds = 60;
+      break;
   }
   return j;
 }
@@ -492,8 +519,9 @@ TEST(Progress, NoStragglerInAThousandBalancedJobsWithNoise) {
                          "): rank " + std::to_string(r.named[0]) + " at " +
                          std::to_string(r.first_named_at) + " s");
   }
-  std::printf("balanced jobs with a straggler named: %d of 1000 (of 200 per shape: %d %d %d %d %d)\n",
-              false_positives, by_shape[0], by_shape[1], by_shape[2], by_shape[3], by_shape[4]);
+  std::printf(
+      "balanced jobs with a straggler named: %d of 1000 (of 200 per shape: %d %d %d %d %d)\n",
+      false_positives, by_shape[0], by_shape[1], by_shape[2], by_shape[3], by_shape[4]);
   for (const auto& e : examples) std::printf("  %s\n", e.c_str());
   EXPECT_EQ(false_positives, 0);
 }
@@ -512,14 +540,15 @@ TEST(Progress, RealStragglersAreStillFoundThroughTheNoise) {
       found += named;
       wrong += static_cast<int>(r.named.size()) - named;
       if (static_cast<int>(r.named.size()) > named)
-        std::printf("  job %d (shape %d, rank %d slower): rank %d named too at %.1f s\n", i,
-                    i % 5, j.slow_rank, r.named.back(), r.first_named_at);
+        std::printf("  job %d (shape %d, rank %d slower): rank %d named too at %.1f s\n", i, i % 5,
+                    j.slow_rank, r.named.back(), r.first_named_at);
       if (named) when.push_back(r.first_named_at);
     }
     std::sort(when.begin(), when.end());
-    std::printf("%.1fx slower rank: found in %d of 200 jobs (median %.1fs after the first step), "
-                "another rank named in %d\n",
-                factor, found, when.empty() ? -1.0 : when[when.size() / 2], wrong);
+    std::printf(
+        "%.1fx slower rank: found in %d of 200 jobs (median %.1fs after the first step), "
+        "another rank named in %d\n",
+        factor, found, when.empty() ? -1.0 : when[when.size() / 2], wrong);
     EXPECT_EQ(found, 200) << factor;
     EXPECT_EQ(wrong, 0) << factor;
   }
