@@ -41,6 +41,9 @@
 #include "launcher/health/heartbeat_channel.h"
 #include "launcher/health/progress.h"
 #include "launcher/health/stacks.h"
+#include "launcher/warm/restart_phases.h"
+#include "launcher/warm/warm_plan.h"
+#include "launcher/warm/worker_template.h"
 
 namespace fs = std::filesystem;
 
@@ -54,6 +57,11 @@ constexpr const char* kReplicaKey = "ckpt-replica";  // a node's checkpoint repl
 // The loop's tag for the signalfd; the workers' output pipes are tagged with their fd, the
 // stacks service's descriptors with tags of its own (StacksService::owns).
 constexpr uint64_t kSignalTag = uint64_t{1} << 40;
+// The warm template: its imports (the first group waits for them, as cold workers would), one
+// fork's answer, and how many templates in a row may die before workers start cold for good.
+constexpr double kTemplateReadySeconds = 300;
+constexpr double kTemplateForkSeconds = 30;
+constexpr int kTemplateStartsInARow = 3;
 
 double unixNow() {
   timeval tv{};
@@ -141,6 +149,15 @@ struct Agent::Impl {
   std::vector<int> stream_fds;          // open output pipes of the current attempt
   std::vector<FailureDetail> failures;  // of the current attempt
   std::map<pid_t, FailureDetail> pendingExecFailures;
+  // Warm workers (--prewarm): the template, the environment it was started with, why workers
+  // start cold (each reason said once), and the phases of every restart.
+  std::unique_ptr<warm::WorkerTemplate> tmpl;
+  Environment tmpl_env;
+  std::optional<std::string> warm_off;  // set: no template for the rest of the run
+  int tmpl_deaths_in_a_row = 0;
+  int templates_started = 0;
+  std::set<std::string> cold_reasons_said;
+  warm::RestartClock restarts;
   bool done = false;
   int exit_code = 0;
 
@@ -242,6 +259,98 @@ struct Agent::Impl {
     });
     view.startMetrics();
     startCheckpointTier();
+    startTemplate();
+  }
+
+  // --prewarm: the template starts now, so that its imports overlap the rendezvous.
+  void startTemplate() {
+    if (cfg.options.prewarm.empty() || warm_off) return;
+    bool binds_memory = std::any_of(cfg.numa.begin(), cfg.numa.end(),
+                                    [](const NumaPlacement& p) { return !p.mem_nodes.empty(); });
+    if (auto why = warm::whyNotWarm(cfg.command, !cfg.python_origin.empty(), binds_memory)) {
+      warm_off = *why;
+      log::warn("--prewarm: every worker starts cold: {}", *why);
+      return;
+    }
+    // What every worker gets and the interpreter reads at start (OMP_NUM_THREADS), from a
+    // worker's environment as the first group will build it.
+    WorldAssignment sample;
+    sample.world_size = cfg.nproc;
+    WorkerContext ctx{0, cfg.nproc, 0, cfg.options.max_restarts, cfg.options.role, ""};
+    tmpl_env = warm::templateEnvironment(cfg.base_env,
+                                         buildWorkerEnv(cfg.base_env, sample, ctx, cfg.extra_env),
+                                         {{kMarkerEnv, watchdog.marker()}});
+    warm::TemplateOptions to;
+    to.python = cfg.command[0];
+    to.modules = cfg.options.prewarm;
+    to.envp = toEnvp(tmpl_env);
+    // A new log per template: one that died keeps its own for the reader.
+    to.log_path = run_dir + "/template_" + std::to_string(templates_started++) + ".log";
+    try {
+      tmpl = std::make_unique<warm::WorkerTemplate>(std::move(to));
+    } catch (const Error& e) {
+      warm_off = e.what();
+      log::warn("--prewarm: every worker starts cold: {}", e.what());
+      return;
+    }
+    watchdog.watchGroup(tmpl->pid());
+    log::debug("--prewarm: template pid {} importing {}", tmpl->pid(),
+               fmt::join(cfg.options.prewarm, ","));
+  }
+
+  // The template's pid, or -1: it is our child but neither a worker nor a stray.
+  pid_t templatePid() const { return tmpl && !tmpl->dead() ? tmpl->pid() : -1; }
+
+  void onTemplateExit(int wstatus) {
+    ExitStatus st = ExitStatus::fromWaitStatus(wstatus);
+    bool was_ready = tmpl->ready();
+    tmpl->onExited();
+    watchdog.unwatchGroup(tmpl->pid());
+    tmpl.reset();
+    if (done || warm_off) return;
+    if (++tmpl_deaths_in_a_row > kTemplateStartsInARow) {
+      warm_off = fmt::format("{} templates in a row died", kTemplateStartsInARow);
+      log::warn("--prewarm: the template died ({}); {}: every worker starts cold from now on",
+                st.describe(), *warm_off);
+      return;
+    }
+    log::warn("--prewarm: the template ({}) died: {}; starting a new one",
+              was_ready ? "ready" : "importing", st.describe());
+    startTemplate();
+  }
+
+  void sayColdOnce(const std::string& why) {
+    if (cold_reasons_said.size() < 16 && cold_reasons_said.insert(why).second)
+      log::warn("--prewarm: starting cold: {}", why);
+  }
+
+  // One worker from the template, or pid -1 (it starts cold).
+  SpawnedProcess spawnWarm(const std::vector<std::string>& argv, const Environment& env,
+                           const SpawnOptions& so) {
+    if (!tmpl || warm_off) return {};
+    std::string why;
+    if (!tmpl->awaitReady(kTemplateReadySeconds, &why)) {
+      warm_off = why;
+      log::warn("--prewarm: every worker starts cold: {}", why);
+      tmpl.reset();  // killed here, reaped by the loop
+      return {};
+    }
+    if (auto diff = warm::startupDifference(tmpl_env, env)) {
+      sayColdOnce("a variable read at start differs (" + *diff + ")");
+      return {};
+    }
+    SpawnedProcess p = spawnFromTemplate(*tmpl, argv, toEnvp(env), kHeartbeatFdEnv, so,
+                                         kTemplateForkSeconds, &why);
+    if (p.pid < 0) {
+      sayColdOnce(why);
+      if (!tmpl->ready()) {
+        tmpl.reset();
+        startTemplate();  // for the next group; this one's workers start cold
+      }
+    } else {
+      tmpl_deaths_in_a_row = 0;
+    }
+    return p;
   }
 
   // Checkpoints in memory (docs/checkpoints.md): on unless --checkpoint-memory=0. An automatic
@@ -277,6 +386,7 @@ struct Agent::Impl {
     if (done) return;
     if (w) {
       world = *w;
+      restarts.onFormed(unixNow());
       stacks->setGroup(stacksGroup());
       execute(sup.onRendezvousComplete(world.restart_count));
     } else {
@@ -288,6 +398,7 @@ struct Agent::Impl {
   void onRoundEnded(int64_t round, const std::string& reason) {
     if (done || round != world.round || sup.phase() != Phase::kRunning) return;  // stale
     log::warn("round {} ended: {}; stopping workers to re-form the group", round, reason);
+    restarts.onFailure(unixNow());
     execute(sup.onMembershipChange());
   }
 
@@ -325,7 +436,7 @@ struct Agent::Impl {
   std::vector<pid_t> strayChildren() const {
     std::vector<pid_t> out;
     for (pid_t p : childrenOf(getpid())) {
-      if (p == watchdog.pid()) continue;
+      if (p == watchdog.pid() || p == templatePid()) continue;
       bool worker = std::any_of(workers.begin(), workers.end(),
                                 [&](const Worker& w) { return w.pid == p && w.alive; });
       if (!worker) out.push_back(p);
@@ -361,6 +472,12 @@ struct Agent::Impl {
       readings.push_back({w.state(), w.step(), w.waited(), checkpointBytes(w.global_rank)});
     }
     view.maybeUpdate(readings, progress, now);  // also publishes the node's status for the job
+    if (!workers.empty()) {
+      std::vector<uint64_t> steps;
+      for (const auto& w : workers) steps.push_back(w.step());
+      if (auto r = restarts.onSteps(now, steps))
+        log::info("restart {}: {}", r->restart, r->describe());
+    }
     runAfterStartHooks(now);
     view.reportStragglers(progress, now);
     // While a hang's stacks are being taken, the group is about to stop: no second response.
@@ -381,6 +498,7 @@ struct Agent::Impl {
   // Ranks made no progress past their limits: every node's stacks are saved (off this thread),
   // the hung ones and the likely culprit named, then the group stopped as for a failure.
   void onHangs(const std::vector<Hang>& hangs, double now) {
+    restarts.onFailure(now);
     std::string why = hang_response.begin(hangs, now, workerStates(), attemptDir(),
                                           world.group_rank, progress, view.metrics());
     const int hung_attempt = attempt;
@@ -482,6 +600,10 @@ struct Agent::Impl {
   void printSummary() {
     for (const auto& s : progress.newStragglers())  // judged once more on the final steps
       log::warn("straggler on {}: {}", cfg.host, s.describe());
+    restarts.onGroupEnded();
+    if (!restarts.completed().empty())
+      log::info("where each restart's time went (from the failure to every rank's first step):{}",
+                restarts.summary());
     if (progress.ranks().empty() || !log::logger().should_log(spdlog::level::info)) return;
     int threads = 0;
     auto omp = cfg.base_env.find(torchrun_env::kOmpNumThreads);
@@ -502,7 +624,7 @@ struct Agent::Impl {
       else
         cgroup->killAttempt();
     }
-    killMarkedProcesses(watchdog.marker());
+    killMarkedProcesses(watchdog.marker(), templatePid());
     for (pid_t p : strayChildren()) kill(p, SIGKILL);
   }
 
@@ -562,6 +684,7 @@ struct Agent::Impl {
       if (world.group_world_size > 1) startReplicas(ranks);
     }
     std::vector<SpawnedProcess> spawned;
+    int warm_count = 0, cold_count = 0;
     for (int lr = 0; lr < cfg.nproc; ++lr) {
       std::string dir = rankDir(lr);
       makePrivateDirs(run_dir, dir);
@@ -607,7 +730,14 @@ struct Agent::Impl {
             std::max<int>(20, console_size->ws_col - static_cast<int>(prefix.size())));
         so.rows = console_size->ws_row;
       }
-      SpawnedProcess p = spawnProcess(substituteLocalRank(cfg.command, lr), toEnvp(env), so);
+      auto argv = substituteLocalRank(cfg.command, lr);
+      SpawnedProcess p = spawnWarm(argv, env, so);
+      if (p.pid > 0) {
+        ++warm_count;
+      } else {
+        p = spawnProcess(argv, toEnvp(env), so);
+        ++cold_count;
+      }
       w.pid = p.pid;
       w.alive = true;
       pgids.push_back(p.pid);
@@ -637,6 +767,11 @@ struct Agent::Impl {
         pendingExecFailures[workers[lr].pid] = d;
       }
     }
+    restarts.onStarted(unixNow(), warm_count, cold_count);
+    if (warm_count > 0 && attempt == 0)
+      log::info("--prewarm: {} of {} worker(s) forked from the template ({} imported in {:.2f}s)",
+                warm_count, cfg.nproc, fmt::join(cfg.options.prewarm, ","),
+                tmpl ? tmpl->importSeconds() : 0.0);
     rdzv.workersStarted();
     runAfterStartHooks(unixNow());  // those due at once (the manifest, a deferred preflight)
   }
@@ -742,6 +877,7 @@ struct Agent::Impl {
   }
 
   void onChildExit(pid_t pid, int wstatus, const rusage& usage) {
+    if (pid == templatePid()) return onTemplateExit(wstatus);
     auto it = std::find_if(workers.begin(), workers.end(),
                            [&](const Worker& w) { return w.pid == pid && w.alive; });
     if (it == workers.end()) return;  // a reparented grandchild or the watchdog: just reaped
@@ -773,10 +909,14 @@ struct Agent::Impl {
       d.error_file_kept = !temp_base;
       d.stderr_tail = router.stderrTail(w.local_rank);
       failures.push_back(std::move(d));
-      if (!stopping)
+      if (!stopping) {
         log::error("worker rank {} (local rank {}, pid {}) failed: {}", w.global_rank, w.local_rank,
                    pid, st.describe());
+        restarts.onFailure(exit_time);
+      }
     }
+    if (std::none_of(workers.begin(), workers.end(), [](const Worker& x) { return x.alive; }))
+      restarts.onStopped(now);
     stacks->setGroup(stacksGroup());
     execute(sup.onWorkerExit(w.local_rank, pid, st, now));
   }
@@ -828,6 +968,7 @@ struct Agent::Impl {
   }
 
   void finish() {
+    tmpl.reset();  // its socket closed and its group SIGKILLed; reaped below
     for (pid_t g : pgids) kill(-g, SIGKILL);
     pgids.clear();
     for (int fd : std::vector<int>(stream_fds)) {

@@ -16,6 +16,7 @@
 
 #include "common/errors.h"
 #include "launcher/agent/child_process.h"
+#include "launcher/warm/worker_template.h"
 
 namespace ddpl::launcher {
 namespace {
@@ -155,6 +156,43 @@ SpawnedProcess spawnProcess(const std::vector<std::string>& argv,
   fcntl(out[0], F_SETFL, O_NONBLOCK);
   fcntl(err[0], F_SETFL, O_NONBLOCK);
   return {pid, out[0], err[0], status[0]};
+}
+
+SpawnedProcess spawnFromTemplate(warm::WorkerTemplate& tmpl, const std::vector<std::string>& argv,
+                                 const std::vector<std::string>& envp,
+                                 const std::string& heartbeat_env, const SpawnOptions& options,
+                                 double timeout_sec, std::string* why) {
+  int out[2] = {-1, -1}, err[2] = {-1, -1};
+  winsize size{};
+  size.ws_col = options.columns;
+  size.ws_row = options.rows;
+  if (!openStream(options.stdout_terminal, out, size) ||
+      !openStream(options.stderr_terminal, err, size)) {
+    int e = errno;
+    for (int fd : {out[0], out[1], err[0], err[1]})
+      if (fd >= 0) close(fd);
+    throw Error(std::string("cannot create pipes for a worker: ") + std::strerror(e));
+  }
+  warm::WarmSpawn req;
+  req.argv = argv;
+  req.envp = envp;
+  req.cpus = options.cpus;
+  req.stdout_fd = out[1];
+  req.stderr_fd = err[1];
+  req.heartbeat_fd = options.inherit_fd;
+  req.heartbeat_env = heartbeat_env;
+  req.cgroup_procs_fd = options.cgroup_procs_fd;
+  auto pid = tmpl.spawn(req, timeout_sec, why);
+  close(out[1]);
+  close(err[1]);
+  if (!pid) {
+    close(out[0]);
+    close(err[0]);
+    return {};
+  }
+  fcntl(out[0], F_SETFL, O_NONBLOCK);
+  fcntl(err[0], F_SETFL, O_NONBLOCK);
+  return {*pid, out[0], err[0], -1};
 }
 
 int awaitExec(SpawnedProcess& p) {

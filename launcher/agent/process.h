@@ -7,6 +7,9 @@
 #include <vector>
 
 namespace ddpl::launcher {
+namespace warm {
+class WorkerTemplate;
+}
 
 struct SpawnedProcess {
   pid_t pid = -1;      // also the process group id
@@ -35,6 +38,15 @@ struct SpawnOptions {
 // reported by awaitExec. Pipes are non-blocking and close-on-exec on the launcher's side.
 SpawnedProcess spawnProcess(const std::vector<std::string>& argv,
                             const std::vector<std::string>& envp, const SpawnOptions& options = {});
+
+// The same worker forked from the warm template (launcher/warm/worker_template.h) instead, with
+// the same streams, heartbeat, cgroup and CPUs (not `mem_nodes`: warm_plan.h keeps such workers
+// cold). pid -1 and `why` when the template could not: the caller starts the worker cold.
+// `heartbeat_env`: the variable that names the heartbeat descriptor (its number changes).
+SpawnedProcess spawnFromTemplate(warm::WorkerTemplate& tmpl, const std::vector<std::string>& argv,
+                                 const std::vector<std::string>& envp,
+                                 const std::string& heartbeat_env, const SpawnOptions& options,
+                                 double timeout_sec, std::string* why);
 
 // Waits for the child's exec to succeed or fail (bounded: exec either happens or fails within
 // the child's first instructions). Returns 0 on success or the errno of the failed exec.

@@ -94,7 +94,7 @@ bool environHas(pid_t pid, const std::string& needle) {
 
 }  // namespace
 
-int killMarkedProcesses(const std::string& marker) {
+int killMarkedProcesses(const std::string& marker, pid_t spare) {
   std::string needle = std::string(kMarkerEnv) + "=" + marker;
   pid_t self = getpid();
   int killed = 0;
@@ -103,7 +103,7 @@ int killMarkedProcesses(const std::string& marker) {
   while (dirent* e = readdir(d)) {
     if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
     pid_t pid = std::atoi(e->d_name);
-    if (pid == self) continue;
+    if (pid == self || pid == spare) continue;
     if (environHas(pid, needle) && kill(pid, SIGKILL) == 0) ++killed;
   }
   closedir(d);

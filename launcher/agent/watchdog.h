@@ -45,8 +45,9 @@ class Watchdog {
   pid_t pid_ = -1;
 };
 
-// SIGKILLs every process (other than the caller) whose initial environment holds
-// kMarkerEnv=marker. Returns how many were signalled.
-int killMarkedProcesses(const std::string& marker);
+// SIGKILLs every process (other than the caller and `spare`, the warm template that carries the
+// marker for the workers it forks) whose initial environment holds kMarkerEnv=marker. Returns
+// how many were signalled.
+int killMarkedProcesses(const std::string& marker, pid_t spare = -1);
 
 }  // namespace ddpl::launcher

@@ -8,6 +8,7 @@
 #include "common/parse.h"
 #include "launcher/cli/cli.h"
 #include "launcher/cli/values.h"
+#include "launcher/warm/warm_plan.h"
 
 namespace ddpl::launcher::cli {
 namespace {
@@ -244,6 +245,13 @@ const std::vector<Flag>& flags() {
        [](auto& f, auto& v, auto& o) {
          o.checkpoint_drain_timeout_sec = parseNumber(f, v, 0, 1e6);
        }},
+      {{"--prewarm"},
+       true,
+       "MODULES",
+       "import these Python modules (e.g. torch) once, in a template process, and fork every "
+       "Python worker, first starts and restarts alike, from it: a restart skips the imports. "
+       "Falls back to cold starts, saying why, where forking is unsafe (docs/warm-restarts.md)",
+       [](auto& f, auto& v, auto& o) { o.prewarm = warm::parseModules(f, v); }},
       {{"--log-dir"},
        true,
        "DIR",

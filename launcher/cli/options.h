@@ -128,6 +128,10 @@ struct LaunchOptions {
   std::string checkpoint_dir;                 // the durable directory when the program names none
   double checkpoint_drain_timeout_sec = 120;  // at exit: the wait for persistence in progress
 
+  // Warm workers (launcher/warm/, docs/warm-restarts.md): the modules a template process imports
+  // once; Python workers are forked from it. Empty: every worker starts cold.
+  std::vector<std::string> prewarm;
+
   // Placement.
   NumaBinding numa_binding = NumaBinding::kNone;
   std::string start_method = "spawn";  // accepted; every worker is a fork+exec'd process
