@@ -7,7 +7,7 @@ ddpl_add_test(NAME launcher_unit_test
     unit/etcd_config_test.cc unit/file_io_test.cc unit/rdzv_token_test.cc unit/containment_test.cc
     unit/child_process_test.cc
     unit/event_loop_test.cc unit/hang_responder_test.cc unit/stacks_service_test.cc
-    unit/checkpoint_tier_test.cc
+    unit/checkpoint_tier_test.cc unit/warm_plan_test.cc unit/restart_phases_test.cc
   LIBS ddpl_launcher ddpl_test_util LABELS unit TIMEOUT 60)
 
 # Integration and fault tests run the real `launch` binary.
@@ -51,6 +51,12 @@ if(NOT DDPL_SANITIZED_SUBSET)
   set_target_properties(ddpl_test_slow_disk PROPERTIES
     LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests/slow_disk)
   target_link_libraries(ddpl_test_slow_disk PRIVATE ${CMAKE_DL_LIBS})
+
+  # Issue 30: workers forked from the warm template (--prewarm) against cold ones.
+  ddpl_add_test(NAME warm_worker_test
+    SOURCES integration/warm_worker_test.cc LIBS ddpl_test_util nlohmann_json::nlohmann_json
+    LABELS python TIMEOUT 400 PROCESSORS 2 COST 30)
+  add_dependencies(warm_worker_test launch)
 
   # --rdzv-backend=etcd against real etcd servers the test starts (skipped without etcd).
   ddpl_add_test(NAME etcd_rendezvous_test
