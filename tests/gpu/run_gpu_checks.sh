@@ -17,6 +17,8 @@
 #   throughput  ddp_resnet's ResNet-50 (224x224 synthetic, bf16, channels-last) against the same
 #               network in PyTorch's own DDP under torchrun, images/s side by side
 #   scaler      the C++ GradScaler in fp16 on CUDA against torch.amp.GradScaler, step by step
+#   prewarm     workers forked from the warm template (--prewarm=torch) run NCCL on the GPUs, and
+#               again after a restart; a template whose imports initialised CUDA is refused
 #   autobatch   a real CUDA out-of-memory error: ddp_resnet --auto-batch with a ResNet-50 micro-
 #               batch of 4096 224x224 images (hundreds of GB of activations in fp32) must shrink
 #               until it fits and finish the step with the global batch unchanged
@@ -33,6 +35,7 @@ PREFIX=${DDPL_KIT_PREFIX:-/tmp/ddpl-kit}
 BUILD=${DDPL_GPU_BUILD:-/tmp/ddpl-gpu-build}
 JOBS=$(nproc)
 STEPS_JSON="$OUT/steps.jsonl"
+FAILED_STEPS=""
 : > "$STEPS_JSON"
 
 summary() {  # summary STATUS: writes OUT_DIR/summary.json from the steps so far
@@ -64,6 +67,13 @@ step() {
   if [ "$rc" -ne 0 ]; then
     echo "FAILED: $name (exit $rc after ${seconds}s; ${limit}s allowed); the end of $OUT/$name.log:"
     tail -n 40 "$OUT/$name.log"
+    # DDPL_GPU_KEEP_GOING=1: the checks after a failed one still run (a device lent once, for
+    # minutes, should answer every question it can); the build and unpack always stop the run.
+    if [ "${DDPL_GPU_KEEP_GOING:-0}" = 1 ] && [ "$name" != build ] && [ "$name" != unpack ]; then
+      FAILED_STEPS="$FAILED_STEPS $name"
+      summary running
+      return 0
+    fi
     summary failed
     exit 1
   fi
@@ -197,7 +207,26 @@ print(f"out of memory at micro-batch {batch}: {s['oom_switches']} switch(es) to 
 PYEOF
 }
 
-export -f unpack configure_and_build check_gpus check_nccl check_train check_throughput check_scaler check_autobatch
+check_prewarm() {
+  # Workers forked from the warm template (--prewarm=torch) use CUDA and NCCL, first start and
+  # restart alike; a template whose imports initialised CUDA is refused and workers start cold.
+  local out
+  out=$(PYTHON_EXEC="$PY" "$LAUNCH" --nproc-per-node=gpu --prewarm=torch --max-restarts=1 \
+    "$ROOT/tests/gpu/warm_cuda.py" 2>&1) || { echo "$out"; return 1; }
+  echo "$out"
+  grep -q "forked from the template" <<< "$out" || { echo "no worker was forked"; return 1; }
+  [ "$(grep -c "warm cuda ok rank 0 attempt 1" <<< "$out")" -eq 1 ] || { echo "no warm restart"; return 1; }
+  local phases
+  phases=$(grep -o "restart 1: stop.*" <<< "$out" | head -n 1)
+  [ -n "$phases" ] || { echo "no restart phases"; return 1; }
+  out=$(PYTHON_EXEC="$PY" PYTHONPATH="$ROOT/tests/gpu" "$LAUNCH" --nproc-per-node=gpu \
+    --prewarm=torch,cuda_at_import "$ROOT/tests/gpu/warm_cuda.py" 2>&1) || { echo "$out"; return 1; }
+  echo "$out"
+  grep -q "every worker starts cold: CUDA was initialised" <<< "$out" || { echo "no CUDA fallback"; return 1; }
+  echo "NCCL on $GPUS GPU(s) from forked workers, restart warm ($phases); CUDA-at-import falls back cold" > "$OUT/prewarm.detail"
+}
+
+export -f unpack configure_and_build check_gpus check_nccl check_train check_throughput check_scaler check_autobatch check_prewarm
 export ROOT OUT PY KIT PREFIX BUILD JOBS LAUNCH GPUS
 step unpack 60 unpack
 step build 420 configure_and_build
@@ -212,5 +241,11 @@ step train 240 check_train
 step throughput 300 check_throughput
 step scaler 60 check_scaler
 step autobatch 180 check_autobatch
+step prewarm 120 check_prewarm
+if [ -n "$FAILED_STEPS" ]; then
+  summary failed
+  echo "GPU checks failed:$FAILED_STEPS ($OUT/summary.json)"
+  exit 1
+fi
 summary passed
 echo "all GPU checks passed: $OUT/summary.json"

@@ -1,0 +1,205 @@
+"""Issue 30's figures, side by side in one run: torchrun, launch (cold) and launch --prewarm=torch
+on the same Python Gloo DDP job (bench/warm_train.py).
+
+  resume     2 and 4 ranks, one worker SIGKILLed at a chosen step: seconds from the kill to the
+             first step the restarted job completed (every rank), and the steps redone. torchrun
+             checkpoints to disk (torch.save + fsync, rank 0), launch to its memory tier.
+  goodput    a job of --goodput-seconds with a random worker SIGKILLed every --kill-every seconds:
+             useful steps as a fraction of the same job's without failures (torchrun with disk
+             checkpoints every --disk-every steps, launch warm with memory checkpoints every step).
+  first      time from the launcher's start until every rank has imported torch and entered main.
+
+    warm_restart_bench.py --build build [--rounds 3] [--ranks 2 4] [--parts resume first goodput]
+
+Prints one line per figure (medians and spreads over the rounds) and the ratios.
+"""
+import argparse
+import glob
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PY = os.path.join(ROOT, ".venv", "bin", "python")
+TRAIN = os.path.join(ROOT, "bench", "warm_train.py")
+
+
+def read_events(d):
+    out = {}
+    for path in glob.glob(os.path.join(d, "rank*.log")):
+        rank = int(os.path.basename(path)[4:-4])
+        rows = []
+        for line in open(path):
+            t, what, *v = line.split()
+            rows.append((float(t), what, int(v[0]) if v else None))
+        out[rank] = rows
+    return out
+
+
+def command(kind, nproc, args, tmp, max_restarts=1):
+    if kind == "torchrun":
+        return [os.path.join(ROOT, ".venv", "bin", "torchrun"), "--standalone",
+                f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
+                "--monitor-interval=0.1", TRAIN] + args
+    cmd = [os.path.join(BUILD, "bin", "launch"), "--standalone", f"--nproc-per-node={nproc}",
+           f"--max-restarts={max_restarts}", "--log-dir", os.path.join(tmp, "logs")]
+    if kind == "warm":
+        cmd.append("--prewarm=torch")
+    return cmd + [TRAIN] + args
+
+
+def run_job(kind, nproc, args, tmp, env_extra=None, max_restarts=1, killer=None, timeout=600):
+    events = os.path.join(tmp, "events")
+    shutil.rmtree(events, ignore_errors=True)
+    os.makedirs(events)
+    env = dict(os.environ, BENCH_EVENTS=events, PYTHON_EXEC=PY, OMP_NUM_THREADS="1",
+               PYTHONUNBUFFERED="1")
+    env.update(env_extra or {})
+    log = open(os.path.join(tmp, f"{kind}.out"), "w")
+    t0 = time.time()
+    p = subprocess.Popen(command(kind, nproc, args, tmp, max_restarts), env=env, stdout=log,
+                         stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        if killer:
+            killer(p, events)
+        rc = p.wait(timeout=timeout)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        log.close()
+    if rc != 0:
+        sys.exit(f"{kind} job failed (exit {rc}); its output: {log.name}\n" +
+                 open(log.name).read()[-3000:])
+    return t0, read_events(events)
+
+
+def resume_round(kind, nproc, tmp, kill_step=15):
+    ckpt = "disk" if kind == "torchrun" else "memory"
+    d = os.path.join(tmp, "ckpt")
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    _, ev = run_job(kind, nproc, ["--steps", str(kill_step + 10), "--ckpt", ckpt, "--dir", d,
+                                  "--ckpt-every", "5", "--kill-at", f"{kill_step}:{nproc - 1}"],
+                    tmp)
+    kill_t = min(t for rows in ev.values() for t, w, _ in rows if w == "kill")
+    # Each rank's first step completed after its last resume; the job's is the slowest rank's.
+    firsts, resumed = [], None
+    for rows in ev.values():
+        last_resume = max(i for i, r in enumerate(rows) if r[1] == "resume")
+        resumed = rows[last_resume][2]
+        firsts.append(next(t for t, w, _ in rows[last_resume:] if w == "step"))
+    return max(firsts) - kill_t, kill_step - resumed
+
+
+def first_round(kind, nproc, tmp):
+    t0, ev = run_job(kind, nproc, ["--steps", "1", "--ckpt", "disk", "--dir", tmp,
+                                   "--ckpt-every", "0"], tmp)
+    return max(next(t for t, w, _ in rows if w == "main") for rows in ev.values()) - t0
+
+
+def goodput_round(kind, nproc, tmp, seconds, kill_every, disk_every, failures, seed):
+    ckpt = "disk" if kind == "torchrun" else "memory"
+    every = disk_every if kind == "torchrun" else 1
+    d = os.path.join(tmp, "ckpt")
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    rng = random.Random(seed)
+    kills = []
+
+    def killer(p, events):
+        # The job's clock starts at the launcher's start; a kill every kill_every seconds.
+        start = time.time()
+        n = 1
+        while p.poll() is None and time.time() - start < seconds:
+            if time.time() - start >= n * kill_every:
+                n += 1
+                ev = read_events(events)
+                # The newest pid of each rank (a restarted rank writes a new `main` line).
+                pids = [max((t, v) for t, w, v in rows if w == "main")[1] for rows in ev.values()
+                        if any(w == "main" for _, w, _ in rows)]
+                if pids:
+                    victim = rng.choice(sorted(pids))
+                    try:
+                        os.kill(victim, signal.SIGKILL)
+                        kills.append(time.time())
+                    except ProcessLookupError:
+                        pass
+            time.sleep(0.05)
+
+    deadline = time.time() + seconds
+    _, ev = run_job(kind, nproc, ["--deadline", f"{deadline:.3f}", "--ckpt", ckpt, "--dir", d,
+                                  "--ckpt-every", str(every)], tmp, max_restarts=100,
+                    killer=killer if failures else None, timeout=seconds + 300)
+    # Useful steps: the last step the job completed (steps redone after a restart count once).
+    done = min(max((v for _, w, v in rows if w == "step"), default=-1) for rows in ev.values())
+    return done + 1, len(kills)
+
+
+def spread(v, fmt="{:.2f}"):
+    return f"{fmt.format(statistics.median(v))} ({fmt.format(min(v))}-{fmt.format(max(v))})"
+
+
+def main():
+    global BUILD
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--parts", nargs="+", default=["resume", "first", "goodput"])
+    ap.add_argument("--goodput-seconds", type=float, default=150)
+    ap.add_argument("--kill-every", type=float, default=30)
+    ap.add_argument("--disk-every", type=int, default=20)
+    ap.add_argument("--goodput-ranks", type=int, default=4)
+    a = ap.parse_args()
+    BUILD = os.path.abspath(a.build)
+    kinds = ["torchrun", "cold", "warm"]
+    tmp = tempfile.mkdtemp(prefix="ddpl-warm-bench-")
+    try:
+        if "resume" in a.parts:
+            for nproc in a.ranks:
+                got = {k: [] for k in kinds}
+                for _ in range(a.rounds):
+                    for k in kinds:  # interleaved: the machine's drift hits every kind alike
+                        got[k].append(resume_round(k, nproc, tmp))
+                secs = {k: [s for s, _ in v] for k, v in got.items()}
+                redone = {k: sorted({r for _, r in v}) for k, v in got.items()}
+                ratios = [t / w for t, w in zip(secs["torchrun"], secs["warm"])]
+                print(f"resume ranks={nproc} " + " ".join(
+                    f"{k}_s={spread(secs[k])} {k}_redone={redone[k]}" for k in kinds) +
+                    f" torchrun/warm={spread(ratios)}x torchrun/cold="
+                    f"{spread([t / c for t, c in zip(secs['torchrun'], secs['cold'])])}x",
+                    flush=True)
+        if "first" in a.parts:
+            for nproc in a.ranks:
+                got = {k: [] for k in kinds}
+                for _ in range(a.rounds):
+                    for k in kinds:
+                        got[k].append(first_round(k, nproc, tmp))
+                print(f"first ranks={nproc} " + " ".join(f"{k}_s={spread(got[k])}" for k in kinds) +
+                      f" torchrun/warm={spread([t / w for t, w in zip(got['torchrun'], got['warm'])])}x",
+                      flush=True)
+        if "goodput" in a.parts:
+            n = a.goodput_ranks
+            res = {}
+            for k in ("torchrun", "warm"):
+                clean, _ = goodput_round(k, n, tmp, a.goodput_seconds, a.kill_every, a.disk_every,
+                                         False, 0)
+                faulty, kills = goodput_round(k, n, tmp, a.goodput_seconds, a.kill_every,
+                                              a.disk_every, True, 1)
+                res[k] = (clean, faulty, kills)
+                print(f"goodput {k} ranks={n} seconds={a.goodput_seconds:.0f} steps_clean={clean} "
+                      f"steps_with_failures={faulty} kills={kills} goodput={faulty / clean:.3f}",
+                      flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
