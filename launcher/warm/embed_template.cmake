@@ -9,5 +9,5 @@ file(WRITE "${OUT}.tmp" "// Generated from launcher/warm/template.py by embed_te
   "namespace ddpl::launcher::warm {\n"
   "const char* templateSource() {\n  return R\"ddpl_template(${source})ddpl_template\";\n}\n"
   "}  // namespace ddpl::launcher::warm\n")
-file(COPY_FILE "${OUT}.tmp" "${OUT}" ONLY_IF_DIFFERENT)
+configure_file("${OUT}.tmp" "${OUT}" COPYONLY)  # rewritten only when it changed
 file(REMOVE "${OUT}.tmp")

@@ -34,10 +34,18 @@ def _threads():
 def _unsafe_reason(modules):
     """Why forking this interpreter would not give a worker what a cold start gives, or None."""
     n = _threads()
+    if n > 1 and threading.active_count() == 1:
+        # Native pools that stop in their own pthread_atfork handler (OpenBLAS's, started by
+        # numpy's import unless OMP_NUM_THREADS=1) are safe to fork: a trial fork stops them,
+        # and they start again at their next use. Threads still running after it are not.
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        n = _threads()
     if n > 1 or threading.active_count() > 1:
-        return (f"the template has {n} threads after importing {', '.join(modules)} (a thread pool "
-                "started at import, e.g. OpenBLAS's: OMP_NUM_THREADS=1 or OPENBLAS_NUM_THREADS=1 "
-                "stops it); forking a process with threads is unsafe")
+        return (f"the template has {n} threads after importing {', '.join(modules)}, and a fork "
+                "did not stop them; forking a process with threads is unsafe")
     torch = sys.modules.get("torch")
     if torch is not None:
         try:

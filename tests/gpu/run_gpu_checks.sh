@@ -236,12 +236,12 @@ if [ "${DDPL_GPU_BUILD_ONLY:-0}" = 1 ]; then  # scripts/gpu_kit_check.sh: the bu
   exit 0
 fi
 step gpus 60 check_gpus
+step prewarm 120 check_prewarm
 step nccl 240 check_nccl
 step train 240 check_train
 step throughput 300 check_throughput
 step scaler 60 check_scaler
 step autobatch 180 check_autobatch
-step prewarm 120 check_prewarm
 if [ -n "$FAILED_STEPS" ]; then
   summary failed
   echo "GPU checks failed:$FAILED_STEPS ($OUT/summary.json)"
