@@ -294,6 +294,10 @@ struct Agent::Impl {
       return;
     }
     watchdog.watchGroup(tmpl->pid());
+    // Workers are forked by the template, not by launch: what waited for the forks to be done
+    // (the embedded store's gRPC libraries) loads now, while the template imports, instead of
+    // after the first group's forks, when warm workers would wait for it.
+    rdzv.workersStarted();
     log::debug("--prewarm: template pid {} importing {}", tmpl->pid(),
                fmt::join(cfg.options.prewarm, ","));
   }

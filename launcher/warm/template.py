@@ -22,6 +22,10 @@ import threading
 _CONTROL_FD = 3
 _MAX_MESSAGE = 8 << 20  # launch refuses larger requests before sending (EMSGSIZE)
 _FILE = "<ddplaunch warm template>"
+# What a module loads only at first use, and every training program of it uses: torch's compiler
+# stack (over 800 modules, 1.3 s here) is imported by DistributedDataParallel's constructor and by
+# torch.compile. Importing it in the template is what makes a DDP worker's restart warm.
+_LAZY = {"torch": ("torch._dynamo",)}
 
 
 def _threads():
@@ -46,6 +50,14 @@ def _unsafe_reason(modules):
     if n > 1 or threading.active_count() > 1:
         return (f"the template has {n} threads after importing {', '.join(modules)}, and a fork "
                 "did not stop them; forking a process with threads is unsafe")
+    try:
+        with open("/proc/self/maps") as f:
+            if any("libcuda.so" in line for line in f):
+                return ("the CUDA driver was loaded while importing the modules (a call such as "
+                        "torch.cuda.is_available() or device_count() initialises it); a forked "
+                        "worker could not use it")
+    except OSError:
+        pass
     torch = sys.modules.get("torch")
     if torch is not None:
         try:
@@ -238,13 +250,25 @@ def serve(modules):
     _template_pid = os.getpid()
     control = socket.socket(fileno=_CONTROL_FD)
     launch_pid = os.getppid()
+    # torch.cuda.is_available() during an import asks NVML instead of initialising the CUDA
+    # driver (which a fork could not use): torch's own switch, for the imports only.
+    nvml_check = "PYTORCH_NVML_BASED_CUDA_CHECK" not in os.environ
+    if nvml_check:
+        os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
     try:
         import importlib
         for m in modules:
             importlib.import_module(m)
+            for lazy in _LAZY.get(m, ()):
+                try:
+                    importlib.import_module(lazy)
+                except Exception:  # a torch built without it: the workers do without it too
+                    pass
         why = _unsafe_reason(modules)
     except BaseException as e:  # an import that fails here would fail in every worker too
         why = f"importing the modules failed: {type(e).__name__}: {e}"
+    if nvml_check:
+        del os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"]
     if why:
         _send(control, {"ready": False, "why": why})
         return None
