@@ -7,7 +7,8 @@
 # runs the checks below, each timed and logged in OUT_DIR/<step>.log. OUT_DIR/summary.json says
 # what ran, how long and with what result, and is written after every step, so that a run cut
 # short still tells how far it got. Exits non-zero at the first failed check.
-#   build       the kit's build: no gRPC, header-only logging, no MPI, no test suite
+#   build       the kit's build of launch: no gRPC, header-only logging, no MPI, no test suite
+#   build_worker  worker_rank and ddp_resnet against the host's LibTorch (every error at once)
 #   gpus        launch --nproc-per-node=gpu starts one rank per GPU (NVML); asking for more
 #               ranks than GPUs gives the "NCCL refuses two ranks on one GPU" warning
 #   nccl        the worker library over NCCL: DDP against one process (plain, no_sync,
@@ -112,11 +113,14 @@ configure_and_build() {
   # launcher/agent/process.cc without <cstdint>. Until every file includes what it uses, the
   # headers GCC 13 stopped including come first in every file (precompiled headers off: a
   # header forced in ahead of one makes GCC ignore it anyway).
-  local GCC13_FLAGS=()
+  local cxx_flags="" extra=()
   if ! "${CXX:-c++}" -dumpversion 2>/dev/null | awk -F. '{ exit !($1 < 13) }'; then
-    GCC13_FLAGS=(-DCMAKE_DISABLE_PRECOMPILE_HEADERS=ON
-      "-DCMAKE_CXX_FLAGS=-include cstdint -include cstdio -include cstdlib -include string -include system_error")
+    cxx_flags="-include cstdint -include cstdio -include cstdlib -include string -include system_error"
+    extra=(-DCMAKE_DISABLE_PRECOMPILE_HEADERS=ON)
   fi
+  # torch's CUDA 13 wheels ship cuda_runtime.h without the crt/ headers it includes (the second
+  # lent run stopped there): the host toolkit's, searched only after every other directory.
+  [ -d /usr/local/cuda/include/crt ] && cxx_flags="$cxx_flags -idirafter /usr/local/cuda/include"
   torch_prefix=$("$PY" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)') || return 1
   "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
   cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
@@ -127,8 +131,14 @@ configure_and_build() {
     -DDDPL_LIBDW_INCLUDE="$PREFIX/usr/include" -DDDPL_LIBDW="$arch/libdw.so" \
     -DDDPL_WITH_GRPC=OFF -DDDPL_WITH_MPI=OFF -DDDPL_HEADER_ONLY_LOGGING=ON \
     -DDDPL_BUILD_TESTS=OFF -DDDPL_BUILD_BENCH=OFF -DDDPL_BUILD_GPU_CHECKS=ON \
-    "${GCC13_FLAGS[@]}" || return 1
-  cmake --build "$BUILD" -j"$JOBS" --target launch worker_rank ddp_resnet
+    "-DCMAKE_CXX_FLAGS=$cxx_flags" "${extra[@]}" || return 1
+  # launch first (no LibTorch): the checks that need only it still run when the LibTorch
+  # programs do not build against this host's torch.
+  cmake --build "$BUILD" -j"$JOBS" --target launch
+}
+
+build_worker() {  # every error at once (-k 0): one lent run should show them all
+  cmake --build "$BUILD" -j"$JOBS" --target worker_rank ddp_resnet -- -k 0
 }
 
 LAUNCH=$BUILD/bin/launch
@@ -242,17 +252,19 @@ check_prewarm() {
   echo "NCCL on $GPUS GPU(s) from forked workers, restart warm ($phases); CUDA initialised at import falls back cold; is_available() at import stays warm" > "$OUT/prewarm.detail"
 }
 
-export -f unpack configure_and_build check_gpus check_nccl check_train check_throughput check_scaler check_autobatch check_prewarm
+export -f unpack configure_and_build build_worker check_gpus check_nccl check_train check_throughput check_scaler check_autobatch check_prewarm
 export ROOT OUT PY KIT PREFIX BUILD JOBS LAUNCH GPUS
 step unpack 60 unpack
-step build 420 configure_and_build
+step build 300 configure_and_build
 if [ "${DDPL_GPU_BUILD_ONLY:-0}" = 1 ]; then  # scripts/gpu_kit_check.sh: the build alone
+  step build_worker 420 build_worker
   summary built
   echo "built from the kit: $BUILD"
   exit 0
 fi
 step gpus 60 check_gpus
 step prewarm 120 check_prewarm
+step build_worker 420 build_worker
 step nccl 240 check_nccl
 step train 240 check_train
 step throughput 300 check_throughput
