@@ -347,9 +347,14 @@ struct Agent::Impl {
                                          kTemplateForkSeconds, &why);
     if (p.pid < 0) {
       sayColdOnce(why);
-      if (!tmpl->ready()) {
+      if (!tmpl->ready()) {  // it broke (killed here, reaped by the loop)
         tmpl.reset();
-        startTemplate();  // for the next group; this one's workers start cold
+        if (++tmpl_deaths_in_a_row > kTemplateStartsInARow) {
+          warm_off = fmt::format("{} templates in a row failed", kTemplateStartsInARow);
+          log::warn("--prewarm: {}: every worker starts cold from now on", *warm_off);
+        } else {
+          startTemplate();  // for the next group; this one's remaining workers start cold
+        }
       }
     } else {
       tmpl_deaths_in_a_row = 0;

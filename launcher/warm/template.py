@@ -271,7 +271,14 @@ def serve(modules):
         del os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"]
     if why:
         _send(control, {"ready": False, "why": why})
-        return None
+        # Exit only when launch has read the reason and closed the socket: an exit first would
+        # reach launch as a template that died, without the reason.
+        while True:
+            try:
+                if not control.recv(_MAX_MESSAGE):
+                    return None
+            except OSError:
+                return None
     _set_cmdline([sys.executable, "-u", f"[ddplaunch warm template: {','.join(modules)}]"])
     _send(control, {"ready": True, "pid": os.getpid()})
     while True:

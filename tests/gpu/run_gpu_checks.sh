@@ -49,8 +49,13 @@ PYEOF
 }
 
 # step NAME TIMEOUT_S COMMAND...: runs it, logs it, records it; stops the run when it fails.
+# DDPL_GPU_STEPS="gpus prewarm": only those checks (unpack and build always run).
 step() {
   local name=$1 limit=$2; shift 2
+  if [ -n "${DDPL_GPU_STEPS:-}" ] && [ "$name" != unpack ] && [ "$name" != build ] &&
+     ! grep -qw "$name" <<< "$DDPL_GPU_STEPS"; then
+    return 0
+  fi
   echo "== $name"
   local start end rc
   start=$(date +%s.%N)
@@ -231,23 +236,40 @@ PYEOF
 check_prewarm() {
   # Workers forked from the warm template (--prewarm=torch) use CUDA and NCCL, first start and
   # restart alike; a template whose imports initialised CUDA is refused and workers start cold.
-  local out
-  out=$(PYTHON_EXEC="$PY" "$LAUNCH" --nproc-per-node=gpu --prewarm=torch --max-restarts=1 \
-    "$ROOT/tests/gpu/warm_cuda.py" 2>&1) || { echo "$out"; return 1; }
-  echo "$out"
+  # Each run is bounded and logged as it goes (prewarm_<n>.log; the template's own log is kept
+  # in the run directory under prewarm_logs/), so that a hang shows where it stopped.
+  local logs="$OUT/prewarm_logs" n=0 out
+  mkdir -p "$logs"
+  warm_run() {  # warm_run LIMIT ARGS...: launch's output in $OUT/prewarm_<n>.log and in $out
+    n=$((n + 1))
+    local limit=$1; shift
+    echo "-- launch $*"
+    PYTHON_EXEC="$PY" timeout -s KILL "$limit" "$LAUNCH" --log-dir "$logs/$n" --log-level debug "$@" \
+      > "$OUT/prewarm_$n.log" 2>&1
+    local rc=$?
+    out=$(cat "$OUT/prewarm_$n.log")
+    echo "$out" | tail -n 30
+    echo "-- exit $rc"
+    return $rc
+  }
+  ( time "$PY" -c 'import os, torch, torch._dynamo; print("threads", len(os.listdir("/proc/self/task")))' ) 2>&1
+  local probe="$OUT/prewarm_probe.py"
+  printf 'import os, torch\nprint("warm cpu ok", os.environ["RANK"], torch.ones(2).sum().item(), flush=True)\n' > "$probe"
+  warm_run 60 --nproc-per-node=2 --prewarm=torch "$probe" || return 1
+  grep -q "forked from the template" <<< "$out" || { echo "no worker was forked (CPU)"; return 1; }
+  warm_run 60 --nproc-per-node=gpu "$ROOT/tests/gpu/warm_cuda.py" || { echo "cold NCCL run failed"; return 1; }
+  warm_run 90 --nproc-per-node=gpu --prewarm=torch --max-restarts=1 "$ROOT/tests/gpu/warm_cuda.py" || return 1
   grep -q "forked from the template" <<< "$out" || { echo "no worker was forked"; return 1; }
   [ "$(grep -c "warm cuda ok rank 0 attempt 1" <<< "$out")" -eq 1 ] || { echo "no warm restart"; return 1; }
   local phases
   phases=$(grep -o "restart 1: stop.*" <<< "$out" | head -n 1)
   [ -n "$phases" ] || { echo "no restart phases"; return 1; }
-  out=$(PYTHON_EXEC="$PY" PYTHONPATH="$ROOT/tests/gpu" "$LAUNCH" --nproc-per-node=gpu \
-    --prewarm=torch,cuda_at_import "$ROOT/tests/gpu/warm_cuda.py" 2>&1) || { echo "$out"; return 1; }
-  echo "$out"
+  PYTHONPATH="$ROOT/tests/gpu" warm_run 60 --nproc-per-node=gpu --prewarm=torch,cuda_at_import \
+    "$ROOT/tests/gpu/warm_cuda.py" || return 1
   grep -Eq "every worker starts cold: (the CUDA driver was loaded|CUDA was initialised)" <<< "$out" \
     || { echo "no CUDA fallback"; return 1; }
-  out=$(PYTHON_EXEC="$PY" PYTHONPATH="$ROOT/tests/gpu" "$LAUNCH" --nproc-per-node=gpu \
-    --prewarm=torch,cuda_available_at_import "$ROOT/tests/gpu/warm_cuda.py" 2>&1) || { echo "$out"; return 1; }
-  echo "$out"
+  PYTHONPATH="$ROOT/tests/gpu" warm_run 60 --nproc-per-node=gpu \
+    --prewarm=torch,cuda_available_at_import "$ROOT/tests/gpu/warm_cuda.py" || return 1
   grep -q "forked from the template" <<< "$out" || { echo "is_available() at import kept workers cold"; return 1; }
   echo "NCCL on $GPUS GPU(s) from forked workers, restart warm ($phases); CUDA initialised at import falls back cold; is_available() at import stays warm" > "$OUT/prewarm.detail"
 }
