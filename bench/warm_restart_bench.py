@@ -60,6 +60,11 @@ def run_job(kind, nproc, args, tmp, env_extra=None, max_restarts=1, killer=None,
     os.makedirs(events)
     env = dict(os.environ, BENCH_EVENTS=events, PYTHON_EXEC=PY, OMP_NUM_THREADS="1",
                PYTHONUNBUFFERED="1")
+    if kind == "torchrun":
+        # torch 2.9.1's agent-hosted store keeps a failed attempt's keys, and a restarted Gloo
+        # group can read the dead ranks' addresses from it ("connectFullMesh failed ...
+        # Connection refused"): rank 0's own store per attempt, as torchrun users do.
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     env.update(env_extra or {})
     log = open(os.path.join(tmp, f"{kind}.out"), "w")
     t0 = time.time()
@@ -99,9 +104,14 @@ def resume_round(kind, nproc, tmp, kill_step=15):
 
 
 def first_round(kind, nproc, tmp):
+    """Seconds from the launcher's start until every rank is in main (torch imported), and
+    until every rank completed its first DDP step (DDP's constructor imports torch's compiler
+    stack: a cold worker pays for it there, a warm one did in the template)."""
     t0, ev = run_job(kind, nproc, ["--steps", "1", "--ckpt", "disk", "--dir", tmp,
                                    "--ckpt-every", "0"], tmp)
-    return max(next(t for t, w, _ in rows if w == "main") for rows in ev.values()) - t0
+    main = max(next(t for t, w, _ in rows if w == "main") for rows in ev.values()) - t0
+    step = max(next(t for t, w, _ in rows if w == "step") for rows in ev.values()) - t0
+    return main, step
 
 
 def goodput_round(kind, nproc, tmp, seconds, kill_every, disk_every, failures, seed):
@@ -182,9 +192,13 @@ def main():
                 for _ in range(a.rounds):
                     for k in kinds:
                         got[k].append(first_round(k, nproc, tmp))
-                print(f"first ranks={nproc} " + " ".join(f"{k}_s={spread(got[k])}" for k in kinds) +
-                      f" torchrun/warm={spread([t / w for t, w in zip(got['torchrun'], got['warm'])])}x",
-                      flush=True)
+                for i, what in ((0, "in_main"), (1, "first_step")):
+                    v = {k: [r[i] for r in got[k]] for k in kinds}
+                    print(f"first_start {what} ranks={nproc} " +
+                          " ".join(f"{k}_s={spread(v[k])}" for k in kinds) +
+                          f" torchrun/warm={spread([t / w for t, w in zip(v['torchrun'], v['warm'])])}x"
+                          f" cold/warm={spread([c / w for c, w in zip(v['cold'], v['warm'])])}x",
+                          flush=True)
         if "goodput" in a.parts:
             n = a.goodput_ranks
             res = {}

@@ -56,12 +56,19 @@ Membership staticBackend(const MembershipRequest& r) {
   const LaunchOptions& o = r.options;
   Membership m;
   bool agent_store = o.agent_store && o.nnodes_max == 1;
+  // A build without gRPC (the GPU kit's) has no plugin to serve it: workers that were told the
+  // agent hosts the store would wait on a port nobody serves (a lent GPU host's first warm
+  // run hung there), so rank 0 hosts it, as with agent_store=0.
+  if (agent_store && !o.standalone && access(GrpcPlugin::defaultPath().c_str(), R_OK) != 0) {
+    log::debug("no gRPC plugin at {}: rank 0 hosts the job's TCPStore", GrpcPlugin::defaultPath());
+    agent_store = false;
+  }
   if (o.standalone || agent_store)
     m.store = std::make_unique<EmbeddedStore>("127.0.0.1", agent_store,
                                               agent_store ? o.master_port.value_or(0) : 0);
-  m.rdzv = std::make_unique<LocalRendezvous>(r.run_id, r.nproc, o.master_addr, o.master_port,
-                                             m.store.get(), o.node_rank, o.nnodes_max,
-                                             o.standalone);
+  m.rdzv =
+      std::make_unique<LocalRendezvous>(r.run_id, r.nproc, o.master_addr, o.master_port,
+                                        m.store.get(), o.node_rank, o.nnodes_max, o.standalone);
   return m;
 }
 

@@ -50,14 +50,10 @@ def _unsafe_reason(modules):
     if n > 1 or threading.active_count() > 1:
         return (f"the template has {n} threads after importing {', '.join(modules)}, and a fork "
                 "did not stop them; forking a process with threads is unsafe")
-    try:
-        with open("/proc/self/maps") as f:
-            if any("libcuda.so" in line for line in f):
-                return ("the CUDA driver was loaded while importing the modules (a call such as "
-                        "torch.cuda.is_available() or device_count() initialises it); a forked "
-                        "worker could not use it")
-    except OSError:
-        pass
+    if _cuda_driver_initialised():
+        return ("the CUDA driver was initialised while importing the modules (a call such as "
+                "torch.cuda.is_available() or device_count() does it); a forked worker could "
+                "not use it")
     torch = sys.modules.get("torch")
     if torch is not None:
         try:
@@ -67,6 +63,23 @@ def _unsafe_reason(modules):
         except Exception:  # a torch without CUDA support, or a broken one: nothing initialised
             pass
     return None
+
+
+def _cuda_driver_initialised():
+    """Whether cuInit ran in this process. Loaded is not initialised: torch's CUDA libraries
+    load libcuda at import on some builds (torch 2.11 with CUDA 13 on a lent H200 host), and a
+    fork is safe until cuInit. cuCtxGetCurrent answers CUDA_ERROR_NOT_INITIALIZED (3) before it
+    and initialises nothing; the library is only looked up where it is already loaded."""
+    try:
+        with open("/proc/self/maps") as f:
+            if not any("libcuda.so" in line for line in f):
+                return False
+        import ctypes
+        lib = ctypes.CDLL("libcuda.so.1", mode=getattr(os, "RTLD_NOLOAD", 4) | os.RTLD_LAZY)
+        ctx = ctypes.c_void_p()
+        return lib.cuCtxGetCurrent(ctypes.byref(ctx)) != 3
+    except OSError:
+        return False  # not loaded under that name: nothing of ours initialised it
 
 
 def _recv(sock):

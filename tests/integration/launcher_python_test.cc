@@ -33,20 +33,30 @@ TEST(LaunchPython, FourRankGlooDdpScriptRunsUnchanged) {
   }
 }
 
+// Cold, and forked from the warm template (issue 30: the module imports torch, prewarmed).
 TEST(LaunchPython, RecordDecoratorErrorReachesTheReport) {
-  RunOptions o;
-  o.env["PYTHON_EXEC"] = DDPL_PYTHON;
-  o.timeout = 180s;
-  auto r = run({kLaunch, "--nproc-per-node=2", kScripts + "/record_error.py"}, o);
-  EXPECT_EQ(r.exit_code, 1) << r.all();
-  auto pos = r.err.find("Root Cause");
-  ASSERT_NE(pos, std::string::npos) << r.err;
-  std::string root = r.err.substr(pos);
-  EXPECT_NE(root.find("rank      : 1 (local_rank: 1)"), std::string::npos) << root;
-  EXPECT_NE(root.find("ValueError: learning rate must be positive, got -0.5"), std::string::npos)
-      << root;
-  EXPECT_NE(root.find("traceback :"), std::string::npos) << root;
-  EXPECT_NE(root.find("record_error.py"), std::string::npos) << root;
+  for (std::string prewarm : {"", "--prewarm=torch"}) {
+    RunOptions o;
+    o.env["PYTHON_EXEC"] = DDPL_PYTHON;
+    o.timeout = 180s;
+    std::vector<std::string> argv = {kLaunch, "--nproc-per-node=2"};
+    if (!prewarm.empty()) argv.push_back(prewarm);
+    argv.push_back(kScripts + "/record_error.py");
+    auto r = run(argv, o);
+    EXPECT_EQ(r.exit_code, 1) << r.all();
+    EXPECT_EQ(r.err.find("2 of 2 worker(s) forked from the template") != std::string::npos,
+              !prewarm.empty())
+        << r.all();
+    auto pos = r.err.find("Root Cause");
+    ASSERT_NE(pos, std::string::npos) << r.err;
+    std::string root = r.err.substr(pos);
+    EXPECT_NE(root.find("rank      : 1 (local_rank: 1)"), std::string::npos) << root;
+    EXPECT_NE(root.find("ValueError: learning rate must be positive, got -0.5"), std::string::npos)
+        << root;
+    EXPECT_NE(root.find("traceback :"), std::string::npos) << root;
+    EXPECT_NE(root.find("record_error.py"), std::string::npos) << root;
+    EXPECT_EQ(root.find("warm template"), std::string::npos) << root;
+  }
 }
 
 // A 4-rank Gloo job where rank 2 stops before an all-reduce and the others wait for it inside
