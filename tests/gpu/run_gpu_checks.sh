@@ -257,18 +257,20 @@ check_prewarm() {
   printf 'import os, torch\nprint("warm cpu ok", os.environ["RANK"], torch.ones(2).sum().item(), flush=True)\n' > "$probe"
   warm_run 60 --nproc-per-node=2 --prewarm=torch "$probe" || return 1
   grep -q "forked from the template" <<< "$out" || { echo "no worker was forked (CPU)"; return 1; }
-  warm_run 60 --nproc-per-node=gpu "$ROOT/tests/gpu/warm_cuda.py" || { echo "cold NCCL run failed"; return 1; }
+  # Cold first (rank 0 fails its first attempt on purpose: one restart allowed).
+  warm_run 60 --nproc-per-node=gpu --max-restarts=1 "$ROOT/tests/gpu/warm_cuda.py" \
+    || { echo "cold NCCL run failed"; return 1; }
   warm_run 90 --nproc-per-node=gpu --prewarm=torch --max-restarts=1 "$ROOT/tests/gpu/warm_cuda.py" || return 1
   grep -q "forked from the template" <<< "$out" || { echo "no worker was forked"; return 1; }
   [ "$(grep -c "warm cuda ok rank 0 attempt 1" <<< "$out")" -eq 1 ] || { echo "no warm restart"; return 1; }
   local phases
   phases=$(grep -o "restart 1: stop.*" <<< "$out" | head -n 1)
   [ -n "$phases" ] || { echo "no restart phases"; return 1; }
-  PYTHONPATH="$ROOT/tests/gpu" warm_run 60 --nproc-per-node=gpu --prewarm=torch,cuda_at_import \
+  PYTHONPATH="$ROOT/tests/gpu" warm_run 60 --nproc-per-node=gpu --max-restarts=1 --prewarm=torch,cuda_at_import \
     "$ROOT/tests/gpu/warm_cuda.py" || return 1
   grep -Eq "every worker starts cold: (the CUDA driver was loaded|CUDA was initialised)" <<< "$out" \
     || { echo "no CUDA fallback"; return 1; }
-  PYTHONPATH="$ROOT/tests/gpu" warm_run 60 --nproc-per-node=gpu \
+  PYTHONPATH="$ROOT/tests/gpu" warm_run 60 --nproc-per-node=gpu --max-restarts=1 \
     --prewarm=torch,cuda_available_at_import "$ROOT/tests/gpu/warm_cuda.py" || return 1
   grep -q "forked from the template" <<< "$out" || { echo "is_available() at import kept workers cold"; return 1; }
   echo "NCCL on $GPUS GPU(s) from forked workers, restart warm ($phases); CUDA initialised at import falls back cold; is_available() at import stays warm" > "$OUT/prewarm.detail"
