@@ -172,12 +172,19 @@ def _be_worker(req, fds, launch_pid, control):
         os._exit(127)  # launch died (or never became our parent): nothing to run for
     control.close()
     named = dict(zip(req["fds"], fds))
+    # Both best-effort, as in a cold start (launch/process.cc does not stop a worker over them).
     procs = named.pop("cgroup", None)
     if procs is not None:
-        os.write(procs, b"0")  # into the attempt's cgroup, before anything else can fork
+        try:
+            os.write(procs, b"0")  # into the attempt's cgroup, before anything else can fork
+        except OSError:
+            pass
         os.close(procs)
     if req.get("cpus"):
-        os.sched_setaffinity(0, req["cpus"])
+        try:
+            os.sched_setaffinity(0, req["cpus"])
+        except OSError:
+            pass
     os.dup2(named.pop("stdout"), 1)
     os.dup2(named.pop("stderr"), 2)
     env = req["env"]
@@ -238,6 +245,7 @@ def _fork_worker(req, fds, control):
     os.close(w)
     for fd in fds:
         os.close(fd)
+    fds.clear()  # closed: serve()'s error path must not close the numbers again
     data = b""
     while len(data) < 32:
         chunk = os.read(r, 32)
@@ -308,6 +316,11 @@ def serve(modules):
         except Exception as e:
             if os.getpid() != _template_pid:
                 os._exit(1)  # the intermediate: never serve requests
+            for fd in fds:  # a request that failed before its fork: nothing keeps them
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
             _send(control, {"error": f"{type(e).__name__}: {e}"})
 
 

@@ -30,6 +30,7 @@ def handler(s):
 
 
 rank = os.environ["RANK"]
+cgroup = open("/proc/self/cgroup").read().strip().split("::", 1)[-1]
 seen = {
     "argv": sys.argv,
     "orig_argv_tail": sys.orig_argv[1:],
@@ -53,6 +54,10 @@ seen = {
     "pdeathsig": pdeathsig(),
     "heartbeat": heartbeat_ok(),
     "threads": len(os.listdir("/proc/self/task")),
+    # The attempt's leaf of the run's cgroup where launch makes one (its name holds launch's
+    # pid: only the leaf and the run's prefix are compared), else launch's own.
+    "cgroup": cgroup.rsplit("/", 1)[-1] if "/ddpl-" in cgroup else cgroup,
+    "cgroup_run": "/ddpl-" in cgroup,
     "random": random.random(),  # differs between ranks: compared apart
 }
 with open(os.path.join(os.environ["PROBE_DIR"], f"{os.environ['PROBE_MODE']}.{rank}.json"), "w") as f:
