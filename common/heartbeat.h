@@ -23,5 +23,9 @@ inline constexpr size_t kHeartbeatBytes = 64;
 // ranks that wait for it (DistributedDataParallel writes both; the rest is reserved).
 inline constexpr size_t kHeartbeatStepOffset = 0;
 inline constexpr size_t kHeartbeatWaitOffset = 8;
+// The microseconds this process spent restoring its state from a checkpoint (finding the step
+// every rank has, reading it): written by ddplaunch.checkpoint, read by launch for the restart's
+// phases (launcher/warm/restart_phases.h).
+inline constexpr size_t kHeartbeatRestoreOffset = 16;
 
 }  // namespace ddpl

@@ -483,8 +483,12 @@ struct Agent::Impl {
     view.maybeUpdate(readings, progress, now);  // also publishes the node's status for the job
     if (!workers.empty()) {
       std::vector<uint64_t> steps;
-      for (const auto& w : workers) steps.push_back(w.step());
-      if (auto r = restarts.onSteps(now, steps))
+      uint64_t restore_us = 0;
+      for (const auto& w : workers) {
+        steps.push_back(w.step());
+        if (w.heartbeat) restore_us = std::max<uint64_t>(restore_us, w.heartbeat->restoreMicros());
+      }
+      if (auto r = restarts.onSteps(now, steps, static_cast<double>(restore_us) / 1e6))
         log::info("restart {}: {}", r->restart, r->describe());
     }
     runAfterStartHooks(now);

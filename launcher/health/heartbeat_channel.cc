@@ -37,4 +37,8 @@ uint64_t HeartbeatChannel::waitedMicros() const {
   return map_[kHeartbeatWaitOffset / sizeof(uint64_t)];
 }
 
+uint64_t HeartbeatChannel::restoreMicros() const {
+  return map_[kHeartbeatRestoreOffset / sizeof(uint64_t)];
+}
+
 }  // namespace ddpl::launcher

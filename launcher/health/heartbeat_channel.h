@@ -19,6 +19,7 @@ class HeartbeatChannel {
   int fd() const { return fd_; }
   uint64_t step() const;
   uint64_t waitedMicros() const;
+  uint64_t restoreMicros() const;  // time spent reading a checkpoint (0: none reported)
 
  private:
   HeartbeatChannel(int fd, const volatile uint64_t* map) : fd_(fd), map_(map) {}

@@ -16,9 +16,11 @@ std::string RestartRecord::describe() const {
   std::string s =
       fmt::format("stop {:.2f}s, re-form {:.2f}s, start {:.2f}s ({})", span(failed, stopped),
                   span(stopped, formed), span(formed, started), how);
-  if (first_step > 0)
-    s += fmt::format(", first step {:.2f}s: {:.2f}s in all", span(started, first_step), total());
-  else
+  if (first_step > 0) {
+    s += fmt::format(", first step {:.2f}s", span(started, first_step));
+    if (restore > 0) s += fmt::format(" (checkpoint read {:.2f}s)", restore);
+    s += fmt::format(": {:.2f}s in all", total());
+  } else
     s += fmt::format(", no step completed: {:.2f}s to the start", total());
   return s;
 }
@@ -60,11 +62,13 @@ void RestartClock::onStarted(double t, int warm, int cold) {
   stage_ = Stage::kStarted;
 }
 
-std::optional<RestartRecord> RestartClock::onSteps(double t, const std::vector<uint64_t>& steps) {
+std::optional<RestartRecord> RestartClock::onSteps(double t, const std::vector<uint64_t>& steps,
+                                                   double restore_seconds) {
   if (stage_ != Stage::kStarted || steps.empty()) return std::nullopt;
   if (std::any_of(steps.begin(), steps.end(), [](uint64_t s) { return s == 0; }))
     return std::nullopt;
   open_.first_step = t;
+  open_.restore = restore_seconds;
   stage_ = Stage::kNone;
   done_.push_back(open_);
   return open_;

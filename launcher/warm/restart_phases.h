@@ -17,9 +17,11 @@ struct RestartRecord {
   double formed = 0;       // the rendezvous gave the next group its world
   double started = 0;      // every worker of the next group was running its program
   double first_step = 0;   // every rank of the next group had completed a step (0: none did)
+  double restore = 0;      // of that: the longest any rank spent reading its checkpoint
   int warm = 0, cold = 0;  // how the next group's workers started
 
-  // "stop 0.01s, re-form 0.02s, start 0.03s (4 warm), first step 0.41s: 0.47s in all".
+  // "stop 0.01s, re-form 0.02s, start 0.03s (4 warm), first step 0.41s (checkpoint read
+  // 0.05s): 0.47s in all".
   std::string describe() const;
   double total() const { return (first_step > 0 ? first_step : started) - failed; }
 };
@@ -34,9 +36,11 @@ class RestartClock {
   void onFormed(double t);
   // The next group's workers all started; a first start (no failure before) opens nothing.
   void onStarted(double t, int warm, int cold);
-  // The step counts of the current group's ranks, read at `t`. Returns the restart that just
-  // completed (every rank stepped at least once since the group started), once.
-  std::optional<RestartRecord> onSteps(double t, const std::vector<uint64_t>& steps);
+  // The step counts of the current group's ranks, read at `t`, and the longest time one spent
+  // restoring from a checkpoint. Returns the restart that just completed (every rank stepped at
+  // least once since the group started), once.
+  std::optional<RestartRecord> onSteps(double t, const std::vector<uint64_t>& steps,
+                                       double restore_seconds = 0);
   // The group in progress ended before all of its ranks stepped: its restart is complete with no
   // first step (returned once, or nullopt when none was open).
   std::optional<RestartRecord> onGroupEnded();

@@ -32,6 +32,8 @@ import sys
 import time
 import warnings
 
+from . import progress as _progress
+
 __all__ = ["Checkpoint", "begin", "commit", "latest", "save", "save_async", "wait", "load",
            "PendingSave", "StorageWriter", "StorageReader"]
 
@@ -490,6 +492,14 @@ def latest(dir=None, store=None, timeout=300):
     where it has one, else the durable directory), or None. Collective: every rank calls it,
     the same number of times. The offers meet in `store`, else the default process group's
     store, else a TCPStore client of MASTER_ADDR:MASTER_PORT."""
+    start = time.perf_counter_ns()
+    try:
+        return _latest(dir, store, timeout)
+    finally:  # part of a restart's time, which launch reports by phase
+        _progress._add_restore_ns(time.perf_counter_ns() - start)
+
+
+def _latest(dir, store, timeout):
     global _latest_calls
     wait()  # this process's own save in flight counts
     call, _latest_calls = _latest_calls, _latest_calls + 1
@@ -759,7 +769,11 @@ def load(checkpoint, filename="state.pt", **torch_load_kwargs):
     """torch.load of `filename` in the checkpoint's directory."""
     import torch
 
-    return torch.load(os.path.join(checkpoint.path, filename), **torch_load_kwargs)
+    start = time.perf_counter_ns()
+    try:
+        return torch.load(os.path.join(checkpoint.path, filename), **torch_load_kwargs)
+    finally:
+        _progress._add_restore_ns(time.perf_counter_ns() - start)
 
 
 # ---------------------------------------------------------------------------- DCP

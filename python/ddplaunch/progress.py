@@ -24,7 +24,8 @@ _FD_ENV = "DDPL_HEARTBEAT_FD"
 # Slots of 8 bytes in the shared file (common/heartbeat.h: kHeartbeatStepOffset, ...WaitOffset).
 _STEP_SLOT = 0
 _WAIT_SLOT = 1
-_MAPPED_BYTES = 16
+_RESTORE_SLOT = 2  # kHeartbeatRestoreOffset: microseconds spent reading checkpoints
+_MAPPED_BYTES = 24
 _MAX = 1 << 64
 
 # None until the first call; then the writable slots, or False where launch does not listen.
@@ -53,7 +54,7 @@ def _open():
         st = os.fstat(fd)
         # The variable outlives the descriptor in the worker's own children (subprocess closes
         # inherited descriptors, and the number may then name another file): write only to an
-        # anonymous regular file (launch's memfd has no name on disk) that holds both fields,
+        # anonymous regular file (launch's memfd has no name on disk) that holds every field,
         # never into a file someone could find by name.
         if not stat.S_ISREG(st.st_mode) or st.st_nlink != 0 or st.st_size < _MAPPED_BYTES:
             return
@@ -114,6 +115,20 @@ def _add_wait_ns(ns):
         _open()
     if _slots:
         _slots[_WAIT_SLOT] = _waited_ns // 1000  # launch adds up microseconds
+
+
+_restore_ns = 0
+
+
+def _add_restore_ns(ns):
+    """Time spent restoring from a checkpoint (ddplaunch.checkpoint.latest and load): launch
+    shows it in a restart's phases."""
+    global _restore_ns
+    _restore_ns += ns
+    if _slots is None:
+        _open()
+    if _slots:
+        _slots[_RESTORE_SLOT] = _restore_ns // 1000
 
 
 class waiting:

@@ -308,7 +308,8 @@ TEST_F(WarmWorkers, ATorchDdpJobKilledMidStepRestartsWarmAsIfItNeverFailed) {
   EXPECT_NE(r.out.find("resumed from step 5 (memory)"), std::string::npos) << r.all();
   EXPECT_TRUE(std::regex_search(r.err, std::regex("restart 1: stop [0-9.]+s, re-form [0-9.]+s, "
                                                   "start [0-9.]+s \\(2 warm\\), first step "
-                                                  "[0-9.]+s: [0-9.]+s in all")))
+                                                  "[0-9.]+s \\(checkpoint read [0-9.]+s\\): "
+                                                  "[0-9.]+s in all")))
       << r.all();
   auto eq = run({DDPL_PYTHON, kScripts + "/ckpt_equal.py", dir_ + "/ref.pt", dir_ + "/kill.pt"});
   EXPECT_EQ(eq.exit_code, 0) << eq.all();

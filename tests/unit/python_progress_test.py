@@ -113,6 +113,16 @@ class UnderLaunch(unittest.TestCase):
         self.assertLess(waited, 4000 + 50000 + 5_000_000)  # a loaded machine, but not seconds
         self.assertEqual(os.pread(self.fd, HEARTBEAT_BYTES - 16, 16), bytes(HEARTBEAT_BYTES - 16))
 
+    def test_checkpoint_reads_add_up_in_microseconds_at_offset_16(self):
+        # ddplaunch.checkpoint.latest() and load() report their time here (a restart's phases).
+        self.run_worker("""
+            from ddplaunch import progress
+            progress._add_restore_ns(1_500_000)
+            progress._add_restore_ns(1_000_000)
+        """)
+        self.assertEqual(field(self.fd, 16), 2500)
+        self.assertEqual(field(self.fd, 0), 0)
+
     def test_the_variable_is_read_once(self):
         self.run_worker("""
             ddplaunch.step()

@@ -26,12 +26,13 @@ TEST(RestartPhases, EachPhaseFromTheFailureToEveryRanksFirstStep) {
   c.onStarted(10.75, 2, 0);
   EXPECT_EQ(c.onSteps(11.0, {0, 0}), std::nullopt);
   EXPECT_EQ(c.onSteps(11.25, {6, 0}), std::nullopt);  // every rank, not the first
-  auto r = c.onSteps(11.5, {6, 6});
+  auto r = c.onSteps(11.5, {6, 6}, 0.25);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->restart, 1);
   EXPECT_DOUBLE_EQ(r->total(), 1.5);
   EXPECT_EQ(r->describe(),
-            "stop 0.25s, re-form 0.25s, start 0.25s (2 warm), first step 0.75s: 1.50s in all");
+            "stop 0.25s, re-form 0.25s, start 0.25s (2 warm), first step 0.75s (checkpoint read "
+            "0.25s): 1.50s in all");
   EXPECT_EQ(c.onSteps(12, {7, 7}), std::nullopt);  // once
   EXPECT_EQ(c.summary(), "\n  restart 1: " + r->describe());
 }
