@@ -48,8 +48,10 @@ def _unsafe_reason(modules):
         os.waitpid(pid, 0)
         n = _threads()
     if n > 1 or threading.active_count() > 1:
-        return (f"the template has {n} threads after importing {', '.join(modules)}, and a fork "
-                "did not stop them; forking a process with threads is unsafe")
+        what = ("a Python thread" if threading.active_count() > 1
+                else "native threads that a fork does not stop")
+        return (f"the template has {n} threads after importing {', '.join(modules)} ({what}); "
+                "forking a process with threads is unsafe")
     if _cuda_driver_initialised():
         return ("the CUDA driver was initialised while importing the modules (a call such as "
                 "torch.cuda.is_available() or device_count() does it); a forked worker could "
