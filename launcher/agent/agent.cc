@@ -481,7 +481,7 @@ struct Agent::Impl {
       readings.push_back({w.state(), w.step(), w.waited(), checkpointBytes(w.global_rank)});
     }
     view.maybeUpdate(readings, progress, now);  // also publishes the node's status for the job
-    if (!workers.empty()) {
+    if (restarts.awaitingFirstStep() && !workers.empty()) {
       std::vector<uint64_t> steps;
       uint64_t restore_us = 0;
       for (const auto& w : workers) {

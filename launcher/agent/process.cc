@@ -81,6 +81,23 @@ bool openStream(bool terminal, int fds[2], const winsize& size) {
   fds[1] = slave;
   return true;
 }
+// A worker's stdout and stderr as the options ask (pipes or terminals), and, with `status`, the
+// pipe that reports its exec. Throws Error with nothing left open when one cannot be made.
+void openWorkerStreams(const SpawnOptions& options, int out[2], int err[2], int* status) {
+  winsize size{};
+  size.ws_col = options.columns;
+  size.ws_row = options.rows;
+  if (!openStream(options.stdout_terminal, out, size) ||
+      !openStream(options.stderr_terminal, err, size) ||
+      (status && pipe2(status, O_CLOEXEC) != 0)) {
+    int e = errno;
+    for (int fd :
+         {out[0], out[1], err[0], err[1], status ? status[0] : -1, status ? status[1] : -1})
+      if (fd >= 0) close(fd);
+    throw Error(std::string("cannot create pipes for a worker: ") + std::strerror(e));
+  }
+}
+
 }  // namespace
 
 void becomeSubreaper() { prctl(PR_SET_CHILD_SUBREAPER, 1); }
@@ -88,16 +105,7 @@ void becomeSubreaper() { prctl(PR_SET_CHILD_SUBREAPER, 1); }
 SpawnedProcess spawnProcess(const std::vector<std::string>& argv,
                             const std::vector<std::string>& envp, const SpawnOptions& options) {
   int out[2] = {-1, -1}, err[2] = {-1, -1}, status[2] = {-1, -1};
-  winsize size{};
-  size.ws_col = options.columns;
-  size.ws_row = options.rows;
-  if (!openStream(options.stdout_terminal, out, size) ||
-      !openStream(options.stderr_terminal, err, size) || pipe2(status, O_CLOEXEC) != 0) {
-    int e = errno;
-    for (int fd : {out[0], out[1], err[0], err[1], status[0], status[1]})
-      if (fd >= 0) close(fd);
-    throw Error(std::string("cannot create pipes for a worker: ") + std::strerror(e));
-  }
+  openWorkerStreams(options, out, err, status);
 
   // Everything the child touches is prepared before fork: after fork only async-signal-safe
   // calls are allowed.
@@ -164,16 +172,7 @@ SpawnedProcess spawnFromTemplate(warm::WorkerTemplate& tmpl, const std::vector<s
                                  const std::string& heartbeat_env, const SpawnOptions& options,
                                  double timeout_sec, std::string* why) {
   int out[2] = {-1, -1}, err[2] = {-1, -1};
-  winsize size{};
-  size.ws_col = options.columns;
-  size.ws_row = options.rows;
-  if (!openStream(options.stdout_terminal, out, size) ||
-      !openStream(options.stderr_terminal, err, size)) {
-    int e = errno;
-    for (int fd : {out[0], out[1], err[0], err[1]})
-      if (fd >= 0) close(fd);
-    throw Error(std::string("cannot create pipes for a worker: ") + std::strerror(e));
-  }
+  openWorkerStreams(options, out, err, nullptr);
   warm::WarmSpawn req;
   req.argv = argv;
   req.envp = envp;

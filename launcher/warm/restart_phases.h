@@ -45,6 +45,8 @@ class RestartClock {
   // first step (returned once, or nullopt when none was open).
   std::optional<RestartRecord> onGroupEnded();
 
+  // A restarted group has started and not every rank has stepped yet: onSteps has work to do.
+  bool awaitingFirstStep() const { return stage_ == Stage::kStarted; }
   const std::vector<RestartRecord>& completed() const { return done_; }
   // One line for the end-of-run summary: each restart's phases, or "" when none happened.
   std::string summary() const;

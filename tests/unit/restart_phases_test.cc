@@ -23,7 +23,9 @@ TEST(RestartPhases, EachPhaseFromTheFailureToEveryRanksFirstStep) {
   c.onFailure(10.5);  // the survivors' exits do not move the failure
   c.onStopped(10.25);
   c.onFormed(10.5);
+  EXPECT_FALSE(c.awaitingFirstStep());
   c.onStarted(10.75, 2, 0);
+  EXPECT_TRUE(c.awaitingFirstStep());
   EXPECT_EQ(c.onSteps(11.0, {0, 0}), std::nullopt);
   EXPECT_EQ(c.onSteps(11.25, {6, 0}), std::nullopt);  // every rank, not the first
   auto r = c.onSteps(11.5, {6, 6}, 0.25);
@@ -34,6 +36,7 @@ TEST(RestartPhases, EachPhaseFromTheFailureToEveryRanksFirstStep) {
             "stop 0.25s, re-form 0.25s, start 0.25s (2 warm), first step 0.75s (checkpoint read "
             "0.25s): 1.50s in all");
   EXPECT_EQ(c.onSteps(12, {7, 7}), std::nullopt);  // once
+  EXPECT_FALSE(c.awaitingFirstStep());
   EXPECT_EQ(c.summary(), "\n  restart 1: " + r->describe());
 }
 
