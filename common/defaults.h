@@ -50,6 +50,11 @@ inline constexpr const char kStorePrefix[] = "DDPL_STORE_PREFIX";
 inline constexpr const char kStoreSocket[] = "DDPL_STORE_SOCKET";
 // Set by launch for each worker: the pipe its step heartbeats go to (common/heartbeat.h).
 inline constexpr const char kHeartbeatFd[] = "DDPL_HEARTBEAT_FD";
+// Set by launch for each worker: the round its group belongs to and the epoch that numbers it
+// (round_rules.h NodePlace): the checkpoint fence refuses writes from an older (epoch, round)
+// than the newest that committed to a directory. No epoch (0): nothing to fence.
+inline constexpr const char kRound[] = "DDPL_ROUND";
+inline constexpr const char kRoundEpoch[] = "DDPL_ROUND_EPOCH";
 // Set by launch on every process it starts, to find strays after it dies
 // (launcher/agent/watchdog.h).
 inline constexpr const char kLaunchId[] = "DDPL_LAUNCH_ID";

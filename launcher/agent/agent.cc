@@ -409,6 +409,18 @@ struct Agent::Impl {
     log::warn("round {} ended: {}; stopping workers to re-form the group", round, reason);
     restarts.onFailure(unixNow());
     execute(sup.onMembershipChange());
+    // Fenced: the workers must be gone before the service can form a round without this node,
+    // sooner than the usual grace allows.
+    auto within = rdzv.fencedStopWithin(round);
+    if (within && *within < cfg.options.shutdown_timeout_sec && shutdown_timer) {
+      loop.cancelTimer(shutdown_timer);
+      shutdown_timer =
+          loop.addTimer(EventLoop::Clock::now() + seconds(std::max(*within, 0.001)), [this] {
+            shutdown_timer = 0;
+            if (!done) execute(sup.onShutdownTimeout());
+          });
+      log::warn("fencing: workers still running in {:.1f}s get SIGKILL", *within);
+    }
   }
 
   ~Impl() {

@@ -8,6 +8,7 @@
 #include <memory>
 #include <sstream>
 
+#include "common/defaults.h"
 #include "common/errors.h"
 #include "common/torchrun_env.h"
 #include "rendezvous/state/round_rules.h"
@@ -150,6 +151,8 @@ Environment buildWorkerEnv(const Environment& base, const WorldAssignment& w,
   put(torchrun_env::kRunId, w.run_id);
   put(torchrun_env::kUseAgentStore, w.agent_store ? "True" : "False");
   put(torchrun_env::kErrorFile, c.error_file);
+  env[envvar::kRound] = std::to_string(w.round);
+  env[envvar::kRoundEpoch] = std::to_string(w.epoch_ms);
   // Same defaults as torchrun: the user's own value wins.
   if (!base.count(torchrun_env::kNcclAsyncErrorHandling))
     put(torchrun_env::kNcclAsyncErrorHandling, "1");

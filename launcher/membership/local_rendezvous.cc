@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 #include "common/errors.h"
@@ -25,7 +26,12 @@ LocalRendezvous::LocalRendezvous(std::string run_id, int local_world_size, std::
       store_(store),
       node_rank_(node_rank),
       nnodes_(nnodes),
-      store_env_(store_env) {}
+      store_env_(store_env) {
+  if (nnodes_ == 1)
+    epoch_ms_ = std::chrono::duration_cast<std::chrono::milliseconds>(
+                    std::chrono::system_clock::now().time_since_epoch())
+                    .count();
+}
 
 void LocalRendezvous::startRendezvous(Done done) {
   try {
@@ -40,6 +46,7 @@ WorldAssignment LocalRendezvous::nextWorld() {
   // local_world_size workers.
   rdzv::round_rules::NodePlace place;
   place.round = round_++;
+  place.epoch_ms = epoch_ms_;
   place.group_rank = node_rank_;
   place.group_world_size = nnodes_;
   place.rank_offset = node_rank_ * local_world_size_;

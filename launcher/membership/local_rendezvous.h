@@ -43,6 +43,10 @@ class LocalRendezvous : public RendezvousHandler {
   bool store_env_;
   int failures_ = 0;
   int64_t round_ = 0;
+  // One node: its rounds are this launch's attempts, numbered from when it started (the fencing
+  // epoch, so that a later launch into the same checkpoint directory counts above it). Static
+  // nodes count their attempts each on its own: no epoch, no fence.
+  int64_t epoch_ms_ = 0;
 };
 
 }  // namespace ddpl::launcher

@@ -26,8 +26,8 @@ struct WorldAssignment : rdzv::round_rules::NodePlace {
     world_size = 1;
   }
   std::string run_id;
-  int restart_count = 0;     // job-wide worker-group failures so far (same on every node)
-  std::string master_addr;   // where the job's TCPStore listens (rank 0's, or the agent's)
+  int restart_count = 0;    // job-wide worker-group failures so far (same on every node)
+  std::string master_addr;  // where the job's TCPStore listens (rank 0's, or the agent's)
   int master_port = 0;
   // The agent hosts the job's TCPStore (TORCHELASTIC_USE_AGENT_STORE=True): workers connect
   // to MASTER_ADDR:MASTER_PORT as clients, rank 0 hosts nothing.
@@ -50,6 +50,11 @@ class RendezvousHandler {
   // `ended` runs (on any thread) when the round of the last assigned world is no longer
   // valid: a node died, left or wants in. Set once, before the first startRendezvous.
   virtual void setRoundEndedCallback(RoundEnded ended) = 0;
+
+  // When `round` ended because this node fenced itself (it could not reach the service for half
+  // its heartbeat window): the seconds within which its workers must be gone, shorter than the
+  // agent's shutdown grace (rendezvous_client.h, fenceAfter). None otherwise.
+  virtual std::optional<double> fencedStopWithin(int64_t /*round*/) { return std::nullopt; }
 
   // Whether this node is still a member of the round of the last assigned world. Asked before a
   // worker failure is counted: a node that was evicted meanwhile (stopped past the heartbeat

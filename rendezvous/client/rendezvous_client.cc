@@ -24,7 +24,7 @@ namespace {
 
 // On top of the server-side timeouts, so that the server's own message wins the race.
 constexpr Duration kJoinGrace{std::chrono::seconds(5)};
-// A watch lives as long as its round; keepalive, not this deadline, finds a dead server.
+// A watch lives as long as its round; heartbeats, not this deadline, find a lost server.
 constexpr Duration kWatchDeadline{std::chrono::hours(24 * 30)};
 // How long a heartbeat that finds its round over waits for the watch stream to bring the
 // server's reason before reporting the stale round itself.
@@ -88,6 +88,8 @@ RoundAssignment toAssignment(const JoinOptions& o, const pb::JoinResponse& r) {
   a.agent_store = r.agent_store();
   a.store_prefix = r.store_prefix();
   a.heartbeat_interval = Duration(r.heartbeat_interval_ms());
+  a.heartbeat_window = Duration(std::max<int64_t>(r.heartbeat_window_ms(), 0));
+  a.epoch_ms = r.epoch_ms();
   for (const auto& m : r.members()) a.members.push_back({m.node_id(), m.address()});
   return a;
 }
@@ -120,9 +122,10 @@ struct RendezvousClient::Impl {
 
   // One heartbeat for `a`'s round, bounded by call_timeout; the caller decides what a failure
   // means (an error for heartbeat(), the round's end or a warning for the watch).
-  grpc::Status heartbeat(const RoundAssignment& a, pb::HeartbeatResponse* resp) const {
+  grpc::Status heartbeat(const RoundAssignment& a, pb::HeartbeatResponse* resp,
+                         Duration timeout) const {
     grpc::ClientContext ctx;
-    prepare(ctx, options.token, options.call_timeout);
+    prepare(ctx, options.token, timeout);
     pb::HeartbeatRequest req;
     req.set_run_id(a.run_id);
     req.set_node_id(a.node_id);
@@ -136,7 +139,14 @@ class RoundWatchImpl : public RoundWatch {
   RoundWatchImpl(std::shared_ptr<RendezvousClient::Impl> impl, RoundAssignment a,
                  std::function<void(const RoundChange&)> cb)
       : impl_(std::move(impl)), a_(std::move(a)), cb_(std::move(cb)) {
-    prepare(ctx_, impl_->options.token, kWatchDeadline);
+    interval_ = a_.heartbeat_interval.count() > 0 ? a_.heartbeat_interval
+                                                  : Duration(std::chrono::seconds(5));
+    // A server that predates heartbeat_window_ms sends its interval as a third of its window.
+    window_ = a_.heartbeat_window.count() > 0 ? a_.heartbeat_window : interval_ * 3;
+    lease_ = fenceAfter(window_);
+    // More often than the server asks, so that a silence must last lease_ less one interval
+    // before it fences: W/2, not the W/3 that the server's own interval would leave.
+    interval_ = std::max<Duration>(std::min(interval_, heartbeatEvery(window_)), Duration(50));
     reader_ = std::thread([this] { readLoop(); });
     heartbeats_ = std::thread([this] { heartbeatLoop(); });
     // Return once the server has registered the stream, so that any change after watch()
@@ -149,9 +159,9 @@ class RoundWatchImpl : public RoundWatch {
     {
       std::lock_guard<std::mutex> lock(mu_);
       stopping_ = true;
+      if (ctx_) ctx_->TryCancel();
     }
     cv_.notify_all();
-    ctx_.TryCancel();
     for (auto* t : {&reader_, &heartbeats_}) {
       if (!t->joinable()) continue;
       if (t->get_id() == std::this_thread::get_id())
@@ -164,6 +174,8 @@ class RoundWatchImpl : public RoundWatch {
   bool changed() const override { return fired_.load(); }
 
  private:
+  using Clock = std::chrono::steady_clock;
+
   bool stopping() {
     std::lock_guard<std::mutex> lock(mu_);
     return stopping_;
@@ -174,17 +186,27 @@ class RoundWatchImpl : public RoundWatch {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopping_) return;
+      if (ctx_) ctx_->TryCancel();  // the round is over for this node: no stream to keep
     }
     cv_.notify_all();
     cb_(c);
   }
 
-  void readLoop() {
+  // One Watch stream; returns its status (OK when the server ended it after an event).
+  grpc::Status watchOnce() {
     pb::WatchRequest req;
     req.set_run_id(a_.run_id);
     req.set_node_id(a_.node_id);
     req.set_round(a_.round);
-    auto reader = impl_->stub->Watch(&ctx_, req);
+    grpc::ClientContext* ctx = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_ || fired_.load()) return grpc::Status::CANCELLED;
+      ctx_ = std::make_unique<grpc::ClientContext>();
+      prepare(*ctx_, impl_->options.token, kWatchDeadline);
+      ctx = ctx_.get();
+    }
+    auto reader = impl_->stub->Watch(ctx, req);
     pb::WatchEvent ev;
     while (reader->Read(&ev)) {
       if (ev.has_watching()) {
@@ -199,24 +221,90 @@ class RoundWatchImpl : public RoundWatch {
         fire({a_.run_id, i.round(), i.reason(), i.nodes_waiting(), false});
       }
     }
-    grpc::Status s = reader->Finish();
-    if (stopping() || fired_.load()) return;
-    fire({a_.run_id, a_.round,
-          fmt::format("watch of round {} on {} ended: {}: {}", a_.round, impl_->options.endpoint,
-                      codeName(s.error_code()), s.error_message()),
-          0, s.error_code() == grpc::UNAVAILABLE || s.error_code() == grpc::DEADLINE_EXCEEDED});
+    return reader->Finish();
   }
 
+  // The stream lasts the round. When the connection breaks, the node is not out of its round:
+  // the server decides that (its heartbeat window), and heartbeatLoop stops the workers when the
+  // server has been unreachable too long. So a broken stream is opened again, unless nothing
+  // listens any more at the server's address (the process is gone: no reason to wait).
+  void readLoop() {
+    Duration backoff{std::chrono::milliseconds(200)};
+    for (int attempt = 0;; ++attempt) {
+      grpc::Status s = watchOnce();
+      if (stopping() || fired_.load()) return;
+      bool transport = s.error_code() == grpc::UNAVAILABLE ||
+                       s.error_code() == grpc::DEADLINE_EXCEEDED ||
+                       (s.error_code() == grpc::CANCELLED && attempt > 0);
+      std::string why =
+          fmt::format("watch of round {} on {} ended: {}: {}", a_.round, impl_->options.endpoint,
+                      codeName(s.error_code()), s.error_message());
+      if (!transport || refused(s)) {
+        fire({a_.run_id, a_.round, why, 0, transport});
+        return;
+      }
+      if (attempt == 0)
+        log::warn(
+            "{}; watching again while heartbeats decide (the workers stop if no heartbeat "
+            "is answered for {:.1f}s)",
+            why, seconds(lease_));
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, backoff, [&] { return stopping_ || fired_.load(); });
+      if (stopping_ || fired_.load()) return;
+      backoff = std::min<Duration>(backoff * 2, std::max<Duration>(interval_, backoff));
+    }
+  }
+
+  static bool refused(const grpc::Status& s) {
+    std::string m = s.error_message();
+    std::transform(m.begin(), m.end(), m.begin(), [](unsigned char c) { return std::tolower(c); });
+    return m.find("connection refused") != std::string::npos;
+  }
+
+  static double seconds(Duration d) { return static_cast<double>(d.count()) / 1000.0; }
+
+  // Heartbeats every interval. While the server does not answer, they are retried more often, and
+  // once none has been answered for lease_ (half the server's window, counted from the send of
+  // the last answered one, which the server received no earlier), this node fences itself: its
+  // workers must be gone before the server could evict it and form a round without it
+  // (docs/network-faults.md: the timings and the clock drift they allow).
   void heartbeatLoop() {
-    Duration interval = a_.heartbeat_interval.count() > 0 ? a_.heartbeat_interval
-                                                          : Duration(std::chrono::seconds(5));
+    Clock::time_point last_ok = Clock::now();  // the round's reply has just come
+    Clock::time_point next = last_ok + interval_;
+    Clock::time_point failing_since{};
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
-      cv_.wait_for(lock, interval, [&] { return stopping_ || fired_.load(); });
+      Clock::time_point fence = last_ok + lease_;
+      cv_.wait_until(lock, std::min(next, fence), [&] { return stopping_ || fired_.load(); });
       if (stopping_ || fired_.load()) return;
+      Clock::time_point now = Clock::now();
+      // Only after a heartbeat failed: an agent that slept past the fence (SIGSTOP, a stalled
+      // machine) first asks, and the server's answer (evicted, or still a member) decides.
+      if (now >= fence && failing_since != Clock::time_point{}) {
+        lock.unlock();
+        Duration silent = std::chrono::duration_cast<Duration>(now - last_ok);
+        RoundChange c{a_.run_id, a_.round,
+                      fmt::format("fencing: no heartbeat answered by {} for {:.1f}s (limit "
+                                  "{:.1f}s, 2/3 of the server's {:.1f}s heartbeat window): the "
+                                  "workers of round {} stop within {:.1f}s, before the server "
+                                  "can form a round without this node",
+                                  impl_->options.endpoint, seconds(silent), seconds(lease_),
+                                  seconds(window_), a_.round, seconds(stopGrace(window_))),
+                      0, true};
+        c.fenced = true;
+        c.stop_within = stopGrace(window_);
+        fire(c);
+        return;
+      }
+      if (now < next && now < fence) continue;
       lock.unlock();
       pb::HeartbeatResponse resp;
-      grpc::Status s = impl_->heartbeat(a_, &resp);
+      // Bounded by the fence too: a call that hangs on a cut link must not hold the check.
+      Duration limit =
+          std::max<Duration>(std::min({impl_->options.call_timeout, interval_,
+                                       std::chrono::duration_cast<Duration>(fence - now)}),
+                             std::min<Duration>(interval_ / 3, Duration(std::chrono::seconds(1))));
+      grpc::Status s = impl_->heartbeat(a_, &resp, limit);
       if (s.error_code() == grpc::FAILED_PRECONDITION || s.error_code() == grpc::NOT_FOUND) {
         // The round ended. The server sends the reason ("node 'b' evicted: ...") down the
         // watch stream at the same moment, and this reply may merely have overtaken it: give
@@ -228,9 +316,25 @@ class RoundWatchImpl : public RoundWatch {
         fire({a_.run_id, a_.round, s.error_message(), 0, false});
         return;
       }
-      if (!s.ok())  // transport trouble: the watch stream reports a lost server
-        log::warn("heartbeat for round {} of run '{}' to {} failed: {}: {}", a_.round, a_.run_id,
-                  impl_->options.endpoint, codeName(s.error_code()), s.error_message());
+      if (s.ok()) {
+        if (failing_since != Clock::time_point{})
+          log::warn("rendezvous service at {} answers heartbeats of round {} again after {:.1f}s",
+                    impl_->options.endpoint, a_.round,
+                    seconds(std::chrono::duration_cast<Duration>(Clock::now() - failing_since)));
+        failing_since = {};
+        last_ok = now;
+        next = now + interval_;
+      } else {
+        if (failing_since == Clock::time_point{}) {
+          failing_since = now;
+          log::warn(
+              "heartbeat for round {} of run '{}' to {} failed: {}: {} (the workers stop "
+              "if none is answered for {:.1f}s)",
+              a_.round, a_.run_id, impl_->options.endpoint, codeName(s.error_code()),
+              s.error_message(), seconds(lease_));
+        }
+        next = Clock::now() + std::max<Duration>(interval_ / 4, Duration(100));
+      }
       lock.lock();
     }
   }
@@ -238,7 +342,8 @@ class RoundWatchImpl : public RoundWatch {
   std::shared_ptr<RendezvousClient::Impl> impl_;
   RoundAssignment a_;
   std::function<void(const RoundChange&)> cb_;
-  grpc::ClientContext ctx_;
+  Duration interval_{}, window_{}, lease_{};
+  std::unique_ptr<grpc::ClientContext> ctx_;  // the current Watch stream's, under mu_
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
@@ -333,7 +438,7 @@ void RendezvousClient::joinAsync(const JoinOptions& o,
 
 int32_t RendezvousClient::heartbeat(const RoundAssignment& a) {
   pb::HeartbeatResponse resp;
-  grpc::Status s = impl_->heartbeat(a, &resp);
+  grpc::Status s = impl_->heartbeat(a, &resp, impl_->options.call_timeout);
   if (!s.ok()) impl_->fail(s, fmt::format("heartbeat for round {} of run '{}'", a.round, a.run_id));
   return resp.nodes_waiting();
 }

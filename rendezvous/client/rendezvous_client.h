@@ -60,8 +60,9 @@ struct RoundAssignment : round_rules::NodePlace {
   std::string master_address;  // group rank 0's address
   // The server hosts the run's TCPStore (torch's protocol, on its own port) for this round.
   bool agent_store = false;
-  std::string store_prefix;    // this run's and round's key namespace
+  std::string store_prefix;  // this run's and round's key namespace
   Duration heartbeat_interval{};
+  Duration heartbeat_window{};  // the server's eviction limit; zero from a server that predates it
   std::vector<NodeInfo> members;  // by group rank, when JoinOptions::include_members
 };
 
@@ -71,7 +72,23 @@ struct RoundChange {
   std::string reason;  // the server's words, e.g. "node 'b' evicted: no heartbeat ..."
   int32_t nodes_waiting = 0;
   bool connection_lost = false;  // the watch could not reach the server
+  // This node fenced itself: no heartbeat was answered for fenceAfter(window). Its workers must
+  // be gone within stop_within, however long the agent's usual shutdown grace.
+  bool fenced = false;
+  Duration stop_within{};
 };
+
+// Fencing (docs/network-faults.md). The server evicts a node whose heartbeats it has not received
+// for its window W, and only then can a round form without it. An agent heartbeats every W/6 and
+// counts from the send of its last answered heartbeat (which the server received no earlier): it
+// stops its workers after 2W/3 of silence, and kills whatever is left W/6 later, so they are gone
+// by 5W/6 on its clock. That holds against the server's W as long as the two clocks' rates
+// differ by less than 9% ((1 + d) * 5/6 < 1 / (1 + d)); the rest of the margin covers
+// scheduling and signal delivery. A server silent for up to W/2 (2W/3 less a heartbeat
+// interval) costs nothing.
+inline Duration fenceAfter(Duration window) { return window * 2 / 3; }
+inline Duration stopGrace(Duration window) { return window / 6; }
+inline Duration heartbeatEvery(Duration window) { return window / 6; }
 
 // Keeps a membership alive: heartbeats every heartbeat_interval and holds the watch stream.
 // Destroying it stops both (the server then evicts the node if its round is still current:

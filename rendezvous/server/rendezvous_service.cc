@@ -90,6 +90,10 @@ class JoinCall : public grpc::ServerUnaryReactor, public JoinWaiter {
     resp_->set_store_prefix(fmt::format("{}/{}/", m.run_id, m.round));
     resp_->set_heartbeat_interval_ms(
         std::max<int64_t>(core_->cfg.heartbeat_window.count() / 3, 100));
+    resp_->set_heartbeat_window_ms(core_->cfg.heartbeat_window.count());
+    resp_->set_epoch_ms(core_->cfg.epoch_ms + std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                  m.run_created - core_->cfg.started)
+                                                  .count());
     if (include_members_) {
       for (const auto& n : m.nodes) {
         auto* mem = resp_->add_members();
@@ -165,6 +169,7 @@ class WatchCall : public grpc::ServerWriteReactor<pb::WatchEvent>, public RoundW
     send(std::move(ev), false);
   }
 
+  const std::string& node() const override { return node_; }
   void ref() override { ++refs_; }
   void unref() override {
     if (--refs_ != 0) return;
@@ -200,7 +205,10 @@ class WatchCall : public grpc::ServerWriteReactor<pb::WatchEvent>, public RoundW
     bool registered = false;
     {
       std::lock_guard<std::mutex> lock(core_->mu);
-      registered = unregisterLocked();
+      // A node that lost its connection for a while watches its round again on a new one, and
+      // the old stream may break only after that (the kernel learns of the old socket when the
+      // link heals): it is not the node's loss then.
+      registered = unregisterLocked() && !watchedElsewhereLocked();
     }
     if (registered && !core_->shutting_down) {
       Effects fx;
@@ -219,6 +227,15 @@ class WatchCall : public grpc::ServerWriteReactor<pb::WatchEvent>, public RoundW
       unregisterLocked();
     }
     unref();
+  }
+
+  // Caller holds core_->mu. Whether another stream of this node watches the same round.
+  bool watchedElsewhereLocked() const {
+    auto it = core_->watchers.find({run_, round_});
+    if (it == core_->watchers.end()) return false;
+    for (const RoundWatcher* w : it->second)
+      if (w != this && w->node() == node_) return true;
+    return false;
   }
 
   // Caller holds core_->mu. Returns whether this watcher was still registered.

@@ -8,13 +8,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
 
 #include "common/errors.h"
-#include "common/net.h"
 #include "common/log.h"
+#include "common/net.h"
 #include "rendezvous/protocol/grpc_common.h"
 #include "rendezvous/server/connection_gate.h"
 #include "rendezvous/server/service.h"
@@ -127,6 +129,10 @@ RendezvousServer::RendezvousServer(const ServerOptions& options) : impl_(std::ma
   cfg.max_value_bytes = options.max_value_bytes;
   cfg.max_wait = options.max_wait;
   cfg.heartbeat_window = options.heartbeat_window;
+  cfg.started = Clock::now();
+  cfg.epoch_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                     std::chrono::system_clock::now().time_since_epoch())
+                     .count();
   cfg.run_retention = options.run_retention;
   cfg.limits = options.limits;
   cfg.max_sessions_per_connection = options.connections.max_streams_per_connection;
@@ -198,9 +204,16 @@ RendezvousServer::RendezvousServer(const ServerOptions& options) : impl_(std::ma
   b.SetMaxReceiveMessageSize(static_cast<int>(
       std::min<int64_t>(options.max_value_bytes + grpc_detail::kMessageOverheadBytes, INT32_MAX)));
   // Find dead peers whose TCP connection lingers, so their watch streams break and the node
-  // is evicted; let agents' own keepalive pings through.
+  // is evicted; let agents' own keepalive pings through. A ping unanswered for less than the
+  // heartbeat window is no evidence: a link that drops everything for a few seconds delays it
+  // (TCP backs off its retransmissions), and a broken watch ends the node's round, so the
+  // heartbeat window, not a shorter ping timeout, decides when a silent node is gone.
   b.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
-  b.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  b.AddChannelArgument(
+      GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+      static_cast<int>(std::clamp<int64_t>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(options.heartbeat_window).count(),
+          10000, INT32_MAX)));
   b.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   b.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   // No per-call channelz bookkeeping: nothing here serves channelz.
@@ -235,10 +248,12 @@ RendezvousServer::RendezvousServer(const ServerOptions& options) : impl_(std::ma
       "[{}] serving on {} ({}{}, {}, max value {} bytes, heartbeat window {}ms, run "
       "retention {}s, per stream {} unanswered / {} bytes queued, {} bytes queued in all)",
       options.log_name, endpoint(), options.tls_cert_file.empty() ? "plaintext" : "TLS",
-      impl_->wire ? (options.tcpstore ? " + store socket + torch TCPStore" : " + store socket") : "", options.token.empty() ? "no token" : "token required",
-      options.max_value_bytes, options.heartbeat_window.count(),
-      options.run_retention.count() / 1000, options.limits.max_stream_pending,
-      options.limits.max_stream_queued_bytes, options.limits.max_queued_bytes);
+      impl_->wire ? (options.tcpstore ? " + store socket + torch TCPStore" : " + store socket")
+                  : "",
+      options.token.empty() ? "no token" : "token required", options.max_value_bytes,
+      options.heartbeat_window.count(), options.run_retention.count() / 1000,
+      options.limits.max_stream_pending, options.limits.max_stream_queued_bytes,
+      options.limits.max_queued_bytes);
 }
 
 RendezvousServer::~RendezvousServer() { shutdown(); }
@@ -298,7 +313,8 @@ ServerStats RendezvousServer::stats() const {
   return s;
 }
 
-void RendezvousServer::beginTcpStoreAttempt(int64_t attempt, const std::vector<std::string>& peer_ips,
+void RendezvousServer::beginTcpStoreAttempt(int64_t attempt,
+                                            const std::vector<std::string>& peer_ips,
                                             bool loopback) {
   if (!impl_->options.tcpstore || !impl_->wire)
     throw InvalidArgument("rendezvous server: started without the TCPStore protocol (tcpstore)");

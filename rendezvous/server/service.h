@@ -21,6 +21,12 @@ struct ServiceConfig {
   int64_t max_value_bytes = kDefaultMaxValueBytes;
   Duration max_wait = std::chrono::hours(2);
   Duration heartbeat_window = kDefaultHeartbeatWindow;
+  // When this server started, on the wall clock (Unix ms) and on the state's clock: a run's epoch
+  // (JoinResponse.epoch_ms) is the wall time the state first saw it. Rounds count from 0 again
+  // in a restarted server, or for a run it had forgotten, so (epoch, round) is what only grows
+  // over a job's life.
+  int64_t epoch_ms = 0;
+  Clock::time_point started{};
   Duration run_retention = kDefaultRunRetention;
   StreamLimits limits;
   // Session streams one gRPC connection may hold open (ConnectionLimits::

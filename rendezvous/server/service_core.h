@@ -54,6 +54,7 @@ class RoundWatcher {
   virtual void ref() = 0;
   virtual void unref() = 0;
   virtual void sendInvalidated(const Invalidation& inv) = 0;
+  virtual const std::string& node() const = 0;
 
  protected:
   ~RoundWatcher() = default;

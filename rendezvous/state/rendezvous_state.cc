@@ -118,6 +118,7 @@ JoinTicket RendezvousState::join(const JoinSpec& asked, TimePoint now, Effects& 
   spec.config.join_timeout = std::min(spec.config.join_timeout, kMaxTimeout);
   spec.config.last_call_timeout = std::min(spec.config.last_call_timeout, kMaxTimeout);
   Run& run = runs_[spec.run_id];
+  if (run.id.empty()) run.created = now;
   run.id = spec.run_id;
   JoinTicket t = joinRun(run, spec, ticket, now, fx);
   reindex(run, now);
@@ -240,6 +241,7 @@ void RendezvousState::complete(Run& run, TimePoint now, Effects& fx) {
   auto m = std::make_shared<RoundMembership>();
   m->run_id = run.id;
   m->round = run.round;
+  m->run_created = run.created;
   m->nodes.reserve(run.joining.size());
   std::vector<int> local_world_sizes;
   local_world_sizes.reserve(run.joining.size());
@@ -505,6 +507,7 @@ RdzvStatus RendezvousState::withdraw(const JoinSpec& asked, const std::string& r
                              spec.config.max_nodes));
   }
   Run& run = runs_[spec.run_id];
+  if (run.id.empty()) run.created = now;
   run.id = spec.run_id;
   if (run.empty()) run.config = spec.config;
   if (run.joining.count(node) || run.waiting.count(node) || run.isMember(node))

@@ -96,6 +96,7 @@ struct JoinSpec {
 struct RoundMembership {
   std::string run_id;
   int64_t round = 0;
+  TimePoint run_created{};  // Run::created: a run forgotten and seen again counts anew
   int32_t world_size = 0;
   std::vector<NodeSpec> nodes;        // by group rank
   std::vector<int32_t> rank_offsets;  // by group rank
@@ -199,6 +200,7 @@ class RendezvousState {
   };
   struct Run {
     std::string id;
+    TimePoint created{};  // when this state first saw the run (the fencing epoch counts from it)
     RunConfig config;
     std::string version;
     int64_t round = 0;

@@ -69,6 +69,10 @@ struct NodePlace {
   int group_world_size = 0;  // number of nodes
   int rank_offset = 0;       // global rank of this node's local rank 0
   int world_size = 0;        // sum of every node's local world size
+  // When the service that numbered the round started (Unix ms; 0 where rounds outlive it, as in
+  // etcd): a restarted service counts rounds from 0 again, so (epoch_ms, round) is what only
+  // grows over a job's life, and what the checkpoint fence compares.
+  int64_t epoch_ms = 0;
 };
 // The wire's fields are int32: a place read from a reply, or published, keeps its width.
 static_assert(sizeof(int) == sizeof(int32_t), "NodePlace's ints carry the wire's int32 fields");

@@ -34,7 +34,6 @@ using ::testing::HasSubstr;
 
 const std::string kServerBin = std::string(DDPL_BIN_DIR) + "/rdzv-server";
 
-
 void sendAll(int fd, const std::string& data) {
   size_t done = 0;
   while (done < data.size()) {
@@ -65,7 +64,8 @@ TEST(RdzvFaultTest, GarbageOnThePortLeavesTheServerServingOthers) {
       std::string("\x16\x03\x01\x02\x00\x01\x00\x01\xfc", 9) + noise.substr(0, 512),  // TLS hello
       std::string(1 << 20, '\xff'),
   };
-  int idle = ddpl::testing::connectLoopback(server.port());  // a connection that never says anything
+  int idle =
+      ddpl::testing::connectLoopback(server.port());  // a connection that never says anything
   ASSERT_GE(idle, 0);
   std::vector<std::thread> attackers;
   for (const auto& p : payloads)
@@ -274,6 +274,60 @@ TEST_F(ServerBinaryTest, LogsJoinsAndLeavesAndStopsOnSigterm) {
   EXPECT_THAT(log, HasSubstr("node 'node-7' joined round 0"));
   EXPECT_THAT(log, HasSubstr("node 'node-7' left"));
   EXPECT_THAT(log, HasSubstr("token required"));
+}
+
+// Fencing (docs/network-faults.md): a server that does not answer (frozen here; a partition on
+// the wire looks the same to the client) for less than half its heartbeat window costs nothing;
+// past it the watch reports a fenced change, with the grace its workers get, once.
+TEST_F(ServerBinaryTest, SilentServerFencesTheNodeAfterTwoThirdsOfTheWindowNotBefore) {
+  int port = start({"--heartbeat-window", "6"});
+  ASSERT_GT(port, 0);
+  RendezvousClientOptions co;
+  co.endpoint = fmt::format("127.0.0.1:{}", port);
+  RendezvousClient client(co);
+  JoinOptions j;
+  j.run_id = "r";
+  j.node_id = "a";
+  auto a = client.join(j);
+  EXPECT_EQ(a.heartbeat_window, seconds(6));
+  EXPECT_GT(a.epoch_ms, 1700000000000);  // the run's start on the server's wall clock
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<RoundChange> change;
+  std::chrono::steady_clock::time_point changed_at;
+  auto watch = client.watch(a, [&](const RoundChange& c) {
+    std::lock_guard<std::mutex> l(mu);
+    change = c;
+    changed_at = std::chrono::steady_clock::now();
+    cv.notify_all();
+  });
+  // Silent for 2.5 s (less than W/2), twice, with heartbeats answered between: no change.
+  for (int i = 0; i < 2; ++i) {
+    kill(pid_, SIGSTOP);
+    std::this_thread::sleep_for(milliseconds(2500));
+    kill(pid_, SIGCONT);
+    std::this_thread::sleep_for(milliseconds(1500));
+  }
+  {
+    std::lock_guard<std::mutex> l(mu);
+    EXPECT_FALSE(change.has_value()) << change->reason;
+  }
+  auto silent_from = std::chrono::steady_clock::now();
+  kill(pid_, SIGSTOP);
+  {
+    std::unique_lock<std::mutex> l(mu);
+    ASSERT_TRUE(cv.wait_for(l, seconds(10), [&] { return change.has_value(); }));
+  }
+  kill(pid_, SIGCONT);
+  EXPECT_TRUE(change->fenced);
+  EXPECT_TRUE(change->connection_lost);
+  EXPECT_EQ(change->stop_within, milliseconds(1000));  // W/6
+  EXPECT_THAT(change->reason, HasSubstr("fencing: no heartbeat answered by " + co.endpoint));
+  EXPECT_THAT(change->reason, HasSubstr("limit 4.0s"));
+  // Counted from the last answered heartbeat's send, which came before the freeze: within the
+  // lease of the freeze, never later than it allows (the kill must follow within the window).
+  double after = std::chrono::duration<double>(changed_at - silent_from).count();
+  EXPECT_LT(after, 4.0 + 0.5) << change->reason;
 }
 
 TEST_F(ServerBinaryTest, KilledServerIsReportedToWatchersAndCallers) {
