@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -162,6 +163,56 @@ void makeDirs(const std::string& dir) {
 
 }  // namespace
 
+FenceGuard::FenceGuard(const std::string& dir, const FenceToken& mine, const std::string& what,
+                       double timeout_sec) {
+  if (!mine.known()) return;
+  makeDirs(dir);
+  std::string path = dir + "/" + kFenceName;
+  // A shared directory: no symlink followed, private to the job's user.
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) fail("open", path, errno);
+  auto give_up = [&](const std::string& msg) {
+    close(fd);
+    throw Error(msg);
+  };
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+    give_up("cannot use " + path + ": not a regular file");
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_sec);
+  while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno == ENOLCK || errno == EOPNOTSUPP) break;  // no locks here: checked, unordered
+    if (errno != EWOULDBLOCK && errno != EINTR)
+      give_up("cannot lock " + path + ": " + errnoText(errno));
+    if (std::chrono::steady_clock::now() >= deadline)
+      give_up("cannot lock " + path + " within " + std::to_string(static_cast<int>(timeout_sec)) +
+              "s: another writer holds it (" + what + ")");
+    usleep(10000);
+  }
+  std::string text(kMaxFenceBytes + 1, '\0');
+  ssize_t n = pread(fd, text.data(), text.size(), 0);
+  text.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  std::optional<FenceToken> newest = decodeFence(text);
+  if (newest && fenceRefuses(*newest, mine)) {
+    close(fd);
+    throw StaleRoundError(what + " refused: this process belongs to " + describeFence(mine) +
+                          ", but " + describeFence(*newest) + " has committed to " + dir +
+                          " since. Its group is stale (its node lost the rendezvous and the job " +
+                          "re-formed without it): this process should stop.");
+  }
+  if (!newest || newest->run_id != mine.run_id || newest->epoch != mine.epoch ||
+      newest->round != mine.round) {
+    std::string out = encodeFence(mine);
+    if (ftruncate(fd, 0) != 0 ||
+        pwrite(fd, out.data(), out.size(), 0) != static_cast<ssize_t>(out.size()) || fsync(fd) != 0)
+      give_up("cannot write " + path + ": " + errnoText(errno));
+  }
+  fd_ = fd;
+}
+
+FenceGuard::~FenceGuard() {
+  if (fd_ >= 0) close(fd_);  // releases the lock
+}
+
 std::optional<CommitRecord> readCommitted(const std::string& step_dir, int64_t step, int64_t rank,
                                           std::string* why) {
   std::string text;
@@ -257,6 +308,15 @@ std::string commitStep(const std::string& rank_dir, const std::string& partial,
   writeFileAtomically(partial + "/" + kRecordName, encodeRecord(record),
                       AtomicWriteOptions{0600, false});
   std::string target = rank_dir + "/" + stepDirName(record.step);
+  std::optional<FenceGuard> fence;
+  try {
+    fence.emplace(rank_dir, record.writer,
+                  "checkpoint step " + std::to_string(record.step) + " of rank " +
+                      std::to_string(record.rank));
+  } catch (const StaleRoundError&) {
+    removeTree(partial);  // nothing of a stale round stays behind
+    throw;
+  }
   if (rename(partial.c_str(), target.c_str()) != 0) {
     if (errno != ENOTEMPTY && errno != EEXIST) fail("commit", target, errno);
     // An earlier attempt committed this step: moved aside first, so the name never points at
@@ -303,6 +363,11 @@ uint64_t persistStep(const std::string& step_dir, const CommitRecord& r, bool mo
         throw Error("cannot persist " + p + ": changed after its commit");
     }
   }
+  // Held to the marker (taken once the files are open: it may wait on a slow disk): a stale round's
+  // step must not land beside (or over) a newer round's.
+  FenceGuard fence(durableRoot(r), r.writer,
+                   "persisting checkpoint step " + std::to_string(r.step) + " of rank " +
+                       std::to_string(r.rank));
   makeDirs(r.durable_path);
   uint64_t written = 0;
   std::vector<char> buf;

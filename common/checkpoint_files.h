@@ -9,8 +9,32 @@
 #include <vector>
 
 #include "common/checkpoint_format.h"
+#include "common/errors.h"
 
 namespace ddpl::ckpt {
+
+// A write from a round older than the newest that committed to the directory (fenceRefuses).
+class StaleRoundError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Held across a commit into `dir`: takes `dir`/.ddpl-fence's lock (flock, waiting at most
+// `timeout_sec`), refuses (StaleRoundError naming both rounds and `what`) when a newer round of
+// the same run committed there, else records `mine` as the newest. Nothing when `mine` is not
+// known. The lock orders writers on one machine and, where the file system supports flock
+// (local, NFSv4), across machines; where it does not, the check still runs, unordered.
+class FenceGuard {
+ public:
+  FenceGuard(const std::string& dir, const FenceToken& mine, const std::string& what,
+             double timeout_sec = 60);
+  ~FenceGuard();
+  FenceGuard(const FenceGuard&) = delete;
+  FenceGuard& operator=(const FenceGuard&) = delete;
+
+ private:
+  int fd_ = -1;
+};
 
 struct StoredStep {
   int64_t step = 0;

@@ -96,6 +96,11 @@ std::string encodeRecord(const CommitRecord& r) {
             {"replicated", r.replicated},
             {"keep", r.keep},
             {"time", r.time}};
+  if (r.writer.known()) {
+    j["run_id"] = r.writer.run_id;
+    j["epoch"] = r.writer.epoch;
+    j["round"] = r.writer.round;
+  }
   return j.dump();
 }
 
@@ -179,7 +184,41 @@ CommitRecord decodeRecord(const std::string& text) {
   const json& t = field(j, "time");
   if (!t.is_number()) throw InvalidArgument("commit record: 'time' is not a number");
   r.time = t.get<double>();
+  if (j.contains("epoch")) {
+    r.writer.epoch = nonNegative(j, "epoch");
+    r.writer.round = nonNegative(j, "round");
+    const json& run = field(j, "run_id");
+    if (!run.is_string()) throw InvalidArgument("commit record: 'run_id' is not a string");
+    r.writer.run_id = run.get<std::string>();
+  }
   return r;
+}
+
+bool fenceRefuses(const FenceToken& newest, const FenceToken& mine) {
+  if (!newest.known() || !mine.known() || newest.run_id != mine.run_id) return false;
+  return std::make_pair(mine.epoch, mine.round) < std::make_pair(newest.epoch, newest.round);
+}
+
+std::string encodeFence(const FenceToken& t) {
+  return json{{"run_id", t.run_id}, {"epoch", t.epoch}, {"round", t.round}}.dump() + "\n";
+}
+
+std::optional<FenceToken> decodeFence(const std::string& text) {
+  if (text.size() > kMaxFenceBytes) return std::nullopt;
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return std::nullopt;
+  auto run = j.find("run_id"), epoch = j.find("epoch"), round = j.find("round");
+  if (run == j.end() || epoch == j.end() || round == j.end() || !run->is_string() ||
+      !epoch->is_number_integer() || !round->is_number_integer())
+    return std::nullopt;
+  FenceToken t{run->get<std::string>(), epoch->get<int64_t>(), round->get<int64_t>()};
+  if (t.epoch < 0 || t.round < 0) return std::nullopt;
+  return t;
+}
+
+std::string describeFence(const FenceToken& t) {
+  return "round " + std::to_string(t.round) + " (epoch " + std::to_string(t.epoch) + ") of run '" +
+         t.run_id + "'";
 }
 
 std::optional<int64_t> agreeOnStep(const std::vector<std::vector<int64_t>>& offers) {

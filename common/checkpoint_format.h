@@ -30,6 +30,27 @@ struct FileEntry {
   uint64_t size = 0;
 };
 
+// Who wrote a checkpoint: the job's run and the (epoch, round) its group belongs to (launch sets
+// DDPL_ROUND_EPOCH and DDPL_ROUND). Epoch 0: not known (static nodes, etcd), nothing fenced.
+struct FenceToken {
+  std::string run_id;
+  int64_t epoch = 0;
+  int64_t round = 0;
+  bool known() const { return epoch > 0; }
+};
+inline constexpr const char* kFenceName = ".ddpl-fence";
+inline constexpr size_t kMaxFenceBytes = 4096;
+
+// Whether a write by `mine` is refused where `newest` is the last round that committed: the same
+// run, and an older (epoch, round). Another run's fence says nothing of this one (a new job into
+// the same directory starts its own count).
+bool fenceRefuses(const FenceToken& newest, const FenceToken& mine);
+std::string encodeFence(const FenceToken& t);
+// None when the text is not a fence (empty, or written by something else): no refusal on it.
+std::optional<FenceToken> decodeFence(const std::string& text);
+// "round 4 (epoch 1733300000000) of run 'job7'".
+std::string describeFence(const FenceToken& t);
+
 struct CommitRecord {
   int version = kFormatVersion;
   int64_t step = 0;
@@ -42,6 +63,7 @@ struct CommitRecord {
   bool replicated = false;
   int64_t keep = 2;  // durable retention for this rank; 0: all
   double time = 0;
+  FenceToken writer;  // optional in the record: absent from older writers'
 };
 
 std::string rankDirName(int64_t rank);               // "rank-3"

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <exception>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -291,7 +292,20 @@ std::string CheckpointManager::save(const CheckpointRefs& refs, bool durable) {
     throw InvalidArgument("CheckpointManager::save: CheckpointRefs::progress is required");
   if (inMemory()) return saveInMemory(refs, durable);
   const std::string path = dir_.pathFor(refs.progress->step);
-  saveCheckpoint(session_, path, refs);
+  // saveCheckpoint(session, ...) with the fence held by the writer only: a lock held across its
+  // barrier would wait for ranks that wait for the lock.
+  std::exception_ptr error;
+  if (session_.rank() == 0) {
+    try {
+      ckpt::FenceGuard fence(dir_.dir(), fenceToken(),
+                             "checkpoint step " + std::to_string(refs.progress->step));
+      saveCheckpoint(path, refs);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  session_.barrier();  // nobody loads (or exits) before rank 0 has finished writing
+  if (error) std::rethrow_exception(error);
   if (session_.rank() == 0) dir_.prune();
   std::lock_guard<std::mutex> lock(mu_);
   latest_ = path;
@@ -379,6 +393,7 @@ std::string CheckpointManager::saveInMemory(const CheckpointRefs& refs, bool dur
     const std::string path = dir_.pathFor(step);
     if (session_.rank() == 0) {
       fs::create_directories(path.substr(0, path.find_last_of('/')));
+      ckpt::FenceGuard fence(dir_.dir(), fenceToken(), "checkpoint step " + std::to_string(step));
       saveCheckpoint(path, refs);
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -401,6 +416,7 @@ std::string CheckpointManager::saveInMemory(const CheckpointRefs& refs, bool dur
   record.persist = durable;
   record.replicated = true;
   record.keep = policy_.keep;
+  record.writer = fenceToken();
   const std::string committed = ckpt::commitStep(rankDir_, partial, record);
   ckpt::trimCommitted(rankDir_, o.checkpointKeep, step);
   // Readable now: the memory copy. A durable one is also where launch puts it, by the time
@@ -410,6 +426,11 @@ std::string CheckpointManager::saveInMemory(const CheckpointRefs& refs, bool dur
   latest_ = path;
   if (durable) latestDurable_ = dir_.pathFor(step);
   return path;
+}
+
+ckpt::FenceToken CheckpointManager::fenceToken() const {
+  const auto& o = session_.options();
+  return ckpt::FenceToken{o.runId, o.roundEpoch, o.round};
 }
 
 std::string CheckpointManager::latest() const {

@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "common/checkpoint_format.h"
 #include "worker/checkpoint.h"
 
 namespace ddpl::worker {
@@ -89,10 +90,10 @@ ResumeReason chooseResume(int restartCount, const std::string& runId,
 
 struct ResumePoint {
   ResumeReason reason = ResumeReason::kFresh;
-  std::string reasonText;     // "restart 2", "run JOB started again", "--resume"; empty when fresh
-  std::string path;           // the checkpoint loaded; empty: none (starts at step 0)
-  std::string source;  // "memory", "peer replica" (another node's copy) or "disk"; empty: none
-  TrainingProgress progress;  // as saved in it (zeros when none)
+  std::string reasonText;  // "restart 2", "run JOB started again", "--resume"; empty when fresh
+  std::string path;        // the checkpoint loaded; empty: none (starts at step 0)
+  std::string source;      // "memory", "peer replica" (another node's copy) or "disk"; empty: none
+  TrainingProgress progress;                  // as saved in it (zeros when none)
   std::vector<std::string> skippedTruncated;  // "PATH: why", newest first (every rank)
   size_t removedStale = 0;  // a new job: the earlier run's checkpoints removed (rank 0's count)
 };
@@ -130,6 +131,8 @@ class CheckpointManager {
 
  private:
   std::string memoryFileName(int64_t step) const;
+  // This rank's run and (epoch, round), for the fence (common/checkpoint_files.h FenceGuard).
+  ckpt::FenceToken fenceToken() const;
   void resumeAgreed(const CheckpointRefs& refs, ResumePoint& point);
   std::string saveInMemory(const CheckpointRefs& refs, bool durable);
 

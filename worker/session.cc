@@ -30,7 +30,6 @@
 #include "worker/mpi_bootstrap.h"
 #endif
 
-
 namespace ddpl::worker {
 namespace {
 
@@ -55,7 +54,9 @@ bool parseBool(const std::string& text) {
   return text == "1" || text == "True" || text == "true" || text == "TRUE" || text == "yes";
 }
 
-bool isSet(const Environment& env, const std::string& name) { return !lookup(env, name, "").empty(); }
+bool isSet(const Environment& env, const std::string& name) {
+  return !lookup(env, name, "").empty();
+}
 
 // An MPI launcher started us (worker/mpi_env.h): rank and sizes come from its variables, and any
 // torchrun variable also present (`launch --launcher=mpi` exports WORLD_SIZE) must agree.
@@ -70,8 +71,9 @@ void applyMpiLaunch(SessionOptions& o, const Environment& env) {
   }
   if (!launch) {
     if (mode == BootstrapMode::kMpi) {
-      throw InvalidArgument("DDPL_BOOTSTRAP=mpi but no MPI launcher started this process (none of "
-                            "OMPI_COMM_WORLD_RANK, PMI_RANK, PMIX_RANK, or SLURM_PROCID in a job step is set)");
+      throw InvalidArgument(
+          "DDPL_BOOTSTRAP=mpi but no MPI launcher started this process (none of "
+          "OMPI_COMM_WORLD_RANK, PMI_RANK, PMIX_RANK, or SLURM_PROCID in a job step is set)");
     }
     if (hasRank != hasWorld) {
       throw InvalidArgument(
@@ -87,7 +89,8 @@ void applyMpiLaunch(SessionOptions& o, const Environment& env) {
   auto agree = [&](const char* name, int value, std::optional<int> mpiValue, const char* what) {
     if (isSet(env, name) && mpiValue && value != *mpiValue) {
       throw InvalidArgument(std::string(name) + "=" + std::to_string(value) + from + what + " " +
-                            std::to_string(*mpiValue) + vars + ": inconsistent launcher environment");
+                            std::to_string(*mpiValue) + vars +
+                            ": inconsistent launcher environment");
     }
   };
   agree(torchrun_env::kRank, o.rank, launch->rank, "rank");
@@ -119,9 +122,12 @@ BackendKind parseBackendKind(const std::string& name) {
 
 std::string toString(BackendKind kind) {
   switch (kind) {
-    case BackendKind::kAuto: return "auto";
-    case BackendKind::kGloo: return "gloo";
-    case BackendKind::kNccl: return "nccl";
+    case BackendKind::kAuto:
+      return "auto";
+    case BackendKind::kGloo:
+      return "gloo";
+    case BackendKind::kNccl:
+      return "nccl";
   }
   return "?";
 }
@@ -160,8 +166,8 @@ SessionOptions SessionOptions::fromEnvironment(const Environment& env) {
   o.storePrefix = lookup(env, envvar::kStorePrefix, "");
   {
     const std::string v = lookup(env, envvar::kStoreSocket, "1");
-    o.storeSocket = !(v == "0" || v == "false" || v == "False" || v == "FALSE" || v == "no" ||
-                      v == "off");
+    o.storeSocket =
+        !(v == "0" || v == "false" || v == "False" || v == "FALSE" || v == "no" || v == "off");
   }
   o.backend = parseBackendKind(lookup(env, envvar::kBackend, "auto"));
   o.checkpointMemory = lookup(env, ckpt::kMemoryEnv, "");
@@ -172,6 +178,11 @@ SessionOptions SessionOptions::fromEnvironment(const Environment& env) {
     throw InvalidArgument(std::string(ckpt::kKeepEnv) + "=" + std::to_string(o.checkpointKeep) +
                           ": at least 1");
   o.checkpointDir = lookup(env, ckpt::kDirEnv, "");
+  o.roundEpoch = parseInteger(envvar::kRoundEpoch, lookup(env, envvar::kRoundEpoch, "0"));
+  o.round = parseInteger(envvar::kRound, lookup(env, envvar::kRound, "0"));
+  if (o.roundEpoch < 0 || o.round < 0)
+    throw InvalidArgument(std::string(envvar::kRoundEpoch) + "/" + envvar::kRound +
+                          ": not negative numbers expected");
   o.glooInterface = lookup(env, "GLOO_SOCKET_IFNAME", "");
   // glibc's own malloc settings (MALLOC_*_ env or GLIBC_TUNABLES) are the user's choice: ours
   // would override them, so they turn the tuning off unless DDPL_RETAIN_FREED_MEMORY says on.
@@ -187,8 +198,8 @@ SessionOptions SessionOptions::fromEnvironment(const Environment& env) {
     throw InvalidArgument("WORLD_SIZE must be >= 1, got " + std::to_string(o.worldSize));
   }
   if (o.rank < 0 || (o.worldSize >= 1 && o.rank >= o.worldSize)) {
-    throw InvalidArgument("RANK " + std::to_string(o.rank) + " outside [0, WORLD_SIZE=" +
-                          std::to_string(o.worldSize) + ")");
+    throw InvalidArgument("RANK " + std::to_string(o.rank) +
+                          " outside [0, WORLD_SIZE=" + std::to_string(o.worldSize) + ")");
   }
   // A program run on its own (one rank, no launcher) needs no agreed port: a fixed default such
   // as 29500 would make two such runs on one machine collide. Port 0 lets the kernel choose.
@@ -250,13 +261,13 @@ c10::intrusive_ptr<c10d::Store> connectStore(const SessionOptions& o) {
   try {
     store = c10::make_intrusive<c10d::TCPStore>(o.masterAddr, tcp);
   } catch (const std::exception& e) {
-    throw NetworkError("cannot reach TCPStore at " + o.masterAddr + ":" + std::to_string(o.masterPort) +
-                       ": " + e.what());
+    throw NetworkError("cannot reach TCPStore at " + o.masterAddr + ":" +
+                       std::to_string(o.masterPort) + ": " + e.what());
   }
   if (o.agentHostsStore) {
     // torch.distributed's env:// rendezvous scopes each restart attempt the same way.
-    return c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(o.restartCount),
-                                                  store);
+    return c10::make_intrusive<c10d::PrefixStore>(
+        "/worker/attempt_" + std::to_string(o.restartCount), store);
   }
   return store;
 }
@@ -280,25 +291,30 @@ c10::intrusive_ptr<c10d::Store> connectStoreThroughMpi(SessionOptions& o) {
 #if DDPL_WITH_MPI
   const mpi::World world = mpi::initialize();
   if (o.rank != world.rank || (o.worldSize >= 1 && o.worldSize != world.size)) {
-    throw BackendError("MPI_COMM_WORLD has rank " + std::to_string(world.rank) + " of " +
-                       std::to_string(world.size) + " but the launcher's variables say rank " + std::to_string(o.rank) +
-                       " of " + (o.worldSize >= 1 ? std::to_string(o.worldSize) : std::string("?")) + " (" +
-                       o.mpiVariables + "): the ranks were not started as one MPI job (under Slurm: srun --mpi=pmix)");
+    throw BackendError(
+        "MPI_COMM_WORLD has rank " + std::to_string(world.rank) + " of " +
+        std::to_string(world.size) + " but the launcher's variables say rank " +
+        std::to_string(o.rank) + " of " +
+        (o.worldSize >= 1 ? std::to_string(o.worldSize) : std::string("?")) + " (" +
+        o.mpiVariables +
+        "): the ranks were not started as one MPI job (under Slurm: srun --mpi=pmix)");
   }
   o.worldSize = world.size;
   if (o.localRank < 0 || o.localWorldSize < 0) {
     o.localRank = world.localRank;
     o.localWorldSize = world.localSize;
   } else if (o.localRank != world.localRank) {
-    wlog::warn("local rank " + std::to_string(o.localRank) + " from the launcher (" + o.mpiVariables +
-               ") differs from MPI's node split (" + std::to_string(world.localRank) + "): using the launcher's");
+    wlog::warn("local rank " + std::to_string(o.localRank) + " from the launcher (" +
+               o.mpiVariables + ") differs from MPI's node split (" +
+               std::to_string(world.localRank) + "): using the launcher's");
   }
   std::string endpoint;
   c10::intrusive_ptr<c10d::Store> store;
   if (o.rank == 0) {
     // Every rank on this node: loopback. Otherwise the name peers resolve, as torchrun's default.
     std::string advertised = o.masterAddr;
-    if (advertised.empty()) advertised = world.localSize == world.size ? "127.0.0.1" : world.processorName;
+    if (advertised.empty())
+      advertised = world.localSize == world.size ? "127.0.0.1" : world.processorName;
     try {
       auto [server, address] = host(advertised, "127.0.0.1");
       store = server;
@@ -311,13 +327,14 @@ c10::intrusive_ptr<c10d::Store> connectStoreThroughMpi(SessionOptions& o) {
   endpoint = mpi::broadcastFromRoot(endpoint);
   if (endpoint.rfind("error:", 0) == 0) {
     throw NetworkError("rank 0 could not host the TCPStore" +
-                       (o.masterPort ? " on port " + std::to_string(o.masterPort) : std::string()) + ": " +
-                       endpoint.substr(6));
+                       (o.masterPort ? " on port " + std::to_string(o.masterPort) : std::string()) +
+                       ": " + endpoint.substr(6));
   }
   const auto colon = endpoint.rfind(':');
   o.masterAddr = endpoint.substr(0, colon);
   o.masterPort = parsePort("TCPStore endpoint from rank 0", endpoint.substr(colon + 1));
-  wlog::info("store: TCPStore " + endpoint + (o.rank == 0 ? " (hosted by this rank)" : " (client)") +
+  wlog::info("store: TCPStore " + endpoint +
+             (o.rank == 0 ? " (hosted by this rank)" : " (client)") +
              ", address shared through MPI; " + o.mpiVariables);
   if (store) return store;
   c10d::TCPStoreOptions tcp;
@@ -329,14 +346,15 @@ c10::intrusive_ptr<c10d::Store> connectStoreThroughMpi(SessionOptions& o) {
   try {
     return c10::make_intrusive<c10d::TCPStore>(o.masterAddr, tcp);
   } catch (const std::exception& e) {
-    throw NetworkError("cannot reach rank 0's TCPStore at " + endpoint + " (address shared through MPI): " +
-                       e.what());
+    throw NetworkError("cannot reach rank 0's TCPStore at " + endpoint +
+                       " (address shared through MPI): " + e.what());
   }
 #else
   if (o.worldSize != 1) {
-    throw InvalidArgument("started by an MPI launcher (" + o.mpiVariables +
-                          ") but this build of ddpl_worker has no MPI support (configure with OpenMPI "
-                          "installed and DDPL_WITH_MPI=ON), or start the program with launch or torchrun");
+    throw InvalidArgument(
+        "started by an MPI launcher (" + o.mpiVariables +
+        ") but this build of ddpl_worker has no MPI support (configure with OpenMPI "
+        "installed and DDPL_WITH_MPI=ON), or start the program with launch or torchrun");
   }
   // mpirun -np 1: a world of one needs no peer, only its own store.
   o.localRank = 0;
@@ -379,7 +397,8 @@ void runCleanup(Session& session, Session::Impl& impl, bool normalExit) {
 
 }  // namespace
 
-Session::Session(SessionOptions options, std::vector<Hook> setupHooks) : impl_(std::make_unique<Impl>()) {
+Session::Session(SessionOptions options, std::vector<Hook> setupHooks)
+    : impl_(std::make_unique<Impl>()) {
   impl_->options = std::move(options);
   const SessionOptions& o = impl_->options;
   wlog::init(o.rank);
@@ -403,7 +422,8 @@ Session::Session(SessionOptions options, std::vector<Hook> setupHooks) : impl_(s
       int sig = 0;
       while (sigwait(&set, &sig) == 0) {
         if (impl_->stopping.load()) return;
-        wlog::warn("received signal " + std::to_string(sig) + " (" + strsignal(sig) + "): running cleanup hooks");
+        wlog::warn("received signal " + std::to_string(sig) + " (" + strsignal(sig) +
+                   "): running cleanup hooks");
         runCleanup(*this, *impl_, /*normalExit=*/false);
         wlog::flush();
         // Die by the same signal so that the launcher reports what happened.
@@ -429,7 +449,8 @@ Session::Session(SessionOptions options, std::vector<Hook> setupHooks) : impl_(s
     spec.glooInterface = o.glooInterface;
     BackendKind kind = o.backend;
     if (kind == BackendKind::kAuto) {
-      kind = detail::ncclCompiledIn() && detail::cudaAvailable() ? BackendKind::kNccl : BackendKind::kGloo;
+      kind = detail::ncclCompiledIn() && detail::cudaAvailable() ? BackendKind::kNccl
+                                                                 : BackendKind::kGloo;
     }
     if (kind == BackendKind::kNccl) {
       impl_->backend = detail::makeNcclBackend(spec);
@@ -438,9 +459,9 @@ Session::Session(SessionOptions options, std::vector<Hook> setupHooks) : impl_(s
       impl_->backend = detail::makeGlooBackend(spec);
     }
     impl_->kind = kind;
-    wlog::info("process group up: backend " + toString(kind) + ", rank " + std::to_string(o.rank) + "/" +
-               std::to_string(o.worldSize) + ", local rank " + std::to_string(o.localRank) + ", device " +
-               impl_->device.str());
+    wlog::info("process group up: backend " + toString(kind) + ", rank " + std::to_string(o.rank) +
+               "/" + std::to_string(o.worldSize) + ", local rank " + std::to_string(o.localRank) +
+               ", device " + impl_->device.str());
     for (auto& hook : setupHooks) hook(*this);
   } catch (...) {
     // The destructor will not run for a half-built object; undo the signal watcher here.

@@ -95,6 +95,10 @@ struct SessionOptions {
   uint64_t checkpointBudget = 0;
   int checkpointKeep = 1;
   std::string checkpointDir;
+  // DDPL_ROUND_EPOCH and DDPL_ROUND from launch: the checkpoint fence refuses this rank's writes
+  // once a newer round of the job committed (docs/network-faults.md). Epoch 0: no fence.
+  int64_t roundEpoch = 0;
+  int64_t round = 0;
 
   // Reads RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
   // TORCHELASTIC_*, DDPL_STORE_*, DDPL_CHECKPOINT_*, DDPL_BACKEND, GLOO_SOCKET_IFNAME,

@@ -173,6 +173,10 @@ uint64_t recvStep(int sock, size_t record_bytes, const std::string& rank_dir,
                           AtomicWriteOptions{0600, false});
     writeFileAtomically(partial + "/" + ckpt::kRecordName, text, AtomicWriteOptions{0600, false});
     std::string target = rank_dir + "/" + ckpt::stepDirName(r.step);
+    // A stale round's replica (its node lost the rendezvous) must not replace a newer one here.
+    ckpt::FenceGuard fence(rank_dir, r.writer,
+                           "checkpoint replica of step " + std::to_string(r.step) + " of rank " +
+                               std::to_string(r.rank) + " from " + peer);
     std::error_code ec;
     fs::remove_all(target, ec);
     if (rename(partial.c_str(), target.c_str()) != 0)

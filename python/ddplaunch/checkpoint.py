@@ -21,8 +21,10 @@ Importing this module does not import torch; save, load, latest (across ranks) a
 classes import it when called.
 """
 import atexit
+import contextlib
 import dataclasses
 import errno
+import fcntl
 import json
 import os
 import re
@@ -34,7 +36,8 @@ import warnings
 
 from . import progress as _progress
 
-__all__ = ["Checkpoint", "begin", "commit", "latest", "save", "save_async", "wait", "load",
+__all__ = ["Checkpoint", "StaleRoundError", "begin", "commit", "latest", "save", "save_async",
+           "wait", "load",
            "PendingSave", "StorageWriter", "StorageReader"]
 
 VERSION = 1
@@ -46,6 +49,12 @@ _KEEP_ENV = "DDPL_CHECKPOINT_MEMORY_KEEP"
 _DIR_ENV = "DDPL_CHECKPOINT_DIR"
 _STEP_DIR = re.compile(r"step-(\d+)\Z")
 _MARKER = re.compile(r"\.ddpl-step-(\d+)\.rank-(\d+)\.json\Z")
+_ROUND_ENV = "DDPL_ROUND"
+_EPOCH_ENV = "DDPL_ROUND_EPOCH"
+_RUN_ENV = "TORCHELASTIC_RUN_ID"
+_FENCE = ".ddpl-fence"
+_FENCE_MAX = 4096
+_FENCE_LOCK_SECONDS = 60
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 _latest_calls = 0  # numbers latest() calls, so that a call never reads an earlier call's offers
@@ -63,6 +72,90 @@ class Checkpoint:
 
 
 # ---------------------------------------------------------------------------- where things go
+
+class StaleRoundError(RuntimeError):
+    """A write from a group older than the newest that committed to the directory: this
+    process's node lost the rendezvous and the job re-formed without it (the fence)."""
+
+
+def _fence_token():
+    """(run id, epoch, round) launch gave this worker, or None (no launch, or no epoch)."""
+    try:
+        epoch = int(os.environ.get(_EPOCH_ENV) or 0)
+        rnd = int(os.environ.get(_ROUND_ENV) or 0)
+    except ValueError:
+        raise ValueError(f"{_EPOCH_ENV}={os.environ.get(_EPOCH_ENV)!r} and "
+                         f"{_ROUND_ENV}={os.environ.get(_ROUND_ENV)!r}: integers expected "
+                         f"(launch sets them)") from None
+    if epoch <= 0 or rnd < 0:
+        return None
+    return (os.environ.get(_RUN_ENV, ""), epoch, rnd)
+
+
+def _describe(t):
+    return f"round {t[2]} (epoch {t[1]}) of run {t[0]!r}"
+
+
+def _read_fence(fd):
+    data = os.pread(fd, _FENCE_MAX + 1, 0)
+    try:
+        j = json.loads(data) if 0 < len(data) <= _FENCE_MAX else None
+    except ValueError:
+        return None
+    if (not isinstance(j, dict) or not isinstance(j.get("run_id"), str)
+            or type(j.get("epoch")) is not int or type(j.get("round")) is not int
+            or j["epoch"] < 0 or j["round"] < 0):
+        return None
+    return (j["run_id"], j["epoch"], j["round"])
+
+
+@contextlib.contextmanager
+def _fence(d, what):
+    """Held across a commit into d: refuses (StaleRoundError) when a newer round of the same run
+    committed there, else records this round as the newest. The same file and rules as launch's
+    and the C++ library's (common/checkpoint_files.h FenceGuard)."""
+    mine = _fence_token()
+    if mine is None:
+        yield
+        return
+    _makedirs(d)
+    path = os.path.join(d, _FENCE)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"cannot use {path}: not a regular file")
+        deadline = time.monotonic() + _FENCE_LOCK_SECONDS
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as e:
+                if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP):
+                    break  # no locks on this file system: checked, unordered
+                if e.errno not in (errno.EWOULDBLOCK, errno.EINTR):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"cannot lock {path} within {_FENCE_LOCK_SECONDS}s: "
+                                       f"another writer holds it ({what})") from None
+                time.sleep(0.01)
+        newest = _read_fence(fd)
+        if (newest is not None and newest[0] == mine[0]
+                and (mine[1], mine[2]) < (newest[1], newest[2])):
+            raise StaleRoundError(
+                f"{what} refused: this process belongs to {_describe(mine)}, but "
+                f"{_describe(newest)} has committed to {d} since. Its group is stale (its node "
+                f"lost the rendezvous and the job re-formed without it): this process should "
+                f"stop.")
+        if newest != mine:
+            data = (json.dumps({"run_id": mine[0], "epoch": mine[1], "round": mine[2]})
+                    + "\n").encode()
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, data, 0)
+            os.fsync(fd)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
 
 def _rank_world():
     dist = sys.modules.get("torch.distributed")  # only when the program imported it
@@ -277,10 +370,14 @@ def _begin_disk(d, step, rank):
 
 
 def _record(step, rank, world, files, durable, persist, replicated, keep):
-    return {"version": VERSION, "step": step, "rank": rank, "world_size": world,
-            "files": files, "bytes": sum(f["size"] for f in files), "durable_path": durable,
-            "persist": bool(persist and durable), "replicated": bool(replicated),
-            "keep": int(keep), "time": time.time()}
+    r = {"version": VERSION, "step": step, "rank": rank, "world_size": world,
+         "files": files, "bytes": sum(f["size"] for f in files), "durable_path": durable,
+         "persist": bool(persist and durable), "replicated": bool(replicated),
+         "keep": int(keep), "time": time.time()}
+    token = _fence_token()
+    if token is not None:  # launch persists the step under the same fence
+        r["run_id"], r["epoch"], r["round"] = token
+    return r
 
 
 def commit(step, dir=None, replicated=False, persist=True, keep=2, flat=False):
@@ -316,16 +413,21 @@ def commit(step, dir=None, replicated=False, persist=True, keep=2, flat=False):
         json.dump(record, f, indent=1)
     target = os.path.join(mem, f"step-{step}")
     try:
-        os.rename(partial, target)  # the commit point
-    except OSError as e:
-        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-            raise
-        # An earlier attempt committed this step: move it away, then commit.
-        away = os.path.join(mem, f"replaced-{step}-{pid}")
-        _rmtree(away)
-        os.rename(target, away)
-        os.rename(partial, target)
-        _rmtree(away)
+        with _fence(mem, f"checkpoint step {step} of rank {rank}"):
+            try:
+                os.rename(partial, target)  # the commit point
+            except OSError as e:
+                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+                # An earlier attempt committed this step: move it away, then commit.
+                away = os.path.join(mem, f"replaced-{step}-{pid}")
+                _rmtree(away)
+                os.rename(target, away)
+                os.rename(partial, target)
+                _rmtree(away)
+    except StaleRoundError:
+        _rmtree(partial)
+        raise
     _trim_memory(mem, step)
     return Checkpoint(step, target, "memory", rank)
 
@@ -371,6 +473,18 @@ def _commit_disk(partial, record, d):
     if record["replicated"] and rank != 0:
         _rmtree(partial)  # rank 0 writes the one copy on disk
         return Checkpoint(step, durable, "disk", rank)
+    try:
+        with _fence(d, f"checkpoint step {step} of rank {rank}"):
+            _place_disk(partial, record, durable)
+    except StaleRoundError:
+        _rmtree(partial)
+        raise
+    _retention(d, rank, record["keep"])
+    return Checkpoint(step, durable, "disk", rank)
+
+
+def _place_disk(partial, record, durable):
+    step, rank = record["step"], record["rank"]
     _makedirs(durable)
     marker = os.path.join(durable, f".ddpl-step-{step}.rank-{rank}.json")
     try:
@@ -388,8 +502,6 @@ def _commit_disk(partial, record, d):
         _fsync_dir(path)
     _write_json_atomic(marker, record)
     _rmtree(partial)
-    _retention(d, rank, record["keep"])
-    return Checkpoint(step, durable, "disk", rank)
 
 
 def _markers(d, rank):

@@ -479,3 +479,70 @@ TEST_F(Tier, EmptyRootsOfDeadLaunchesAreSweptOthersStay) {
 }
 
 }  // namespace
+
+// The fence (docs/network-faults.md): a write from a round older than the newest that committed
+// to a directory is refused, naming both; another run's fence, or no token, refuses nothing.
+TEST(CheckpointFence, OlderEpochOrRoundOfTheSameRunIsRefused) {
+  ck::FenceToken newest{"job", 1000, 4};
+  EXPECT_TRUE(ck::fenceRefuses(newest, {"job", 1000, 3}));
+  EXPECT_TRUE(ck::fenceRefuses(newest, {"job", 999, 9}));  // a restarted server counts anew
+  EXPECT_FALSE(ck::fenceRefuses(newest, {"job", 1000, 4}));
+  EXPECT_FALSE(ck::fenceRefuses(newest, {"job", 1001, 0}));
+  EXPECT_FALSE(ck::fenceRefuses(newest, {"other", 1000, 0}));  // a new job into the directory
+  EXPECT_FALSE(ck::fenceRefuses(newest, {"job", 0, 0}));       // no epoch: nothing to fence
+  auto back = ck::decodeFence(ck::encodeFence(newest));
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->run_id, "job");
+  EXPECT_EQ(back->epoch, 1000);
+  EXPECT_EQ(back->round, 4);
+  EXPECT_FALSE(ck::decodeFence(""));
+  EXPECT_FALSE(ck::decodeFence("{\"run_id\": 1, \"epoch\": 2, \"round\": 3}"));
+  EXPECT_FALSE(ck::decodeFence("{\"run_id\": \"j\", \"epoch\": -2, \"round\": 3}"));
+  EXPECT_FALSE(ck::decodeFence(std::string(ck::kMaxFenceBytes + 1, ' ')));
+}
+
+TEST_F(CheckpointFiles, StaleRoundCannotCommitOrPersistAfterANewerOne) {
+  ck::CommitRecord newer = recordFor(0, 1, durable_ + "/step-6");
+  newer.writer = {"job", 1000, 5};
+  std::string committed = commit(rank_dir_, 0, 6, {{"a", "new"}}, newer);
+  newer = *ck::readCommitted(committed, 6, 0);
+  EXPECT_EQ(newer.writer.round, 5);  // the record carries its writer
+  ck::persistStep(committed, newer, false);
+
+  ck::CommitRecord stale = recordFor(0, 1, durable_ + "/step-7");
+  stale.writer = {"job", 1000, 4};
+  try {
+    commit(rank_dir_, 0, 7, {{"a", "old"}}, stale);
+    FAIL() << "a commit from round 4 after round 5 committed must be refused";
+  } catch (const ck::StaleRoundError& e) {
+    EXPECT_NE(std::string(e.what()).find("round 4 (epoch 1000) of run 'job'"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("round 5 (epoch 1000)"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(rank_dir_ + "/step-7"));
+  // The agent persisting a stale round's step that did reach memory (committed before the
+  // fence moved there) is refused on the durable side too, and nothing of it lands.
+  std::string other = dir_ + "/mem2/rank-0";
+  fs::create_directories(other);
+  stale.step = 7;
+  std::string stale_dir = commit(other, 0, 7, {{"a", "old"}}, stale);
+  stale = *ck::readCommitted(stale_dir, 7, 0);
+  EXPECT_THROW(ck::persistStep(stale_dir, stale, false), ck::StaleRoundError);
+  EXPECT_FALSE(fs::exists(durable_ + "/step-7"));
+  EXPECT_EQ(readFile(durable_ + "/step-6/a"), "new");
+  // A later round, and another job, write on.
+  ck::CommitRecord later = recordFor(0, 1, durable_ + "/step-8");
+  later.writer = {"job", 1000, 6};
+  EXPECT_NO_THROW(commit(rank_dir_, 0, 8, {{"a", "later"}}, later));
+  ck::CommitRecord job2 = recordFor(0, 1, durable_ + "/step-1");
+  job2.writer = {"job2", 900, 0};
+  EXPECT_NO_THROW(commit(rank_dir_, 0, 1, {{"a", "2"}}, job2));
+}
+
+TEST_F(CheckpointFiles, FenceFileIsNotFollowedThroughASymlink) {
+  fs::create_symlink(dir_ + "/elsewhere", rank_dir_ + "/" + ck::kFenceName);
+  ck::CommitRecord r = recordFor(0, 1, "");
+  r.writer = {"job", 1000, 1};
+  EXPECT_THROW(commit(rank_dir_, 0, 1, {{"a", "x"}}, r), ddpl::Error);
+  EXPECT_FALSE(fs::exists(dir_ + "/elsewhere"));
+}

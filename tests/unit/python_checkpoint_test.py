@@ -29,7 +29,7 @@ from ddplaunch import checkpoint as ckpt  # noqa: E402
 
 ENV_KEYS = ("DDPL_CHECKPOINT_MEMORY", "DDPL_CHECKPOINT_MEMORY_BUDGET",
             "DDPL_CHECKPOINT_MEMORY_KEEP", "DDPL_CHECKPOINT_DIR", "RANK", "WORLD_SIZE",
-            "MASTER_ADDR", "MASTER_PORT")
+            "MASTER_ADDR", "MASTER_PORT", "DDPL_ROUND", "DDPL_ROUND_EPOCH", "TORCHELASTIC_RUN_ID")
 
 
 def memory_root(ranks):
@@ -93,6 +93,59 @@ class Base(unittest.TestCase):
 
     def steps_in(self, path):
         return sorted(int(n[5:]) for n in os.listdir(path) if n.startswith("step-"))
+
+
+class Fence(Base):
+    """docs/network-faults.md: a write from a round older than the newest that committed to a
+    directory is refused; the same file and rules as launch's (common/checkpoint_files.h)."""
+
+    def as_round(self, rnd, epoch=1000, run="job"):
+        os.environ.update(DDPL_ROUND=str(rnd), DDPL_ROUND_EPOCH=str(epoch),
+                          TORCHELASTIC_RUN_ID=run)
+
+    def test_stale_round_is_refused_on_disk_and_nothing_of_it_lands(self):
+        self.as_round(5)
+        self.commit_bytes(6, b"new")
+        self.as_round(4)
+        with self.assertRaises(ckpt.StaleRoundError) as cm:
+            self.commit_bytes(7, b"old")
+        self.assertIn("round 4 (epoch 1000) of run 'job'", str(cm.exception))
+        self.assertIn("round 5 (epoch 1000) of run 'job' has committed to", str(cm.exception))
+        self.assertEqual(self.steps_in(self.durable), [6])
+        self.assertFalse([n for n in os.listdir(self.durable) if n.startswith(".partial")])
+        with open(os.path.join(self.durable, ".ddpl-fence")) as f:
+            self.assertEqual(json.load(f), {"run_id": "job", "epoch": 1000, "round": 5})
+        # A restarted rendezvous numbers from 0 under a newer epoch; an older epoch is refused.
+        self.as_round(0, epoch=2000)
+        self.commit_bytes(8, b"after a server restart")
+        self.as_round(9, epoch=1000)
+        self.assertRaises(ckpt.StaleRoundError, self.commit_bytes, 9, b"old epoch")
+        # Another job into the same directory, and a process without launch, write on.
+        self.as_round(0, epoch=500, run="job2")
+        self.commit_bytes(10, b"job2")
+        for k in ("DDPL_ROUND", "DDPL_ROUND_EPOCH"):
+            del os.environ[k]
+        self.commit_bytes(11, b"plain python")
+        self.assertEqual(self.steps_in(self.durable), [10, 11])  # keep=2
+
+    def test_stale_round_is_refused_in_memory_and_the_record_names_its_writer(self):
+        root = self.use_memory()
+        self.as_round(3)
+        cp = self.commit_bytes(6, b"new")
+        with open(os.path.join(cp.path, ".ddpl-commit.json")) as f:
+            rec = json.load(f)
+        self.assertEqual((rec["run_id"], rec["epoch"], rec["round"]), ("job", 1000, 3))
+        self.as_round(2)
+        self.assertRaises(ckpt.StaleRoundError, self.commit_bytes, 7, b"old")
+        mem = os.path.join(root, "rank-0")
+        self.assertEqual(self.steps_in(mem), [6])
+        self.assertFalse([n for n in os.listdir(mem) if n.startswith("partial-")])
+
+    def test_fence_file_through_a_symlink_is_refused(self):
+        os.symlink(os.path.join(self.durable, "elsewhere"), os.path.join(self.durable, ".ddpl-fence"))
+        self.as_round(1)
+        self.assertRaises(OSError, self.commit_bytes, 1, b"x")
+        self.assertFalse(os.path.exists(os.path.join(self.durable, "elsewhere")))
 
 
 class CommitProtocol(Base):
