@@ -52,7 +52,8 @@ install(FILES
   worker/log_bridge.h worker/native_trace.h worker/sampler.h worker/session.h
   worker/store_adapter.h
   DESTINATION include/ddplaunch/worker COMPONENT dev)
-install(FILES common/defaults.h common/environment.h common/errors.h common/torchrun_env.h
+install(FILES common/checkpoint_format.h common/defaults.h common/environment.h common/errors.h
+  common/torchrun_env.h
   DESTINATION include/ddplaunch/common COMPONENT dev)
 install(FILES rendezvous/store/store.h DESTINATION include/ddplaunch/rendezvous/store COMPONENT dev)
 
