@@ -80,7 +80,10 @@ TEST_F(MemoryCheckpoints, CppDdpKilledMidStepResumesFromMemoryAsIfItNeverFailed)
   auto ref = cppJob("ref", "");
   ASSERT_EQ(ref.exit_code, 0) << ref.all();
   EXPECT_EQ(countOf(ref.out, "fresh start"), 2) << ref.all();
-  auto r = cppJob("kill", ",kill=18:1:step", {"--monitor=log", "--monitor-log-interval=1"});
+  // The last steps linger 3 s: the view logs every second, however fast the steps ran (in CI
+  // they once finished before its first line).
+  auto r = cppJob("kill", ",kill=18:1:step,linger_ms=3000",
+                  {"--monitor=log", "--monitor-log-interval=1"});
   ASSERT_EQ(r.exit_code, 0) << r.all();
   // Steps 16 was the newest committed when rank 1 died in step 18: both ranks agree on it,
   // each from its own copy in memory.

@@ -426,7 +426,8 @@ int sameTensors(const std::string& a, const std::string& b) {
 // checkpoint every N steps), durable (every Nth of them reaches the disk), dir, out (rank 0
 // saves the final parameters there), kill=STEP:RANK:step|checkpoint (SIGKILL in the middle of
 // that step's backward-to-update, or halfway through writing that step's checkpoint in memory;
-// RANK -1: every rank).
+// RANK -1: every rank), linger_ms (each rank waits that long after its last step, so that
+// launch's periodic views see the checkpoints it holds however fast the steps were).
 // Data depend on the step only, so a resumed run must end with a never-failed run's weights.
 int checkpointedTraining(dw::Session& session, const std::string& arg) {
   std::map<std::string, std::string> kv;
@@ -492,6 +493,8 @@ int checkpointedTraining(dw::Session& session, const std::string& arg) {
     for (auto& p : model->parameters()) params.push_back(p.detach().clone());
     torch::save(params, kv["out"]);
   }
+  if (kv.count("linger_ms"))
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::stoi(kv["linger_ms"])));
   return 0;
 }
 
