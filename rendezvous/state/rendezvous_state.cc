@@ -147,12 +147,17 @@ JoinTicket RendezvousState::joinRun(Run& run, const JoinSpec& spec, JoinTicket t
       fx.events.push_back(fmt::format("run '{}': node '{}' refused: {}", run.id, node, why));
       return ticket;
     }
-    tickets_[ticket] = {run.id, node};
-    addJoiner(run, std::move(p), now, fx);
-    return ticket;
+    if (static_cast<int32_t>(run.joining.size()) < run.config.max_nodes) {
+      tickets_[ticket] = {run.id, node};
+      addJoiner(run, std::move(p), now, fx);
+      return ticket;
+    }
+    // Full, yet held open for a member of the last round that may still train (may_run): the
+    // newcomer waits for the round after, as at a full complete round.
+    run.may_run.erase(node);  // it joins again: its agent stopped its workers
   }
 
-  // The round is complete.
+  // The round is complete (or forming, and full).
   if (run.isMember(node)) {
     // A member re-joining means its agent restarts its workers: everyone re-forms.
     tickets_[ticket] = {run.id, node};
@@ -162,14 +167,15 @@ JoinTicket RendezvousState::joinRun(Run& run, const JoinSpec& spec, JoinTicket t
     invalidate(run, fmt::format("node '{}' re-joined (restarting its workers)", node), now, fx);
     return ticket;
   }
+  const size_t in_round = run.membership ? run.membership->nodes.size() : run.joining.size();
   if (static_cast<int32_t>(run.waiting.size()) >= run.config.max_nodes) {
     fx.joins.push_back(
         {ticket,
          err(RdzvCode::kResourceExhausted,
              fmt::format("run '{}' is full: round {} has {}/{} nodes and {} more are waiting; "
                          "node '{}' refused",
-                         run.id, run.round, run.membership->nodes.size(), run.config.max_nodes,
-                         run.waiting.size(), node)),
+                         run.id, run.round, in_round, run.config.max_nodes, run.waiting.size(),
+                         node)),
          nullptr, -1});
     return ticket;
   }
@@ -178,6 +184,10 @@ JoinTicket RendezvousState::joinRun(Run& run, const JoinSpec& spec, JoinTicket t
   run.waiting.emplace(node, std::move(p));
   fx.events.push_back(fmt::format("run '{}': node '{}' waits for the next round ({} waiting)",
                                   run.id, node, run.waiting.size()));
+  if (run.phase == Phase::kJoining) {
+    refreshDeadlines(run, now, fx);  // one fewer to wait for, perhaps
+    return ticket;
+  }
   int32_t members = static_cast<int32_t>(run.membership->nodes.size());
   if (members < run.config.max_nodes) {
     invalidate(run,
@@ -192,6 +202,7 @@ void RendezvousState::addJoiner(Run& run, Pending p, TimePoint now, Effects& fx)
   std::string node = p.node.node_id;
   run.world_bound += p.node.local_world_size;
   run.joining.emplace(node, std::move(p));
+  run.may_run.erase(node);
   if (run.expected.count(node)) --run.expected_missing;
   if (run.joining.size() == 1) run.join_deadline = now + run.config.join_timeout;
   fx.events.push_back(fmt::format("run '{}': node '{}' joined round {} ({}/{} nodes, min {})",
@@ -213,7 +224,29 @@ void RendezvousState::refreshDeadlines(Run& run, TimePoint now, Effects& fx) {
   // Nodes that stopped before joining will not come: no waiting for them.
   forming.can_come = canCome(run, now);
   forming.all_expected_back = !run.expected.empty() && run.expected_missing == 0;
-  switch (round_rules::closing(forming)) {
+  round_rules::Closing closing = round_rules::closing(forming);
+  if (closing == round_rules::Closing::kEveryoneWhoCanCome ||
+      closing == round_rules::Closing::kLastCall) {
+    std::string who;
+    if (auto until = mayRunUntil(run, now, &who)) {
+      // Completing now could start a group while a cut-off node's workers still train.
+      // Everyone who can come is here but for it: the round completes when it has stopped.
+      TimePoint at = closing == round_rules::Closing::kEveryoneWhoCanCome ? *until
+                     : run.last_call_deadline ? *run.last_call_deadline
+                                              : now + run.config.last_call_timeout;
+      if (at < *until) at = *until;
+      if (at == *until && run.last_call_deadline != at)
+        fx.events.push_back(fmt::format(
+            "run '{}': round {} waits up to {} for {} to stop its workers (a member of round {} "
+            "that has not re-joined; its agent fences itself within the heartbeat window of {} "
+            "after its last heartbeat)",
+            run.id, run.round, seconds(*until - now), who, run.round - 1,
+            seconds(options_.heartbeat_window)));
+      run.last_call_deadline = at;
+      return;
+    }
+  }
+  switch (closing) {
     case round_rules::Closing::kEveryoneWhoCanCome:
       if (n < run.config.max_nodes)
         fx.events.push_back(fmt::format(
@@ -264,6 +297,7 @@ void RendezvousState::complete(Run& run, TimePoint now, Effects& fx) {
   run.last_call_deadline.reset();
   run.expected.clear();
   run.expected_missing = 0;
+  run.may_run.clear();
   int32_t rank = 0;
   for (auto& [id, p] : run.joining) {
     touch(run, id, now);
@@ -309,6 +343,7 @@ void RendezvousState::invalidate(Run& run, const std::string& reason, TimePoint 
   run.expected_missing = run.expected.size() - run.waiting.size();
   // The survivors are expected back, but count again only once they re-join.
   for (const auto& [id, seen] : run.last_seen) run.world_bound -= memberWorld(run, id);
+  for (const auto& [id, seen] : run.last_seen) run.may_run[id] = seen + options_.heartbeat_window;
   run.membership.reset();
   run.last_seen.clear();
   run.by_last_seen.clear();
@@ -445,6 +480,7 @@ RdzvStatus RendezvousState::leaveRun(Run& run, const std::string& node_id, TimeP
   if (run.phase == Phase::kJoining && run.expected.erase(node_id)) {
     // A survivor of the previous round leaves instead of re-joining: stop waiting for it.
     --run.expected_missing;
+    run.may_run.erase(node_id);
     fx.events.push_back(fmt::format("run '{}': node '{}' left; round {} no longer expects it",
                                     run_id, node_id, run.round));
     refreshDeadlines(run, now, fx);
@@ -483,6 +519,27 @@ std::string cannotFormMessage(const std::string& run_id, int64_t round, int32_t 
       run_id, who, round, min_nodes, max_nodes, std::max<int64_t>(can_come, 0));
 }
 
+std::optional<TimePoint> RendezvousState::mayRunUntil(Run& run, TimePoint now, std::string* who) {
+  std::optional<TimePoint> latest;
+  size_t pending = 0;
+  for (auto it = run.may_run.begin(); it != run.may_run.end();) {
+    if (it->second <= now) {
+      it = run.may_run.erase(it);
+      continue;
+    }
+    if (!run.joining.count(it->first)) {
+      ++pending;
+      if (!latest || *latest < it->second) {
+        latest = it->second;
+        if (who) *who = fmt::format("node '{}'", it->first);
+      }
+    }
+    ++it;
+  }
+  if (who && pending > 1) *who += fmt::format(" and {} more", pending - 1);
+  return latest;
+}
+
 std::string RendezvousState::cannotForm(Run& run, TimePoint now) {
   canCome(run, now);  // forgets the stale ones
   return cannotFormMessage(run.id, run.round, run.config.min_nodes, run.config.max_nodes,
@@ -518,6 +575,7 @@ RdzvStatus RendezvousState::withdraw(const JoinSpec& asked, const std::string& r
   Withdrawal w;
   if (run.phase == Phase::kJoining) {
     canCome(run, now);  // forgets stale ones first
+    run.may_run.erase(node);  // its agent stopped: no workers of it run
     run.stopped[node] = why;
     TimePoint until = now + spec.config.join_timeout;
     if (!run.stopped_until || *run.stopped_until < until) run.stopped_until = until;

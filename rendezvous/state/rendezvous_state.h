@@ -27,6 +27,11 @@
 //    completes at once instead of waiting out the last call. A run's first round has no
 //    expected nodes and keeps the rules above; an expected node that never re-joins
 //    leaves the normal rules (last call after min, join timeout) in charge.
+//  - One group at a time: a survivor of the ended round that has not re-joined (not lost for
+//    sure: it neither left nor was evicted nor broke its stream) may be cut from this server
+//    and still training. Its agent stops its workers within the heartbeat window of its last
+//    heartbeat (docs/network-faults.md), so the next round does not complete before then,
+//    whatever else would complete it.
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -216,6 +221,11 @@ class RendezvousState {
     // previous round and the nodes that were waiting), and how many of them have not joined.
     std::set<std::string> expected;
     size_t expected_missing = 0;
+    // Survivors of the ended round that have not re-joined, and until when their agents may
+    // still run its workers: a node that lost the server fences itself within the heartbeat
+    // window of its last heartbeat, so no round forms without it before then (no two groups
+    // train at once). Nodes lost for sure (evicted, left, stream broken) are not here.
+    std::map<std::string, TimePoint> may_run;
     std::optional<TimePoint> empty_since;  // nobody joining, waiting or a member
     std::optional<TimePoint> indexed_at;   // its entry in deadlines_
     // Sum of the local world sizes of the joining, waiting and member nodes: what the next
@@ -240,6 +250,9 @@ class RendezvousState {
   // The most nodes the run can still have: max_nodes less the nodes stopped before joining
   // (forgets the stopped ones past their window first).
   int32_t canCome(Run& run, TimePoint now);
+  // The latest time until which a survivor of the ended round that has not re-joined may
+  // still run workers (forgets the expired ones); nullopt if none.
+  std::optional<TimePoint> mayRunUntil(Run& run, TimePoint now, std::string* who = nullptr);
   // Why a join into the forming round must fail now (min_nodes can no longer come); "" if not.
   std::string cannotForm(Run& run, TimePoint now);
   // Ends the complete round (telling its watchers why) and opens the next with the waiters.

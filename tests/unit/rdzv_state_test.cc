@@ -137,14 +137,67 @@ TEST_F(StateTest, ArrivalWithRoomInvalidatesRoundAndEveryoneReforms) {
   ASSERT_EQ(invalidated_.size(), 1u);
   EXPECT_EQ(invalidated_[0].round, 0);
   EXPECT_THAT(invalidated_[0].reason, HasSubstr("'c' wants to join"));
-  // c moved into round 1, which reached min and completed on its own (last call 0).
-  ASSERT_TRUE(resolved(c));
+  // c alone would complete round 1 (min 1, last call 0), but a's workers of round 0 may still
+  // train until a learns of the end or its heartbeat window runs out: round 1 waits for it.
+  EXPECT_FALSE(resolved(c));
+  auto a2 = join("r", "a", 1, 3, 1, "1.0", seconds(0));  // a stopped its workers: re-forms
+  ASSERT_TRUE(resolved(c) && resolved(a2));
   EXPECT_EQ(outcome(c).round->round, 1);
-  // a re-joins: it is a fresh arrival for complete round 1, which has room: round 2.
-  auto a2 = join("r", "a", 1, 3, 1, "1.0", seconds(0));
+  EXPECT_EQ(outcome(c).round->nodes.size(), 2u);
+  EXPECT_EQ(invalidated_.size(), 1u);
+}
+
+TEST_F(StateTest, MemberThatDoesNotRejoinHoldsTheNextRoundUntilItsHeartbeatWindowEnds) {
+  auto a = join("r", "a", 1, 3, 1, "1.0", seconds(0));
+  auto b = join("r", "b", 1, 3, 1, "1.0", seconds(0));  // room: round 1 forms with a and b
+  auto a1 = join("r", "a", 1, 3, 1, "1.0", seconds(0));
+  ASSERT_TRUE(resolved(a1) && resolved(b));
+  ASSERT_EQ(outcome(b).round->nodes.size(), 2u);
+  advance(seconds(5));
+  ASSERT_TRUE(state_.heartbeat("r", "a", 1, now_, nullptr).ok());
+  advance(seconds(3));
+  ASSERT_TRUE(state_.heartbeat("r", "b", 1, now_, nullptr).ok());
+  const TimePoint a_seen = now_ - seconds(3);
+  advance(seconds(2));
+  // b's workers fail and it re-joins; a is cut from the server (no heartbeat, no re-join), so
+  // its workers may train on until its agent fences: 30 s after its last heartbeat.
+  auto b2 = join("r", "b", 1, 3, 1, "1.0", seconds(0));
   ASSERT_EQ(invalidated_.size(), 2u);
-  ASSERT_TRUE(resolved(a2));
-  EXPECT_EQ(outcome(a2).round->round, 2);
+  ASSERT_TRUE(state_.nextDeadline().has_value());
+  EXPECT_EQ(*state_.nextDeadline(), a_seen + seconds(30));
+  advance(std::chrono::duration_cast<Duration>(a_seen + seconds(30) - now_) - milliseconds(1));
+  EXPECT_FALSE(resolved(b2));
+  advance(milliseconds(1));
+  ASSERT_TRUE(resolved(b2));
+  EXPECT_EQ(outcome(b2).round->round, 2);
+  EXPECT_EQ(outcome(b2).round->nodes.size(), 1u) << "a's agent has fenced itself by now";
+  (void)a;
+}
+
+TEST_F(StateTest, MemberThatLeavesOrIsLostIsNotWaitedFor) {
+  for (auto n : {"a", "b", "c"}) join("r", n, 1, 3);
+  ASSERT_EQ(state_.status("r")->phase, RendezvousState::Phase::kComplete);
+  auto a1 = join("r", "a", 1, 3);
+  ASSERT_TRUE(state_.nextDeadline().has_value());
+  EXPECT_EQ(*state_.nextDeadline(), now_ + seconds(30)) << "b and c may still train";
+  Effects fx;
+  ASSERT_TRUE(state_.leave("r", "b", now_, fx).ok());  // b's agent stopped its workers
+  absorb(fx);
+  EXPECT_FALSE(resolved(a1)) << "c may still train";
+  auto c1 = join("r", "c", 1, 3);
+  ASSERT_TRUE(resolved(a1) && resolved(c1));
+  EXPECT_EQ(outcome(a1).round->nodes.size(), 2u);
+  // Evicted for missed heartbeats, a and c are past their windows: the next round has only
+  // its last call to wait for.
+  advance(seconds(31));
+  ASSERT_EQ(invalidated_.size(), 2u);
+  EXPECT_THAT(invalidated_[1].reason, HasSubstr("evicted"));
+  auto a2 = join("r", "a", 1, 3);
+  ASSERT_TRUE(state_.nextDeadline().has_value());
+  EXPECT_EQ(*state_.nextDeadline(), now_ + seconds(10));
+  auto c2 = join("r", "c", 1, 3);
+  advance(seconds(10));
+  EXPECT_TRUE(resolved(a2) && resolved(c2));
 }
 
 TEST_F(StateTest, ArrivalAtFullRoundWaitsWithoutDisturbingIt) {
@@ -163,15 +216,22 @@ TEST_F(StateTest, ArrivalAtFullRoundWaitsWithoutDisturbingIt) {
   EXPECT_FALSE(resolved(d));
   EXPECT_EQ(outcome(e).status.code, RdzvCode::kResourceExhausted);
   EXPECT_THAT(outcome(e).status.message, HasSubstr("2/2 nodes"));
-  // a leaves: the round ends for b, the waiting nodes form round 1 (max reached: at once).
+  // a leaves: the round ends for b, the waiting nodes fill round 1, which still waits for b
+  // (its workers may train until it learns of the end).
   Effects fx;
   EXPECT_TRUE(state_.leave("r", "a", now_, fx).ok());
   absorb(fx);
   ASSERT_EQ(invalidated_.size(), 1u);
   EXPECT_THAT(invalidated_[0].reason, HasSubstr("'a' left"));
+  EXPECT_FALSE(resolved(c) || resolved(d));
+  // b re-joins, its workers stopped: round 1 is full, so b waits for round 2, and round 1
+  // completes at once.
+  auto b1 = join("r", "b", 1, 2);
   ASSERT_TRUE(resolved(c) && resolved(d));
+  EXPECT_FALSE(resolved(b1));
   EXPECT_EQ(outcome(c).round->round, 1);
   EXPECT_EQ(state_.status("r")->phase, RendezvousState::Phase::kComplete);
+  EXPECT_EQ(state_.status("r")->waiting, 1);
 }
 
 TEST_F(StateTest, MissedHeartbeatsEvictOnTheServerClock) {
@@ -359,9 +419,11 @@ TEST_F(StateTest, ExpectedNodeThatNeverComesBackLeavesTheLastCallInCharge) {
   absorb(fx);
   auto a1 = join("r", "a", 2, 5);
   auto b1 = join("r", "b", 2, 5);  // min reached; 'c' is expected but never re-joins
+  // The last call would end in 10 s, but c, last heard of when round 0 completed (now), may
+  // train until its heartbeat window of 30 s runs out.
   ASSERT_TRUE(state_.nextDeadline().has_value());
-  EXPECT_EQ(*state_.nextDeadline(), now_ + seconds(10));
-  advance(milliseconds(9999));
+  EXPECT_EQ(*state_.nextDeadline(), now_ + seconds(30));
+  advance(milliseconds(29999));
   EXPECT_FALSE(resolved(a1));
   advance(milliseconds(1));
   ASSERT_TRUE(resolved(a1) && resolved(b1));
