@@ -1,10 +1,12 @@
 #include "worker/checkpoints.h"
 
+#include <signal.h>
 #include <sys/stat.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <exception>
 #include <cerrno>
 #include <cstdio>
@@ -162,10 +164,24 @@ bool CheckpointDirectory::newestComplete(CheckpointFile& out,
 }
 
 void CheckpointDirectory::removeTemporaries() const {
-  static const std::regex kTemp("ckpt-step[0-9]+\\.pt\\.tmp\\.[0-9]+");
+  // Only a dead writer's: launch persists into the same directory (the memory tier, at a
+  // worker's failure, while the group restarts), and removing its file in flight failed its
+  // rename. A writer alive on this host keeps its own; one that is not (or another host's, whose
+  // pid means nothing here) is stale once it has not written for a while.
+  static const std::regex kTemp("ckpt-step[0-9]+\\.pt\\.tmp\\.([0-9]+)");
+  constexpr auto kStaleAfter = std::chrono::minutes(10);
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir_, ec)) {
-    if (std::regex_match(entry.path().filename().string(), kTemp)) fs::remove(entry.path(), ec);
+    std::smatch m;
+    const std::string name = entry.path().filename().string();
+    if (!std::regex_match(name, m, kTemp)) continue;
+    const long pid = std::strtol(m[1].str().c_str(), nullptr, 10);
+    const bool writer_alive = pid > 0 && pid <= INT32_MAX &&
+                              (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM);
+    std::error_code tec;
+    const auto written = fs::last_write_time(entry.path(), tec);
+    const bool quiet = !tec && fs::file_time_type::clock::now() - written > kStaleAfter;
+    if (!writer_alive || quiet) fs::remove(entry.path(), ec);
   }
 }
 

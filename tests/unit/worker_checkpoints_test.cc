@@ -5,6 +5,7 @@
 // called from here (a call through a null pointer), so the test cuts, copies and removes files
 // with POSIX calls.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <sys/stat.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -83,7 +84,16 @@ TEST_F(CheckpointDirectoryTest, ListsNewestFirstAndIgnoresTemporariesAndOtherFil
   write(d, 8);
   write(d, 120);
   write(d, 16);
-  std::ofstream(d.pathFor(200) + ".tmp.12345") << "half";
+  // A dead writer's temporary (a child that exited) and a live one's (this process: launch
+  // persisting into the directory while the group restarts).
+  pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  ASSERT_GT(dead, 0);
+  waitpid(dead, nullptr, 0);
+  const std::string dead_tmp = d.pathFor(200) + ".tmp." + std::to_string(dead);
+  const std::string live_tmp = d.pathFor(240) + ".tmp." + std::to_string(getpid());
+  std::ofstream(dead_tmp) << "half";
+  std::ofstream(live_tmp) << "in flight";
   std::ofstream(dir_ / "notes.txt") << "x";
   const auto all = d.list();
   ASSERT_EQ(all.size(), 3u);
@@ -91,7 +101,12 @@ TEST_F(CheckpointDirectoryTest, ListsNewestFirstAndIgnoresTemporariesAndOtherFil
   EXPECT_EQ(all[1].step, 16);
   EXPECT_EQ(all[2].step, 8);
   d.removeTemporaries();
-  EXPECT_FALSE(fs::exists(d.pathFor(200) + ".tmp.12345"));
+  EXPECT_FALSE(fs::exists(dead_tmp));
+  EXPECT_TRUE(fs::exists(live_tmp)) << "a live writer's file in flight is not touched";
+  // Not written for 10 minutes: stale whoever wrote it (another host's pid means nothing here).
+  fs::last_write_time(live_tmp, fs::file_time_type::clock::now() - std::chrono::minutes(11));
+  d.removeTemporaries();
+  EXPECT_FALSE(fs::exists(live_tmp));
   EXPECT_TRUE(fs::exists(dir_ / "notes.txt"));
   EXPECT_EQ(d.prune(), 1u);  // keep 2
   EXPECT_FALSE(fs::exists(d.pathFor(8)));
