@@ -14,7 +14,7 @@ PKGS=(build-essential cmake ninja-build ccache pkg-config file
       prometheus-cpp-dev
       libopenmpi-dev openmpi-bin
       libgtest-dev libgmock-dev libbenchmark-dev
-      openssl procps iproute2 nftables psmisc elfutils tmux
+      openssl procps iproute2 nftables psmisc elfutils tmux chromium
       slurmctld slurmd slurm-client munge
       etcd-server etcd-client)
 

@@ -127,6 +127,19 @@ ddpl_add_test(NAME launcher_metrics_test
 add_dependencies(launcher_metrics_test fake_nvml launch)
 target_compile_definitions(launcher_metrics_test PRIVATE FAKE_NVML="$<TARGET_FILE:fake_nvml>")
 
+# The dashboard's model and server (launch --dashboard); a real job in a browser:
+# tests/dashboard/dashboard_test.py.
+if(TARGET ddpl_dashboard_server)
+  ddpl_add_test(NAME launcher_dashboard_test
+    SOURCES unit/dashboard_test.cc LIBS ddpl_dashboard_server ddpl_launcher ddpl_test_util
+    LABELS unit TIMEOUT 60)
+  add_test(NAME dashboard_test
+    COMMAND ${DDPL_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/dashboard/dashboard_test.py
+      ${CMAKE_BINARY_DIR}/bin)
+  set_tests_properties(dashboard_test PROPERTIES TIMEOUT 240 LABELS "integration;python"
+    PROCESSORS 2 COST 40)
+endif()
+
 # launch doctor: checks against the fake NVML, fake /proc and /sys roots and a fake Python.
 ddpl_add_test(NAME launcher_doctor_test
   SOURCES unit/doctor_test.cc LIBS ddpl_launcher ddpl_test_util LABELS unit TIMEOUT 90)

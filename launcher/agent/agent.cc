@@ -158,6 +158,7 @@ struct Agent::Impl {
   int templates_started = 0;
   std::set<std::string> cold_reasons_said;
   warm::RestartClock restarts;
+  int last_world_size = 0, last_nodes = 0;  // of the last group started (the dashboard)
   bool done = false;
   int exit_code = 0;
 
@@ -258,6 +259,7 @@ struct Agent::Impl {
       });
     });
     view.startMetrics();
+    view.startDashboard(run_dir, cfg.run_id);
     startCheckpointTier();
     startTemplate();
   }
@@ -505,6 +507,10 @@ struct Agent::Impl {
     }
     runAfterStartHooks(now);
     view.reportStragglers(progress, now);
+    if (view.stacksAsked())
+      stacks->takeSnapshot([this](std::string text) {
+        if (!done) view.setStacks("on demand", text, unixNow());
+      });
     // While a hang's stacks are being taken, the group is about to stop: no second response.
     if (!hangDetectionOn() || sup.phase() != Phase::kRunning || hang_response.busy()) return;
     // CPU time counts only for ranks without steps, and only when a limit was given.
@@ -524,13 +530,19 @@ struct Agent::Impl {
   // the hung ones and the likely culprit named, then the group stopped as for a failure.
   void onHangs(const std::vector<Hang>& hangs, double now) {
     restarts.onFailure(now);
+    for (const auto& h : hangs) {
+      view.markHung(h.local_rank);
+      view.dashboardEvent("hang", fmt::format("local rank {} hung: {}", h.local_rank, h.why), now);
+    }
     std::string why = hang_response.begin(hangs, now, workerStates(), attemptDir(),
                                           world.group_rank, progress, view.metrics());
     const int hung_attempt = attempt;
     stacks->takeHangStacks(
         why,
         [this](const HangStacks& h) {
-          if (!done) hang_response.onStacksSaved(h);
+          if (done) return;
+          hang_response.onStacksSaved(h);
+          view.setStacks("hang", h.text, unixNow());
         },
         [this, hung_attempt](HangStacks h) {
           if (done) return;
@@ -636,8 +648,14 @@ struct Agent::Impl {
       threads = std::atoi(omp->second.c_str());
     else if (cfg.nproc > 1)
       threads = 1;  // what launch sets
-    log::info("per-rank summary of attempt {}:\n{}", attempt,
-              progress.summary(unixNow(), usableCpus(), threads));
+    std::string table = progress.summary(unixNow(), usableCpus(), threads);
+    log::info("per-rank summary of attempt {}:\n{}", attempt, table);
+    if (view.hasDashboard())
+      view.setSummary(fmt::format("per-rank summary of attempt {}:\n{}{}", attempt, table,
+                                  restarts.completed().empty()
+                                      ? ""
+                                      : "\nwhere each restart's time went:" + restarts.summary()),
+                      unixNow());
   }
 
   // Everything but the workers themselves that the run started: SIGKILLed wherever it went.
@@ -697,7 +715,17 @@ struct Agent::Impl {
     workers.clear();
     workers.resize(static_cast<size_t>(cfg.nproc));
     progress.start(cfg.nproc, world.rank_offset, unixNow());
-    view.startAttempt(attempt, world.world_size, unixNow());
+    if (view.hasDashboard() && attempt > 0 &&
+        (world.world_size != last_world_size || world.group_world_size != last_nodes))
+      view.dashboardEvent(
+          "membership",
+          fmt::format("round {}: {} node(s), world size {} (was {} and {})", world.round,
+                      world.group_world_size, world.world_size, last_nodes, last_world_size),
+          unixNow());
+    last_world_size = world.world_size;
+    last_nodes = world.group_world_size;
+    view.startAttempt(attempt, world.world_size, unixNow(), world.group_world_size,
+                      world.group_rank, world.restart_count);
     if (first_group_started == 0) first_group_started = unixNow();
     hang.start(cfg.nproc, unixNow());
     output_seen.assign(static_cast<size_t>(cfg.nproc), 0);
@@ -836,6 +864,7 @@ struct Agent::Impl {
     for (const auto& a : actions) {
       switch (a.kind) {
         case Action::Kind::kStartRendezvous:
+          view.setJobState("restarting", unixNow());
           sweepAttempt();
           rdzv.startRendezvous([this](std::optional<WorldAssignment> w, std::string error) {
             loop.post(
@@ -846,6 +875,13 @@ struct Agent::Impl {
           if (a.value > 0 && groups_started > 0) {
             log::warn("restarting the worker group: restart {} of {}", a.value,
                       cfg.options.max_restarts);
+            view.dashboardEvent(
+                "restart",
+                fmt::format("restart {} of {}{}", a.value, cfg.options.max_restarts,
+                            failures.empty() ? ""
+                                             : fmt::format(": rank {} {}", failures[0].global_rank,
+                                                           failures[0].exit.status.describe())),
+                unixNow());
             if (view.metrics()) view.metrics()->onRestart();
           }
           startGroup();
@@ -920,6 +956,12 @@ struct Agent::Impl {
     ExitStatus st = ExitStatus::fromWaitStatus(wstatus);
     double now = unixNow();
     bool stopping = sup.phase() == Phase::kStopping;
+    view.markExited(w.local_rank, st.shellCode());
+    if (!st.success() && !stopping)
+      view.dashboardEvent(
+          "exit",
+          fmt::format("rank {} (local rank {}) {}", w.global_rank, w.local_rank, st.describe()),
+          now);
     if (!st.success()) {
       FailureDetail d;
       auto pending = pendingExecFailures.find(pid);
@@ -1041,6 +1083,7 @@ struct Agent::Impl {
         log::info("removed {} stale run cgroup(s) of launches that were killed", n);
     }
     router.setStatus("");  // the summary replaces it
+    view.setJobState(exit_code == 0 ? "finished" : "failed", unixNow());
     printSummary();
     if (ckpt_tier) {
       std::string line = ckpt_tier->drain(cfg.options.checkpoint_drain_timeout_sec);

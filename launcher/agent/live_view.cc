@@ -1,10 +1,19 @@
 #include "launcher/agent/live_view.h"
 
+#include <fcntl.h>
+#include <sys/random.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <map>
 
+#include "common/errors.h"
+#include "common/file_io.h"
 #include "common/log.h"
 #include "launcher/agent/containment.h"
+#include "launcher/doctor/manifest.h"
 #include "launcher/health/metrics_plugin.h"
 
 namespace ddpl::launcher {
@@ -31,9 +40,150 @@ void LiveView::startMetrics() {
             v6 ? "]" : "", metrics_->port());
 }
 
-void LiveView::startAttempt(int attempt, int world_size, double now) {
+void LiveView::startAttempt(int attempt, int world_size, double now, int nodes, int node_rank,
+                            int restarts_used) {
   view_.start(now);
   if (metrics_) metrics_->setJob({attempt, world_size, options_.max_restarts});
+  job_.attempt = attempt;
+  job_.world_size = world_size;
+  job_.nodes = nodes;
+  job_.restarts_used = restarts_used;
+  job_.max_restarts = options_.max_restarts;
+  job_.state = "starting";
+  node_rank_ = node_rank;
+  exited_.clear();
+  hung_.clear();
+}
+
+void LiveView::startDashboard(const std::string& run_dir, const std::string& run_id) {
+  if (!options_.dashboard_port) return;
+  unsigned char raw[16];
+  if (getrandom(raw, sizeof raw, 0) != static_cast<ssize_t>(sizeof raw))
+    throw Error(std::string("cannot make the dashboard's token: getrandom: ") + strerror(errno));
+  std::string token;
+  for (unsigned char c : raw) token += fmt::format("{:02x}", c);
+  // Created here only, private, never through a link someone planted.
+  const std::string path = run_dir + "/dashboard-token";
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) throw Error("cannot create " + path + ": " + strerror(errno));
+  std::string line = token + "\n";
+  int rc = writeAll(fd, line.data(), line.size());
+  ::close(fd);
+  if (rc != 0) throw Error("cannot write " + path + ": " + strerror(rc));
+  DashboardOptions o;
+  o.host = options_.dashboard_host;
+  o.port = *options_.dashboard_port;
+  o.token = token;
+  router_.keepRecentLines(true);
+  dashboard_ = ddpl::launcher::startDashboard(o, [this](int global_rank) {
+    std::vector<std::string> lines = router_.recentLines(global_rank - rank_offset_.load());
+    for (auto& l : lines) l = maskSecretsInText(l);
+    return lines;
+  });
+  job_.run_id = run_id;
+  log::info(
+      "dashboard of the job on http://{}:{}/ (readable from this machine; actions, and "
+      "other machines, need the token in {})",
+      o.host, dashboard_->port(), path);
+  publishDashboard(0);
+}
+
+void LiveView::dashboardEvent(const std::string& kind, const std::string& text, double now) {
+  if (!dashboard_) return;
+  model_.event(now, kind, text);
+}
+
+void LiveView::setJobState(const std::string& state, double now) {
+  if (!dashboard_) return;
+  job_.state = state;
+  publishDashboard(now);
+}
+
+void LiveView::markExited(int local_rank, int exit_code) { exited_[local_rank] = exit_code; }
+void LiveView::markHung(int local_rank) { hung_[local_rank] = true; }
+
+void LiveView::setSummary(const std::string& text, double now) {
+  if (!dashboard_) return;
+  model_.setSummary(text);
+  publishDashboard(now);
+}
+
+void LiveView::setStacks(const std::string& reason, const std::string& text, double now) {
+  if (!dashboard_) return;
+  model_.setStacks(now, reason, text);
+  publishDashboard(now);
+}
+
+void LiveView::publishDashboard(double now) {
+  if (!dashboard_) return;
+  if (now <= 0)
+    now = static_cast<double>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                  std::chrono::system_clock::now().time_since_epoch())
+                                  .count()) /
+          1000.0;
+  dashboard_->publish(model_.json(now));
+}
+
+void LiveView::updateDashboard(const std::vector<RankReading>& ranks,
+                               const std::vector<RankUsage>& usage, const JobFigures& f,
+                               const ProgressTracker& progress, double now) {
+  std::vector<DashboardRank> rows;
+  for (size_t i = 0; i < usage.size(); ++i) {
+    const RankUsage& u = usage[i];
+    rank_offset_ = u.global_rank - u.local_rank;
+    DashboardRank r;
+    r.node = host_;
+    r.node_rank = node_rank_;
+    r.global_rank = u.global_rank;
+    r.local_rank = u.local_rank;
+    for (const auto& reading : ranks)
+      if (reading.worker.local_rank == u.local_rank) r.pid = reading.worker.pid;
+    r.step = u.step;
+    const RankProgress* p = static_cast<size_t>(u.local_rank) < progress.ranks().size()
+                                ? &progress.ranks()[static_cast<size_t>(u.local_rank)]
+                                : nullptr;
+    if (p) {
+      if (auto s = p->meanStepSeconds(); s && *s > 0) {
+        r.step_ms = *s * 1000;
+        r.steps_per_sec = 1 / *s;
+      }
+      // Time waited in collectives per step, over the readings kept.
+      if (p->recent.size() >= 2) {
+        const auto& a = p->recent.front();
+        const auto& b = p->recent.back();
+        if (b.step > a.step && b.waited_us >= a.waited_us && b.waited_us > 0)
+          r.wait_ms = static_cast<double>(b.waited_us - a.waited_us) / 1000.0 /
+                      static_cast<double>(b.step - a.step);
+      }
+    }
+    if (i < f.cpu_percent.size()) r.cpu_percent = f.cpu_percent[i];
+    if (u.rss_bytes >= 0) r.rss_bytes = u.rss_bytes;
+    r.gpu_util_percent = u.gpu_util_percent;
+    r.gpu_memory_bytes = u.gpu_memory_bytes;
+    r.checkpoint_bytes = u.checkpoint_bytes;
+    r.last_line = router_.lastLine(u.local_rank);
+    if (auto e = exited_.find(u.local_rank); !u.alive && e != exited_.end()) {
+      r.state = "exited";
+      r.exit_code = e->second;
+    } else if (!u.alive) {
+      r.state = job_.state == "restarting" ? "restarting" : "exited";
+    } else if (hung_.count(u.local_rank)) {
+      r.state = "hung";
+    } else if (p && p->straggler) {
+      r.state = "straggling";
+    } else if (u.step > 0) {
+      r.state = "training";
+    } else {
+      r.state = "starting";
+    }
+    rows.push_back(std::move(r));
+  }
+  if (job_.state == "starting" && f.stepping) job_.state = "training";
+  job_.step = f.step;
+  job_.steps_per_sec = f.steps_per_sec;
+  job_.uptime_s = f.uptime_sec;
+  model_.sample(job_, std::move(rows), now);
+  publishDashboard(now);
 }
 
 void LiveView::maybeUpdate(const std::vector<RankReading>& ranks, ProgressTracker& progress,
@@ -46,6 +196,7 @@ void LiveView::reportStragglers(ProgressTracker& progress, double now) {
   next_straggler_check_ = now + 1;
   for (const auto& s : progress.newStragglers()) {
     log::warn("straggler on {}: {}", host_, s.describe());
+    dashboardEvent("straggler", fmt::format("straggler on {}: {}", host_, s.describe()), now);
     if (metrics_) metrics_->onStraggler(s.global_rank, s.local_rank);
   }
 }
@@ -75,7 +226,10 @@ void LiveView::update(const std::vector<RankReading>& ranks, ProgressTracker& pr
       progress.onGpu(u.local_rank, u.gpu_util_percent, u.gpu_memory_bytes);
   std::vector<RankMetrics> rank_metrics;
   if (metrics_) rank_metrics = rankMetrics(usage, progress);
+  std::vector<RankUsage> kept;
+  if (dashboard_) kept = usage;
   view_.sample(std::move(usage), now);
+  if (dashboard_) updateDashboard(ranks, kept, view_.figures(), progress, now);
   if (metrics_) {
     JobFigures f = view_.figures();
     for (size_t i = 0; i < rank_metrics.size() && i < f.cpu_percent.size(); ++i)

@@ -5,6 +5,8 @@
 // GPU figures from NVML, loaded at the first update (off the start-up path).
 //
 // Threads: the agent's loop thread only.
+#include <atomic>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -13,6 +15,8 @@
 #include "launcher/agent/output.h"
 #include "launcher/agent/worker_state.h"
 #include "launcher/cli/options.h"
+#include "launcher/dashboard/dashboard.h"
+#include "launcher/dashboard/dashboard_model.h"
 #include "launcher/gpu/nvml.h"
 #include "launcher/health/job_view.h"
 #include "launcher/health/metrics.h"
@@ -39,8 +43,25 @@ class LiveView {
   void startMetrics();
   MetricsEndpoint* metrics() const { return metrics_.get(); }
 
+  // --dashboard: starts the page's server (throws as startDashboard does) with a new token in
+  // RUN_DIR/dashboard-token (private to the user). Nothing without the flag.
+  void startDashboard(const std::string& run_dir, const std::string& run_id);
+  bool hasDashboard() const { return dashboard_ != nullptr; }
+  // What only the agent knows, for the page: a mark on its time axis (restart, membership,
+  // hang, straggler, exit), the job's state, a rank's end, a hung rank, the end-of-run
+  // summary, stacks taken. Each a no-op without --dashboard.
+  void dashboardEvent(const std::string& kind, const std::string& text, double now);
+  void setJobState(const std::string& state, double now);
+  void markExited(int local_rank, int exit_code);
+  void markHung(int local_rank);
+  void setSummary(const std::string& text, double now);
+  void setStacks(const std::string& reason, const std::string& text, double now);
+  // The page asked for every rank's stack since the last call.
+  bool stacksAsked() { return dashboard_ && dashboard_->takeStacksRequest(); }
+
   // A new attempt: forgets the last one's samples.
-  void startAttempt(int attempt, int world_size, double now);
+  void startAttempt(int attempt, int world_size, double now, int nodes = 1, int node_rank = 0,
+                    int restarts_used = 0);
   // Samples every rank and shows it when due: twice a second at most, whatever
   // --monitor-interval is (reading /proc for every rank is not free on a 64-rank node).
   void maybeUpdate(const std::vector<RankReading>& ranks, ProgressTracker& progress, double now);
@@ -52,6 +73,9 @@ class LiveView {
 
  private:
   void update(const std::vector<RankReading>& ranks, ProgressTracker& progress, double now);
+  void updateDashboard(const std::vector<RankReading>& ranks, const std::vector<RankUsage>& usage,
+                       const JobFigures& figures, const ProgressTracker& progress, double now);
+  void publishDashboard(double now);
   void addGpuFigures(std::vector<RankUsage>& usage, const std::vector<RankReading>& ranks);
   std::vector<RankMetrics> rankMetrics(const std::vector<RankUsage>& usage,
                                        const ProgressTracker& progress) const;
@@ -66,6 +90,14 @@ class LiveView {
   std::unique_ptr<Nvml> nvml_;  // null when the machine has no driver
   bool nvml_tried_ = false;
   double next_view_ = 0, next_view_log_ = 0, next_straggler_check_ = 0;
+  // --dashboard: the server, what it shows, and what the agent told it of this attempt.
+  std::unique_ptr<DashboardEndpoint> dashboard_;
+  DashboardModel model_;
+  DashboardJob job_;
+  std::map<int, int> exited_;  // local rank -> exit code
+  std::map<int, bool> hung_;
+  std::atomic<int> rank_offset_{0};  // read on the server's threads (logs by global rank)
+  int node_rank_ = 0;
 };
 
 }  // namespace ddpl::launcher

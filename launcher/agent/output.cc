@@ -156,6 +156,13 @@ void OutputRouter::emitLine(Stream& s, const char* data, size_t len, bool newlin
     writeAll(s.route.file_fd, text.data(), text.size());
     if (newline_present) writeAll(s.route.file_fd, "\n", 1);
   }
+  if (keep_recent_) {
+    std::string kept = text.size() > kMaxRecentLine ? text.substr(0, kMaxRecentLine) : text;
+    std::lock_guard<std::mutex> lock(recent_mu_);
+    auto& recent = recent_[s.route.local_rank];
+    recent.push_back(std::move(kept));
+    if (recent.size() > kRecentLines) recent.pop_front();
+  }
   if (s.route.kind == StreamKind::kStderr) {
     auto& tail = stderr_tail_[s.route.local_rank];
     tail.push_back(text);
@@ -176,6 +183,19 @@ void OutputRouter::emitLine(Stream& s, const char* data, size_t len, bool newlin
   }
   // One write per line: the console sees whole lines from each worker.
   consoleWrite(console, s.prefix + text + "\n");
+}
+
+std::vector<std::string> OutputRouter::recentLines(int local_rank) const {
+  std::lock_guard<std::mutex> lock(recent_mu_);
+  auto it = recent_.find(local_rank);
+  if (it == recent_.end()) return {};
+  return {it->second.begin(), it->second.end()};
+}
+
+std::string OutputRouter::lastLine(int local_rank) const {
+  std::lock_guard<std::mutex> lock(recent_mu_);
+  auto it = recent_.find(local_rank);
+  return it == recent_.end() || it->second.empty() ? "" : it->second.back();
 }
 
 void OutputRouter::showLive(int fd, Stream& s) {

@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "common/file_io.h"
 
@@ -68,6 +69,13 @@ class OutputRouter {
     stderr_tail_.clear();
     bytes_.clear();
   }
+  // Keep each local rank's last kRecentLines lines of output, both streams, for the dashboard
+  // (off by default: a copy of every line otherwise nobody reads).
+  void keepRecentLines(bool keep) { keep_recent_ = keep; }
+  // Those lines, oldest first, each cut to kMaxRecentLine bytes. Safe from any thread.
+  std::vector<std::string> recentLines(int local_rank) const;
+  std::string lastLine(int local_rank) const;
+
   // launch's status line, kept below every worker line on a live console (nothing otherwise);
   // empty: none. Safe from any thread.
   void setStatus(const std::string& text);
@@ -83,6 +91,8 @@ class OutputRouter {
 
   static constexpr size_t kMaxLine = 64 * 1024;
   static constexpr size_t kTailLines = 20;
+  static constexpr size_t kRecentLines = 200;
+  static constexpr size_t kMaxRecentLine = 512;
 
  private:
   struct Stream {
@@ -108,6 +118,9 @@ class OutputRouter {
   ConsoleOptions console_;
   std::map<int, Stream> streams_;
   std::map<int, std::deque<std::string>> stderr_tail_;
+  bool keep_recent_ = false;
+  mutable std::mutex recent_mu_;
+  std::map<int, std::deque<std::string>> recent_;  // guarded by recent_mu_
   std::map<int, uint64_t> bytes_;
   // The one worker line on a live console that '\r' updates: which stream owns it and what
   // it shows.

@@ -45,7 +45,9 @@ struct SaveJob {
 struct Saved {
   std::vector<std::string> lines;
   std::map<int, StackSummary> summaries;
+  std::string text;  // every rank's whole stack, each cut to kShownStackBytes (the dashboard)
 };
+constexpr size_t kShownStackBytes = 64 * 1024;
 
 std::string snapshotDir(const std::string& run_dir) {
   char stamp[32];
@@ -151,6 +153,10 @@ struct StacksService::Impl {
                                       global_rank[s.local_rank], s.local_rank, s.pid,
                                       st.in_collective ? "" : " outside any collective",
                                       st.innermost.empty() ? "<no frames>" : st.innermost[0]));
+      out.text += fmt::format(
+          "== rank {} (local rank {}, pid {}), by {}, saved in {}\n{}{}\n",
+          global_rank[s.local_rank], s.local_rank, s.pid, s.tool.empty() ? "no tool" : s.tool, path,
+          s.text.substr(0, kShownStackBytes), s.text.size() > kShownStackBytes ? "\n[cut]" : "");
       out.summaries[s.local_rank] = std::move(st);
     }
     return out;
@@ -239,6 +245,27 @@ struct StacksService::Impl {
     });
   }
 
+  void takeSnapshot(std::function<void(std::string)> done) {
+    if (std::none_of(group.workers.begin(), group.workers.end(),
+                     [](const WorkerState& w) { return w.alive; })) {
+      done("no worker is running now");
+      return;
+    }
+    int64_t remote = rdzv.requestStacks(fmt::format(
+        "snapshot asked on node {} ({}) from the dashboard", group.group_rank, cfg.host));
+    std::string dir = snapshotDir(cfg.run_dir);
+    auto job = jobFor([&](int lr) { return dir + "/" + std::to_string(lr) + ".txt"; });
+    submit(std::move(job), [this, dir, remote, done](Saved saved) {
+      log::info("stacks of {} worker(s) saved in {} (asked from the dashboard)", saved.lines.size(),
+                dir);
+      gather(remote, [done, text = std::move(saved.text)](std::vector<std::string> answers) {
+        std::string all = text;
+        for (const auto& a : answers) all += "== " + a + "\n";
+        done(std::move(all));
+      });
+    });
+  }
+
   void onRemoteRequest(int64_t id, std::string why) {
     bool hang = why.rfind("hang", 0) == 0;
     // Ranks here wait in the same collective, so this node usually finds the hang at the same
@@ -299,7 +326,8 @@ struct StacksService::Impl {
                                     saved.lines.size(), attempt_dir + "/<local rank>/stacks.txt");
       for (const auto& l : saved.lines) own_hang_answer += "\n  " + l;
       hang_in_flight = false;
-      HangStacks h{attempt, std::move(saved.lines), std::move(saved.summaries), {}};
+      HangStacks h{
+          attempt, std::move(saved.lines), std::move(saved.summaries), {}, std::move(saved.text)};
       on_saved(h);
       for (auto& [id, why] : std::exchange(deferred, {})) onRemoteRequest(id, std::move(why));
       gather(remote, [h = std::move(h), done](std::vector<std::string> answers) mutable {
@@ -412,6 +440,9 @@ void StacksService::openControlSocket() {
 bool StacksService::owns(uint64_t tag) const { return tag == kListenTag || (tag & kConnTag); }
 void StacksService::onEvent(uint64_t tag) { impl_->onControlEvent(tag); }
 void StacksService::setGroup(StacksGroup group) { impl_->group = std::move(group); }
+void StacksService::takeSnapshot(std::function<void(std::string)> done) {
+  impl_->takeSnapshot(std::move(done));
+}
 void StacksService::onRemoteRequest(int64_t id, std::string why) {
   impl_->onRemoteRequest(id, std::move(why));
 }

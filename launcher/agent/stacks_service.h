@@ -41,6 +41,7 @@ struct HangStacks {
   std::vector<std::string> lines;         // "rank R (local rank L, pid P)...: innermost frame"
   std::map<int, StackSummary> summaries;  // by local rank
   std::vector<std::string> remote;        // each other node's answer, or why there is none
+  std::string text;                       // every rank's whole stack (cut), for the dashboard
 };
 
 class StacksService {
@@ -73,6 +74,9 @@ class StacksService {
 
   // What runs now: at every start of a group and every exit of a worker.
   void setGroup(StacksGroup group);
+  // Every running rank's stack now, as `launch stacks` takes them (the other nodes save theirs
+  // too): `done` gets their text on the loop thread (the dashboard's "capture stacks").
+  void takeSnapshot(std::function<void(std::string)> done);
   // Another node asked (a hang there, or `launch stacks` on it).
   void onRemoteRequest(int64_t id, std::string why);
   // This node found a hang: asks the other nodes (`why` is what they are told) and saves every

@@ -183,6 +183,27 @@ const std::vector<Flag>& flags() {
        "ADDRESS",
        "the address --metrics-port listens on (default 0.0.0.0: every IPv4 interface)",
        [](auto& f, auto& v, auto& o) { o.metrics_host = parseListenHost(f, v); }},
+      {{"--dashboard"},
+       false,
+       "",
+       "serve the job's web page (every rank's state, step time, CPU, memory, GPU, last line; "
+       "plots; stacks) on 127.0.0.1 at a free port, or --dashboard=HOST:PORT (beyond loopback "
+       "it asks for the job's token)",
+       [](auto& f, auto& v, auto& o) {
+         if (v == "1" || v.empty()) {
+           o.dashboard_port = 0;
+           return;
+         }
+         auto colon = v.rfind(':');
+         if (colon == std::string::npos) {
+           o.dashboard_port = parseInt(f, v, 0, 65535);
+           return;
+         }
+         if (colon == 0)
+           throw UsageError(f + "=" + v + ": no host before ':' (HOST:PORT, e.g. 127.0.0.1:8265)");
+         o.dashboard_host = parseListenHost(f, v.substr(0, colon));
+         o.dashboard_port = parseInt(f, v.substr(colon + 1), 0, 65535);
+       }},
       {{"--monitor-log-interval"},
        true,
        "SECONDS",

@@ -102,6 +102,10 @@ struct LaunchOptions {
   double monitor_log_interval_sec = 60;
   std::optional<int> metrics_port;  // --metrics-port: the Prometheus endpoint
   std::string metrics_host = "0.0.0.0";
+  // --dashboard[=HOST:PORT]: the job's web page (launcher/dashboard/dashboard.h); loopback
+  // unless told otherwise.
+  std::optional<int> dashboard_port;
+  std::string dashboard_host = "127.0.0.1";
   // Hang detection (launcher/health/progress.h HangOptions): unset, automatic for ranks that report
   // steps; 0, off; otherwise the limit for every rank.
   std::optional<double> hang_timeout_sec;

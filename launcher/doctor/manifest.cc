@@ -184,6 +184,38 @@ std::vector<std::string> maskCommandLine(const std::vector<std::string>& args) {
   return out;
 }
 
+std::string maskSecretsInText(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    // Words split on single spaces, so that the spacing comes back as it was.
+    std::vector<std::string> words;
+    for (size_t a = start;;) {
+      size_t b = text.find(' ', a);
+      if (b == std::string::npos || b > end) b = end;
+      words.push_back(text.substr(a, b - a));
+      if (b == end) break;
+      a = b + 1;
+    }
+    words = maskCommandLine(words);
+    for (auto& w : words) {
+      // NAME=VALUE as an environment shows it (DB_PASSWORD=x in a printed environment).
+      const size_t eq = w.find('=');
+      if (eq != std::string::npos && eq > 0 && w[0] != '-' && w.substr(eq + 1) != kMasked &&
+          secretName(w.substr(0, eq)))
+        w = w.substr(0, eq + 1) + kMasked;
+    }
+    for (size_t i = 0; i < words.size(); ++i) out += (i ? " " : "") + words[i];
+    if (end == text.size()) break;
+    out += '\n';
+    start = end + 1;
+  }
+  return out;
+}
+
 std::string manifestJson(const ManifestFacts& f) {
   json j = {{"manifest_version", 1},
             {"launch_version", f.version},

@@ -29,6 +29,9 @@ inline constexpr const char* kMasked = "<masked>";
 Environment maskEnvironment(const Environment& env);
 // The same rules for a command line: `--db-password X`, `--api-key=X` and URL passwords.
 std::vector<std::string> maskCommandLine(const std::vector<std::string>& args);
+// The same rules for free text (a log line, a stack dump with its process's command line),
+// word by word on each line: `--api-key=X`, `--password X`, `DB_PASSWORD=X`, URL passwords.
+std::string maskSecretsInText(const std::string& text);
 // scheme://user:password@host -> scheme://user:<masked>@host, anywhere in `text`.
 std::string maskUrlPasswords(const std::string& text);
 

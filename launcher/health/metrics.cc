@@ -349,13 +349,7 @@ MetricsExporter::MetricsExporter(MetricsOptions options) : impl_(std::make_uniqu
   }
 }
 
-MetricsExporter::~MetricsExporter() {
-  // civetweb's listener thread polls in 2 s quanta and looks at its stop flag only between
-  // them, so stopping it would hold up the agent's exit by up to 2 s. Shutting the listening
-  // socket down wakes the poll (measured: 1.7 s -> 13 ms).
-  impl_->relay.reset();
-  auto civet_ports = impl_->exposer->GetListeningPorts();
-  int port = civet_ports.empty() ? 0 : civet_ports.front();
+void wakeCivetListener(int port) {
   if (DIR* d = opendir("/proc/self/fd")) {
     while (dirent* e = readdir(d)) {
       int fd = std::atoi(e->d_name);
@@ -372,6 +366,14 @@ MetricsExporter::~MetricsExporter() {
     }
     closedir(d);
   }
+}
+
+MetricsExporter::~MetricsExporter() {
+  // Stopping civetweb would hold up the agent's exit by up to 2 s otherwise (measured: 1.7 s ->
+  // 13 ms).
+  impl_->relay.reset();
+  auto civet_ports = impl_->exposer->GetListeningPorts();
+  wakeCivetListener(civet_ports.empty() ? 0 : civet_ports.front());
   impl_->exposer.reset();
 }
 

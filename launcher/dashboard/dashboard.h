@@ -1,0 +1,55 @@
+#pragma once
+// The job's web page (launch --dashboard[=HOST:PORT], docs/monitoring.md): GET / is the page
+// (inside the binary: no internet needed), GET /api/job its data as JSON (DashboardModel),
+// GET /api/logs?rank=N a rank's last lines, POST /api/stacks asks for every rank's stack.
+//
+// Served by civetweb from launch's metrics plugin (libddpl_launch_metrics.so), so that jobs
+// without it load no HTTP server. Access: from loopback anyone may read; from elsewhere, and
+// for POST from anywhere (other users may share the machine), the request must carry the job's
+// dashboard token as `Authorization: Bearer TOKEN`. Bounded: a few server threads, a short
+// request timeout, and answers that are copies of text the agent made at most twice a second,
+// so many open pages or a hostile client cost the server's threads, never the agent's loop.
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ddpl::launcher {
+
+struct DashboardOptions {
+  std::string host = "127.0.0.1";  // IPv4 address or name; loopback unless told otherwise
+  int port = 0;                    // 0: the kernel picks; port() says which
+  std::string token;               // required as above; never empty
+  int threads = 4;
+};
+
+// Called on the server's threads: must be safe from any thread.
+using DashboardLogs = std::function<std::vector<std::string>(int global_rank)>;
+
+class DashboardEndpoint {
+ public:
+  virtual ~DashboardEndpoint() = default;
+  virtual int port() const = 0;
+  // The next answers of GET /api/job.
+  virtual void publish(std::string job_json) = 0;
+  // Whether POST /api/stacks came since the last call (one answer for several).
+  virtual bool takeStacksRequest() = 0;
+};
+
+// Loads the plugin and starts the server. Throws ddpl::NetworkError naming the address and why
+// it cannot listen, ddpl::Error when the plugin is missing.
+std::unique_ptr<DashboardEndpoint> startDashboard(const DashboardOptions& options,
+                                                  DashboardLogs logs);
+
+// The plugin's side: the server itself (dashboard_server.cc).
+DashboardEndpoint* newDashboard(const DashboardOptions& options, DashboardLogs logs);
+
+// The page, from launcher/dashboard/page.html (generated into the plugin).
+extern const char* const kDashboardPage;
+
+// Whether `address` (as civetweb gives a peer: "127.0.0.1", "::1") is a loopback one.
+bool isLoopbackAddress(const std::string& address);
+// "Bearer TOKEN" against the token, in time independent of where they differ.
+bool bearerMatches(const char* header, const std::string& token);
+
+}  // namespace ddpl::launcher

@@ -1,0 +1,254 @@
+// The dashboard's HTTP side (dashboard.h), in launch's metrics plugin with civetweb.
+#include <CivetServer.h>
+#include <arpa/inet.h>
+#include <netdb.h>
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "common/errors.h"
+#include "common/log.h"
+#include "launcher/dashboard/dashboard.h"
+#include "launcher/health/metrics.h"
+
+namespace ddpl::launcher {
+
+bool isLoopbackAddress(const std::string& address) {
+  if (address == "::1") return true;
+  std::string v4 = address.rfind("::ffff:", 0) == 0 ? address.substr(7) : address;
+  in_addr a{};
+  if (inet_pton(AF_INET, v4.c_str(), &a) != 1) return false;
+  return (ntohl(a.s_addr) >> 24) == 127;
+}
+
+bool bearerMatches(const char* header, const std::string& token) {
+  if (!header || token.empty()) return false;
+  static constexpr char kScheme[] = "Bearer ";
+  if (strncasecmp(header, kScheme, sizeof kScheme - 1) != 0) return false;
+  const char* given = header + sizeof kScheme - 1;
+  const size_t n = strlen(given);
+  unsigned char diff = n == token.size() ? 0 : 1;
+  for (size_t i = 0; i < token.size(); ++i)
+    diff |= static_cast<unsigned char>(token[i] ^ (i < n ? given[i] : 0));
+  return diff == 0;
+}
+
+namespace {
+
+thread_local std::string* t_start_errors = nullptr;
+
+int civetLog(const mg_connection*, const char* message) {
+  if (t_start_errors) {
+    if (!t_start_errors->empty()) *t_start_errors += "; ";
+    *t_start_errors += message;
+  } else {
+    log::debug("dashboard: {}", message);
+  }
+  return 1;
+}
+
+void answer(mg_connection* conn, int status, const char* reason, const char* type,
+            const std::string& body) {
+  // The page's data are the job's: no caching by a proxy, no sniffing, no framing elsewhere;
+  // the page loads nothing from outside itself.
+  mg_printf(conn,
+            "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
+            "Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n"
+            "X-Frame-Options: DENY\r\nReferrer-Policy: no-referrer\r\n"
+            "Content-Security-Policy: default-src 'self'; script-src 'unsafe-inline'; "
+            "style-src 'unsafe-inline'; img-src 'self' data:; connect-src 'self'\r\n"
+            "Connection: close\r\n\r\n",
+            status, reason, type, body.size());
+  mg_write(conn, body.data(), body.size());
+}
+
+void error(mg_connection* conn, int status, const char* reason, const std::string& why) {
+  answer(conn, status, reason, "application/json",
+         nlohmann::json{{"error", why}}.dump(-1, ' ', false,
+                                             nlohmann::json::error_handler_t::replace));
+}
+
+class Dashboard;
+
+class Handler : public CivetHandler {
+ public:
+  enum class Route { kPage, kJob, kLogs, kStacks };
+  Handler(Dashboard& d, Route r) : d_(d), route_(r) {}
+  bool handleGet(CivetServer*, mg_connection* conn) override;
+  bool handlePost(CivetServer*, mg_connection* conn) override;
+
+ private:
+  Dashboard& d_;
+  Route route_;
+};
+
+class Dashboard : public DashboardEndpoint {
+ public:
+  Dashboard(const DashboardOptions& options, DashboardLogs logs)
+      : token_(options.token), logs_(std::move(logs)) {
+    if (options.token.empty()) throw InvalidArgument("the dashboard needs a token");
+    if (options.port < 0 || options.port > 65535)
+      throw InvalidArgument("dashboard port " + std::to_string(options.port) +
+                            " is not in 0-65535");
+    const std::string address = options.host + ":" + std::to_string(options.port);
+    addrinfo hints{};
+    hints.ai_family = AF_INET;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    addrinfo* found = nullptr;
+    if (int rc = getaddrinfo(options.host.c_str(), "0", &hints, &found); rc != 0)
+      throw NetworkError("the dashboard cannot listen on " + address + ": cannot resolve '" +
+                         options.host + "' to an IPv4 address: " + gai_strerror(rc) +
+                         " (--dashboard=HOST:PORT takes an IPv4 address or name)");
+    char numeric[INET_ADDRSTRLEN] = {};
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr, numeric,
+              sizeof numeric);
+    freeaddrinfo(found);
+    CivetCallbacks callbacks;
+    callbacks.log_message = civetLog;
+    std::string errors;
+    t_start_errors = &errors;
+    try {
+      // A short request timeout: a client that connects and sends nothing holds one of the few
+      // threads 5 s at most. No document root: what is not a route is a 404.
+      server_ = std::make_unique<CivetServer>(
+          std::vector<std::string>{"listening_ports",
+                                   std::string(numeric) + ":" + std::to_string(options.port),
+                                   "num_threads", std::to_string(options.threads),
+                                   "request_timeout_ms", "5000", "enable_keep_alive", "no"},
+          &callbacks);
+    } catch (const std::exception& e) {
+      t_start_errors = nullptr;
+      throw NetworkError("the dashboard cannot listen on " + address + ": " +
+                         (errors.empty() ? e.what() : errors));
+    }
+    t_start_errors = nullptr;
+    for (auto [uri, route] :
+         {std::pair{"/", Handler::Route::kPage}, std::pair{"/api/job", Handler::Route::kJob},
+          std::pair{"/api/logs", Handler::Route::kLogs},
+          std::pair{"/api/stacks", Handler::Route::kStacks}}) {
+      handlers_.push_back(std::make_unique<Handler>(*this, route));
+      server_->addHandler(uri, handlers_.back().get());
+    }
+    job_ = std::make_shared<const std::string>("{}");
+  }
+
+  ~Dashboard() override {
+    wakeCivetListener(port());
+    server_.reset();
+  }
+
+  int port() const override {
+    auto ports = server_->getListeningPorts();
+    return ports.empty() ? 0 : ports.front();
+  }
+
+  void publish(std::string job_json) override {
+    auto text = std::make_shared<const std::string>(std::move(job_json));
+    std::lock_guard<std::mutex> lock(mu_);
+    job_ = std::move(text);
+  }
+
+  bool takeStacksRequest() override { return stacks_asked_.exchange(false); }
+
+  // Readers may come from loopback without the token; writers and other addresses need it.
+  bool allowed(mg_connection* conn, bool writes) {
+    const mg_request_info* ri = mg_get_request_info(conn);
+    if (bearerMatches(mg_get_header(conn, "Authorization"), token_)) return true;
+    const bool local = ri && isLoopbackAddress(ri->remote_addr);
+    if (local && !writes) return true;
+    error(conn, local ? 401 : 403, local ? "Unauthorized" : "Forbidden",
+          std::string(writes ? "this action" : "a request from another machine") +
+              " needs the job's dashboard token (Authorization: Bearer TOKEN; launch printed "
+              "where to find it)");
+    return false;
+  }
+
+  void get(Handler::Route route, mg_connection* conn) {
+    if (!allowed(conn, false)) return;
+    switch (route) {
+      case Handler::Route::kPage: {
+        // civetweb hands "/" every path no other handler takes.
+        const mg_request_info* ri = mg_get_request_info(conn);
+        if (!ri->local_uri || std::strcmp(ri->local_uri, "/") != 0) {
+          error(conn, 404, "Not Found",
+                "the dashboard serves /, /api/job, /api/logs?rank=N "
+                "and POST /api/stacks");
+          return;
+        }
+        answer(conn, 200, "OK", "text/html; charset=utf-8", kDashboardPage);
+        return;
+      }
+      case Handler::Route::kJob: {
+        std::shared_ptr<const std::string> job;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          job = job_;
+        }
+        answer(conn, 200, "OK", "application/json", *job);
+        return;
+      }
+      case Handler::Route::kLogs: {
+        const mg_request_info* ri = mg_get_request_info(conn);
+        char value[16] = {0};
+        const char* q = ri->query_string ? ri->query_string : "";
+        int n = mg_get_var(q, strlen(q), "rank", value, sizeof value);
+        char* end = nullptr;
+        long rank = n > 0 ? std::strtol(value, &end, 10) : -1;
+        if (n <= 0 || *end != '\0' || rank < 0 || rank > INT32_MAX) {
+          error(conn, 400, "Bad Request", "rank=N (a global rank) is required");
+          return;
+        }
+        std::vector<std::string> lines;
+        if (logs_) lines = logs_(static_cast<int>(rank));
+        answer(conn, 200, "OK", "application/json",
+               nlohmann::json{{"rank", rank}, {"lines", lines}}.dump(
+                   -1, ' ', false, nlohmann::json::error_handler_t::replace));
+        return;
+      }
+      case Handler::Route::kStacks:
+        error(conn, 405, "Method Not Allowed", "POST /api/stacks asks for every rank's stack");
+        return;
+    }
+  }
+
+  void post(Handler::Route route, mg_connection* conn) {
+    if (route != Handler::Route::kStacks) {
+      error(conn, 405, "Method Not Allowed", "only POST /api/stacks changes anything");
+      return;
+    }
+    if (!allowed(conn, true)) return;
+    stacks_asked_ = true;
+    answer(conn, 202, "Accepted", "application/json",
+           R"({"ok":true,"note":"every rank's stack is being taken; it shows in /api/job"})");
+  }
+
+ private:
+  std::string token_;
+  DashboardLogs logs_;
+  std::unique_ptr<CivetServer> server_;
+  std::vector<std::unique_ptr<Handler>> handlers_;
+  std::mutex mu_;
+  std::shared_ptr<const std::string> job_;
+  std::atomic<bool> stacks_asked_{false};
+};
+
+bool Handler::handleGet(CivetServer*, mg_connection* conn) {
+  d_.get(route_, conn);
+  return true;
+}
+
+bool Handler::handlePost(CivetServer*, mg_connection* conn) {
+  d_.post(route_, conn);
+  return true;
+}
+
+}  // namespace
+
+DashboardEndpoint* newDashboard(const DashboardOptions& options, DashboardLogs logs) {
+  return new Dashboard(options, std::move(logs));
+}
+
+}  // namespace ddpl::launcher

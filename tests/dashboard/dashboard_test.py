@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""launch --dashboard on a real job (issue 32, docs/monitoring.md): a 4-rank job with one slow
+rank and, on its first attempt, one hung rank; the page's data over HTTP (rows, states, series
+that grow, events, the hang's stacks, stacks on demand behind the token, log tails), the page
+itself in headless Chromium where it is installed (its screenshot is docs/monitoring.png's
+source), and the token rule for requests from another address.
+
+    python3 tests/dashboard/dashboard_test.py build/bin
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import urllib.error
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BIN = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build/bin")
+JOB = os.path.join(HERE, "job.py")
+
+
+def http(url, method="GET", token=None, timeout=5):
+    req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
+    if token:
+        req.add_header("Authorization", "Bearer " + token)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def wait_for(what, pred, timeout=60, every=0.2):
+    end = time.time() + timeout
+    last = None
+    while time.time() < end:
+        last = pred()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class Job:
+    def __init__(self, flags, env):
+        self.log = tempfile.NamedTemporaryFile(prefix="ddpl-dash-", suffix=".log", delete=False)
+        e = dict(os.environ, PYTHON_EXEC=sys.executable, OMP_NUM_THREADS="1", **env)
+        self.proc = subprocess.Popen([os.path.join(BIN, "launch")] + flags + [JOB],
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=e,
+                                     start_new_session=True)
+
+    def output(self):
+        with open(self.log.name, errors="replace") as f:
+            return f.read()
+
+    def dashboard(self):
+        m = wait_for("launch to print the dashboard's address", lambda: re.search(
+            r"dashboard of the job on (http://[^/]+/) .* token in (\S+)\)", self.output()), 30)
+        with open(m.group(2)) as f:
+            token = f.read().strip()
+        st = os.stat(m.group(2))
+        assert st.st_mode & 0o077 == 0, f"{m.group(2)} is readable by others: {oct(st.st_mode)}"
+        return m.group(1), token
+
+    def wait(self, timeout=120):
+        return self.proc.wait(timeout)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        if os.path.exists(self.log.name):
+            os.unlink(self.log.name)
+
+
+def other_address():
+    """An IPv4 address of this machine that is not loopback, or None."""
+    try:
+        out = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True,
+                             timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for m in re.finditer(r"inet (\d+\.\d+\.\d+\.\d+)/", out):
+        if not m.group(1).startswith("127."):
+            return m.group(1)
+    return None
+
+
+class DashboardTest(unittest.TestCase):
+    def test_a_job_with_a_straggler_a_hang_and_a_restart(self):
+        job = Job(["--nproc-per-node=4", "--max-restarts=1", "--monitor-interval=0.05",
+                   "--hang-timeout=3", "--dashboard"],
+                  {"SECONDS": "32", "STEP_SECONDS": "0.05", "SLOW_RANK": "1", "SLOW_FACTOR": "1.6",
+                   "HANG_RANK": "3", "HANG_AT": "15"})
+        try:
+            self.check_job(job)
+            rc = job.wait(120)
+            self.assertEqual(rc, 0, job.output()[-3000:])
+        finally:
+            job.stop()
+
+    def check_job(self, job):
+        url, token = job.dashboard()
+        status, page = http(url)
+        self.assertEqual(status, 200)
+        self.assertIn("<canvas", page)
+
+        def api():
+            s, body = http(url + "api/job")
+            self.assertEqual(s, 200, body)
+            return json.loads(body)
+
+        j = wait_for("4 ranks training", lambda: (lambda d: d if len(d["ranks"]) == 4 and
+                                                  d["job"]["state"] == "training" else None)(api()))
+        self.assertEqual(sorted(r["global_rank"] for r in j["ranks"]), [0, 1, 2, 3])
+        grown = len(j["series"]["t"])
+        # Rank 3 stops stepping: found hung (--hang-timeout=3), its stacks on the page.
+        j = wait_for("rank 3 hung and its stacks", lambda: (lambda d: d if d["stacks"] and
+                                                            d["stacks"]["reason"] == "hang"
+                                                            else None)(api()), 60)
+        self.assertIn("rank 3", j["stacks"]["text"])
+        self.assertIn("hang", [e["kind"] for e in j["events"]])
+        # The group restarts; the page goes on with the new attempt.
+        j = wait_for("the restart", lambda: (lambda d: d if d["job"]["attempt"] == 1 and
+                                             d["job"]["state"] == "training" else None)(api()), 60)
+        self.assertIn("restart", [e["kind"] for e in j["events"]])
+        self.assertEqual(j["job"]["restarts_used"], 1)
+        self.assertGreater(len(j["series"]["t"]), grown)
+        # Rank 1 is 1.6 times as slow: named a straggler (judged in 3 windows of 5 s).
+        j = wait_for("rank 1 straggling", lambda: (lambda d: d if [
+            r for r in d["ranks"] if r["global_rank"] == 1 and r["state"] == "straggling"]
+            else None)(api()), 60)
+        others = [r["state"] for r in j["ranks"] if r["global_rank"] != 1]
+        self.assertNotIn("straggling", others)
+        slow = [r for r in j["ranks"] if r["global_rank"] == 1][0]
+        fast = [r for r in j["ranks"] if r["global_rank"] == 0][0]
+        self.assertGreater(slow["step_ms"], 1.3 * fast["step_ms"])
+        self.assertIn("not html", fast["last_line"])
+        # Log tails.
+        s, body = http(url + "api/logs?rank=2")
+        self.assertEqual(s, 200)
+        self.assertTrue(any("rank 2 attempt" in l for l in json.loads(body)["lines"]), body)
+        # Stacks on demand: refused without the token, even from loopback; taken with it.
+        s, body = http(url + "api/stacks", "POST")
+        self.assertEqual(s, 401, body)
+        self.assertIn("token", body)
+        s, body = http(url + "api/stacks", "POST", token)
+        self.assertEqual(s, 202, body)
+        j = wait_for("stacks on demand", lambda: (lambda d: d if d["stacks"]["reason"] ==
+                                                  "on demand" else None)(api()), 60)
+        self.assertIn("rank 0", j["stacks"]["text"])
+        self.browser(url, token)
+
+    def browser(self, url, token):
+        chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+        if not chromium:
+            print("dashboard_test: no chromium here: the page was not rendered", flush=True)
+            return
+        base = [chromium, "--headless=new", "--no-sandbox", "--disable-gpu",
+                "--no-first-run", "--virtual-time-budget=4000"]
+        profile = tempfile.mkdtemp(prefix="ddpl-chromium-")
+        try:
+            dom = subprocess.run(base + [f"--user-data-dir={profile}", "--dump-dom",
+                                         url + "#token=" + token],
+                                 capture_output=True, text=True, timeout=90).stdout
+            body = dom[dom.find('<tbody id="ranks">'):]
+            body = body[:body.find("</tbody>")]
+            self.assertEqual(body.count("<tr"), 4, dom[-2000:])
+            self.assertIn("straggling", body)
+            self.assertIn("&lt;b&gt;not html&lt;/b&gt;", body, "worker output shown as text")
+            shot = os.environ.get("DDPL_DASHBOARD_SCREENSHOT")
+            if shot:
+                subprocess.run(base + [f"--user-data-dir={profile}", f"--screenshot={shot}",
+                                       "--window-size=1400,1100", url], capture_output=True,
+                               timeout=90)
+        finally:
+            shutil.rmtree(profile, ignore_errors=True)
+
+    def test_another_address_needs_the_token(self):
+        address = other_address()
+        if not address:
+            self.skipTest("this machine has no IPv4 address but loopback")
+        job = Job(["--nproc-per-node=1", "--dashboard=0.0.0.0:0"],
+                  {"SECONDS": "60", "STEP_SECONDS": "0.05"})
+        try:
+            url, token = job.dashboard()
+            port = url.rstrip("/").rsplit(":", 1)[1]
+            remote = f"http://{address}:{port}/"
+            for path in ("", "api/job", "api/logs?rank=0"):
+                s, body = http(remote + path)
+                self.assertEqual(s, 403, f"{path}: {body}")
+            self.assertEqual(http(remote + "api/job", token=token)[0], 200)
+            self.assertEqual(http(remote + "api/job", token=token + "x")[0], 403)
+            self.assertEqual(http(url + "api/job")[0], 200)
+        finally:
+            job.stop()
+
+    def test_a_bad_address_is_a_usage_error(self):
+        for bad, says in (("--dashboard=127.0.0.1:70000", "65535"),
+                          ("--dashboard=:80", "no host")):
+            r = subprocess.run([os.path.join(BIN, "launch"), bad, "--nproc-per-node=1", JOB],
+                               capture_output=True, text=True, timeout=30)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn(says, r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main(argv=sys.argv[:1], verbosity=2)
