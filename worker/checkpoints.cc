@@ -6,11 +6,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
-#include <exception>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -176,8 +176,8 @@ void CheckpointDirectory::removeTemporaries() const {
     const std::string name = entry.path().filename().string();
     if (!std::regex_match(name, m, kTemp)) continue;
     const long pid = std::strtol(m[1].str().c_str(), nullptr, 10);
-    const bool writer_alive = pid > 0 && pid <= INT32_MAX &&
-                              (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM);
+    const bool writer_alive =
+        pid > 0 && pid <= INT32_MAX && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM);
     std::error_code tec;
     const auto written = fs::last_write_time(entry.path(), tec);
     const bool quiet = !tec && fs::file_time_type::clock::now() - written > kStaleAfter;

@@ -5,8 +5,8 @@
 // called from here (a call through a null pointer), so the test cuts, copies and removes files
 // with POSIX calls.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
