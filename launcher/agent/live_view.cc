@@ -28,6 +28,42 @@ LiveView::LiveView(const LaunchOptions& options, std::string host, bool status_l
       router_(router),
       rdzv_(rdzv) {}
 
+LiveView::~LiveView() {
+  {
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    peers_stop_ = true;
+  }
+  peers_cv_.notify_all();
+  if (peers_thread_.joinable()) peers_thread_.join();
+}
+
+void LiveView::readPeers() {
+  std::unique_lock<std::mutex> lock(peers_mu_);
+  while (!peers_cv_.wait_for(lock, std::chrono::duration<double>(kPeerInterval),
+                             [this] { return peers_stop_; })) {
+    const int nodes = nodes_.load(), me = node_rank_.load();
+    lock.unlock();
+    std::map<int, std::vector<DashboardRank>> got;
+    for (int n = 0; n < nodes && n < static_cast<int>(kMaxPeerRanks); ++n) {
+      if (n == me) continue;
+      try {
+        if (auto v = rdzv_.nodeValue("dashboard", n)) {
+          auto rows = decodeRanks(*v);
+          // Another node's word for its own rows only.
+          rows.erase(std::remove_if(rows.begin(), rows.end(),
+                                    [n](const DashboardRank& r) { return r.node_rank != n; }),
+                     rows.end());
+          got[n] = std::move(rows);
+        }
+      } catch (const std::exception& e) {
+        log::debug("dashboard: no rows from node {}: {}", n, e.what());
+      }
+    }
+    lock.lock();
+    peers_ = std::move(got);
+  }
+}
+
 void LiveView::startMetrics() {
   if (!options_.metrics_port) return;
   MetricsOptions mo;
@@ -51,6 +87,13 @@ void LiveView::startAttempt(int attempt, int world_size, double now, int nodes, 
   job_.max_restarts = options_.max_restarts;
   job_.state = "starting";
   node_rank_ = node_rank;
+  nodes_ = nodes;
+  if (nodes > 1) router_.keepRecentLines(true);  // the last line in the rows for the pages
+  next_peer_publish_ = 0;
+  {
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    peers_.clear();  // the last round's
+  }
   exited_.clear();
   hung_.clear();
 }
@@ -81,6 +124,7 @@ void LiveView::startDashboard(const std::string& run_dir, const std::string& run
     return lines;
   });
   job_.run_id = run_id;
+  peers_thread_ = std::thread([this] { readPeers(); });
   log::info(
       "dashboard of the job on http://{}:{}/ (readable from this machine; actions, and "
       "other machines, need the token in {})",
@@ -178,6 +222,19 @@ void LiveView::updateDashboard(const std::vector<RankReading>& ranks,
     }
     rows.push_back(std::move(r));
   }
+  if (nodes_.load() > 1) {
+    if (now >= next_peer_publish_) {
+      next_peer_publish_ = now + kPeerInterval;
+      rdzv_.publishNodeValue("dashboard", encodeRanks(rows));
+    }
+    if (!dashboard_) return;
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    for (const auto& [n, theirs] : peers_)
+      if (n < nodes_.load()) rows.insert(rows.end(), theirs.begin(), theirs.end());
+    std::sort(rows.begin(), rows.end(), [](const DashboardRank& a, const DashboardRank& b) {
+      return a.global_rank < b.global_rank;
+    });
+  }
   if (job_.state == "starting" && f.stepping) job_.state = "training";
   job_.step = f.step;
   job_.steps_per_sec = f.steps_per_sec;
@@ -227,9 +284,12 @@ void LiveView::update(const std::vector<RankReading>& ranks, ProgressTracker& pr
   std::vector<RankMetrics> rank_metrics;
   if (metrics_) rank_metrics = rankMetrics(usage, progress);
   std::vector<RankUsage> kept;
-  if (dashboard_) kept = usage;
+  // Several nodes: every node's rows go to the job's store for the pages (a node with
+  // --dashboard shows them all, whichever nodes were given the flag).
+  const bool rows_wanted = dashboard_ || nodes_.load() > 1;
+  if (rows_wanted) kept = usage;
   view_.sample(std::move(usage), now);
-  if (dashboard_) updateDashboard(ranks, kept, view_.figures(), progress, now);
+  if (rows_wanted) updateDashboard(ranks, kept, view_.figures(), progress, now);
   if (metrics_) {
     JobFigures f = view_.figures();
     for (size_t i = 0; i < rank_metrics.size() && i < f.cpu_percent.size(); ++i)

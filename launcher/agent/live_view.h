@@ -6,10 +6,13 @@
 //
 // Threads: the agent's loop thread only.
 #include <atomic>
+#include <condition_variable>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "launcher/agent/output.h"
@@ -38,6 +41,7 @@ class LiveView {
   // `status_line`: keep the view at the bottom of the console (the router draws it there).
   LiveView(const LaunchOptions& options, std::string host, bool status_line, OutputRouter& router,
            RendezvousHandler& rdzv);
+  ~LiveView();  // stops the thread that reads the other nodes' rows
 
   // --metrics-port: starts the endpoint (throws as startMetricsEndpoint does). Null without.
   void startMetrics();
@@ -97,7 +101,17 @@ class LiveView {
   std::map<int, int> exited_;  // local rank -> exit code
   std::map<int, bool> hung_;
   std::atomic<int> rank_offset_{0};  // read on the server's threads (logs by global rank)
-  int node_rank_ = 0;
+  std::atomic<int> node_rank_{0}, nodes_{1};
+  // Several nodes: this node's rows go to the job's store every kPeerInterval, and a thread of
+  // its own reads the other nodes' (each read bounded; never on the loop).
+  static constexpr double kPeerInterval = 2;
+  double next_peer_publish_ = 0;
+  std::thread peers_thread_;
+  std::mutex peers_mu_;
+  std::condition_variable peers_cv_;
+  bool peers_stop_ = false;                          // guarded by peers_mu_
+  std::map<int, std::vector<DashboardRank>> peers_;  // by node rank; guarded by peers_mu_
+  void readPeers();
 };
 
 }  // namespace ddpl::launcher

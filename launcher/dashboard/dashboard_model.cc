@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "launcher/doctor/manifest.h"
 
@@ -77,6 +78,87 @@ void DashboardModel::setStacks(double t, const std::string& reason, const std::s
   stacks_ = Stacks{t, reason, cutUtf8(maskSecretsInText(text), kMaxTextBytes)};
 }
 
+namespace {
+
+Json rankJson(const DashboardRank& r) {
+  return {{"node", r.node},
+          {"node_rank", r.node_rank},
+          {"global_rank", r.global_rank},
+          {"local_rank", r.local_rank},
+          {"pid", r.pid},
+          {"state", r.state},
+          {"exit_code", orNull(r.exit_code)},
+          {"step", r.step},
+          {"steps_per_sec", orNull(r.steps_per_sec)},
+          {"step_ms", orNull(r.step_ms)},
+          {"wait_ms", orNull(r.wait_ms)},
+          {"cpu_percent", orNull(r.cpu_percent)},
+          {"rss_bytes", orNull(r.rss_bytes)},
+          {"gpu_util_percent", orNull(r.gpu_util_percent)},
+          {"gpu_memory_bytes", orNull(r.gpu_memory_bytes)},
+          {"checkpoint_bytes", orNull(r.checkpoint_bytes)},
+          {"last_line", r.last_line}};
+}
+
+template <typename T>
+std::optional<T> number(const Json& j, const char* key, T lo, T hi) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_number()) return std::nullopt;
+  double v = it->get<double>();
+  if (!(v >= static_cast<double>(lo) && v <= static_cast<double>(hi))) return std::nullopt;
+  return static_cast<T>(v);
+}
+
+std::string text(const Json& j, const char* key, size_t bytes) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? cutUtf8(it->get<std::string>(), bytes) : "";
+}
+
+}  // namespace
+
+std::string encodeRanks(const std::vector<DashboardRank>& ranks) {
+  Json a = Json::array();
+  for (const auto& r : ranks) a.push_back(rankJson(r));
+  return a.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+std::vector<DashboardRank> decodeRanks(const std::string& encoded) {
+  std::vector<DashboardRank> out;
+  Json a = Json::parse(encoded, nullptr, /*allow_exceptions=*/false);
+  if (!a.is_array() || a.size() > kMaxPeerRanks) return out;
+  static const std::set<std::string> kStates{"starting", "training", "straggling",
+                                             "hung",     "exited",   "restarting"};
+  constexpr double kHuge = 1e15;
+  for (const auto& j : a) {
+    if (!j.is_object()) return {};
+    DashboardRank r;
+    auto g = number<int>(j, "global_rank", 0, INT32_MAX);
+    auto l = number<int>(j, "local_rank", 0, INT32_MAX);
+    auto n = number<int>(j, "node_rank", 0, INT32_MAX);
+    if (!g || !l || !n) return {};
+    r.global_rank = *g;
+    r.local_rank = *l;
+    r.node_rank = *n;
+    r.node = text(j, "node", 255);
+    r.pid = number<int>(j, "pid", 0, INT32_MAX).value_or(0);
+    r.state = text(j, "state", 32);
+    if (!kStates.count(r.state)) r.state = "starting";
+    r.exit_code = number<int>(j, "exit_code", -1, 4096);
+    r.step = number<uint64_t>(j, "step", 0, uint64_t{1} << 53).value_or(0);
+    r.steps_per_sec = number<double>(j, "steps_per_sec", 0, kHuge);
+    r.step_ms = number<double>(j, "step_ms", 0, kHuge);
+    r.wait_ms = number<double>(j, "wait_ms", 0, kHuge);
+    r.cpu_percent = number<double>(j, "cpu_percent", 0, 1e6);
+    r.rss_bytes = number<int64_t>(j, "rss_bytes", 0, int64_t{1} << 53);
+    r.gpu_util_percent = number<double>(j, "gpu_util_percent", 0, 100);
+    r.gpu_memory_bytes = number<int64_t>(j, "gpu_memory_bytes", 0, int64_t{1} << 53);
+    r.checkpoint_bytes = number<int64_t>(j, "checkpoint_bytes", 0, int64_t{1} << 53);
+    r.last_line = text(j, "last_line", DashboardModel::kMaxLineBytes);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
 std::string DashboardModel::json(double now) const {
   Json j;
   j["version"] = 1;
@@ -92,24 +174,7 @@ std::string DashboardModel::json(double now) const {
               {"uptime_s", job_.uptime_s},
               {"now", now}};
   Json ranks = Json::array();
-  for (const auto& r : ranks_)
-    ranks.push_back({{"node", r.node},
-                     {"node_rank", r.node_rank},
-                     {"global_rank", r.global_rank},
-                     {"local_rank", r.local_rank},
-                     {"pid", r.pid},
-                     {"state", r.state},
-                     {"exit_code", orNull(r.exit_code)},
-                     {"step", r.step},
-                     {"steps_per_sec", orNull(r.steps_per_sec)},
-                     {"step_ms", orNull(r.step_ms)},
-                     {"wait_ms", orNull(r.wait_ms)},
-                     {"cpu_percent", orNull(r.cpu_percent)},
-                     {"rss_bytes", orNull(r.rss_bytes)},
-                     {"gpu_util_percent", orNull(r.gpu_util_percent)},
-                     {"gpu_memory_bytes", orNull(r.gpu_memory_bytes)},
-                     {"checkpoint_bytes", orNull(r.checkpoint_bytes)},
-                     {"last_line", r.last_line}});
+  for (const auto& r : ranks_) ranks.push_back(rankJson(r));
   j["ranks"] = std::move(ranks);
   Json series;
   series["t"] = t_;

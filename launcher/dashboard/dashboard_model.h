@@ -82,6 +82,13 @@ class DashboardModel {
   std::optional<Stacks> stacks_;
 };
 
+// A node's rows for the other nodes' pages (through the job's store), and back. What comes back
+// is another machine's: at most kMaxPeerRanks rows, every number range-checked, every text cut;
+// anything malformed is none.
+inline constexpr size_t kMaxPeerRanks = 1024;
+std::string encodeRanks(const std::vector<DashboardRank>& ranks);
+std::vector<DashboardRank> decodeRanks(const std::string& text);
+
 // Cuts `text` to at most `bytes` on a UTF-8 boundary, with "…" when cut.
 std::string cutUtf8(const std::string& text, size_t bytes);
 

@@ -187,6 +187,39 @@ class DashboardTest(unittest.TestCase):
         finally:
             shutil.rmtree(profile, ignore_errors=True)
 
+    def test_two_nodes_on_one_page(self):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        server = subprocess.Popen([os.path.join(BIN, "rdzv-server"), "--host", "127.0.0.1",
+                                   "--port", str(port)], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, start_new_session=True)
+        nodes = []
+        try:
+            common = ["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
+                      f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=dash{port}",
+                      "--monitor-interval=0.05"]
+            env = {"SECONDS": "40", "STEP_SECONDS": "0.05"}
+            nodes.append(Job(common + ["--dashboard"], env))
+            nodes.append(Job(common, env))
+            url, _ = nodes[0].dashboard()
+
+            def both():
+                s, body = http(url + "api/job")
+                d = json.loads(body) if s == 200 else {"ranks": []}
+                ranks = [r for r in d["ranks"] if r["state"] == "training"]
+                return d if len(ranks) == 4 else None
+            d = wait_for("4 ranks of 2 nodes on one page", both, 60)
+            self.assertEqual(sorted(r["global_rank"] for r in d["ranks"]), [0, 1, 2, 3])
+            self.assertEqual(sorted({r["node_rank"] for r in d["ranks"]}), [0, 1])
+            self.assertEqual(d["job"]["nodes"], 2)
+            self.assertEqual(len(d["series"]["step_ms"]), 4, "every node's ranks plotted")
+        finally:
+            for n in nodes:
+                n.stop()
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(30)
+
     def test_another_address_needs_the_token(self):
         address = other_address()
         if not address:

@@ -208,3 +208,35 @@ TEST(DashboardModel, TextsAreMaskedAsAManifestIs) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(DashboardModel, RowsFromAnotherNodeAreCheckedBeforeTheyAreShown) {
+  DashboardRank r = rank(5, 80, "straggling");
+  r.node_rank = 1;
+  r.gpu_util_percent = 40;
+  auto back = decodeRanks(encodeRanks({r}));
+  ASSERT_EQ(back.size(), 1u);
+  EXPECT_EQ(back[0].global_rank, 5);
+  EXPECT_EQ(back[0].node_rank, 1);
+  EXPECT_EQ(back[0].state, "straggling");
+  EXPECT_DOUBLE_EQ(*back[0].step_ms, 80);
+  EXPECT_DOUBLE_EQ(*back[0].gpu_util_percent, 40);
+  // Out of range: the figure is unknown; a row without its ranks, or not JSON: nothing.
+  auto odd = decodeRanks(R"([{"global_rank":1,"local_rank":0,"node_rank":1,"gpu_util_percent":900,
+                               "step_ms":-4,"state":"<script>","last_line":7}])");
+  ASSERT_EQ(odd.size(), 1u);
+  EXPECT_FALSE(odd[0].gpu_util_percent.has_value());
+  EXPECT_FALSE(odd[0].step_ms.has_value());
+  EXPECT_EQ(odd[0].state, "starting");
+  EXPECT_EQ(odd[0].last_line, "");
+  EXPECT_TRUE(decodeRanks(R"([{"global_rank":-1,"local_rank":0,"node_rank":0}])").empty());
+  EXPECT_TRUE(decodeRanks("not json").empty());
+  EXPECT_TRUE(decodeRanks(R"({"global_rank":1})").empty());
+  std::string many = "[";
+  for (size_t i = 0; i <= kMaxPeerRanks; ++i)
+    many += std::string(i ? "," : "") + R"({"global_rank":1,"local_rank":0,"node_rank":0})";
+  EXPECT_TRUE(decodeRanks(many + "]").empty()) << "more rows than a node can have";
+}
+
+}  // namespace
