@@ -239,6 +239,20 @@ class DashboardTest(unittest.TestCase):
         finally:
             job.stop()
 
+    def test_the_grafana_dashboard_asks_only_for_served_series(self):
+        root = os.path.dirname(os.path.dirname(HERE))
+        with open(os.path.join(root, "deploy", "grafana", "ddplaunch-job.json")) as f:
+            board = json.load(f)
+        asked = set()
+        for panel in board["panels"]:
+            for t in panel["targets"]:
+                asked |= set(re.findall(r"\bddpl_[a-z_]+", t["expr"]))
+        with open(os.path.join(root, "docs", "monitoring.md")) as f:
+            # The documented series are the served ones (Metrics.TheDocumentedNamesAreTheServedOnes).
+            documented = set(re.findall(r"\bddpl_[a-z_]+", f.read()))
+        self.assertTrue(asked)
+        self.assertLessEqual(asked, documented, asked - documented)
+
     def test_a_bad_address_is_a_usage_error(self):
         for bad, says in (("--dashboard=127.0.0.1:70000", "65535"),
                           ("--dashboard=:80", "no host")):
