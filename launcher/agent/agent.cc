@@ -1093,6 +1093,13 @@ struct Agent::Impl {
       else if (!line.empty())
         log::info("{}", line);
     }
+    if (view.hasDashboard()) {
+      // The page's last state: the summary, and the failure report when there is one.
+      if (const FailureDetail* root = exit_code != 0 ? rootDetail() : nullptr)
+        view.addToSummary("\n" + formatFailureReport(cfg.options.program, failures, *root),
+                          unixNow());
+      view.finishDashboard();
+    }
     bool job_ok = rdzv.finish(exit_code == 0);
     if (sup.stopReason() == StopReason::kSignal) {
       log::warn("stopped by {}: exit code {}", signalName(sup.stopSignal()), exit_code);

@@ -140,6 +140,7 @@ void LiveView::dashboardEvent(const std::string& kind, const std::string& text, 
 void LiveView::setJobState(const std::string& state, double now) {
   if (!dashboard_) return;
   job_.state = state;
+  model_.setJob(job_);
   publishDashboard(now);
 }
 
@@ -148,7 +149,15 @@ void LiveView::markHung(int local_rank) { hung_[local_rank] = true; }
 
 void LiveView::setSummary(const std::string& text, double now) {
   if (!dashboard_) return;
+  summary_ = text;
   model_.setSummary(text);
+  publishDashboard(now);
+}
+
+void LiveView::addToSummary(const std::string& text, double now) {
+  if (!dashboard_) return;
+  summary_ += text;
+  model_.setSummary(summary_);
   publishDashboard(now);
 }
 

@@ -59,7 +59,13 @@ class LiveView {
   void markExited(int local_rank, int exit_code);
   void markHung(int local_rank);
   void setSummary(const std::string& text, double now);
+  void addToSummary(const std::string& text, double now);
   void setStacks(const std::string& reason, const std::string& text, double now);
+  // The run is over: an open page gets the last state (the summary) before launch exits,
+  // within a second at most.
+  void finishDashboard() {
+    if (dashboard_) dashboard_->waitForOpenPages(1.5);
+  }
   // The page asked for every rank's stack since the last call.
   bool stacksAsked() { return dashboard_ && dashboard_->takeStacksRequest(); }
 
@@ -99,6 +105,7 @@ class LiveView {
   DashboardModel model_;
   DashboardJob job_;
   std::map<int, int> exited_;  // local rank -> exit code
+  std::string summary_;
   std::map<int, bool> hung_;
   std::atomic<int> rank_offset_{0};  // read on the server's threads (logs by global rank)
   std::atomic<int> node_rank_{0}, nodes_{1};

@@ -34,6 +34,9 @@ class DashboardEndpoint {
   virtual void publish(std::string job_json) = 0;
   // Whether POST /api/stacks came since the last call (one answer for several).
   virtual bool takeStacksRequest() = 0;
+  // The job is over: if a page read /api/job in the last few seconds (one is open), waits up to
+  // `seconds` for it to read what was published last (the summary), so that it shows the end.
+  virtual void waitForOpenPages(double seconds) = 0;
 };
 
 // Loads the plugin and starts the server. Throws ddpl::NetworkError naming the address and why

@@ -54,6 +54,8 @@ class DashboardModel {
   // One reading of every rank at unix time `now`: the rows, and a point of each series when
   // the last is kSeriesInterval old.
   void sample(const DashboardJob& job, std::vector<DashboardRank> ranks, double now);
+  // The job's figures between samples (its state when it ends).
+  void setJob(const DashboardJob& job) { job_ = job; }
   // A mark on the time axis: kind restart | membership | hang | straggler | exit.
   void event(double t, const std::string& kind, const std::string& text);
   void setSummary(const std::string& text);

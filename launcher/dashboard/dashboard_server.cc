@@ -4,9 +4,12 @@
 #include <netdb.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "common/errors.h"
 #include "common/log.h"
@@ -149,6 +152,16 @@ class Dashboard : public DashboardEndpoint {
     auto text = std::make_shared<const std::string>(std::move(job_json));
     std::lock_guard<std::mutex> lock(mu_);
     job_ = std::move(text);
+    ++published_;
+  }
+
+  void waitForOpenPages(double seconds) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    const auto now = std::chrono::steady_clock::now();
+    if (!last_read_ || now - *last_read_ > std::chrono::seconds(3)) return;  // none open
+    const uint64_t wanted = published_;
+    read_cv_.wait_for(lock, std::chrono::duration<double>(seconds),
+                      [&] { return read_version_ >= wanted; });
   }
 
   bool takeStacksRequest() override { return stacks_asked_.exchange(false); }
@@ -186,7 +199,10 @@ class Dashboard : public DashboardEndpoint {
         {
           std::lock_guard<std::mutex> lock(mu_);
           job = job_;
+          last_read_ = std::chrono::steady_clock::now();
+          read_version_ = published_;
         }
+        read_cv_.notify_all();
         answer(conn, 200, "OK", "application/json", *job);
         return;
       }
@@ -232,6 +248,9 @@ class Dashboard : public DashboardEndpoint {
   std::vector<std::unique_ptr<Handler>> handlers_;
   std::mutex mu_;
   std::shared_ptr<const std::string> job_;
+  uint64_t published_ = 0, read_version_ = 0;  // guarded by mu_
+  std::optional<std::chrono::steady_clock::time_point> last_read_;
+  std::condition_variable read_cv_;
   std::atomic<bool> stacks_asked_{false};
 };
 

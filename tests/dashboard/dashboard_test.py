@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 import urllib.error
@@ -104,9 +105,24 @@ class DashboardTest(unittest.TestCase):
                   {"SECONDS": "32", "STEP_SECONDS": "0.05", "SLOW_RANK": "1", "SLOW_FACTOR": "1.6",
                    "HANG_RANK": "3", "HANG_AT": "15"})
         try:
-            self.check_job(job)
+            url = self.check_job(job)
+            # An open page (one reading every 0.3 s) gets the end: the state and the summary.
+            last = {}
+
+            def page():
+                while job.proc.poll() is None:
+                    try:
+                        last.update(json.loads(http(url + "api/job", timeout=2)[1]))
+                    except OSError:
+                        pass
+                    time.sleep(0.3)
+            reader = threading.Thread(target=page)
+            reader.start()
             rc = job.wait(120)
+            reader.join()
             self.assertEqual(rc, 0, job.output()[-3000:])
+            self.assertEqual(last["job"]["state"], "finished")
+            self.assertIn("per-rank summary", last["summary"] or "")
         finally:
             job.stop()
 
@@ -161,6 +177,7 @@ class DashboardTest(unittest.TestCase):
                                                   "on demand" else None)(api()), 60)
         self.assertIn("rank 0", j["stacks"]["text"])
         self.browser(url, token)
+        return url
 
     def browser(self, url, token):
         chromium = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -168,12 +185,19 @@ class DashboardTest(unittest.TestCase):
             print("dashboard_test: no chromium here: the page was not rendered", flush=True)
             return
         base = [chromium, "--headless=new", "--no-sandbox", "--disable-gpu",
-                "--no-first-run", "--virtual-time-budget=4000"]
+                "--disable-dev-shm-usage", "--no-first-run", "--virtual-time-budget=4000"]
         profile = tempfile.mkdtemp(prefix="ddpl-chromium-")
         try:
-            dom = subprocess.run(base + [f"--user-data-dir={profile}", "--dump-dom",
+            run = subprocess.run(base + [f"--user-data-dir={profile}", "--dump-dom",
                                          url + "#token=" + token],
-                                 capture_output=True, text=True, timeout=90).stdout
+                                 capture_output=True, text=True, timeout=90)
+            dom = run.stdout
+            if run.returncode != 0 and "<html" not in dom:
+                # The browser itself could not start here (a container without what it needs):
+                # say so loudly; the page's data were checked above.
+                print(f"dashboard_test: chromium could not run (exit {run.returncode}): "
+                      f"{run.stderr[-1500:]}", flush=True)
+                return
             body = dom[dom.find('<tbody id="ranks">'):]
             body = body[:body.find("</tbody>")]
             self.assertEqual(body.count("<tr"), 4, dom[-2000:])
