@@ -1,7 +1,6 @@
 // The dashboard's HTTP side (dashboard.h), in launch's metrics plugin with civetweb.
 #include <CivetServer.h>
 #include <arpa/inet.h>
-#include <netdb.h>
 
 #include <atomic>
 #include <chrono>
@@ -14,7 +13,7 @@
 #include "common/errors.h"
 #include "common/log.h"
 #include "launcher/dashboard/dashboard.h"
-#include "launcher/health/metrics.h"
+#include "launcher/health/civet_util.h"
 
 namespace ddpl::launcher {
 
@@ -39,18 +38,6 @@ bool bearerMatches(const char* header, const std::string& token) {
 }
 
 namespace {
-
-thread_local std::string* t_start_errors = nullptr;
-
-int civetLog(const mg_connection*, const char* message) {
-  if (t_start_errors) {
-    if (!t_start_errors->empty()) *t_start_errors += "; ";
-    *t_start_errors += message;
-  } else {
-    log::debug("dashboard: {}", message);
-  }
-  return 1;
-}
 
 void answer(mg_connection* conn, int status, const char* reason, const char* type,
             const std::string& body) {
@@ -96,38 +83,16 @@ class Dashboard : public DashboardEndpoint {
       throw InvalidArgument("dashboard port " + std::to_string(options.port) +
                             " is not in 0-65535");
     const std::string address = options.host + ":" + std::to_string(options.port);
-    addrinfo hints{};
-    hints.ai_family = AF_INET;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE;
-    addrinfo* found = nullptr;
-    if (int rc = getaddrinfo(options.host.c_str(), "0", &hints, &found); rc != 0)
-      throw NetworkError("the dashboard cannot listen on " + address + ": cannot resolve '" +
-                         options.host + "' to an IPv4 address: " + gai_strerror(rc) +
-                         " (--dashboard=HOST:PORT takes an IPv4 address or name)");
-    char numeric[INET_ADDRSTRLEN] = {};
-    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr, numeric,
-              sizeof numeric);
-    freeaddrinfo(found);
-    CivetCallbacks callbacks;
-    callbacks.log_message = civetLog;
-    std::string errors;
-    t_start_errors = &errors;
-    try {
+    const std::string numeric = listenIpv4(options.host.c_str(), "the dashboard", address);
+    startCivet("the dashboard", address, [&](const CivetCallbacks* callbacks) {
       // A short request timeout: a client that connects and sends nothing holds one of the few
       // threads 5 s at most. No document root: what is not a route is a 404.
       server_ = std::make_unique<CivetServer>(
-          std::vector<std::string>{"listening_ports",
-                                   std::string(numeric) + ":" + std::to_string(options.port),
+          std::vector<std::string>{"listening_ports", numeric + ":" + std::to_string(options.port),
                                    "num_threads", std::to_string(options.threads),
                                    "request_timeout_ms", "5000", "enable_keep_alive", "no"},
-          &callbacks);
-    } catch (const std::exception& e) {
-      t_start_errors = nullptr;
-      throw NetworkError("the dashboard cannot listen on " + address + ": " +
-                         (errors.empty() ? e.what() : errors));
-    }
-    t_start_errors = nullptr;
+          callbacks);
+    });
     for (auto [uri, route] :
          {std::pair{"/", Handler::Route::kPage}, std::pair{"/api/job", Handler::Route::kJob},
           std::pair{"/api/logs", Handler::Route::kLogs},

@@ -2,7 +2,6 @@
 
 #include <CivetServer.h>
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -29,6 +28,7 @@
 
 #include "common/errors.h"
 #include "common/log.h"
+#include "launcher/health/civet_util.h"
 
 namespace ddpl::launcher {
 
@@ -38,20 +38,6 @@ using prometheus::Counter;
 using prometheus::Family;
 using prometheus::Gauge;
 using prometheus::Labels;
-
-// civetweb reports why it cannot listen only through its log callback, on the thread that
-// starts it; the exporter's constructor collects those lines here for its exception.
-thread_local std::string* t_start_errors = nullptr;
-
-int civetLog(const mg_connection*, const char* message) {
-  if (t_start_errors) {
-    if (!t_start_errors->empty()) *t_start_errors += "; ";
-    *t_start_errors += message;
-  } else {
-    log::debug("metrics endpoint: {}", message);
-  }
-  return 1;  // handled: civetweb must not print to stderr itself
-}
 
 Labels rankLabels(int rank, int local_rank) {
   return {{"rank", std::to_string(rank)}, {"local_rank", std::to_string(local_rank)}};
@@ -308,63 +294,23 @@ MetricsExporter::MetricsExporter(MetricsOptions options) : impl_(std::make_uniqu
   const bool ipv6 = options.host.find(':') != std::string::npos;
   std::string address = ipv6 ? "[" + options.host + "]:" + std::to_string(options.port)
                              : options.host + ":" + std::to_string(options.port);
-  // civetweb calls a name it cannot resolve an "invalid port spec": resolve it here to say so.
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* found = nullptr;
   // "": all. IPv6: civetweb serves on loopback, behind the relay below.
   const char* host = ipv6 ? "127.0.0.1" : options.host.empty() ? nullptr : options.host.c_str();
+  const std::string numeric = listenIpv4(host, "metrics endpoint", address);
   const int civet_port = ipv6 ? 0 : options.port;
-  if (int rc = getaddrinfo(host, "0", &hints, &found); rc != 0)
-    throw NetworkError("metrics endpoint cannot listen on " + address + ": cannot resolve '" +
-                       options.host + "' to an IPv4 address: " + gai_strerror(rc));
-  char numeric[INET_ADDRSTRLEN] = {};
-  inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr, numeric,
-            sizeof numeric);
-  freeaddrinfo(found);
-  CivetCallbacks callbacks;
-  callbacks.log_message = civetLog;
-  std::string errors;
-  t_start_errors = &errors;
-  try {
+  startCivet("metrics endpoint", address, [&](const CivetCallbacks* callbacks) {
     // A short request timeout: a client that connects and sends nothing must not hold one of
     // the few worker threads, and with it the next scrape, for civetweb's default 30 s.
     impl_->exposer = std::make_unique<prometheus::Exposer>(
-        std::vector<std::string>{
-            "listening_ports", std::string(numeric) + ":" + std::to_string(civet_port),
-            "num_threads", std::to_string(options.threads), "request_timeout_ms", "5000"},
-        &callbacks);
-  } catch (const std::exception& e) {
-    t_start_errors = nullptr;
-    throw NetworkError("metrics endpoint cannot listen on " + address + ": " +
-                       (errors.empty() ? e.what() : errors));
-  }
-  t_start_errors = nullptr;
+        std::vector<std::string>{"listening_ports", numeric + ":" + std::to_string(civet_port),
+                                 "num_threads", std::to_string(options.threads),
+                                 "request_timeout_ms", "5000"},
+        callbacks);
+  });
   impl_->exposer->RegisterCollectable(impl_->registry);
   if (ipv6) {
     auto ports = impl_->exposer->GetListeningPorts();
     impl_->relay = std::make_unique<Ipv6Relay>(options.host, options.port, ports.front());
-  }
-}
-
-void wakeCivetListener(int port) {
-  if (DIR* d = opendir("/proc/self/fd")) {
-    while (dirent* e = readdir(d)) {
-      int fd = std::atoi(e->d_name);
-      sockaddr_storage address{};
-      socklen_t length = sizeof address;
-      int listening = 0;
-      socklen_t size = sizeof listening;
-      if (fd <= 2 || getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0 ||
-          address.ss_family != AF_INET ||
-          ntohs(reinterpret_cast<sockaddr_in*>(&address)->sin_port) != port ||
-          getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &size) != 0 || !listening)
-        continue;
-      shutdown(fd, SHUT_RD);
-    }
-    closedir(d);
   }
 }
 

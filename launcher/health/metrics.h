@@ -67,11 +67,6 @@ class MetricsEndpoint {
   virtual void onStraggler(int rank, int local_rank) = 0;
 };
 
-// civetweb's listener thread polls in 2 s quanta and looks at its stop flag only between them:
-// shutting the listening socket on `port` down wakes the poll, so that stopping a server (the
-// exporter's, the dashboard's) takes milliseconds.
-void wakeCivetListener(int port);
-
 class MetricsExporter : public MetricsEndpoint {
  public:
   // Starts the server. Throws ddpl::NetworkError naming host:port and why it cannot listen

@@ -13,23 +13,26 @@ namespace {
 using StartFn = MetricsEndpoint* (*)(const MetricsOptions*, int, char*, size_t);
 }  // namespace
 
-std::unique_ptr<MetricsEndpoint> startMetricsEndpoint(const MetricsOptions& options) {
+void* metricsPluginSymbol(const char* name) {
   static std::once_flag once;
-  static StartFn start = nullptr;
-  static std::string error;
+  static void* handle = nullptr;
+  static std::string path, error;
   std::call_once(once, [] {
-    std::string path = GrpcPlugin::defaultPath();
+    path = GrpcPlugin::defaultPath();
     path = path.substr(0, path.rfind('/') + 1) + "libddpl_launch_metrics.so";
-    void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
+    handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!handle)
       error = "cannot load " + path +
-              " (launch's metrics plugin; rebuild with make build): " + dlerror();
-      return;
-    }
-    start = reinterpret_cast<StartFn>(dlsym(h, "ddpl_metrics_start"));
-    if (!start) error = path + " lacks ddpl_metrics_start: version mismatch?";
+              " (launch's metrics and dashboard plugin; rebuild with make build): " + dlerror();
   });
-  if (!start) throw Error(error);
+  if (!handle) throw Error(error);
+  void* symbol = dlsym(handle, name);
+  if (!symbol) throw Error(path + " lacks " + name + ": version mismatch?");
+  return symbol;
+}
+
+std::unique_ptr<MetricsEndpoint> startMetricsEndpoint(const MetricsOptions& options) {
+  auto start = reinterpret_cast<StartFn>(metricsPluginSymbol("ddpl_metrics_start"));
   char buf[1024] = {0};
   MetricsEndpoint* e = start(&options, static_cast<int>(log::logger().level()), buf, sizeof(buf));
   if (!e) throw NetworkError(buf);
