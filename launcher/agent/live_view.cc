@@ -88,7 +88,6 @@ void LiveView::startAttempt(int attempt, int world_size, double now, int nodes, 
   job_.state = "starting";
   node_rank_ = node_rank;
   nodes_ = nodes;
-  if (nodes > 1) router_.keepRecentLines(true);  // the last line in the rows for the pages
   next_peer_publish_ = 0;
   {
     std::lock_guard<std::mutex> lock(peers_mu_);
@@ -232,11 +231,12 @@ void LiveView::updateDashboard(const std::vector<RankReading>& ranks,
     rows.push_back(std::move(r));
   }
   if (nodes_.load() > 1) {
+    // Several nodes with --dashboard: each one's rows go to the job's store for the others'
+    // pages (only theirs: a job without the flag writes nothing there, an etcd one included).
     if (now >= next_peer_publish_) {
       next_peer_publish_ = now + kPeerInterval;
       rdzv_.publishNodeValue("dashboard", encodeRanks(rows));
     }
-    if (!dashboard_) return;
     std::lock_guard<std::mutex> lock(peers_mu_);
     for (const auto& [n, theirs] : peers_)
       if (n < nodes_.load()) rows.insert(rows.end(), theirs.begin(), theirs.end());
@@ -293,12 +293,9 @@ void LiveView::update(const std::vector<RankReading>& ranks, ProgressTracker& pr
   std::vector<RankMetrics> rank_metrics;
   if (metrics_) rank_metrics = rankMetrics(usage, progress);
   std::vector<RankUsage> kept;
-  // Several nodes: every node's rows go to the job's store for the pages (a node with
-  // --dashboard shows them all, whichever nodes were given the flag).
-  const bool rows_wanted = dashboard_ || nodes_.load() > 1;
-  if (rows_wanted) kept = usage;
+  if (dashboard_) kept = usage;
   view_.sample(std::move(usage), now);
-  if (rows_wanted) updateDashboard(ranks, kept, view_.figures(), progress, now);
+  if (dashboard_) updateDashboard(ranks, kept, view_.figures(), progress, now);
   if (metrics_) {
     JobFigures f = view_.figures();
     for (size_t i = 0; i < rank_metrics.size() && i < f.cpu_percent.size(); ++i)

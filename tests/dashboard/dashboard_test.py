@@ -224,8 +224,9 @@ class DashboardTest(unittest.TestCase):
                       f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=dash{port}",
                       "--monitor-interval=0.05"]
             env = {"SECONDS": "40", "STEP_SECONDS": "0.05"}
+            # The same command line on both nodes, as usual: each serves a page of the job.
             nodes.append(Job(common + ["--dashboard"], env))
-            nodes.append(Job(common, env))
+            nodes.append(Job(common + ["--dashboard"], env))
             url, _ = nodes[0].dashboard()
 
             def both():
