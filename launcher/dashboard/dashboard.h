@@ -10,6 +10,7 @@
 // request timeout, and answers that are copies of text the agent made at most twice a second,
 // so many open pages or a hostile client cost the server's threads, never the agent's loop.
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,6 +44,19 @@ class DashboardEndpoint {
 // it cannot listen, ddpl::Error when the plugin is missing.
 std::unique_ptr<DashboardEndpoint> startDashboard(const DashboardOptions& options,
                                                   DashboardLogs logs);
+
+// rdzv-server --dashboard: a page for every job it hosts. GET / lists them; /job/RUN/ is the
+// same page as launch's and /job/RUN/api/job its data, from the rows the job's agents publish
+// (launch --dashboard on its nodes); a job's logs and stacks stay on its nodes' pages. Access
+// as above, with rdzv-server's token.
+class JobsDashboardEndpoint {
+ public:
+  virtual ~JobsDashboardEndpoint() = default;
+  virtual int port() const = 0;
+  // Every job's GET /job/RUN/api/job answer, by run id (replaces the last set).
+  virtual void publish(std::map<std::string, std::string> jobs) = 0;
+};
+JobsDashboardEndpoint* newJobsDashboard(const DashboardOptions& options);
 
 // The plugin's side: the server itself (dashboard_server.cc).
 DashboardEndpoint* newDashboard(const DashboardOptions& options, DashboardLogs logs);

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <string_view>
 
 #include "common/errors.h"
 #include "common/log.h"
@@ -60,6 +61,43 @@ void error(mg_connection* conn, int status, const char* reason, const std::strin
                                              nlohmann::json::error_handler_t::replace));
 }
 
+// Readers may come from loopback without the token; writers and other addresses need it.
+bool allowedRequest(mg_connection* conn, const std::string& token, bool writes) {
+  const mg_request_info* ri = mg_get_request_info(conn);
+  if (bearerMatches(mg_get_header(conn, "Authorization"), token)) return true;
+  const bool local = ri && isLoopbackAddress(ri->remote_addr);
+  if (local && !writes) return true;
+  error(conn, local ? 401 : 403, local ? "Unauthorized" : "Forbidden",
+        std::string(writes ? "this action" : "a request from another machine") +
+            " needs the job's dashboard token (Authorization: Bearer TOKEN; launch printed "
+            "where to find it)");
+  return false;
+}
+
+std::unique_ptr<CivetServer> startServer(const DashboardOptions& options, const std::string& who) {
+  if (options.token.empty()) throw InvalidArgument(who + " needs a token");
+  if (options.port < 0 || options.port > 65535)
+    throw InvalidArgument(who + " port " + std::to_string(options.port) + " is not in 0-65535");
+  const std::string address = options.host + ":" + std::to_string(options.port);
+  const std::string numeric = listenIpv4(options.host.c_str(), who, address);
+  std::unique_ptr<CivetServer> server;
+  startCivet(who, address, [&](const CivetCallbacks* callbacks) {
+    // A short request timeout: a client that connects and sends nothing holds one of the few
+    // threads 5 s at most. No document root: what is not a route is a 404.
+    server = std::make_unique<CivetServer>(
+        std::vector<std::string>{"listening_ports", numeric + ":" + std::to_string(options.port),
+                                 "num_threads", std::to_string(options.threads),
+                                 "request_timeout_ms", "5000", "enable_keep_alive", "no"},
+        callbacks);
+  });
+  return server;
+}
+
+int portOf(CivetServer& server) {
+  auto ports = server.getListeningPorts();
+  return ports.empty() ? 0 : ports.front();
+}
+
 class Dashboard;
 
 class Handler : public CivetHandler {
@@ -78,21 +116,7 @@ class Dashboard : public DashboardEndpoint {
  public:
   Dashboard(const DashboardOptions& options, DashboardLogs logs)
       : token_(options.token), logs_(std::move(logs)) {
-    if (options.token.empty()) throw InvalidArgument("the dashboard needs a token");
-    if (options.port < 0 || options.port > 65535)
-      throw InvalidArgument("dashboard port " + std::to_string(options.port) +
-                            " is not in 0-65535");
-    const std::string address = options.host + ":" + std::to_string(options.port);
-    const std::string numeric = listenIpv4(options.host.c_str(), "the dashboard", address);
-    startCivet("the dashboard", address, [&](const CivetCallbacks* callbacks) {
-      // A short request timeout: a client that connects and sends nothing holds one of the few
-      // threads 5 s at most. No document root: what is not a route is a 404.
-      server_ = std::make_unique<CivetServer>(
-          std::vector<std::string>{"listening_ports", numeric + ":" + std::to_string(options.port),
-                                   "num_threads", std::to_string(options.threads),
-                                   "request_timeout_ms", "5000", "enable_keep_alive", "no"},
-          callbacks);
-    });
+    server_ = startServer(options, "the dashboard");
     for (auto [uri, route] :
          {std::pair{"/", Handler::Route::kPage}, std::pair{"/api/job", Handler::Route::kJob},
           std::pair{"/api/logs", Handler::Route::kLogs},
@@ -108,10 +132,7 @@ class Dashboard : public DashboardEndpoint {
     server_.reset();
   }
 
-  int port() const override {
-    auto ports = server_->getListeningPorts();
-    return ports.empty() ? 0 : ports.front();
-  }
+  int port() const override { return portOf(*server_); }
 
   void publish(std::string job_json) override {
     auto text = std::make_shared<const std::string>(std::move(job_json));
@@ -131,18 +152,7 @@ class Dashboard : public DashboardEndpoint {
 
   bool takeStacksRequest() override { return stacks_asked_.exchange(false); }
 
-  // Readers may come from loopback without the token; writers and other addresses need it.
-  bool allowed(mg_connection* conn, bool writes) {
-    const mg_request_info* ri = mg_get_request_info(conn);
-    if (bearerMatches(mg_get_header(conn, "Authorization"), token_)) return true;
-    const bool local = ri && isLoopbackAddress(ri->remote_addr);
-    if (local && !writes) return true;
-    error(conn, local ? 401 : 403, local ? "Unauthorized" : "Forbidden",
-          std::string(writes ? "this action" : "a request from another machine") +
-              " needs the job's dashboard token (Authorization: Bearer TOKEN; launch printed "
-              "where to find it)");
-    return false;
-  }
+  bool allowed(mg_connection* conn, bool writes) { return allowedRequest(conn, token_, writes); }
 
   void get(Handler::Route route, mg_connection* conn) {
     if (!allowed(conn, false)) return;
@@ -229,7 +239,119 @@ bool Handler::handlePost(CivetServer*, mg_connection* conn) {
   return true;
 }
 
+// rdzv-server's page of every job: / and /job/RUN/[api/job].
+class JobsDashboard : public JobsDashboardEndpoint, public CivetHandler {
+ public:
+  explicit JobsDashboard(const DashboardOptions& options) : token_(options.token) {
+    server_ = startServer(options, "the dashboard");
+    server_->addHandler("/", this);
+  }
+  ~JobsDashboard() override {
+    wakeCivetListener(port());
+    server_.reset();
+  }
+  int port() const override { return portOf(*server_); }
+  void publish(std::map<std::string, std::string> jobs) override {
+    auto shared = std::make_shared<const std::map<std::string, std::string>>(std::move(jobs));
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_ = std::move(shared);
+  }
+
+  bool handleGet(CivetServer*, mg_connection* conn) override {
+    if (!allowedRequest(conn, token_, false)) return true;
+    const mg_request_info* ri = mg_get_request_info(conn);
+    const std::string uri = ri->local_uri ? ri->local_uri : "";
+    std::shared_ptr<const std::map<std::string, std::string>> jobs;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      jobs = jobs_;
+    }
+    if (uri == "/") {
+      std::string body =
+          "<!doctype html><meta charset=utf-8><title>ddplaunch jobs</title>"
+          "<style>body{font:14px system-ui,sans-serif;margin:24px}</style><h1>Jobs</h1><ul>";
+      for (const auto& [run, json] : *jobs) {
+        char* quoted = mg_url_encode_alloc(run);
+        body += "<li><a href=\"job/" + std::string(quoted) + "/\">" + htmlEscape(run) + "</a></li>";
+        free(quoted);
+      }
+      if (jobs->empty())
+        body += "<li>none: a job's agents show here when they run with --dashboard</li>";
+      body += "</ul>";
+      answer(conn, 200, "OK", "text/html; charset=utf-8", body);
+      return true;
+    }
+    // /job/RUN/ and /job/RUN/api/job (RUN decoded by civetweb already).
+    static constexpr std::string_view kPrefix = "/job/";
+    if (uri.rfind(kPrefix, 0) == 0) {
+      std::string rest = uri.substr(kPrefix.size());
+      for (const auto& [suffix, page] :
+           {std::pair{std::string("/"), true}, std::pair{std::string("/api/job"), false}}) {
+        if (rest.size() <= suffix.size() ||
+            rest.compare(rest.size() - suffix.size(), suffix.size(), suffix) != 0)
+          continue;
+        const std::string run = rest.substr(0, rest.size() - suffix.size());
+        auto it = jobs->find(run);
+        if (it == jobs->end()) break;
+        if (page)
+          answer(conn, 200, "OK", "text/html; charset=utf-8", kDashboardPage);
+        else
+          answer(conn, 200, "OK", "application/json", it->second);
+        return true;
+      }
+      if (rest.find("/api/") != std::string::npos) {
+        error(conn, 404, "Not Found",
+              "rdzv-server serves a job's /api/job only: its logs and stacks are on its nodes' "
+              "pages (launch --dashboard)");
+        return true;
+      }
+    }
+    error(conn, 404, "Not Found", "no such job here: / lists the jobs");
+    return true;
+  }
+
+ private:
+  static char* mg_url_encode_alloc(const std::string& s) {
+    size_t n = s.size() * 3 + 1;
+    char* out = static_cast<char*>(malloc(n));
+    mg_url_encode(s.c_str(), out, n);
+    return out;
+  }
+  static std::string htmlEscape(const std::string& s) {
+    std::string out;
+    for (char c : s) {
+      switch (c) {
+        case '<':
+          out += "&lt;";
+          break;
+        case '>':
+          out += "&gt;";
+          break;
+        case '&':
+          out += "&amp;";
+          break;
+        case '"':
+          out += "&quot;";
+          break;
+        default:
+          out += c;
+      }
+    }
+    return out;
+  }
+
+  std::string token_;
+  std::unique_ptr<CivetServer> server_;
+  std::mutex mu_;
+  std::shared_ptr<const std::map<std::string, std::string>> jobs_ =
+      std::make_shared<const std::map<std::string, std::string>>();
+};
+
 }  // namespace
+
+JobsDashboardEndpoint* newJobsDashboard(const DashboardOptions& options) {
+  return new JobsDashboard(options);
+}
 
 DashboardEndpoint* newDashboard(const DashboardOptions& options, DashboardLogs logs) {
   return new Dashboard(options, std::move(logs));

@@ -1,11 +1,18 @@
 // rdzv-server: the standalone rendezvous service for multi-node jobs.
 #include <fmt/format.h>
 #include <signal.h>
+#include <sys/random.h>
 
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -16,6 +23,10 @@
 #include "common/log.h"
 #include "common/parse.h"
 #include "ddpl/config.h"
+#ifdef DDPL_WITH_DASHBOARD
+#include "launcher/dashboard/dashboard.h"
+#include "launcher/dashboard/dashboard_model.h"
+#endif
 #include "rendezvous/server/server.h"
 #include "rendezvous/store/token.h"
 
@@ -62,6 +73,9 @@ Serves the ddplaunch rendezvous (membership rounds) and key-value store over gRP
   --no-store-socket        serve the store over gRPC only (by default clients may also
                            reach it on the same port without gRPC, a few times faster;
                            always off with TLS)
+  --dashboard[=HOST:PORT]  serve a page for every job whose agents run with --dashboard
+                           (127.0.0.1 at a free port by default; other addresses need
+                           the server's token)
   --stats-interval SECS    log runs, keys and streams this often when they changed;
                            0: never (default 300)
   --log-level LEVEL        trace, debug, info, warn, error (default info)
@@ -94,6 +108,102 @@ std::string parseHost(const std::string& flag, const std::string& v) {
   }
 }
 
+struct DashboardFlag {
+  std::string host;
+  int port = 0;
+};
+
+#ifdef DDPL_WITH_DASHBOARD
+// --dashboard: a page for every job whose agents publish their rows (launch --dashboard),
+// refreshed once a second from what the server holds; the jobs shown are bounded.
+class JobPages {
+ public:
+  static constexpr size_t kMaxJobs = 64;
+
+  JobPages(ddpl::rdzv::RendezvousServer& server, const DashboardFlag& flag, std::string token)
+      : server_(server) {
+    using namespace ddpl::launcher;
+    DashboardOptions o;
+    o.host = flag.host;
+    o.port = flag.port;
+    o.token = token;
+    if (o.token.empty()) {
+      // Without the server's token nobody from another machine may read: a token nobody has.
+      unsigned char raw[16];
+      if (getrandom(raw, sizeof raw, 0) != static_cast<ssize_t>(sizeof raw))
+        throw ddpl::Error("cannot make the dashboard's token: getrandom failed");
+      for (unsigned char c : raw) o.token += fmt::format("{:02x}", c);
+    }
+    endpoint_.reset(newJobsDashboard(o));
+    ddpl::log::info("dashboard of every job on http://{}:{}/ ({})", o.host, endpoint_->port(),
+                    token.empty() ? "readable from this machine only: the server has no token"
+                                  : "other machines need the server's token");
+    thread_ = std::thread([this] { run(); });
+  }
+  ~JobPages() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  void run() {
+    using namespace ddpl::launcher;
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!cv_.wait_for(lock, std::chrono::seconds(1), [this] { return stop_; })) {
+      lock.unlock();
+      const double now =
+          std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+              .count();
+      std::map<std::string, std::string> jobs;
+      std::map<std::string, DashboardModel> kept;
+      for (auto& r : server_.nodeValues("dashboard", kMaxJobs)) {
+        std::vector<DashboardRank> rows;
+        for (size_t n = 0; n < r.values.size(); ++n) {
+          if (!r.values[n]) continue;
+          for (auto& row : decodeRanks(*r.values[n]))
+            if (row.node_rank == static_cast<int>(n)) rows.push_back(std::move(row));
+        }
+        if (rows.empty()) continue;  // its agents publish nothing: not a job with a page
+        std::sort(rows.begin(), rows.end(),
+                  [](const auto& a, const auto& b) { return a.global_rank < b.global_rank; });
+        DashboardJob job;
+        job.run_id = r.run_id;
+        job.attempt = static_cast<int>(r.round);
+        job.world_size = static_cast<int>(rows.size());
+        job.nodes = static_cast<int>(r.values.size());
+        job.state = "starting";
+        job.step = rows.front().step;
+        for (const auto& row : rows) {
+          if (row.state != "starting" && row.state != "exited") job.state = "training";
+          job.step = std::min(job.step, row.step);
+          if (row.steps_per_sec && (!job.steps_per_sec || *row.steps_per_sec < *job.steps_per_sec))
+            job.steps_per_sec = row.steps_per_sec;  // the slowest rank's pace is the job's
+        }
+        DashboardModel& m = kept[r.run_id];
+        if (auto old = models_.find(r.run_id); old != models_.end()) m = std::move(old->second);
+        m.sample(job, std::move(rows), now);
+        jobs[r.run_id] = m.json(now);
+      }
+      models_ = std::move(kept);  // runs gone, or without rows, are forgotten
+      endpoint_->publish(std::move(jobs));
+      lock.lock();
+    }
+  }
+
+  ddpl::rdzv::RendezvousServer& server_;
+  std::unique_ptr<ddpl::launcher::JobsDashboardEndpoint> endpoint_;
+  std::map<std::string, ddpl::launcher::DashboardModel> models_;  // the sampling thread's
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+};
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -101,6 +211,7 @@ int main(int argc, char** argv) {
   rdzv::ServerOptions o;
   o.port = defaults::kRdzvPort;
   std::string token_file, port_file, level = "info";
+  std::optional<DashboardFlag> dashboard;
   static const std::map<std::string, bool> kTakesValue = {{"--host", true},
                                                           {"--port", true},
                                                           {"--port-file", true},
@@ -120,6 +231,7 @@ int main(int argc, char** argv) {
                                                           {"--max-connections", true},
                                                           {"--no-store-socket", false},
                                                           {"--stats-interval", true},
+                                                          {"--dashboard", false},
                                                           {"--log-level", true},
                                                           {"--help", false},
                                                           {"-h", false},
@@ -139,7 +251,7 @@ int main(int argc, char** argv) {
     if (f->second && !inline_value) {
       if (i + 1 >= argc) usageError(fmt::format("{} needs a value", arg));
       value = argv[++i];
-    } else if (!f->second && inline_value) {
+    } else if (!f->second && inline_value && arg != "--dashboard") {
       usageError(fmt::format("{} takes no value", arg));
     }
     if (arg == "--help" || arg == "-h") {
@@ -180,6 +292,16 @@ int main(int argc, char** argv) {
     if (arg == "--stats-interval")
       o.stats_interval = std::chrono::seconds(parseInt(arg, value, 0, 86400));
     if (arg == "--log-level") level = value;
+    if (arg == "--dashboard") {
+      dashboard = DashboardFlag{"127.0.0.1", 0};
+      if (!value.empty()) {
+        auto colon = value.rfind(':');
+        if (colon == std::string::npos || colon == 0)
+          usageError(fmt::format("--dashboard={}: HOST:PORT, e.g. 127.0.0.1:8265", value));
+        dashboard->host = parseHost(arg, value.substr(0, colon));
+        dashboard->port = static_cast<int>(parseInt(arg, value.substr(colon + 1), 0, 65535));
+      }
+    }
   }
 
   try {
@@ -210,6 +332,12 @@ int main(int argc, char** argv) {
       quick.durable = false;
       writeFileAtomically(port_file, std::to_string(server.port()) + "\n", quick);
     }
+#ifdef DDPL_WITH_DASHBOARD
+    std::unique_ptr<JobPages> pages;
+    if (dashboard) pages = std::make_unique<JobPages>(server, *dashboard, o.token);
+#else
+    if (dashboard) throw Error("this rdzv-server was built without the dashboard (civetweb)");
+#endif
     int received = 0;
     std::thread stopper([&] {
       sigwait(&set, &received);
@@ -218,6 +346,9 @@ int main(int argc, char** argv) {
     });
     server.wait();
     stopper.join();
+#ifdef DDPL_WITH_DASHBOARD
+    pages.reset();
+#endif
     return 0;
   } catch (const InvalidArgument& e) {
     log::error("{}", e.what());

@@ -313,6 +313,11 @@ ServerStats RendezvousServer::stats() const {
   return s;
 }
 
+std::vector<RendezvousServer::RunValues> RendezvousServer::nodeValues(const std::string& key,
+                                                                     size_t max_runs) const {
+  return impl_->services->nodeValues(key, max_runs);
+}
+
 void RendezvousServer::beginTcpStoreAttempt(int64_t attempt,
                                             const std::vector<std::string>& peer_ips,
                                             bool loopback) {

@@ -3,6 +3,7 @@
 // starts one on a free loopback port and hands its endpoint and token to the workers
 // (DDPL_STORE_ADDR / DDPL_STORE_TOKEN / DDPL_STORE_PREFIX). No gRPC in this header.
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -151,6 +152,17 @@ class RendezvousServer {
   void wait();
 
   ServerStats stats() const;
+
+  // What the agents of each run published with publishNodeValue(key) in its current round
+  // (the dashboard's rows): one entry per run (at most `max_runs`), a value per member node
+  // (none where it has published nothing). Reads only; bounded by the runs and their members.
+  struct RunValues {
+    std::string run_id;
+    int64_t round = 0;
+    bool complete = false;  // the round formed (else: still joining)
+    std::vector<std::optional<std::string>> values;  // by node rank
+  };
+  std::vector<RunValues> nodeValues(const std::string& key, size_t max_runs) const;
 
   // ServerOptions::tcpstore: opens attempt `attempt` of the job for torch's TCPStore clients.
   // The previous attempt's connections are closed and its keys deleted; from now on clients

@@ -65,6 +65,8 @@ class Services {
   // Call before grpc::Server::Shutdown: broken watch streams then no longer evict nodes.
   void beginShutdown();
   ServerStats stats() const;
+  std::vector<RendezvousServer::RunValues> nodeValues(const std::string& key,
+                                                      size_t max_runs) const;
   void logStats();  // the periodic stats line, now
   // Starts the store's socket transport (wire_server.h) over the same Core. Once.
   WireServer* startWire(const WireOptions& options);

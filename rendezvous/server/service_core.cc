@@ -595,6 +595,31 @@ grpc::Service* Services::store() { return store_.get(); }
 grpc::Service* Services::rendezvous() { return rendezvous_.get(); }
 void Services::beginShutdown() { core_->shutting_down = true; }
 ServerStats Services::stats() const { return core_->stats(); }
+
+std::vector<RendezvousServer::RunValues> Services::nodeValues(const std::string& key,
+                                                              size_t max_runs) const {
+  std::vector<RendezvousServer::RunValues> out;
+  {
+    std::lock_guard<std::mutex> lock(core_->mu);
+    for (const auto& id : core_->state.runIds(max_runs)) {
+      auto st = core_->state.status(id);
+      if (!st) continue;
+      RendezvousServer::RunValues r;
+      r.run_id = id;
+      r.round = st->round;
+      r.complete = st->phase == RendezvousState::Phase::kComplete;
+      r.values.resize(static_cast<size_t>(r.complete ? st->members : 0));
+      out.push_back(std::move(r));
+    }
+  }
+  // The agents' job-wide namespace (runKeyPrefixes), as MultiNodeRendezvous writes it.
+  for (auto& r : out)
+    for (size_t n = 0; n < r.values.size(); ++n)
+      if (auto v = core_->kv.getShared(
+              fmt::format("ddpl-agents/{}/value/{}/{}/{}", r.run_id, key, r.round, n)))
+        r.values[n] = std::string(v->begin(), v->end());
+  return out;
+}
 void Services::logStats() { core_->logStats(); }
 
 }  // namespace ddpl::rdzv::grpc_detail

@@ -194,6 +194,13 @@ class RendezvousState {
 
   // Runs the server holds (forming, running, or empty and not yet past their retention).
   size_t runCount() const { return runs_.size(); }
+  // The runs known now, at most `limit` (in id order).
+  std::vector<std::string> runIds(size_t limit) const {
+    std::vector<std::string> ids;
+    for (auto it = runs_.begin(); it != runs_.end() && ids.size() < limit; ++it)
+      ids.push_back(it->first);
+    return ids;
+  }
   // Runs examined by tick() and nextDeadline() since construction: the work a long-lived
   // server does per call, which must not grow with the runs that passed through it.
   uint64_t runsVisited() const { return runs_visited_; }

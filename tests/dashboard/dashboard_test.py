@@ -215,11 +215,19 @@ class DashboardTest(unittest.TestCase):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
+        server_log = tempfile.NamedTemporaryFile(prefix="ddpl-dash-srv-", delete=False)
         server = subprocess.Popen([os.path.join(BIN, "rdzv-server"), "--host", "127.0.0.1",
-                                   "--port", str(port)], stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL, start_new_session=True)
+                                   "--port", str(port), "--dashboard"], stdout=server_log,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
         nodes = []
+
+        def server_address():
+            with open(server_log.name) as f:
+                return re.search(r"dashboard of every job on (http://\S+/) ", f.read())
         try:
+            # Listening before the agents come: an agent that finds no server at the endpoint
+            # on its own host would host the job's store there itself.
+            m = wait_for("rdzv-server to listen", server_address, 30)
             common = ["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
                       f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=dash{port}",
                       "--monitor-interval=0.05"]
@@ -239,11 +247,30 @@ class DashboardTest(unittest.TestCase):
             self.assertEqual(sorted({r["node_rank"] for r in d["ranks"]}), [0, 1])
             self.assertEqual(d["job"]["nodes"], 2)
             self.assertEqual(len(d["series"]["step_ms"]), 4, "every node's ranks plotted")
+            # rdzv-server's page of every job it hosts: the list, this job's page and data.
+            jobs_url, run = m.group(1), f"dash{port}"
+            status, listing = http(jobs_url)
+            self.assertEqual(status, 200)
+            self.assertIn(f'href="job/{run}/"', listing)
+
+            def served():
+                s, body = http(f"{jobs_url}job/{run}/api/job")
+                d = json.loads(body) if s == 200 else {"ranks": []}
+                return d if len(d["ranks"]) == 4 else None
+            d = wait_for("the job's 4 ranks on rdzv-server's page", served, 30)
+            self.assertEqual(d["job"]["nodes"], 2)
+            self.assertEqual(sorted({r["node_rank"] for r in d["ranks"]}), [0, 1])
+            status, page = http(f"{jobs_url}job/{run}/")
+            self.assertEqual(status, 200)
+            self.assertIn("<canvas", page)
+            self.assertEqual(http(f"{jobs_url}job/nosuch/api/job")[0], 404)
+            self.assertEqual(http(f"{jobs_url}job/{run}/api/logs?rank=0")[0], 404)
         finally:
             for n in nodes:
                 n.stop()
             os.killpg(server.pid, signal.SIGTERM)
             server.wait(30)
+            os.unlink(server_log.name)
 
     def test_another_address_needs_the_token(self):
         address = other_address()
