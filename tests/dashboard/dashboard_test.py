@@ -98,6 +98,74 @@ def other_address():
     return None
 
 
+class Browser:
+    """The page in headless Chromium, driven by Selenium (Debian's chromium and chromedriver);
+    without them, it says so and checks nothing (the page's data are checked over HTTP)."""
+
+    def __init__(self, url):
+        self.driver = None
+        try:
+            from selenium import webdriver
+            from selenium.webdriver.chrome.service import Service
+        except ImportError as e:
+            print(f"dashboard_test: no selenium ({e}): the page is not driven", flush=True)
+            return
+        chromium, chromedriver = shutil.which("chromium"), shutil.which("chromedriver")
+        if not chromium or not chromedriver:
+            print("dashboard_test: no chromium/chromedriver: the page is not driven", flush=True)
+            return
+        opts = webdriver.ChromeOptions()
+        opts.binary_location = chromium
+        for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                  "--window-size=1400,1100"):
+            opts.add_argument(a)
+        self.driver = webdriver.Chrome(service=Service(chromedriver), options=opts)
+        self.driver.set_page_load_timeout(30)
+        self.driver.get(url)
+
+    def _wait(self, what, pred, timeout=60):
+        if not self.driver:
+            return None
+        return wait_for(f"the page to show {what}", pred, timeout)
+
+    def rows(self):
+        return self.driver.execute_script("""
+            return [...document.querySelectorAll('#ranks tr')].map(tr => ({
+              rank: tr.children[1].textContent, state: tr.children[3].textContent,
+              line: tr.children[13].textContent}));""")
+
+    def wait_rows(self, n, pred):
+        return self._wait(f"{n} rows", lambda: (lambda rows: rows if len(rows) == n and
+                                                pred(rows) else None)(self.rows()))
+
+    def text(self, element_id):
+        if not self.driver:
+            return ""
+        return self.driver.execute_script(
+            f"return document.getElementById('{element_id}').textContent")
+
+    def wait_text(self, element_id, want):
+        return self._wait(f"'{want}' in #{element_id}", lambda: want in self.text(element_id))
+
+    def samples(self):
+        """Points in the page's plots so far (0 without a browser)."""
+        if not self.driver:
+            return 0
+        return self.driver.execute_script("return D && D.series ? D.series.t.length : 0")
+
+    def click(self, element_id):
+        self.driver.find_element("id", element_id).click()
+
+    def screenshot(self, path):
+        if self.driver:
+            self.driver.save_screenshot(path)
+
+    def close(self):
+        if self.driver:
+            self.driver.quit()
+            self.driver = None
+
+
 class DashboardTest(unittest.TestCase):
     def test_a_job_with_a_straggler_a_hang_and_a_restart(self):
         job = Job(["--nproc-per-node=4", "--max-restarts=1", "--monitor-interval=0.05",
@@ -131,85 +199,75 @@ class DashboardTest(unittest.TestCase):
         status, page = http(url)
         self.assertEqual(status, 200)
         self.assertIn("<canvas", page)
+        browser = Browser(url + "#token=" + token)
 
         def api():
             s, body = http(url + "api/job")
             self.assertEqual(s, 200, body)
             return json.loads(body)
 
-        j = wait_for("4 ranks training", lambda: (lambda d: d if len(d["ranks"]) == 4 and
-                                                  d["job"]["state"] == "training" else None)(api()))
-        self.assertEqual(sorted(r["global_rank"] for r in j["ranks"]), [0, 1, 2, 3])
-        grown = len(j["series"]["t"])
-        # Rank 3 stops stepping: found hung (--hang-timeout=3), its stacks on the page.
-        j = wait_for("rank 3 hung and its stacks", lambda: (lambda d: d if d["stacks"] and
-                                                            d["stacks"]["reason"] == "hang"
-                                                            else None)(api()), 60)
-        self.assertIn("rank 3", j["stacks"]["text"])
-        self.assertIn("hang", [e["kind"] for e in j["events"]])
-        # The group restarts; the page goes on with the new attempt.
-        j = wait_for("the restart", lambda: (lambda d: d if d["job"]["attempt"] == 1 and
-                                             d["job"]["state"] == "training" else None)(api()), 60)
-        self.assertIn("restart", [e["kind"] for e in j["events"]])
-        self.assertEqual(j["job"]["restarts_used"], 1)
-        self.assertGreater(len(j["series"]["t"]), grown)
-        # Rank 1 is 1.6 times as slow: named a straggler (judged in 3 windows of 5 s).
-        j = wait_for("rank 1 straggling", lambda: (lambda d: d if [
-            r for r in d["ranks"] if r["global_rank"] == 1 and r["state"] == "straggling"]
-            else None)(api()), 60)
-        others = [r["state"] for r in j["ranks"] if r["global_rank"] != 1]
-        self.assertNotIn("straggling", others)
-        slow = [r for r in j["ranks"] if r["global_rank"] == 1][0]
-        fast = [r for r in j["ranks"] if r["global_rank"] == 0][0]
-        self.assertGreater(slow["step_ms"], 1.3 * fast["step_ms"])
-        self.assertIn("not html", fast["last_line"])
-        # Log tails.
-        s, body = http(url + "api/logs?rank=2")
-        self.assertEqual(s, 200)
-        self.assertTrue(any("rank 2 attempt" in l for l in json.loads(body)["lines"]), body)
-        # Stacks on demand: refused without the token, even from loopback; taken with it.
-        s, body = http(url + "api/stacks", "POST")
-        self.assertEqual(s, 401, body)
-        self.assertIn("token", body)
-        s, body = http(url + "api/stacks", "POST", token)
-        self.assertEqual(s, 202, body)
-        j = wait_for("stacks on demand", lambda: (lambda d: d if d["stacks"]["reason"] ==
-                                                  "on demand" else None)(api()), 60)
-        self.assertIn("rank 0", j["stacks"]["text"])
-        self.browser(url, token)
-        return url
-
-    def browser(self, url, token):
-        chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-        if not chromium:
-            print("dashboard_test: no chromium here: the page was not rendered", flush=True)
-            return
-        base = [chromium, "--headless=new", "--no-sandbox", "--disable-gpu",
-                "--disable-dev-shm-usage", "--no-first-run", "--virtual-time-budget=4000"]
-        profile = tempfile.mkdtemp(prefix="ddpl-chromium-")
         try:
-            run = subprocess.run(base + [f"--user-data-dir={profile}", "--dump-dom",
-                                         url + "#token=" + token],
-                                 capture_output=True, text=True, timeout=90)
-            dom = run.stdout
-            if run.returncode != 0 and "<html" not in dom:
-                # The browser itself could not start here (a container without what it needs):
-                # say so loudly; the page's data were checked above.
-                print(f"dashboard_test: chromium could not run (exit {run.returncode}): "
-                      f"{run.stderr[-1500:]}", flush=True)
-                return
-            body = dom[dom.find('<tbody id="ranks">'):]
-            body = body[:body.find("</tbody>")]
-            self.assertEqual(body.count("<tr"), 4, dom[-2000:])
-            self.assertIn("straggling", body)
-            self.assertIn("&lt;b&gt;not html&lt;/b&gt;", body, "worker output shown as text")
+            j = wait_for("4 ranks training", lambda: (lambda d: d if len(d["ranks"]) == 4 and
+                                                      d["job"]["state"] == "training"
+                                                      else None)(api()), 90)
+            self.assertEqual(sorted(r["global_rank"] for r in j["ranks"]), [0, 1, 2, 3])
+            browser.wait_rows(4, lambda rows: all(r["state"] == "training" for r in rows))
+            grown = browser.samples()
+            # Rank 3 stops stepping, the others wait for it in the all_reduce: the group is
+            # found hung (--hang-timeout=3) and its stacks are on the page.
+            j = wait_for("the hang's stacks", lambda: (lambda d: d if d["stacks"] and
+                                                       d["stacks"]["reason"] == "hang"
+                                                       else None)(api()), 60)
+            self.assertIn("rank 3", j["stacks"]["text"])
+            self.assertIn("hang", [e["kind"] for e in j["events"]])
+            browser.wait_text("stmeta", "reason: hang")
+            self.assertIn("rank 3", browser.text("stpre"))
+            # The group restarts; the same open page goes on with the new attempt.
+            j = wait_for("the restart", lambda: (lambda d: d if d["job"]["attempt"] == 1 and
+                                                 d["job"]["state"] == "training" else None)(api()),
+                         90)
+            self.assertIn("restart", [e["kind"] for e in j["events"]])
+            self.assertEqual(j["job"]["restarts_used"], 1)
+            # Rank 1 works 1.6 times as long: named a straggler (3 windows of 5 s), while the
+            # others wait for it in the collective.
+            j = wait_for("rank 1 straggling", lambda: (lambda d: d if [
+                r for r in d["ranks"] if r["global_rank"] == 1 and r["state"] == "straggling"]
+                else None)(api()), 90)
+            self.assertNotIn("straggling", [r["state"] for r in j["ranks"]
+                                            if r["global_rank"] != 1])
+            slow = [r for r in j["ranks"] if r["global_rank"] == 1][0]
+            fast = [r for r in j["ranks"] if r["global_rank"] == 0][0]
+            self.assertGreater(fast["wait_ms"], slow["wait_ms"] + 10, j["ranks"])
+            self.assertIn("not html", fast["last_line"])
+            rows = browser.wait_rows(4, lambda rows: [r for r in rows if r["rank"] == "1" and
+                                                      r["state"] == "straggling"])
+            if rows:
+                self.assertIn("<b>not html</b>", rows[0]["line"], "worker output shown as text")
+                self.assertGreater(browser.samples(), grown, "the plots' series grew")
+                self.assertIn("restart", browser.text("events"))
+            # Log tails.
+            s, body = http(url + "api/logs?rank=2")
+            self.assertEqual(s, 200)
+            self.assertTrue(any("rank 2 attempt" in l for l in json.loads(body)["lines"]), body)
+            # Stacks on demand: refused without the token, even from loopback; taken with it
+            # from the page's button (over HTTP where there is no browser).
+            s, body = http(url + "api/stacks", "POST")
+            self.assertEqual(s, 401, body)
+            self.assertIn("token", body)
+            if browser.driver:
+                browser.click("cap")
+            else:
+                self.assertEqual(http(url + "api/stacks", "POST", token)[0], 202)
+            j = wait_for("stacks on demand", lambda: (lambda d: d if d["stacks"]["reason"] ==
+                                                      "on demand" else None)(api()), 60)
+            self.assertIn("rank 0", j["stacks"]["text"])
+            browser.wait_text("stmeta", "reason: on demand")
             shot = os.environ.get("DDPL_DASHBOARD_SCREENSHOT")
             if shot:
-                subprocess.run(base + [f"--user-data-dir={profile}", f"--screenshot={shot}",
-                                       "--window-size=1400,1100", url], capture_output=True,
-                               timeout=90)
+                browser.screenshot(shot)
         finally:
-            shutil.rmtree(profile, ignore_errors=True)
+            browser.close()
+        return url
 
     def test_two_nodes_on_one_page(self):
         with socket.socket() as s:
