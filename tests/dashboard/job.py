@@ -43,3 +43,7 @@ while go.item() > 0:
     print(f"rank {rank} attempt {attempt} step {step} <b>not html</b>", flush=True)
 dist.destroy_process_group()
 print(f"rank {rank} done", flush=True)
+# Not through the interpreter's finalization: torch's Gloo exit race (tests/python/ddp_gloo.py).
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
