@@ -41,4 +41,8 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Not through the interpreter's finalization: torch's Gloo exit race (see ddp_gloo.py).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
