@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "common/parse.h"
 #include "common/torchrun_env.h"
 #include "launcher/agent/child_process.h"
 #include "launcher/doctor/check_util.h"
@@ -51,8 +52,11 @@ std::vector<Finding> runDoctor(const DoctorOptions& o) {
   for (auto& f : checkLimits(o.proc_root, o.sys_root)) out.push_back(std::move(f));
   out.push_back(checkThreads(allowedCpus(o.proc_root), o.nproc, o.env));
   for (const auto& p : o.data_paths) out.push_back(checkFreeSpace(p));
-  if (!o.rdzv_endpoint.empty())
-    out.push_back(checkEndpoint("rendezvous", o.rdzv_endpoint, !o.fast, o.connect_timeout_sec));
+  // The etcd backend takes a comma-separated list of members: each is checked on its own
+  // (the whole list is no host name).
+  for (const auto& one : splitList(o.rdzv_endpoint, ','))
+    if (!one.empty())
+      out.push_back(checkEndpoint("rendezvous", one, !o.fast, o.connect_timeout_sec));
   std::string master = getEnv(o.env, torchrun_env::kMasterAddr);
   if (!master.empty()) {
     std::string port = getEnv(o.env, torchrun_env::kMasterPort);

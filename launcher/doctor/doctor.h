@@ -69,7 +69,7 @@ struct DoctorOptions {
   std::string program;        // a native program: the CUDA libraries it would load (ldd)
   std::vector<std::string> data_paths;  // where logs and checkpoints go (free space)
   int nproc = 0;                        // workers per node; 0: unknown
-  std::string rdzv_endpoint;            // HOST:PORT; empty: none
+  std::string rdzv_endpoint;            // HOST:PORT[,HOST:PORT...] (etcd); empty: none
   // The preflight subset: nothing that runs another program or waits on the network beyond
   // a name lookup (start-up must stay fast).
   bool fast = false;

@@ -272,6 +272,23 @@ TEST(DoctorChecks, EndpointsResolveAndAnswer) {
   EXPECT_THAT(bogus.value, HasSubstr("does not resolve"));
 }
 
+// The etcd backend's --rdzv-endpoint lists its members: each is checked, none is taken for a
+// host named "a:1,b:2" (which never resolves: preflight warned of it on every etcd job).
+TEST(DoctorChecks, EveryEtcdMemberOfAnEndpointListIsCheckedOnItsOwn) {
+  DoctorOptions o;
+  o.fast = true;  // resolve only
+  o.rdzv_endpoint = "127.0.0.1:2379, localhost:2380";
+  std::vector<std::string> rdzv;
+  for (const auto& f : runDoctor(o))
+    if (f.check == "rendezvous") {
+      EXPECT_EQ(f.verdict, Verdict::kOk) << f.value;
+      rdzv.push_back(f.value);
+    }
+  ASSERT_EQ(rdzv.size(), 2u);
+  EXPECT_THAT(rdzv[0], HasSubstr("127.0.0.1:2379 resolves to 127.0.0.1"));
+  EXPECT_THAT(rdzv[1], HasSubstr("localhost:2380 resolves to"));
+}
+
 TEST(DoctorChecks, NativeLibrariesOfAProgram) {
   // This test binary links no CUDA library; ldd runs on it and says so.
   auto fs = checkNativeLibraries("/proc/self/exe", 10);
