@@ -154,9 +154,13 @@ class EtcdClient {
   // stream to the same member, gets no earlier answer). `expired` runs on the keeper's thread
   // when etcd answers that the lease no longer exists, and returns the lease to keep from
   // then on (granted with the same TTL; the same id or 0: none yet, etcd is asked again in a
-  // second).
-  std::unique_ptr<EtcdLeaseKeeper> keepAlive(int64_t id, std::chrono::seconds ttl,
-                                             std::function<int64_t(int64_t id)> expired);
+  // second). `fence`, if given, runs on the keeper's thread once per outage when no
+  // keep-alive has been answered for 2/3 of the TTL, counted from the send of the last one
+  // answered (etcd renewed the lease after it, so it cannot expire before TTL after it): the
+  // argument is that silence. With it, keep-alives go every TTL/6 instead of TTL/3.
+  std::unique_ptr<EtcdLeaseKeeper> keepAlive(
+      int64_t id, std::chrono::seconds ttl, std::function<int64_t(int64_t id)> expired,
+      std::function<void(std::chrono::milliseconds silent)> fence = {});
 
   // Events on [key, range_end) from `start_revision` on, delivered in order on a thread of the
   // watch's own. A broken stream resumes on any endpoint from the revision after the last

@@ -1,6 +1,7 @@
 // The etcd backend forming a round: taking a place, counting the places, closing the round,
 // and the assignment that follows (etcd_rendezvous.cc describes the keys).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <map>
@@ -100,11 +101,16 @@ std::optional<WorldAssignment> EtcdRendezvous::joinUntil(Clock::time_point deadl
       RoundState s;
       s.min_nodes = c_.min_nodes;
       s.max_nodes = c_.max_nodes;
+      s.epoch_ms = static_cast<int64_t>(unixNow() * 1000);
       takePlace(0, 0, &s);
       continue;
     }
     RoundState s = RoundState::decode(key("state"), kv->value);
     checkConfig(s);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      epoch_ms_ = s.epoch_ms;
+    }
     if (!s.complete) {
       // A node stopped before joining and min nodes can no longer come: fail now, not at
       // the join timeout (stopBeforeJoining() wrote the state, which wakes every wait here).
@@ -150,6 +156,7 @@ std::optional<WorldAssignment> EtcdRendezvous::joinUntil(Clock::time_point deadl
       next.round = s.round + 1;
       next.min_nodes = c_.min_nodes;
       next.max_nodes = c_.max_nodes;
+      next.epoch_ms = s.epoch_ms;
       for (const auto& n : s.nodes) next.expected.push_back(n.id);
       next.reason = fmt::format("node {} wants to join (round {} has {}/{} nodes)", c_.node_id,
                                 s.round, s.nodes.size(), s.max_nodes);
@@ -260,6 +267,7 @@ std::optional<WorldAssignment> EtcdRendezvous::closeRound(const RoundState& s, i
   std::map<std::string, EtcdKv> places;  // by key
   int64_t seen = 0;                      // the revision `places` is as of
   std::optional<Clock::time_point> last_call_at;
+  bool told_holding = false;
   auto readAll = [&] {
     EtcdRange r;
     r.key = prefix;
@@ -297,7 +305,32 @@ std::optional<WorldAssignment> EtcdRendezvous::closeRound(const RoundState& s, i
     bool now = rdzv::round_rules::closesNow(rdzv::round_rules::closing(forming));
     if (n >= c_.min_nodes && !last_call_at) last_call_at = Clock::now() + c_.last_call_timeout;
     if (n < c_.min_nodes) last_call_at.reset();
-    if (now || (last_call_at && Clock::now() >= *last_call_at)) {
+    bool closing = now || (last_call_at && Clock::now() >= *last_call_at);
+    if (closing) {
+      // A member of the ended round that has neither re-joined nor left still holds its place
+      // there, kept by its lease: it may be cut off from etcd with its workers training on.
+      // The round closes without it only once that place is gone (the node re-joined, left,
+      // or its lease expired: by then its agent fenced and its workers are gone).
+      int64_t held_rev = 0;
+      std::vector<std::string> holding = stillHolding(s, in, &held_rev);
+      if (!holding.empty()) {
+        if (!told_holding) {
+          told_holding = true;
+          log::info(
+              "round {} waits up to {}s for node(s) {} of round {} to re-join or lose their "
+              "place (their workers may still train, cut off from etcd)",
+              s.round, lease_ttl_.count(), fmt::join(holding, ", "), s.round - 1);
+        }
+        std::vector<std::pair<std::string, std::string>> ranges = {
+            {key("state"), ""}, {prefix, etcdPrefixEnd(prefix)}};
+        for (const auto& h : holding) ranges.push_back({joinKey(s.round - 1, h), ""});
+        waitOrTimeout(deadline, ranges, held_rev, s,
+                      Clock::now() + lease_ttl_ + milliseconds(100));
+        closing = false;
+        now = true;  // not waited on below: catch up at once
+      }
+    }
+    if (closing) {
       RoundState done = s;
       done.complete = true;
       done.stopped.clear();  // they concerned the forming round only
@@ -320,7 +353,7 @@ std::optional<WorldAssignment> EtcdRendezvous::closeRound(const RoundState& s, i
       }
       if (stateRevision() != srev) return std::nullopt;
       // Places changed since the count: catch up below, without waiting.
-    } else {
+    } else if (!now) {
       waitOrTimeout(deadline, {{key("state"), ""}, {prefix, etcdPrefixEnd(prefix)}}, seen, s,
                     last_call_at);
     }
@@ -336,6 +369,24 @@ std::optional<WorldAssignment> EtcdRendezvous::closeRound(const RoundState& s, i
     if (got.count != static_cast<int64_t>(places.size())) readAll();
     if (stateRevision() != srev) return std::nullopt;
   }
+}
+
+std::vector<std::string> EtcdRendezvous::stillHolding(const RoundState& s,
+                                                      const std::set<std::string>& in,
+                                                      int64_t* rev) {
+  std::vector<std::string> out;
+  if (s.round == 0 || s.expected.empty()) return out;
+  EtcdRange r;
+  r.key = joinsPrefix(s.round - 1);
+  r.range_end = etcdPrefixEnd(r.key);
+  r.keys_only = true;
+  auto got = etcd_->range(r);
+  *rev = got.revision;
+  std::set<std::string> placed;
+  for (const auto& kv : got.kvs) placed.insert(kv.key.substr(r.key.size()));
+  for (const auto& e : s.expected)
+    if (!in.count(e) && placed.count(e)) out.push_back(e);
+  return out;
 }
 
 int64_t EtcdRendezvous::stateRevision() {
@@ -354,6 +405,7 @@ std::optional<WorldAssignment> EtcdRendezvous::assigned(const RoundState& s, int
   rdzv::round_rules::RankLayout layout = rdzv::round_rules::rankLayout(local_world_sizes);
   rdzv::round_rules::NodePlace place;  // the same place the gRPC backend's client returns
   place.round = s.round;
+  place.epoch_ms = s.epoch_ms;
   place.group_world_size = static_cast<int>(s.nodes.size());
   for (size_t i = 0; i < s.nodes.size(); ++i) {
     if (s.nodes[i].id == c_.node_id) {

@@ -187,8 +187,12 @@ class LeaseStream
 class LeaseKeeperImpl : public EtcdLeaseKeeper {
  public:
   LeaseKeeperImpl(EtcdClient::Impl* impl, int64_t id, std::chrono::seconds ttl,
-                  std::function<int64_t(int64_t)> expired)
-      : impl_(impl), expired_(std::move(expired)), signal_(std::make_shared<KeeperSignal>()) {
+                  std::function<int64_t(int64_t)> expired,
+                  std::function<void(milliseconds)> fence)
+      : impl_(impl),
+        expired_(std::move(expired)),
+        fence_(std::move(fence)),
+        signal_(std::make_shared<KeeperSignal>()) {
     setLease(id, ttl);
     thread_ = std::thread([this] { run(); });
   }
@@ -224,7 +228,7 @@ class LeaseKeeperImpl : public EtcdLeaseKeeper {
     next_.id = id;
     next_.ttl = std::max<std::chrono::seconds>(ttl, std::chrono::seconds(1));
     next_.alive_until = now + next_.ttl;  // granted just before: its TTL runs from then
-    next_.send_at = now + std::chrono::duration_cast<milliseconds>(next_.ttl) / 3;
+    next_.send_at = now + interval(next_);
     changed_ = true;
   }
 
@@ -244,6 +248,7 @@ class LeaseKeeperImpl : public EtcdLeaseKeeper {
     Clock::time_point reopen_at;  // no stream opened before it
     bool due = false;             // a keep-alive is due and not answered yet
     bool warned = false;          // that the lease may have expired, once per outage
+    bool fenced = false;          // fence_ ran, once per outage
     std::string last_error = "no answer yet";
     bool stopped = false;
     while (!stopped) {
@@ -256,6 +261,7 @@ class LeaseKeeperImpl : public EtcdLeaseKeeper {
       }
       if (due && !stream) wake = std::min(wake, reopen_at);
       if (!warned) wake = std::min(wake, l.alive_until);
+      if (!fenced && fence_) wake = std::min(wake, fenceAt(l));
       {
         std::unique_lock<std::mutex> lock(signal->mu);
         signal->cv.wait_until(lock, std::max(wake, now),
@@ -267,6 +273,7 @@ class LeaseKeeperImpl : public EtcdLeaseKeeper {
           changed_ = false;
           due = false;
           warned = false;
+          fenced = false;
         }
       }
       now = Clock::now();
@@ -285,6 +292,7 @@ class LeaseKeeperImpl : public EtcdLeaseKeeper {
               l = next_;
               changed_ = false;
               warned = false;
+              fenced = false;
             } else {
               // Not replaced (etcd refused a new one): ask again in a second.
               l.send_at = Clock::now() + std::chrono::seconds(1);
@@ -293,12 +301,13 @@ class LeaseKeeperImpl : public EtcdLeaseKeeper {
           }
           l.ttl = std::chrono::seconds(a.ttl);
           l.alive_until = std::max(l.alive_until, a.sent + l.ttl);
-          l.send_at = now + std::chrono::duration_cast<milliseconds>(l.ttl) / 3;
+          l.send_at = now + interval(l);
           due = false;
           backoff = milliseconds(100);
-          if (warned)
+          if (warned || fenced)
             log::info("etcd keep-alive: lease {:x} renewed again ({}s left)", l.id, a.ttl);
           warned = false;
+          fenced = false;
         }
         if (stopped) break;
         if (stream->broken()) {
@@ -329,6 +338,14 @@ class LeaseKeeperImpl : public EtcdLeaseKeeper {
         stream = LeaseStream::start(impl_->eps[ep % n], impl_->tokenNow(), signal);
       // One request in flight per stream: a later one would be answered after it anyway.
       if (due && stream && !stream->oldestUnanswered()) stream->send(l.id);
+      if (!fenced && fence_ && now >= fenceAt(l)) {
+        fenced = true;
+        // The lease was renewed after the send of the last answered keep-alive, at
+        // alive_until - TTL: the silence counts from there.
+        fence_(std::chrono::duration_cast<milliseconds>(now - (l.alive_until - l.ttl)));
+        std::lock_guard<std::mutex> lock(signal->mu);
+        if (signal->stop) break;  // destroyed meanwhile (as after expire())
+      }
       if (!warned && now >= l.alive_until) {
         warned = true;
         log::warn(
@@ -355,6 +372,18 @@ class LeaseKeeperImpl : public EtcdLeaseKeeper {
                                  : std::chrono::duration_cast<milliseconds>(l.ttl);
   }
 
+  // Between an answer and the next keep-alive: TTL/3, as etcd's own clients; TTL/6 for a
+  // fencing keeper, so that a silence of TTL/2 (2/3 less one interval) never fences: the
+  // silence counts from the last answered send, which may be one interval old when it starts.
+  milliseconds interval(const Lease& l) const {
+    return std::chrono::duration_cast<milliseconds>(l.ttl) / (fence_ ? 6 : 3);
+  }
+
+  // 2/3 of the TTL after the send of the last answered keep-alive.
+  static Clock::time_point fenceAt(const Lease& l) {
+    return l.alive_until - std::chrono::duration_cast<milliseconds>(l.ttl) / 3;
+  }
+
   int64_t expire(int64_t id) {
     try {
       return expired_(id);
@@ -366,6 +395,7 @@ class LeaseKeeperImpl : public EtcdLeaseKeeper {
 
   EtcdClient::Impl* impl_;
   std::function<int64_t(int64_t)> expired_;
+  std::function<void(milliseconds)> fence_;
   std::shared_ptr<KeeperSignal> signal_;
   Lease next_;            // guarded by signal_->mu: set by keep(), taken by run()
   bool changed_ = false;  // guarded by signal_->mu
@@ -374,9 +404,11 @@ class LeaseKeeperImpl : public EtcdLeaseKeeper {
 
 }  // namespace
 
-std::unique_ptr<EtcdLeaseKeeper> EtcdClient::keepAlive(int64_t id, std::chrono::seconds ttl,
-                                                       std::function<int64_t(int64_t)> expired) {
-  return std::make_unique<LeaseKeeperImpl>(impl_.get(), id, ttl, std::move(expired));
+std::unique_ptr<EtcdLeaseKeeper> EtcdClient::keepAlive(
+    int64_t id, std::chrono::seconds ttl, std::function<int64_t(int64_t)> expired,
+    std::function<void(milliseconds)> fence) {
+  return std::make_unique<LeaseKeeperImpl>(impl_.get(), id, ttl, std::move(expired),
+                                           std::move(fence));
 }
 
 }  // namespace ddpl::launcher

@@ -64,7 +64,9 @@ EtcdRendezvous::EtcdRendezvous(const EtcdRendezvousConfig& c)
     address_ = routeAddressTo(hp.host, hp.port);
   }
   lease_ = etcd_->grantLease(lease_ttl_);
-  keeper_ = etcd_->keepAlive(lease_, lease_ttl_, [this](int64_t id) { return leaseExpired(id); });
+  keeper_ = etcd_->keepAlive(
+      lease_, lease_ttl_, [this](int64_t id) { return leaseExpired(id); },
+      [this](milliseconds silent) { fence(silent); });
   log::info("rendezvous in etcd at {} under '{}', node '{}' at {}, {}:{} nodes, lease TTL {}s",
             etcd_->endpoints(), p_, c_.node_id, address_, c_.min_nodes, c_.max_nodes,
             lease_ttl_.count());
@@ -298,6 +300,34 @@ int64_t EtcdRendezvous::renewLease(int64_t expired) {
   std::lock_guard<std::mutex> lock(mu_);
   lease_ = fresh;
   return fresh;
+}
+
+void EtcdRendezvous::fence(milliseconds silent) {
+  // Members of a running round only: a joining node has no workers to stop.
+  std::optional<int64_t> round;
+  double within = std::chrono::duration<double>(lease_ttl_).count() / 6;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (current_ && !finishing_ && !stop_ && ended_round_ < current_->round) {
+      round = current_->round;
+      fenced_ = {*round, within};
+    }
+  }
+  if (!round) return;
+  std::string why = fmt::format(
+      "fencing: no etcd keep-alive answered for {:.1f}s (limit {:.1f}s, 2/3 of the lease TTL "
+      "of {}s): the workers of round {} stop within {:.1f}s, before etcd can let the others "
+      "re-form without this node",
+      silent.count() / 1000.0, 2.0 * std::chrono::duration<double>(lease_ttl_).count() / 3,
+      lease_ttl_.count(), *round, within);
+  markLost(why);
+  roundEnded(*round, why);
+}
+
+std::optional<double> EtcdRendezvous::fencedStopWithin(int64_t round) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (fenced_ && fenced_->first == round) return fenced_->second;
+  return std::nullopt;
 }
 
 int64_t EtcdRendezvous::leaseExpired(int64_t id) {

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,6 +51,9 @@ class EtcdRendezvous : public MultiNodeRendezvous {
   ~EtcdRendezvous() override;
 
   bool roundStillCurrent() override;
+
+  // Fenced (fence()): the workers of `round` must be gone within the returned seconds.
+  std::optional<double> fencedStopWithin(int64_t round) override;
 
   std::optional<int64_t> currentRound() const override {
     return current_ ? std::optional<int64_t>(current_->round) : std::nullopt;
@@ -139,6 +143,12 @@ class EtcdRendezvous : public MultiNodeRendezvous {
   std::optional<WorldAssignment> closeRound(const RoundState& s, int64_t srev,
                                             Clock::time_point deadline);
 
+  // The members of the round before forming round `s` that it expects back (s.expected), are
+  // not among `in` (the places it would close with), and still hold their place in that round:
+  // neither re-joined, left, nor lost their lease. `rev`: the revision of the read.
+  std::vector<std::string> stillHolding(const RoundState& s, const std::set<std::string>& in,
+                                        int64_t* rev);
+
   // The state's mod revision (0: none), without its value (a complete round's lists every node).
   int64_t stateRevision();
 
@@ -188,6 +198,13 @@ class EtcdRendezvous : public MultiNodeRendezvous {
   // returns.
   int64_t leaseExpired(int64_t id);
 
+  // No keep-alive answered for 2/3 of the lease TTL (etcd unreachable from here): etcd may
+  // drop this node at TTL and let the others re-form without it, so its round ends here now
+  // and its workers stop within TTL/6 (SIGKILL then, whatever --shutdown-timeout says): gone
+  // before its place can vanish (docs/network-faults.md has the margins). On the keeper's
+  // thread.
+  void fence(milliseconds silent);
+
   RoundsConfig c_;
   std::chrono::seconds lease_ttl_;
   std::unique_ptr<EtcdClient> etcd_;
@@ -212,6 +229,9 @@ class EtcdRendezvous : public MultiNodeRendezvous {
   std::vector<std::string> members_;  // node ids of the current round
   int64_t state_rev_ = 0;             // the mod revision of the current round's complete state
   int64_t ended_round_ = -1;
+  std::optional<std::pair<int64_t, double>> fenced_;  // round, seconds to stop its workers in
+  // The run's epoch (RoundState::epoch_ms) as last read: every state this node writes keeps it.
+  int64_t epoch_ms_ = 0;
   bool left_ = false;
   std::atomic<bool> finishing_{false}, job_done_{false};
   // finish(): when the calls on the way out give up (none before: max).

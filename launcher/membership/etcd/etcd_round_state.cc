@@ -26,6 +26,7 @@ std::string RoundState::encode() const {
   j["reason"] = reason;
   j["min"] = min_nodes;
   j["max"] = max_nodes;
+  if (epoch_ms > 0) j["epoch_ms"] = epoch_ms;
   if (!stopped.empty()) {
     j["stopped"] = stopped;
     j["stopped_until"] = stopped_until;
@@ -50,6 +51,12 @@ RoundState RoundState::decode(const std::string& key, const std::string& v) {
     s.reason = j.at("reason").get<std::string>();
     s.min_nodes = j.at("min").get<int>();
     s.max_nodes = j.at("max").get<int>();
+    if (j.contains("epoch_ms")) {
+      s.epoch_ms = j.at("epoch_ms").get<int64_t>();
+      // Unix ms up to the year 9999: anything else was not written by an agent.
+      if (s.epoch_ms < 0 || s.epoch_ms > 253402300799999)
+        throw std::out_of_range(fmt::format("epoch_ms {} is no time", s.epoch_ms));
+    }
     if (j.contains("stopped")) {
       s.stopped = j.at("stopped").get<std::map<std::string, std::string>>();
       s.stopped_until = j.at("stopped_until").get<double>();

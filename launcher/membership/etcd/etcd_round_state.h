@@ -22,6 +22,11 @@ struct RoundState {
   std::vector<std::string> expected;  // survivors of the previous round, expected back
   std::string reason;                 // why the previous round ended
   int min_nodes = 1, max_nodes = 1;
+  // When the run's first node opened round 0 (unix ms, its clock), carried by every later
+  // state: the job's keys gone and the run id used again, rounds count from 0 again, so
+  // (epoch_ms, round) is what only grows (the checkpoint fence's order). 0: written by an agent
+  // that predates it.
+  int64_t epoch_ms = 0;
   // A forming round's nodes that stopped before joining (node id -> why), until stopped_until
   // (unix seconds, the writer's clock: a join timeout after the last stop). As the gRPC
   // service's rounds (rendezvous_state.h): the round waits for no more nodes than can come,

@@ -109,6 +109,10 @@ bool EtcdRendezvous::invalidate(int64_t round, int64_t srev,
   next.round = round + 1;
   next.min_nodes = c_.min_nodes;
   next.max_nodes = c_.max_nodes;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    next.epoch_ms = epoch_ms_;
+  }
   for (const auto& m : members)
     if (m != lost) next.expected.push_back(m);
   next.reason = why;
