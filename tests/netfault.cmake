@@ -1,14 +1,16 @@
 # Network faults (tests/netfault/, docs/network-faults.md): a 3-node job under launch with its
-# rdzv-server, each in its own network namespace on a bridge, faults from nftables and a delay
-# relay; each scenario checks the invariants over the workers' own events. Needs root, ip netns
-# and nft: skipped (77) with the reason where they are missing. One at a time (they share the
-# namespace and port plan, and three Gloo workers each); `ctest -L netfault` runs them alone.
+# rdzv-server (or a 3-member etcd cluster), each in its own network namespace on a bridge,
+# faults from nftables and a delay relay; each scenario checks the invariants over the workers'
+# own events. Needs root, ip netns and nft (and etcd for etcd_*): skipped (77) with the reason
+# where they are missing. One at a time (they share the namespace and port plan, and three Gloo
+# workers each); `ctest -L netfault` runs them alone.
 add_test(NAME netfault_invariants_test
   COMMAND ${DDPL_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/netfault/invariants_test.py)
 set_tests_properties(netfault_invariants_test PROPERTIES TIMEOUT 60 LABELS "unit;netfault")
 
 foreach(scenario server_partition peer_partition latency_loss server_isolated stale_write
-                 partition_then_crash)
+                 partition_then_crash oneway_partition etcd_leader_isolated etcd_partition
+                 etcd_partition_then_crash)
   add_test(NAME netfault_${scenario}
     COMMAND ${DDPL_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/netfault/scenarios.py
             --build ${CMAKE_BINARY_DIR} --source ${PROJECT_SOURCE_DIR} --python ${DDPL_PYTHON}

@@ -31,7 +31,9 @@ SKIP = 77
 RELAY_PORT = 39399
 RELAY_MARK = 0x4E46  # "NF": the relay's own upstream connections, which nat leaves alone
 SO_ORIGINAL_DST = 80
-SERVER_HOST = 100  # the server's address is 10.<net>.0.100
+SERVER_HOST = 100  # the server's address is 10.<net>.0.100, etcd member i's 100 + i
+ETCD_CLIENT_PORT = 2379
+ETCD_PEER_PORT = 2380
 _TABLE = "inet netfault"
 _NAT_TABLE = "ip netfault_nat"
 _CMD_TIMEOUT = 20  # every ip/nft call
@@ -183,11 +185,13 @@ class Cluster:
 
     Addresses: 10.<net>.0.<i>/24 for node i, 10.<net>.0.100 for srv (ip(name))."""
 
-    def __init__(self, nodes=3, name="netfault"):
+    def __init__(self, nodes=3, name="netfault", etcd=0):
         self.tag = f"nf{os.getpid()}"
         self.net = 20 + os.getpid() % 200
         self.nodes = [f"n{i}" for i in range(1, nodes + 1)]
-        self.members = self.nodes + ["srv"]
+        # etcd members e1..eN, each a host of its own (for the etcd backend's scenarios)
+        self.etcd = [f"e{i}" for i in range(1, etcd + 1)]
+        self.members = self.nodes + ["srv"] + self.etcd
         self.dir = tempfile.mkdtemp(prefix=f"{name}-")
         self.procs = []
         self.faults = []
@@ -204,6 +208,8 @@ class Cluster:
     def ip(self, name):
         if name == "srv":
             return f"10.{self.net}.0.{SERVER_HOST}"
+        if name.startswith("e"):
+            return f"10.{self.net}.0.{SERVER_HOST + int(name[1:])}"
         return f"10.{self.net}.0.{int(name[1:])}"
 
     # ------------------------------------------------------------------ life cycle
@@ -311,6 +317,55 @@ class Cluster:
         rc = p.wait(timeout)
         return rc, p.text()
 
+    # ------------------------------------------------------------------ etcd
+    def etcd_endpoints(self, first=None):
+        """host:port of every etcd member, `first` first (a client starts with it)."""
+        order = sorted(self.etcd, key=lambda e: e != first)
+        return ",".join(f"{self.ip(e)}:{ETCD_CLIENT_PORT}" for e in order)
+
+    def start_etcd(self, etcd_bin="etcd"):
+        """A cluster of the etcd members, each in its namespace; returns once it is healthy.
+        Timings as etcd's for a LAN (100 ms heartbeats, elections after 1 s)."""
+        if shutil.which(etcd_bin) is None or shutil.which("etcdctl") is None:
+            raise Skip("etcd is not installed (make setup installs Debian's etcd-server and "
+                       "etcd-client)")
+        peers = ",".join(f"{e}=http://{self.ip(e)}:{ETCD_PEER_PORT}" for e in self.etcd)
+        for e in self.etcd:
+            url = f"http://{self.ip(e)}:{ETCD_CLIENT_PORT}"
+            peer = f"http://{self.ip(e)}:{ETCD_PEER_PORT}"
+            self.spawn(e, f"etcd-{e}", [
+                etcd_bin, "--name", e, "--data-dir", os.path.join(self.dir, f"etcd-{e}"),
+                "--listen-client-urls", url, "--advertise-client-urls", url,
+                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                "--initial-cluster", peers, "--initial-cluster-token", self.tag,
+                "--heartbeat-interval", "100", "--election-timeout", "1000",
+                "--log-level", "warn"])
+        wait_until(lambda: self.etcd_leader() is not None, 60, "the etcd cluster to elect a leader")
+
+    def etcd_status(self, via="n1"):
+        """{member: (its id, the leader's id as it sees it)} of the members that answered."""
+        out = {}
+        for e in self.etcd:
+            r = _run(["ip", "netns", "exec", self.ns(via), "etcdctl",
+                      f"--endpoints=http://{self.ip(e)}:{ETCD_CLIENT_PORT}",
+                      "--dial-timeout=1s", "--command-timeout=2s", "endpoint", "status",
+                      "-w", "json"], check=False, timeout=10)
+            try:
+                st = json.loads(r.stdout)[0]["Status"]
+                out[e] = (st["header"]["member_id"], st["leader"])
+            except (ValueError, LookupError, TypeError):
+                pass
+        return out
+
+    def etcd_leader(self, via="n1"):
+        """The member every answering member agrees leads, or None."""
+        st = self.etcd_status(via)
+        leaders = {lead for _, lead in st.values()}
+        if len(leaders) != 1:
+            return None
+        lead = leaders.pop()
+        return next((e for e, (mid, _) in st.items() if mid == lead), None)
+
     # ------------------------------------------------------------------ faults (nftables)
     def _apply(self):
         """Each namespace's table from the faults in force: one nft transaction per namespace."""
@@ -365,6 +420,11 @@ class Cluster:
     def cut_from_server(self, node):
         return self.partition_groups(f"{node} cut from the server (not from its peers)",
                                      [(node, "srv")])
+
+    def isolate(self, member):
+        """No packet passes between `member` and any other host (nodes, server, etcd)."""
+        return self.partition_groups(f"{member} isolated from every other host",
+                                     [(member, o) for o in self.members if o != member])
 
     def isolate_server(self):
         return self.partition_groups("server isolated from every node",

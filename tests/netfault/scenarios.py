@@ -28,8 +28,9 @@ class Job:
     """The server, the three agents and what they wrote."""
 
     def __init__(self, cl, args, window=None, total_steps=40, step_seconds=0.2, ckpt_every=5,
-                 pg_timeout=10, extra_env=None):
+                 pg_timeout=10, extra_env=None, backend="c10d"):
         self.cl, self.args = cl, args
+        self.backend = backend  # c10d: our rdzv-server; etcd: the cluster's etcd members
         self.window, self.total = window, total_steps
         self.events_dir = os.path.join(cl.dir, "events")
         self.ckpt_dir = os.path.join(cl.dir, "ckpt")
@@ -52,6 +53,8 @@ class Job:
         self.agents = {}
 
     def start(self):
+        if self.backend == "etcd":
+            return self._start_agents()
         cl = self.cl
         argv = [os.path.join(self.args.build, "bin", "rdzv-server"), "--host", "0.0.0.0",
                 "--port", str(PORT)]
@@ -63,12 +66,23 @@ class Job:
             text=True, timeout=10).stdout, 20, "rdzv-server to listen")
         if self.server.poll() is not None:
             raise ScenarioFailure(f"rdzv-server exited: {tail(self.server.log)}")
-        for n in cl.nodes:
+        self._start_agents()
+
+    def _start_agents(self):
+        cl = self.cl
+        for i, n in enumerate(cl.nodes):
+            if self.backend == "etcd":
+                # Each node starts with another member, so that some node talks to the leader.
+                endpoint = cl.etcd_endpoints(first=cl.etcd[i % len(cl.etcd)])
+            else:
+                endpoint = f"{cl.ip('srv')}:{PORT}"
             argv = [os.path.join(self.args.build, "bin", "launch"), "--nnodes=2:3",
-                    "--nproc-per-node=1", "--rdzv-backend=c10d",
-                    f"--rdzv-endpoint={cl.ip('srv')}:{PORT}", "--rdzv-id=nf", "--max-restarts=3",
+                    "--nproc-per-node=1", f"--rdzv-backend={self.backend}",
+                    f"--rdzv-endpoint={endpoint}", "--rdzv-id=nf", "--max-restarts=3",
                     f"--local-addr={cl.ip(n)}",
-                    "--rdzv-conf=join_timeout=60,last_call_timeout=2",
+                    "--rdzv-conf=join_timeout=60,last_call_timeout=2" + (
+                        f",lease_ttl={self.window}"
+                        if self.backend == "etcd" and self.window else ""),
                     "--checkpoint-memory=0", "--shutdown-timeout=5", "--monitor=off",
                     self.args.python, os.path.join(HERE, "train.py")]
             self.agents[n] = cl.spawn(n, f"agent-{n}", argv, dict(self.env, NETFAULT_NODE=n))
@@ -180,17 +194,27 @@ def _fence_lines(job, node, t0, t1):
 
 
 # ---------------------------------------------------------------------- scenarios
-def server_partition(cl, args, res, stale_write=False):
+def server_partition(cl, args, res, stale_write=False, oneway=False, backend="c10d"):
     """n3 cut from the server only (both directions) for 20 s with W=9: n3's agent stops its
-    workers on its own (fencing), n1 and n2 re-form without it, n3 rejoins after the heal."""
+    workers on its own (fencing), n1 and n2 re-form without it, n3 rejoins after the heal.
+    oneway: only n3's packets to the server are dropped (see oneway_partition). etcd: the
+    rendezvous in a 3-member etcd cluster (lease TTL 9 s), n3 cut from every member."""
     cut = args.fault_seconds or 20.0
-    job = Job(cl, args, window=9, total_steps=100, pg_timeout=10)
+    if backend == "etcd":
+        cl.start_etcd()
+    job = Job(cl, args, window=9, total_steps=100, pg_timeout=10, backend=backend)
     res.job = job
     job.start()
     job.wait_steps(10, world=3, timeout=120)
     ev = job.events()
     old = inv.round_key([e for e in ev if e["node"] == "n3" and e["event"] == "step"][-1])
-    f = cl.cut_from_server("n3")
+    if backend == "etcd":
+        f = cl.partition_groups("n3 cut from every etcd member (not from its peers)",
+                                [("n3", e) for e in cl.etcd])
+    elif oneway:
+        f = cl.partition_oneway("n3", "srv")
+    else:
+        f = cl.cut_from_server("n3")
     t_fault = f.t_start
     stale = None
 
@@ -301,6 +325,22 @@ def stale_write(cl, args, res):
     return server_partition(cl, args, res, stale_write=True)
 
 
+def oneway_partition(cl, args, res):
+    """As server_partition, but one way: n3's packets to the server are dropped, the server's
+    to n3 still arrive. n3 still hears its watch stream (the eviction too, until TCP gives up
+    for want of acknowledgements), so nothing but unanswered heartbeats tells it that it is cut
+    off: it must fence all the same, and the others re-form without it."""
+    return server_partition(cl, args, res, oneway=True)
+
+
+def etcd_partition(cl, args, res):
+    """stale_write with the etcd backend: n3 cut from every etcd member for 20 s (lease TTL
+    9 s). n3's agent fences before its lease can expire, the others re-form without it when it
+    does, a process with n3's old round cannot commit a checkpoint over the new round's, and n3
+    re-joins after the heal."""
+    return server_partition(cl, args, res, stale_write=True, backend="etcd")
+
+
 def peer_partition(cl, args, res):
     """n3 cut from n1 and n2 (the server sees all) for 12 s, PG_TIMEOUT=5: the collective
     times out, the job re-forms and finishes; restarts used <= 2."""
@@ -382,7 +422,56 @@ def server_isolated(cl, args, res):
     return job
 
 
-def partition_then_crash(cl, args, res):
+def etcd_partition_then_crash(cl, args, res):
+    """partition_then_crash with the etcd backend (lease TTL 9 s): n1 and n2 re-join at once,
+    but n3 still holds its place in the ended round (its lease alive, it neither re-joined nor
+    left), so the round without it closes only once that place is gone with its lease: after
+    n3's agent fenced and its workers stopped."""
+    return partition_then_crash(cl, args, res, backend="etcd")
+
+
+def etcd_leader_isolated(cl, args, res):
+    """The etcd backend on a 3-member etcd cluster (a host each): its leader cut from every
+    other host, the nodes and the other members, for 10 s mid-training (lease TTL 10 s). The
+    others elect a new leader; each agent's calls, lease keep-alives and watches that went to
+    the old leader move on to a member that answers; the workers train on: no restart, one
+    round, nobody's place lost."""
+    cut = args.fault_seconds or 10.0
+    cl.start_etcd()
+    job = Job(cl, args, total_steps=80, backend="etcd")
+    res.job = job
+    job.start()
+    job.wait_steps(10, world=3, timeout=120)
+    leader = wait_until(cl.etcd_leader, 20, "etcd to name its leader")
+    f = cl.isolate(leader)
+    t_fault = f.t_start
+    new_leader = None
+    while time.time() < t_fault + cut:
+        job.check_agents_alive()
+        if new_leader is None:
+            lead = cl.etcd_leader()
+            if lead is not None and lead != leader:
+                new_leader = lead
+                res.figures["new_leader_s"] = round(time.time() - t_fault, 2)
+        time.sleep(0.2)
+    cl.heal(f)
+    res.check("the other members elected a new leader during the cut", new_leader,
+              f"{leader} led before the cut; {new_leader} during it")
+    rcs = job.wait_done(180)
+    res.check("every agent exited 0", all(rc == 0 for rc in rcs.values()), str(rcs))
+    ev = analyze(job, res, t_fault)
+    during = inv.steps_between(ev, f.t_start, f.t_end)
+    res.figures["steps_during_isolation"] = during
+    res.check("steps continued during the isolation", during > 0, f"{during} step(s)")
+    res.check("0 restarts", res.figures["restarts"] == 0, f"{res.figures['restarts']}")
+    res.check("a single round", res.figures["rounds"] == 1, f"{res.figures['round_labels']}")
+    for n in cl.nodes:
+        for t, l in agent_lines(job, n, r"round \d+ ended|stopping|lease|etcd"):
+            res.notes.append(f"{n}: {l.strip()}")
+    return job
+
+
+def partition_then_crash(cl, args, res, backend="c10d"):
     """Every rank is in a long phase without collectives (SLOW_SECONDS); n3 is cut from the
     server, then n1's worker crashes. n1 and n2 re-join at once (a restart), but n3 was a member
     of the ended round and neither re-joined nor was evicted: its workers may still train, cut
@@ -390,15 +479,21 @@ def partition_then_crash(cl, args, res):
     the server holds the new round until W after n3's last heartbeat (W=9 here), and the round
     without n3 forms only after n3's workers of the old round have stopped (invariant 2)."""
     cut_max = args.fault_seconds or 30.0
+    if backend == "etcd":
+        cl.start_etcd()
     job = Job(cl, args, window=9, total_steps=60, pg_timeout=10,
-              extra_env={"SLOW_AT_STEP": 15, "SLOW_SECONDS": 25})
+              extra_env={"SLOW_AT_STEP": 15, "SLOW_SECONDS": 25}, backend=backend)
     res.job = job
     job.start()
     job.wait_steps(15, world=3, timeout=120)
     ev = job.events()
     old = inv.round_key([e for e in ev if e["node"] == "n3" and e["event"] == "step"][-1])
     victim = [e for e in ev if e["node"] == "n1" and inv.round_key(e) == old][-1]["pid"]
-    f = cl.cut_from_server("n3")
+    if backend == "etcd":
+        f = cl.partition_groups("n3 cut from every etcd member (not from its peers)",
+                                [("n3", e) for e in cl.etcd])
+    else:
+        f = cl.cut_from_server("n3")
     t_fault = f.t_start
     time.sleep(0.5)
     log(f"SIGKILL to n1's worker (pid {victim})")
@@ -447,7 +542,10 @@ def partition_then_crash(cl, args, res):
 
 SCENARIOS = {"server_partition": server_partition, "peer_partition": peer_partition,
              "latency_loss": latency_loss, "server_isolated": server_isolated,
-             "stale_write": stale_write, "partition_then_crash": partition_then_crash}
+             "stale_write": stale_write, "partition_then_crash": partition_then_crash,
+             "oneway_partition": oneway_partition, "etcd_leader_isolated": etcd_leader_isolated,
+             "etcd_partition": etcd_partition,
+             "etcd_partition_then_crash": etcd_partition_then_crash}
 __doc__ += ", ".join(SCENARIOS) + "."
 
 
@@ -478,7 +576,8 @@ def main(argv=None):
     res.job = None
     start = time.time()
     code, why = 0, ""
-    cl = Cluster(nodes=3, name=f"netfault-{args.scenario}")
+    cl = Cluster(nodes=3, name=f"netfault-{args.scenario}",
+                 etcd=3 if args.scenario.startswith("etcd") else 0)
     try:
         with cl:
             log(f"scenario {args.scenario} ({_commit(args.source)})")
@@ -486,7 +585,7 @@ def main(argv=None):
                 SCENARIOS[args.scenario](cl, args, res)
             except ScenarioFailure as e:
                 why = str(e)
-            except Interrupted:
+            except (Interrupted, Skip):
                 raise
             except Exception:
                 why = "harness error:\n" + traceback.format_exc()
@@ -511,7 +610,8 @@ def main(argv=None):
     print(f"\n== {args.scenario}: {'PASS' if code == 0 else 'FAIL'} "
           f"({res.figures['duration_s']}s)")
     for k in ("detection_s", "last_step_s", "reformation_s", "steps_lost", "restarts", "rounds",
-              "fence_after_s", "rejoin_after_heal_s", "new_round_formed_s", "n3_stopped_s", "steps_during_isolation", "mean_step_s",
+              "fence_after_s", "rejoin_after_heal_s", "new_round_formed_s", "n3_stopped_s",
+              "steps_during_isolation", "new_leader_s", "mean_step_s",
               "first_step_s", "finished_why"):
         if k in res.figures:
             print(f"   {k}: {res.figures[k]}")
