@@ -51,9 +51,10 @@ class RendezvousHandler {
   // valid: a node died, left or wants in. Set once, before the first startRendezvous.
   virtual void setRoundEndedCallback(RoundEnded ended) = 0;
 
-  // When `round` ended because this node fenced itself (it could not reach the service for half
-  // its heartbeat window): the seconds within which its workers must be gone, shorter than the
-  // agent's shutdown grace (rendezvous_client.h, fenceAfter). None otherwise.
+  // When `round` ended because this node fenced itself (it could not reach the service for 2/3
+  // of its heartbeat window, or etcd for 2/3 of its lease TTL): the seconds within which its
+  // workers must be gone, shorter than the agent's shutdown grace (rendezvous_client.h,
+  // fenceAfter). None otherwise.
   virtual std::optional<double> fencedStopWithin(int64_t /*round*/) { return std::nullopt; }
 
   // Whether this node is still a member of the round of the last assigned world. Asked before a

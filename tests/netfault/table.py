@@ -29,7 +29,12 @@ EXTRA = {"server_isolated": [("steps_during_isolation", "steps during the isolat
                                   ("new_round_formed_s", "round without it started (s)")],
          "server_partition": [("rejoin_after_heal_s", "back in a round after the heal (s)")],
          "stale_write": [("rejoin_after_heal_s", "back in a round after the heal (s)")],
-         "oneway_partition": [("rejoin_after_heal_s", "back in a round after the heal (s)")]}
+         "oneway_partition": [("rejoin_after_heal_s", "back in a round after the heal (s)")],
+         "etcd_leader_isolated": [("new_leader_s", "new etcd leader after (s)"),
+                                  ("steps_during_isolation", "steps during the isolation")],
+         "etcd_partition": [("rejoin_after_heal_s", "back in a round after the heal (s)")],
+         "etcd_partition_then_crash": [("n3_stopped_s", "cut node's workers last seen (s)"),
+                                       ("new_round_formed_s", "round without it started (s)")]}
 
 
 def spread(values, unit=""):
