@@ -408,16 +408,23 @@ def server_isolated(cl, args, res):
     while time.time() < t_fault + cut:
         time.sleep(0.2)
     cl.heal(f)
+    return _trained_through(cl, job, res, f, r"round \d+ ended|stopping|fencing|watch")
+
+
+def _trained_through(cl, job, res, f, note_pattern):
+    """After an isolation `f` that should have cost nothing: the job finished, every agent
+    exited 0, steps went on during it, no restart, one round; the agents' lines matching
+    `note_pattern` as notes."""
     rcs = job.wait_done(180)
     res.check("every agent exited 0", all(rc == 0 for rc in rcs.values()), str(rcs))
-    ev = analyze(job, res, t_fault)
+    ev = analyze(job, res, f.t_start)
     during = inv.steps_between(ev, f.t_start, f.t_end)
     res.figures["steps_during_isolation"] = during
     res.check("steps continued during the isolation", during > 0, f"{during} step(s)")
     res.check("0 restarts", res.figures["restarts"] == 0, f"{res.figures['restarts']}")
     res.check("a single round", res.figures["rounds"] == 1, f"{res.figures['round_labels']}")
     for n in cl.nodes:
-        for t, l in agent_lines(job, n, r"round \d+ ended|stopping|fencing|watch"):
+        for t, l in agent_lines(job, n, note_pattern):
             res.notes.append(f"{n}: {l.strip()}")
     return job
 
@@ -457,18 +464,7 @@ def etcd_leader_isolated(cl, args, res):
     cl.heal(f)
     res.check("the other members elected a new leader during the cut", new_leader,
               f"{leader} led before the cut; {new_leader} during it")
-    rcs = job.wait_done(180)
-    res.check("every agent exited 0", all(rc == 0 for rc in rcs.values()), str(rcs))
-    ev = analyze(job, res, t_fault)
-    during = inv.steps_between(ev, f.t_start, f.t_end)
-    res.figures["steps_during_isolation"] = during
-    res.check("steps continued during the isolation", during > 0, f"{during} step(s)")
-    res.check("0 restarts", res.figures["restarts"] == 0, f"{res.figures['restarts']}")
-    res.check("a single round", res.figures["rounds"] == 1, f"{res.figures['round_labels']}")
-    for n in cl.nodes:
-        for t, l in agent_lines(job, n, r"round \d+ ended|stopping|lease|etcd"):
-            res.notes.append(f"{n}: {l.strip()}")
-    return job
+    return _trained_through(cl, job, res, f, r"round \d+ ended|stopping|lease|etcd")
 
 
 def partition_then_crash(cl, args, res, backend="c10d"):
