@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -338,7 +339,13 @@ int runAgent(AgentConfig cfg, RendezvousHandler& rdzv, const ManifestFacts& mani
 }  // namespace
 
 int main(int argc, char** argv) {
-  Environment env = ddpl::processEnvironment();
+  Environment env = ddpl::processEnvironment();  // the workers' base: without what follows
+  // gRPC 1.51 (Debian's) handles a client channel's connection events only while a call polls
+  // the channel, or on its backup poller, every 5 s by default: a restarted rendezvous server
+  // (or a returning etcd member) was found 5-15 s late, one poll for the connect and one for
+  // the server's settings, and under load past the read timeout. A poll every 100 ms costs
+  // nothing measurable; a value the user set wins. Before any channel exists: gRPC reads it once.
+  setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "100", /*overwrite=*/0);
   if (auto code = runSubcommand(argc, argv, env)) return *code;
   ParseResult parsed;
   try {
