@@ -327,9 +327,8 @@ def stale_write(cl, args, res):
 
 def oneway_partition(cl, args, res):
     """As server_partition, but one way: n3's packets to the server are dropped, the server's
-    to n3 still arrive. n3 still hears its watch stream (the eviction too, until TCP gives up
-    for want of acknowledgements), so nothing but unanswered heartbeats tells it that it is cut
-    off: it must fence all the same, and the others re-form without it."""
+    to n3 still arrive (until TCP stops sending for want of acknowledgements). Unanswered
+    heartbeats must tell n3 that it is cut off: it fences, and the others re-form without it."""
     return server_partition(cl, args, res, oneway=True)
 
 
