@@ -351,12 +351,6 @@ class GrpcRendezvous : public MultiNodeRendezvous {
       markLost(e.what());
   }
 
-  std::optional<double> fencedStopWithin(int64_t round) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (fenced_ && fenced_->first == round) return fenced_->second;
-    return std::nullopt;
-  }
-
   std::optional<int64_t> currentRound() const override {
     return current_ ? std::optional<int64_t>(current_->round) : std::nullopt;
   }
@@ -411,10 +405,7 @@ class GrpcRendezvous : public MultiNodeRendezvous {
     roundAssigned(a.group_rank, a.group_world_size, a.round);
     int64_t round = a.round;
     watch_ = client_->watch(a, [this, round](const rdzv::RoundChange& ch) {
-      if (ch.fenced) {
-        std::lock_guard<std::mutex> lock(mu_);
-        fenced_ = {round, std::chrono::duration<double>(ch.stop_within).count()};
-      }
+      if (ch.fenced) markFenced(round, std::chrono::duration<double>(ch.stop_within).count());
       if (ch.connection_lost) markLost(ch.reason);
       endRound(round, ch.connection_lost
                           ? "lost the rendezvous service at " + endpoint_ + ": " + ch.reason
@@ -473,7 +464,6 @@ class GrpcRendezvous : public MultiNodeRendezvous {
   std::unique_ptr<rdzv::RoundWatch> watch_;
   std::mutex mu_;
   std::optional<rdzv::RoundAssignment> current_;
-  std::optional<std::pair<int64_t, double>> fenced_;  // the round this node fenced, and the grace
   bool left_ = false;
   // finish(): when the calls on the way out give up (none before: max).
   Clock::time_point close_by_ = Clock::time_point::max();

@@ -165,6 +165,17 @@ void MultiNodeRendezvous::markLost(const std::string& why) {
   lost_ = true;
 }
 
+void MultiNodeRendezvous::markFenced(int64_t round, double stop_within) {
+  std::lock_guard<std::mutex> lock(mu_);
+  fenced_ = {round, stop_within};
+}
+
+std::optional<double> MultiNodeRendezvous::fencedStopWithin(int64_t round) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (fenced_ && fenced_->first == round) return fenced_->second;
+  return std::nullopt;
+}
+
 void MultiNodeRendezvous::clearLost() {
   std::lock_guard<std::mutex> lock(mu_);
   lost_ = false;

@@ -108,6 +108,8 @@ class MultiNodeRendezvous : public RendezvousHandler {
   StacksAnswers stacksAnswers(int64_t id) override;
   void publishNodeValue(const std::string& key, const std::string& value) override;
   std::optional<std::string> nodeValue(const std::string& key, int node) override;
+  // What markFenced() recorded for `round`.
+  std::optional<double> fencedStopWithin(int64_t round) override;
 
  protected:
   // `node_id`: this agent's id, unique in the job.
@@ -172,6 +174,9 @@ class MultiNodeRendezvous : public RendezvousHandler {
   // launch exits about one read timeout after the loss instead of one per call (issue 33:
   // 4x it). Any thread.
   void markLost(const std::string& why);
+  // This node fenced itself out of `round` (it could not reach the backend for 2/3 of its
+  // window): its workers must be gone within `stop_within` seconds. Any thread.
+  void markFenced(int64_t round, double stop_within);
   void clearLost();
   bool lost(std::string* why = nullptr);
   // On the way out: may this call still be made? No once the store is lost or `by` has passed
@@ -208,6 +213,7 @@ class MultiNodeRendezvous : public RendezvousHandler {
   std::atomic<bool> lost_{false};
   std::string lost_why_;
   bool told_skipping_ = false;
+  std::optional<std::pair<int64_t, double>> fenced_;  // the round this node fenced, and the grace
 };
 
 }  // namespace ddpl::launcher

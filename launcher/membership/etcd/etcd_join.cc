@@ -306,6 +306,7 @@ std::optional<WorldAssignment> EtcdRendezvous::closeRound(const RoundState& s, i
     if (n >= c_.min_nodes && !last_call_at) last_call_at = Clock::now() + c_.last_call_timeout;
     if (n < c_.min_nodes) last_call_at.reset();
     bool closing = now || (last_call_at && Clock::now() >= *last_call_at);
+    bool waited = false;
     if (closing) {
       // A member of the ended round that has neither re-joined nor left still holds its place
       // there, kept by its lease: it may be cut off from etcd with its workers training on.
@@ -327,7 +328,7 @@ std::optional<WorldAssignment> EtcdRendezvous::closeRound(const RoundState& s, i
         waitOrTimeout(deadline, ranges, held_rev, s,
                       Clock::now() + lease_ttl_ + milliseconds(100));
         closing = false;
-        now = true;  // not waited on below: catch up at once
+        waited = true;  // catch up below at once
       }
     }
     if (closing) {
@@ -353,7 +354,7 @@ std::optional<WorldAssignment> EtcdRendezvous::closeRound(const RoundState& s, i
       }
       if (stateRevision() != srev) return std::nullopt;
       // Places changed since the count: catch up below, without waiting.
-    } else if (!now) {
+    } else if (!waited) {
       waitOrTimeout(deadline, {{key("state"), ""}, {prefix, etcdPrefixEnd(prefix)}}, seen, s,
                     last_call_at);
     }

@@ -308,12 +308,11 @@ void EtcdRendezvous::fence(milliseconds silent) {
   double within = std::chrono::duration<double>(lease_ttl_).count() / 6;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (current_ && !finishing_ && !stop_ && ended_round_ < current_->round) {
+    if (current_ && !finishing_ && !stop_ && ended_round_ < current_->round)
       round = current_->round;
-      fenced_ = {*round, within};
-    }
   }
   if (!round) return;
+  markFenced(*round, within);
   std::string why = fmt::format(
       "fencing: no etcd keep-alive answered for {:.1f}s (limit {:.1f}s, 2/3 of the lease TTL "
       "of {}s): the workers of round {} stop within {:.1f}s, before etcd can let the others "
@@ -322,12 +321,6 @@ void EtcdRendezvous::fence(milliseconds silent) {
       lease_ttl_.count(), *round, within);
   markLost(why);
   roundEnded(*round, why);
-}
-
-std::optional<double> EtcdRendezvous::fencedStopWithin(int64_t round) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (fenced_ && fenced_->first == round) return fenced_->second;
-  return std::nullopt;
 }
 
 int64_t EtcdRendezvous::leaseExpired(int64_t id) {

@@ -52,9 +52,6 @@ class EtcdRendezvous : public MultiNodeRendezvous {
 
   bool roundStillCurrent() override;
 
-  // Fenced (fence()): the workers of `round` must be gone within the returned seconds.
-  std::optional<double> fencedStopWithin(int64_t round) override;
-
   std::optional<int64_t> currentRound() const override {
     return current_ ? std::optional<int64_t>(current_->round) : std::nullopt;
   }
@@ -229,7 +226,6 @@ class EtcdRendezvous : public MultiNodeRendezvous {
   std::vector<std::string> members_;  // node ids of the current round
   int64_t state_rev_ = 0;             // the mod revision of the current round's complete state
   int64_t ended_round_ = -1;
-  std::optional<std::pair<int64_t, double>> fenced_;  // round, seconds to stop its workers in
   // The run's epoch (RoundState::epoch_ms) as last read: every state this node writes keeps it.
   int64_t epoch_ms_ = 0;
   bool left_ = false;
