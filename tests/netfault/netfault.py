@@ -421,6 +421,11 @@ class Cluster:
         return self.partition_groups(f"{node} cut from the server (not from its peers)",
                                      [(node, "srv")])
 
+    def cut_from_etcd(self, node):
+        """`node` reaches none of the etcd members (its peers still)."""
+        return self.partition_groups(f"{node} cut from every etcd member (not from its peers)",
+                                     [(node, e) for e in self.etcd])
+
     def isolate(self, member):
         """No packet passes between `member` and any other host (nodes, server, etcd)."""
         return self.partition_groups(f"{member} isolated from every other host",

@@ -54,6 +54,7 @@ class Job:
 
     def start(self):
         if self.backend == "etcd":
+            self.cl.start_etcd()  # the rendezvous endpoint, as the server is for c10d
             return self._start_agents()
         cl = self.cl
         argv = [os.path.join(self.args.build, "bin", "rdzv-server"), "--host", "0.0.0.0",
@@ -200,8 +201,6 @@ def server_partition(cl, args, res, stale_write=False, oneway=False, backend="c1
     oneway: only n3's packets to the server are dropped (see oneway_partition). etcd: the
     rendezvous in a 3-member etcd cluster (lease TTL 9 s), n3 cut from every member."""
     cut = args.fault_seconds or 20.0
-    if backend == "etcd":
-        cl.start_etcd()
     job = Job(cl, args, window=9, total_steps=100, pg_timeout=10, backend=backend)
     res.job = job
     job.start()
@@ -209,8 +208,7 @@ def server_partition(cl, args, res, stale_write=False, oneway=False, backend="c1
     ev = job.events()
     old = inv.round_key([e for e in ev if e["node"] == "n3" and e["event"] == "step"][-1])
     if backend == "etcd":
-        f = cl.partition_groups("n3 cut from every etcd member (not from its peers)",
-                                [("n3", e) for e in cl.etcd])
+        f = cl.cut_from_etcd("n3")
     elif oneway:
         f = cl.partition_oneway("n3", "srv")
     else:
@@ -443,7 +441,6 @@ def etcd_leader_isolated(cl, args, res):
     the old leader move on to a member that answers; the workers train on: no restart, one
     round, nobody's place lost."""
     cut = args.fault_seconds or 10.0
-    cl.start_etcd()
     job = Job(cl, args, total_steps=80, backend="etcd")
     res.job = job
     job.start()
@@ -474,8 +471,6 @@ def partition_then_crash(cl, args, res, backend="c10d"):
     the server holds the new round until W after n3's last heartbeat (W=9 here), and the round
     without n3 forms only after n3's workers of the old round have stopped (invariant 2)."""
     cut_max = args.fault_seconds or 30.0
-    if backend == "etcd":
-        cl.start_etcd()
     job = Job(cl, args, window=9, total_steps=60, pg_timeout=10,
               extra_env={"SLOW_AT_STEP": 15, "SLOW_SECONDS": 25}, backend=backend)
     res.job = job
@@ -485,8 +480,7 @@ def partition_then_crash(cl, args, res, backend="c10d"):
     old = inv.round_key([e for e in ev if e["node"] == "n3" and e["event"] == "step"][-1])
     victim = [e for e in ev if e["node"] == "n1" and inv.round_key(e) == old][-1]["pid"]
     if backend == "etcd":
-        f = cl.partition_groups("n3 cut from every etcd member (not from its peers)",
-                                [("n3", e) for e in cl.etcd])
+        f = cl.cut_from_etcd("n3")
     else:
         f = cl.cut_from_server("n3")
     t_fault = f.t_start
