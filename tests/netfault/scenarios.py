@@ -196,8 +196,9 @@ def _fence_lines(job, node, t0, t1):
 
 # ---------------------------------------------------------------------- scenarios
 def server_partition(cl, args, res, stale_write=False, oneway=False, backend="c10d"):
-    """n3 cut from the server only (both directions) for 20 s with W=9: n3's agent stops its
-    workers on its own (fencing), n1 and n2 re-form without it, n3 rejoins after the heal.
+    """n3 cut from the server only (both directions) for 20 s, or until the round without it
+    has stepped (60 s at most), with W=9: n3's agent stops its workers on its own (fencing),
+    n1 and n2 re-form without it, n3 rejoins after the heal.
     oneway: only n3's packets to the server are dropped (see oneway_partition). etcd: the
     rendezvous in a 3-member etcd cluster (lease TTL 9 s), n3 cut from every member."""
     cut = args.fault_seconds or 20.0
@@ -216,7 +217,11 @@ def server_partition(cl, args, res, stale_write=False, oneway=False, backend="c1
     t_fault = f.t_start
     stale = None
 
-    while time.time() < t_fault + cut:
+    # At least `cut`, and until the round without n3 has stepped (at most a minute): under
+    # load its workers' start can take the rest of the 20 s, and a heal before they step lets
+    # n3 end that round before it trained.
+    while time.time() < t_fault + cut or (time.time() < t_fault + max(cut, 60.0)
+                                          and not _stepped_without(job, "n3", old, 1)):
         job.check_agents_alive()
         if job.held_at is None and _stepped_without(job, "n3", old, 10):
             job.hold()  # the round without n3 trained: it may not end before n3 is back
@@ -267,6 +272,16 @@ def _stepped_without(job, node, old, n):
     for k, r in inv.rounds(job.events()).items():
         if (k > old and node not in r["nodes"] and r["first"] is not None
                 and r["max_step"] >= (r["resumed"] or 0) + n):
+            return k
+    return None
+
+
+def _started_without(job, node, old):
+    """A round newer than `old`, without `node`, whose every rank has started (its process
+    group formed: train.py's "start")."""
+    for k, r in inv.rounds(job.events()).items():
+        if (k > old and node not in r["nodes"] and len(r["worlds"]) == 1
+                and len(r["ranks"]) == next(iter(r["worlds"]))):
             return k
     return None
 
@@ -470,7 +485,7 @@ def partition_then_crash(cl, args, res, backend="c10d"):
     off, until its agent fences (2W/3 after its last answered heartbeat, SIGKILL W/6 later). So
     the server holds the new round until W after n3's last heartbeat (W=9 here), and the round
     without n3 forms only after n3's workers of the old round have stopped (invariant 2)."""
-    cut_max = args.fault_seconds or 30.0
+    cut_max = args.fault_seconds or 60.0
     job = Job(cl, args, window=9, total_steps=60, pg_timeout=10,
               extra_env={"SLOW_AT_STEP": 15, "SLOW_SECONDS": 25}, backend=backend)
     res.job = job
@@ -488,9 +503,10 @@ def partition_then_crash(cl, args, res, backend="c10d"):
     log(f"SIGKILL to n1's worker (pid {victim})")
     os.kill(victim, 9)
     fenced = lambda: _fence_lines(job, "n3", t_fault, time.time() + 1)  # noqa: E731
-    # Cut past W (9 s) after n3's last heartbeat, so that the round without n3 forms during
-    # the cut (healed sooner, n3 may re-join in time and be in it: fine, but not this test).
-    while time.time() < t_fault + cut_max and not (fenced() and time.time() > t_fault + 11):
+    # Cut until the round without n3 has formed (W = 9 s after n3's last heartbeat) and its
+    # workers have started: healed sooner, n3 re-joins and ends that round before its workers
+    # report (a worker's start takes seconds under load), which is fine but not this test.
+    while time.time() < t_fault + cut_max and not (fenced() and _started_without(job, "n3", old)):
         job.check_agents_alive()
         if job.held_at is None and _stepped_without(job, "n3", old, 10):
             job.hold()
