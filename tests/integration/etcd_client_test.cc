@@ -265,6 +265,96 @@ TEST_F(EtcdClientTest, OneWatchOverSeveralRanges) {
   EXPECT_FALSE(c.waitForEvent({{"/t/nothing", ""}}, rev + 1, 300ms));
 }
 
+// A watch that has worked for longer than the connect timeout, whose member then dies, moves
+// to another member and misses nothing. (It used to count the connect timeout from when it was
+// created, and so failed at its first break once it was older than that: found by the
+// netfault scenario etcd_leader_isolated once etcd ended the old leader's watches.)
+TEST_F(EtcdClientTest, AWatchOlderThanTheConnectTimeoutMovesToAnotherMemberWhenItsOwnDies) {
+  EtcdCluster etcd(3);
+  ASSERT_TRUE(etcd.healthy());
+  int leader = etcd.leader();
+  ASSERT_GE(leader, 0);
+  int follower = (leader + 1) % 3;
+  EtcdOptions o = options(etcd);
+  o.connect_timeout = 2s;
+  o.endpoints = {etcd.endpoint(follower), etcd.endpoint((follower + 1) % 3),
+                 etcd.endpoint((follower + 2) % 3)};
+  EtcdClient c(o);
+  int64_t rev = c.put("/t/x", "0");
+  std::mutex mu;
+  std::vector<std::string> values;
+  std::string failure;
+  auto w = c.watch(
+      "/t/x", "", rev + 1,
+      [&](const std::vector<EtcdEvent>& evs) {
+        std::lock_guard<std::mutex> lock(mu);
+        for (const auto& e : evs) values.push_back(e.kv.value);
+      },
+      [&](const std::string& why) {
+        std::lock_guard<std::mutex> lock(mu);
+        failure = why;
+      });
+  auto seen = [&](size_t n) {
+    return eventually(
+        [&] {
+          std::lock_guard<std::mutex> lock(mu);
+          return values.size() >= n;
+        },
+        10s);
+  };
+  c.put("/t/x", "1");
+  ASSERT_TRUE(seen(1));
+  std::this_thread::sleep_for(o.connect_timeout + 1s);
+  etcd.kill9(follower);
+  c.put("/t/x", "2");  // while the watch moves: delivered from its next revision
+  c.put("/t/x", "3");
+  EXPECT_TRUE(seen(3));
+  std::this_thread::sleep_for(o.connect_timeout + 1s);
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(failure, "");
+  EXPECT_EQ(values, (std::vector<std::string>{"1", "2", "3"}));
+}
+
+// A watch on a member that lost its leader (the other two members SIGKILLed: no quorum left)
+// is ended by etcd ("no leader", as the watch asks with clientv3's WithRequireLeader metadata)
+// instead of staying open and silent until the member is back in a cluster; with no member
+// able to take it, the watch reports its failure. Without the metadata it never does.
+TEST_F(EtcdClientTest, AWatchOnAMemberThatLostItsLeaderDoesNotStaySilent) {
+  EtcdCluster etcd(3);
+  ASSERT_TRUE(etcd.healthy());
+  int leader = etcd.leader();
+  ASSERT_GE(leader, 0);
+  int follower = (leader + 1) % 3, other = (leader + 2) % 3;
+  EtcdOptions o = options(etcd);
+  o.endpoints = {etcd.endpoint(follower), etcd.endpoint(other), etcd.endpoint(leader)};
+  EtcdClient c(o);  // the follower answers first: the watch starts there
+  int64_t rev = c.put("/t/x", "0");
+  std::atomic<int> events{0};
+  std::mutex mu;
+  std::string failure;
+  auto w = c.watch(
+      "/t/x", "", rev + 1, [&](const std::vector<EtcdEvent>& evs) { events += evs.size(); },
+      [&](const std::string& why) {
+        std::lock_guard<std::mutex> lock(mu);
+        failure = why;
+      });
+  c.put("/t/x", "1");
+  ASSERT_TRUE(eventually([&] { return events.load() == 1; }, 10s)) << "the watch works";
+  etcd.kill9(leader);
+  etcd.kill9(other);
+  // etcd notices a lost leader after about three election timeouts (1 s here), then the
+  // watch tries every endpoint for the client's connect timeout (5 s).
+  EXPECT_TRUE(eventually(
+      [&] {
+        std::lock_guard<std::mutex> lock(mu);
+        return !failure.empty();
+      },
+      30s))
+      << "the watch on the leaderless member stayed open and silent";
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_NE(failure.find("no endpoint took it over"), std::string::npos) << failure;
+}
+
 // The lease keeper (issue 14): one LeaseKeepAlive stream for as long as it works, whatever the
 // number of TTLs (a stream per keep-alive cost etcd a new stream every TTL/3 per agent); a
 // member that stalls for less than what is left of the lease (SIGSTOP: its connections stay

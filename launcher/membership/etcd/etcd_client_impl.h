@@ -39,6 +39,12 @@ EtcdKv fromPb(const mvccpb::KeyValue& kv);
 // gRPC takes deadlines on the system clock only; ours are steady.
 std::chrono::system_clock::time_point wallDeadline(Clock::time_point t);
 std::string describe(std::chrono::milliseconds d);
+// For the long-lived streams (watches, lease keep-alives), as clientv3's WithRequireLeader:
+// a member cut from its leader would keep such a stream open and silent (its watches see no
+// new revision, its keep-alives renew nothing) until the partition heals. With this metadata
+// etcd ends the stream ("no leader") about three election timeouts after the member lost its
+// leader, and refuses a new one while it has none, so the stream moves to a member that has.
+inline void requireLeader(grpc::ClientContext& ctx) { ctx.AddMetadata("hasleader", "true"); }
 
 }  // namespace etcd_detail
 

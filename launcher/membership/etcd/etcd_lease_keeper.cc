@@ -57,6 +57,7 @@ class LeaseStream
     std::shared_ptr<LeaseStream> s(new LeaseStream(std::move(signal), ep.name));
     s->self_ = s;
     if (!token.empty()) s->ctx_.AddMetadata("token", token);
+    etcd_detail::requireLeader(s->ctx_);
     ep.lease->async()->LeaseKeepAlive(&s->ctx_, s.get());
     s->AddHold();  // released once broken with no write in flight: OnDone cannot race a write
     s->StartRead(&s->resp_);

@@ -60,6 +60,7 @@ class WatchImpl : public EtcdWatch {
       grpc::ClientContext ctx;
       std::string token = impl_->tokenNow();
       if (!token.empty()) ctx.AddMetadata("token", token);
+      etcd_detail::requireLeader(ctx);
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (stop_) return;
@@ -85,7 +86,6 @@ class WatchImpl : public EtcdWatch {
         while (stream->Read(&resp)) {
           if (resp.created()) {
             created = true;
-            broken_since = Clock::now();
             backoff = milliseconds(50);
           }
           if (resp.canceled()) {
@@ -124,8 +124,10 @@ class WatchImpl : public EtcdWatch {
         failed_(canceled);
         return;
       }
-      (void)created;
       last_error = fmt::format("{}: {}", ep.name, s.ok() ? "stream closed" : s.error_message());
+      // The other endpoints get the connect timeout from when a working watch broke, however
+      // long it had worked (counted from its creation, a watch of an hour failed at once).
+      if (created) broken_since = Clock::now();
       if (Clock::now() - broken_since > impl_->o.connect_timeout) {
         failed_(
             fmt::format("the watch on etcd broke and no endpoint took it over within {} "
@@ -133,8 +135,13 @@ class WatchImpl : public EtcdWatch {
                         describe(impl_->o.connect_timeout), last_error));
         return;
       }
-      log::debug("etcd watch on '{}' broke ({}): resuming from revision {} on the next endpoint",
-                 ranges_.front().first, last_error, next_.front());
+      // Once per break of a working watch; the retries that follow are the debug lines.
+      if (created)
+        log::info("etcd watch on '{}' broke ({}): resuming from revision {} on the next endpoint",
+                  ranges_.front().first, last_error, next_.front());
+      else
+        log::debug("etcd watch on '{}' not taken ({}): trying the next endpoint",
+                   ranges_.front().first, last_error);
       ++i;
       std::this_thread::sleep_for(backoff);
       backoff = std::min(backoff * 2, milliseconds(1000));
@@ -186,6 +193,7 @@ bool EtcdClient::waitForEvent(const std::vector<std::pair<std::string, std::stri
     ctx.set_deadline(wallDeadline(deadline));
     std::string token = impl_->tokenNow();
     if (!token.empty()) ctx.AddMetadata("token", token);
+    etcd_detail::requireLeader(ctx);
     // While it lives, `cancel` ends this wait (no later than the stream starts).
     struct Armed {
       EtcdCancel* c;
