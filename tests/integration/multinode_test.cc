@@ -200,11 +200,15 @@ TEST_F(MultiNode, HungAgentIsEvictedAfterTheHeartbeatWindow) {
   EXPECT_EQ(count(both, "world=2 step=60"), 2) << both;
 }
 
+// The join timeout leaves the second agent time to start and join under load: were it still
+// starting when the first (hosting) agent gave up and closed the rendezvous, it would try the
+// closed port for its connect timeout (60 s; reproduced by starting it 1.99 s after the first
+// with a 2 s join timeout) and the test's wait would end first, as it once did in a run here.
 TEST_F(MultiNode, FewerThanMinNodesFailEveryAgentAfterTheJoinTimeout) {
-  auto a0 = agent("3", kEnvDump, {"--rdzv-conf=join_timeout=2"});
-  auto a1 = agent("3", kEnvDump, {"--rdzv-conf=join_timeout=2"});
+  auto a0 = agent("3", kEnvDump, {"--rdzv-conf=join_timeout=6"});
+  auto a1 = agent("3", kEnvDump, {"--rdzv-conf=join_timeout=6"});
   for (auto* a : {a0.get(), a1.get()}) {
-    auto r = a->wait(60s);
+    auto r = a->wait(90s);
     EXPECT_EQ(r.exit_code, 1) << r.all();
     EXPECT_NE(r.err.find("2/3 nodes joined"), std::string::npos) << r.err;
     EXPECT_NE(r.err.find("join timeout"), std::string::npos) << r.err;
