@@ -65,6 +65,12 @@ class EtcdClientTest : public ::testing::Test {
     o.call_timeout = 5s;
     return o;
   }
+  // The client asks member `first` first (its streams start there), then the others in turn.
+  EtcdOptions startingAt(const EtcdCluster& c, int first) {
+    EtcdOptions o = options(c);
+    o.endpoints = {c.endpoint(first), c.endpoint((first + 1) % 3), c.endpoint((first + 2) % 3)};
+    return o;
+  }
 };
 
 }  // namespace
@@ -275,10 +281,8 @@ TEST_F(EtcdClientTest, AWatchOlderThanTheConnectTimeoutMovesToAnotherMemberWhenI
   int leader = etcd.leader();
   ASSERT_GE(leader, 0);
   int follower = (leader + 1) % 3;
-  EtcdOptions o = options(etcd);
+  EtcdOptions o = startingAt(etcd, follower);
   o.connect_timeout = 2s;
-  o.endpoints = {etcd.endpoint(follower), etcd.endpoint((follower + 1) % 3),
-                 etcd.endpoint((follower + 2) % 3)};
   EtcdClient c(o);
   int64_t rev = c.put("/t/x", "0");
   std::mutex mu;
@@ -325,9 +329,7 @@ TEST_F(EtcdClientTest, AWatchOnAMemberThatLostItsLeaderDoesNotStaySilent) {
   int leader = etcd.leader();
   ASSERT_GE(leader, 0);
   int follower = (leader + 1) % 3, other = (leader + 2) % 3;
-  EtcdOptions o = options(etcd);
-  o.endpoints = {etcd.endpoint(follower), etcd.endpoint(other), etcd.endpoint(leader)};
-  EtcdClient c(o);  // the follower answers first: the watch starts there
+  EtcdClient c(startingAt(etcd, follower));  // the watch starts on the follower
   int64_t rev = c.put("/t/x", "0");
   std::atomic<int> events{0};
   std::mutex mu;
@@ -407,10 +409,7 @@ TEST_F(EtcdClientTest, KeeperMovesToAnotherMemberWhenItsStreamBreaks) {
   int leader = etcd.leader();
   ASSERT_GE(leader, 0);
   int follower = (leader + 1) % 3;
-  EtcdOptions o = options(etcd);
-  o.endpoints = {etcd.endpoint(follower), etcd.endpoint((follower + 1) % 3),
-                 etcd.endpoint((follower + 2) % 3)};
-  EtcdClient c(o);  // answered by the follower first: the keeper starts there
+  EtcdClient c(startingAt(etcd, follower));  // the keeper starts on the follower
   constexpr auto kTtl = 3s;
   KeptAlive kept(c, kTtl);
   ASSERT_TRUE(eventually([&] { return etcd.metric(follower, kKeepAliveStreams) >= 1; }, 10s));
