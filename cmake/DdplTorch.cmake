@@ -7,6 +7,49 @@
 # runtime shipped in nvidia-* wheels; two libcudart in one process is a crash waiting for a GPU.
 # These targets name the wheel's own libraries, whose RUNPATH finds the matching runtime.
 #
+# ddpl_torch_cxx_runtime(<torch dir> <out var>): the shared C++ runtime LibTorch runs on
+# (libstdc++.so.6 and libgcc_s.so.1, as the loader resolves them for libc10.so), to be named on
+# the link line of every program that links LibTorch.
+#
+# Why: a program linked with the toolchain's static runtime (`-static-libstdc++`, or a
+# compiler whose libstdc++ exists only as libstdc++.a: the lent GPU host's GCC 13 at /opt/gcc)
+# carries a second copy of the C++ runtime beside the libstdc++.so.6 that LibTorch loads: two
+# exception-handling runtimes, two sets of type_info, and, with the worker's throw-site capture
+# (worker/throw_stack.cc defines __cxa_allocate_exception), a link failure ("multiple definition
+# of `__cxa_allocate_exception`", libstdc++.a(eh_alloc.o)). Named first, the shared runtime
+# satisfies every C++ runtime symbol, so the linker pulls nothing from libstdc++.a even where
+# the driver adds it (`-Bstatic -lstdc++`), and the program has one runtime: LibTorch's.
+# Interposing __cxa_allocate_exception then works as with any shared runtime.
+function(ddpl_torch_cxx_runtime dir out)
+  set(libs "")
+  find_program(DDPL_LDD ldd)
+  if(DDPL_LDD AND EXISTS "${dir}/lib/libc10.so")
+    execute_process(COMMAND "${DDPL_LDD}" "${dir}/lib/libc10.so" OUTPUT_VARIABLE deps
+                    ERROR_QUIET RESULT_VARIABLE rc)
+    foreach(soname libstdc++.so.6 libgcc_s.so.1)
+      string(REPLACE "+" "\\+" pattern "${soname}")
+      if(rc EQUAL 0 AND deps MATCHES "${pattern} => ([^ \n]+)")
+        list(APPEND libs "${CMAKE_MATCH_1}")
+      endif()
+    endforeach()
+  endif()
+  if(NOT libs)
+    # No ldd (or it failed): where the loader looks first on the usual layouts.
+    find_file(DDPL_SHARED_LIBSTDCXX NAMES libstdc++.so.6
+      PATHS /lib/x86_64-linux-gnu /usr/lib/x86_64-linux-gnu /lib/aarch64-linux-gnu
+            /usr/lib/aarch64-linux-gnu /usr/lib64 /lib64 /usr/lib NO_DEFAULT_PATH)
+    if(DDPL_SHARED_LIBSTDCXX)
+      list(APPEND libs "${DDPL_SHARED_LIBSTDCXX}")
+    endif()
+  endif()
+  if(NOT libs)
+    message(WARNING "LibTorch's shared libstdc++.so.6 not found (no ldd, none in the system's "
+      "library directories): programs linking LibTorch use the toolchain's own C++ runtime, "
+      "which must then be the shared one")
+  endif()
+  set(${out} "${libs}" PARENT_SCOPE)
+endfunction()
+
 # ddpl_torch_target(<name> <torch dir> [IMPORTED] [CUDA])
 #   <torch dir>  the torch package directory (TORCH_INSTALL_PREFIX: .../site-packages/torch)
 #   CUDA         also link libtorch_cuda and libc10_cuda (the NCCL backend lives there)
@@ -22,7 +65,10 @@ function(ddpl_torch_target name dir)
   # The wheel is built with the C++11 ABI; Gloo's backend is declared only under USE_C10D_GLOO.
   target_compile_definitions(${name} INTERFACE _GLIBCXX_USE_CXX11_ABI=1 USE_C10D_GLOO)
   target_compile_features(${name} INTERFACE cxx_std_17)
-  target_link_libraries(${name} INTERFACE
+  # One C++ runtime in the process: LibTorch's (ddpl_torch_cxx_runtime below), named before
+  # anything else that could bring one.
+  ddpl_torch_cxx_runtime("${dir}" runtime)
+  target_link_libraries(${name} INTERFACE ${runtime}
     "${dir}/lib/libtorch.so" "${dir}/lib/libtorch_cpu.so" "${dir}/lib/libc10.so")
   if(T_CUDA)
     # --no-as-needed: libtorch_cuda registers the CUDA hooks from static initialisers; without

@@ -36,3 +36,12 @@ ddpl_add_test(NAME worker_fault_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fault/w
   LABELS "worker;fault" TIMEOUT 240 PROCESSORS 2)
 target_include_directories(worker_fault_test PRIVATE ${PROJECT_SOURCE_DIR})
 add_dependencies(worker_fault_test worker_rank)
+
+# Issue 45: LibTorch programs link on a toolchain whose C++ runtime is static (the lent GPU host's
+# GCC 13), with one runtime in the process and throw sites still recorded. Builds a small program
+# twice (about 20 s).
+add_test(NAME cxx_runtime_test
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cxx_runtime/run_test.sh ${PROJECT_SOURCE_DIR}
+          ${CMAKE_BINARY_DIR}/cxx_runtime_test ${DDPL_PYTHON})
+set_tests_properties(cxx_runtime_test PROPERTIES TIMEOUT 300 LABELS "worker;integration"
+  PROCESSORS 2 COST 40)

@@ -48,6 +48,11 @@ size_t setThrowStackFrames(size_t frames);
 // not this process's libstdc++, or its record overwritten by a later throw).
 std::vector<uintptr_t> throwStackOf(const std::exception_ptr& error);
 
+// Whether this build records throw sites at all: false where the toolchain could not let a
+// program define __cxa_allocate_exception (worker/CMakeLists.txt says so at configure time);
+// throwStackOf is then always empty and error files name the catch site.
+bool throwStacksRecorded();
+
 // One source position: a function and where in it. Several per frame when calls were inlined.
 struct FrameLocation {
   std::string function;  // demangled; empty when the debug information names none

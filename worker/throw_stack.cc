@@ -39,6 +39,20 @@
 
 #include "worker/native_trace.h"
 
+// worker/CMakeLists.txt: 0 where a program cannot define __cxa_allocate_exception beside the C++
+// runtime it links (a static runtime): nothing is interposed and nothing is recorded.
+#ifndef DDPL_THROW_STACK
+#define DDPL_THROW_STACK 1
+#endif
+
+#if !DDPL_THROW_STACK
+namespace ddpl::worker {
+size_t setThrowStackFrames(size_t) { return 0; }
+std::vector<uintptr_t> throwStackOf(const std::exception_ptr&) { return {}; }
+bool throwStacksRecorded() { return false; }
+}  // namespace ddpl::worker
+#else
+
 namespace ddpl::worker {
 namespace {
 
@@ -103,7 +117,7 @@ AllocateFn runtimeAllocate() {
   if (fn == nullptr) {
     fn = reinterpret_cast<AllocateFn>(::dlsym(RTLD_NEXT, "__cxa_allocate_exception"));
     if (fn == nullptr) {
-      // Only possible with libstdc++ linked statically, which would not have linked at all.
+      // Only possible with a static C++ runtime, which the configure-time check keeps out.
       static const char kMessage[] = "ddplaunch worker: no C++ runtime __cxa_allocate_exception\n";
       (void)!::write(STDERR_FILENO, kMessage, sizeof(kMessage) - 1);
       std::abort();
@@ -118,6 +132,8 @@ AllocateFn runtimeAllocate() {
 __attribute__((constructor)) void resolveRuntimeAllocate() { runtimeAllocate(); }
 
 }  // namespace
+
+bool throwStacksRecorded() { return true; }
 
 size_t setThrowStackFrames(size_t frames) {
   const uint32_t limit =
@@ -157,3 +173,4 @@ extern "C" void* __cxa_allocate_exception(size_t size) noexcept {
   return object;
 }
 }  // namespace __cxxabiv1
+#endif  // DDPL_THROW_STACK
