@@ -346,6 +346,17 @@ class Training {
                              {"images_per_second", throughput},
                              {"checkpoint", checkpoint},
                              {"parameter_digest", digest}};
+      // What the run really trained with, read back from torch rather than from the flags:
+      // the GPU checks (tests/gpu/run_gpu_checks.sh) judge the switches by these.
+      const auto& context = at::globalContext();
+      summary["amp"] = toString(o_.amp);
+      summary["channels_last"] = o_.channelsLast;
+      summary["cudnn_benchmark"] = context.benchmarkCuDNN();
+      summary["tf32_cudnn"] = context.allowTF32CuDNN();
+      summary["tf32_matmul"] =
+          context.float32MatmulPrecision() != at::Float32MatmulPrecision::HIGHEST;
+      summary["grad_scale"] = scaler_->enabled() ? nlohmann::json(scaler_->currentScale())
+                                                 : nlohmann::json(nullptr);
       std::ofstream(o_.summaryJson) << summary.dump(2) << "\n";
     }
     return 0;

@@ -322,6 +322,11 @@ TEST_F(ExampleTraining, BottleneckResNet50WithAmpChannelsLastAndAccumulation) {
       << r.out;
   auto s = et::summary(dir_ + "/summary.json");
   EXPECT_EQ(s["final_step"], 4);  // 128 images per rank / (16 x 2)
+  // The switches as torch holds them (the GPU checks judge fp16, TF32 and cuDNN by these).
+  EXPECT_EQ(s["amp"], "bf16");
+  EXPECT_EQ(s["channels_last"], true);
+  EXPECT_EQ(s["tf32_matmul"], false);
+  EXPECT_TRUE(s["grad_scale"].is_null()) << s.dump();  // the scaler runs in fp16 only
   const double loss = s["epoch_log"][0]["train_loss"].get<double>();
   EXPECT_TRUE(loss > 0 && loss < 10) << loss;
   // The checkpoint of this model loads back: a second epoch resumes from it.
