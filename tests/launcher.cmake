@@ -161,3 +161,7 @@ add_dependencies(launcher_idle_hang_test launch)
 ddpl_add_test(NAME job_outcome_test
   SOURCES unit/job_outcome_test.cc ${PROJECT_SOURCE_DIR}/launcher/membership/multi_node_rendezvous.cc
   LIBS ddpl_launcher ddpl_test_util LABELS unit TIMEOUT 60)
+
+# Issue 44: who owns the other end of a connection (common/peer_uid.h), as the kernel says.
+ddpl_add_test(NAME peer_uid_test
+  SOURCES unit/peer_uid_test.cc LIBS ddpl_common LABELS unit TIMEOUT 60)
