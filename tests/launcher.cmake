@@ -161,3 +161,19 @@ add_dependencies(launcher_idle_hang_test launch)
 ddpl_add_test(NAME job_outcome_test
   SOURCES unit/job_outcome_test.cc ${PROJECT_SOURCE_DIR}/launcher/membership/multi_node_rendezvous.cc
   LIBS ddpl_launcher ddpl_test_util LABELS unit TIMEOUT 60)
+
+# Issue 44: who owns the other end of a connection (common/peer_uid.h), as the kernel says.
+ddpl_add_test(NAME peer_uid_test
+  SOURCES unit/peer_uid_test.cc LIBS ddpl_common LABELS unit TIMEOUT 60)
+
+# Issue 44: another user on the machine against a one-node job's store (torch's protocol, gRPC,
+# the store socket) and its page; the stranger is a child running as nobody (root needed).
+if(TARGET ddpl_rdzv_server)
+  ddpl_add_test(NAME launcher_stranger_test
+    SOURCES fault/stranger_test.cc LIBS ddpl_rdzv_client ddpl_rdzv_server ddpl_test_util
+    LABELS fault TIMEOUT 120)
+  add_dependencies(launcher_stranger_test launch ddpl_launch_grpc)
+  if(TARGET ddpl_launch_metrics)
+    add_dependencies(launcher_stranger_test ddpl_launch_metrics)
+  endif()
+endif()

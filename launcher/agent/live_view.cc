@@ -125,9 +125,9 @@ void LiveView::startDashboard(const std::string& run_dir, const std::string& run
   job_.run_id = run_id;
   peers_thread_ = std::thread([this] { readPeers(); });
   log::info(
-      "dashboard of the job on http://{}:{}/ (readable from this machine; actions, and "
-      "other machines, need the token in {})",
-      o.host, dashboard_->port(), path);
+      "dashboard of the job on http://{}:{}/ (readable by this user, uid {}; other users, "
+      "other machines and actions need the token in {})",
+      o.host, dashboard_->port(), geteuid(), path);
   publishDashboard(0);
 }
 

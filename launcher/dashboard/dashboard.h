@@ -4,11 +4,12 @@
 // GET /api/logs?rank=N a rank's last lines, POST /api/stacks asks for every rank's stack.
 //
 // Served by civetweb from launch's metrics plugin (libddpl_launch_metrics.so), so that jobs
-// without it load no HTTP server. Access: from loopback anyone may read; from elsewhere, and
-// for POST from anywhere (other users may share the machine), the request must carry the job's
-// dashboard token as `Authorization: Bearer TOKEN`. Bounded: a few server threads, a short
-// request timeout, and answers that are copies of text the agent made at most twice a second,
-// so many open pages or a hostile client cost the server's threads, never the agent's loop.
+// without it load no HTTP server. Access: the job's user (launch's euid, told by the kernel's
+// socket diagnostics: common/peer_uid.h) may read from loopback without the token; other users,
+// other machines, and POST from anyone must carry the job's dashboard token as `Authorization:
+// Bearer TOKEN` or `?token=TOKEN`. Bounded: a few server threads, a short request timeout, and
+// answers that are copies of text the agent made at most twice a second, so many open pages or
+// a hostile client cost the server's threads, never the agent's loop.
 #include <functional>
 #include <map>
 #include <memory>
@@ -47,8 +48,9 @@ std::unique_ptr<DashboardEndpoint> startDashboard(const DashboardOptions& option
 
 // rdzv-server --dashboard: a page for every job it hosts. GET / lists them; /job/RUN/ is the
 // same page as launch's and /job/RUN/api/job its data, from the rows the job's agents publish
-// (launch --dashboard on its nodes); a job's logs and stacks stay on its nodes' pages. Access
-// as above, with rdzv-server's token.
+// (launch --dashboard on its nodes); a job's logs and stacks stay on its nodes' pages. Access:
+// from loopback anyone may read (as before: rdzv-server is a shared service, not one user's
+// job); from elsewhere, rdzv-server's token.
 class JobsDashboardEndpoint {
  public:
   virtual ~JobsDashboardEndpoint() = default;

@@ -1,6 +1,9 @@
 // The dashboard's HTTP side (dashboard.h), in launch's metrics plugin with civetweb.
 #include <CivetServer.h>
 #include <arpa/inet.h>
+#include <fmt/format.h>
+#include <netinet/in.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -13,6 +16,7 @@
 
 #include "common/errors.h"
 #include "common/log.h"
+#include "common/peer_uid.h"
 #include "launcher/dashboard/dashboard.h"
 #include "launcher/health/civet_util.h"
 
@@ -26,16 +30,25 @@ bool isLoopbackAddress(const std::string& address) {
   return (ntohl(a.s_addr) >> 24) == 127;
 }
 
-bool bearerMatches(const char* header, const std::string& token) {
-  if (!header || token.empty()) return false;
-  static constexpr char kScheme[] = "Bearer ";
-  if (strncasecmp(header, kScheme, sizeof kScheme - 1) != 0) return false;
-  const char* given = header + sizeof kScheme - 1;
+namespace {
+
+// `given` against the token, in time independent of where they differ.
+bool tokenMatches(const char* given, const std::string& token) {
+  if (!given || token.empty()) return false;
   const size_t n = strlen(given);
   unsigned char diff = n == token.size() ? 0 : 1;
   for (size_t i = 0; i < token.size(); ++i)
     diff |= static_cast<unsigned char>(token[i] ^ (i < n ? given[i] : 0));
   return diff == 0;
+}
+
+}  // namespace
+
+bool bearerMatches(const char* header, const std::string& token) {
+  if (!header || token.empty()) return false;
+  static constexpr char kScheme[] = "Bearer ";
+  if (strncasecmp(header, kScheme, sizeof kScheme - 1) != 0) return false;
+  return tokenMatches(header + sizeof kScheme - 1, token);
 }
 
 namespace {
@@ -61,25 +74,88 @@ void error(mg_connection* conn, int status, const char* reason, const std::strin
                                              nlohmann::json::error_handler_t::replace));
 }
 
-// Readers may come from loopback without the token; writers and other addresses need it.
-bool allowedRequest(mg_connection* conn, const std::string& token, bool writes) {
-  const mg_request_info* ri = mg_get_request_info(conn);
+// The token as `Authorization: Bearer TOKEN`, or as `?token=TOKEN` (a browser sends no header
+// with the page's own URL; the page sends the header with its data requests).
+bool tokenGiven(mg_connection* conn, const std::string& token) {
   if (bearerMatches(mg_get_header(conn, "Authorization"), token)) return true;
+  const mg_request_info* ri = mg_get_request_info(conn);
+  if (!ri || !ri->query_string) return false;
+  char given[256] = {0};
+  int n = mg_get_var(ri->query_string, strlen(ri->query_string), "token", given, sizeof given);
+  return n > 0 && tokenMatches(given, token);
+}
+
+// Whose socket the request came from. civetweb gives the client's address and port and the
+// port it was accepted on; the server's address is the one it listens on, or, listening on
+// every interface, the client's own (a connection within one host goes from an address to
+// itself unless the client bound another: then nothing is found and the token is needed).
+PeerUid requestUid(const mg_request_info* ri, const std::string& listen_ip) {
+  sockaddr_storage local{}, peer{};
+  auto* l = reinterpret_cast<sockaddr_in*>(&local);
+  auto* p = reinterpret_cast<sockaddr_in*>(&peer);
+  l->sin_family = p->sin_family = AF_INET;
+  l->sin_port = htons(static_cast<uint16_t>(ri->server_port));
+  p->sin_port = htons(static_cast<uint16_t>(ri->remote_port));
+  const std::string server_ip = listen_ip == "0.0.0.0" ? ri->remote_addr : listen_ip;
+  if (inet_pton(AF_INET, ri->remote_addr, &p->sin_addr) != 1 ||
+      inet_pton(AF_INET, server_ip.c_str(), &l->sin_addr) != 1)
+    return {std::nullopt, std::string("not an IPv4 peer: ") + ri->remote_addr};
+  return tcpPeerUid(local, peer);
+}
+
+// Who may read without the token, from loopback (from elsewhere, nobody). Unset (rdzv-server's
+// page of every job): anyone on this machine. Set (launch's page of its job): only the job's
+// user; another user on the machine would read the job's last lines.
+struct Readers {
+  uint32_t uid = 0;
+  std::string listen_ip;
+};
+
+log::Limiter g_refusals{std::chrono::seconds(10)};
+
+// Writers always need the token, readers as Readers says.
+bool allowedRequest(mg_connection* conn, const std::string& token, bool writes,
+                    const std::optional<Readers>& readers) {
+  if (tokenGiven(conn, token)) return true;
+  const mg_request_info* ri = mg_get_request_info(conn);
   const bool local = ri && isLoopbackAddress(ri->remote_addr);
-  if (local && !writes) return true;
-  error(conn, local ? 401 : 403, local ? "Unauthorized" : "Forbidden",
-        std::string(writes ? "this action" : "a request from another machine") +
-            " needs the job's dashboard token (Authorization: Bearer TOKEN; launch printed "
-            "where to find it)");
+  if (writes || !readers || !local) {
+    if (local && !writes) return true;
+    error(conn, local ? 401 : 403, local ? "Unauthorized" : "Forbidden",
+          std::string(writes ? "this action" : "a request from another machine") +
+              " needs the job's dashboard token (Authorization: Bearer TOKEN, or ?token=TOKEN "
+              "in the URL; launch printed where to find it)");
+    return false;
+  }
+  const PeerUid owner = requestUid(ri, readers->listen_ip);
+  if (owner.uid && *owner.uid == readers->uid) return true;
+  int64_t held_back = 0;
+  if (g_refusals.admit(&held_back))
+    log::warn(
+        "dashboard: refused {} {} from {}:{}: {}, and it gave no token (the job's user, uid "
+        "{}, reads without; others need the token in the run directory's dashboard-token){}",
+        ri->request_method ? ri->request_method : "?", ri->local_uri ? ri->local_uri : "?",
+        ri->remote_addr, ri->remote_port,
+        owner.uid ? fmt::format("its socket is uid {}'s", *owner.uid) : owner.why, readers->uid,
+        held_back > 0 ? fmt::format(" ({} more refused in the last 10 s)", held_back) : "");
+  error(conn, 403, "Forbidden",
+        fmt::format("this job's page is its user's (uid {}): {} needs the job's dashboard "
+                    "token (Authorization: Bearer TOKEN, or ?token=TOKEN in the URL; launch "
+                    "printed where to find it)",
+                    readers->uid,
+                    owner.uid ? fmt::format("uid {}", *owner.uid)
+                              : std::string("a client whose user cannot be told")));
   return false;
 }
 
-std::unique_ptr<CivetServer> startServer(const DashboardOptions& options, const std::string& who) {
+std::unique_ptr<CivetServer> startServer(const DashboardOptions& options, const std::string& who,
+                                         std::string* listen_ip = nullptr) {
   if (options.token.empty()) throw InvalidArgument(who + " needs a token");
   if (options.port < 0 || options.port > 65535)
     throw InvalidArgument(who + " port " + std::to_string(options.port) + " is not in 0-65535");
   const std::string address = options.host + ":" + std::to_string(options.port);
   const std::string numeric = listenIpv4(options.host.c_str(), who, address);
+  if (listen_ip) *listen_ip = numeric;
   std::unique_ptr<CivetServer> server;
   startCivet(who, address, [&](const CivetCallbacks* callbacks) {
     // A short request timeout: a client that connects and sends nothing holds one of the few
@@ -116,7 +192,10 @@ class Dashboard : public DashboardEndpoint {
  public:
   Dashboard(const DashboardOptions& options, DashboardLogs logs)
       : token_(options.token), logs_(std::move(logs)) {
-    server_ = startServer(options, "the dashboard");
+    // The job's page is the job's user's: launch's own euid, like its workers'.
+    readers_.emplace();
+    readers_->uid = static_cast<uint32_t>(geteuid());
+    server_ = startServer(options, "the dashboard", &readers_->listen_ip);
     for (auto [uri, route] :
          {std::pair{"/", Handler::Route::kPage}, std::pair{"/api/job", Handler::Route::kJob},
           std::pair{"/api/logs", Handler::Route::kLogs},
@@ -152,7 +231,9 @@ class Dashboard : public DashboardEndpoint {
 
   bool takeStacksRequest() override { return stacks_asked_.exchange(false); }
 
-  bool allowed(mg_connection* conn, bool writes) { return allowedRequest(conn, token_, writes); }
+  bool allowed(mg_connection* conn, bool writes) {
+    return allowedRequest(conn, token_, writes, readers_);
+  }
 
   void get(Handler::Route route, mg_connection* conn) {
     if (!allowed(conn, false)) return;
@@ -218,6 +299,7 @@ class Dashboard : public DashboardEndpoint {
 
  private:
   std::string token_;
+  std::optional<Readers> readers_;
   DashboardLogs logs_;
   std::unique_ptr<CivetServer> server_;
   std::vector<std::unique_ptr<Handler>> handlers_;
@@ -258,7 +340,7 @@ class JobsDashboard : public JobsDashboardEndpoint, public CivetHandler {
   }
 
   bool handleGet(CivetServer*, mg_connection* conn) override {
-    if (!allowedRequest(conn, token_, false)) return true;
+    if (!allowedRequest(conn, token_, false, std::nullopt)) return true;
     const mg_request_info* ri = mg_get_request_info(conn);
     const std::string uri = ri->local_uri ? ri->local_uri : "";
     std::shared_ptr<const std::map<std::string, std::string>> jobs;

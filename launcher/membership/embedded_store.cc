@@ -100,7 +100,11 @@ void EmbeddedStore::startInBackground() {
         std::lock_guard<std::mutex> lock(mu_);
         attempt = attempt_;
       }
-      server = GrpcPlugin::get().startStore(host_, port_, token_, tcpstore_, attempt);
+      // One node's job: torch's protocol has no token, so its clients must be launch's own
+      // user's, like the workers it forks (another user on the machine could otherwise
+      // overwrite the keys Gloo and NCCL bootstrap from).
+      server = GrpcPlugin::get().startStore(host_, port_, token_, tcpstore_, attempt,
+                                            static_cast<uint32_t>(geteuid()));
       std::lock_guard<std::mutex> lock(mu_);
       // An attempt begun while the server was starting: opened now, before anyone's workers
       // of it can have been refused for long (they retry).

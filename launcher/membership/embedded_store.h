@@ -25,7 +25,9 @@ class EmbeddedStore {
   // Reserves the port now (`port` 0: a free one); throws ddpl::NetworkError when it cannot.
   // `tcpstore`: the server also speaks torch's TCPStore protocol on that port, for workers
   // started with TORCHELASTIC_USE_AGENT_STORE=True (the agent store, as torchrun's), one
-  // namespace per attempt (beginAttempt).
+  // namespace per attempt (beginAttempt). That protocol has no token: it serves only clients
+  // whose socket is launch's own user's (its euid; docs/rendezvous.md, "Which user may
+  // connect"). gRPC and the store socket serve whoever has the token, as before.
   explicit EmbeddedStore(std::string host = "127.0.0.1", bool tcpstore = false, int port = 0);
   ~EmbeddedStore();  // stops the server (joins the start-up thread first)
   EmbeddedStore(const EmbeddedStore&) = delete;

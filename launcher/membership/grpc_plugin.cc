@@ -11,7 +11,8 @@
 
 namespace ddpl::launcher {
 namespace {
-using StartFn = void* (*)(const char*, int, const char*, int, long long, int, char*, size_t);
+using StartFn = void* (*)(const char*, int, const char*, int, long long, long long, int, char*,
+                          size_t);
 using StopFn = void (*)(void*);
 using AttemptFn = int (*)(void*, long long, char*, size_t);
 using ConsoleFn = void (*)(void (*)(void (*)(void*), void*));
@@ -60,11 +61,11 @@ void* GrpcPlugin::symbol(const char* name) {
 }
 
 void* GrpcPlugin::startStore(const std::string& host, int port, const std::string& token,
-                             bool tcpstore, int64_t attempt) {
+                             bool tcpstore, int64_t attempt, std::optional<uint32_t> tcpstore_uid) {
   char buf[1024] = {0};
   void* server = reinterpret_cast<StartFn>(symbol("ddpl_embedded_store_start"))(
-      host.c_str(), port, token.c_str(), tcpstore ? 1 : 0, attempt, logLevel(), buf,
-      sizeof(buf));
+      host.c_str(), port, token.c_str(), tcpstore ? 1 : 0, attempt,
+      tcpstore_uid ? static_cast<long long>(*tcpstore_uid) : -1, logLevel(), buf, sizeof(buf));
   if (!server) throw NetworkError(buf);
   return server;
 }

@@ -3,6 +3,7 @@
 // `launch` that needs gRPC goes through here, so runs that need none pay nothing for it.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "launcher/membership/etcd/etcd_rendezvous.h"
@@ -17,9 +18,10 @@ class GrpcPlugin {
 
   // Returns an opaque server handle; throws ddpl::Error with the server's message.
   // `tcpstore`: torch's TCPStore protocol on the same port (the agent store), with attempt
-  // `attempt` open from the start (< 0: none yet).
+  // `attempt` open from the start (< 0: none yet), for clients whose socket is
+  // `tcpstore_uid`'s (unset: any user's; ServerOptions::tcpstore_uid).
   void* startStore(const std::string& host, int port, const std::string& token, bool tcpstore,
-                   int64_t attempt);
+                   int64_t attempt, std::optional<uint32_t> tcpstore_uid);
   void stopStore(void* server);
   // The agent store's next attempt (RendezvousServer::beginTcpStoreAttempt, loopback only).
   void beginStoreAttempt(void* server, int64_t attempt);

@@ -31,14 +31,11 @@ __attribute__((visibility("default"))) void ddpl_plugin_console(void (*through)(
 }
 
 // `tcpstore`: serve torch's TCPStore protocol too (the agent store), its attempt `attempt`
-// open from the start (< 0: none yet), for loopback clients.
-__attribute__((visibility("default"))) void* ddpl_embedded_store_start(const char* host, int port,
-                                                                       const char* token,
-                                                                       int tcpstore,
-                                                                       long long attempt,
-                                                                       int log_level,
-                                                                       char* error,
-                                                                       size_t error_len) {
+// open from the start (< 0: none yet), for loopback clients whose socket is `tcpstore_uid`'s
+// (< 0: any user's).
+__attribute__((visibility("default"))) void* ddpl_embedded_store_start(
+    const char* host, int port, const char* token, int tcpstore, long long attempt,
+    long long tcpstore_uid, int log_level, char* error, size_t error_len) {
   try {
     initLog(log_level);
     ddpl::rdzv::ServerOptions opts;
@@ -47,6 +44,7 @@ __attribute__((visibility("default"))) void* ddpl_embedded_store_start(const cha
     opts.token = token;
     opts.tcpstore = tcpstore != 0;
     opts.tcpstore_attempt = attempt;
+    if (tcpstore_uid >= 0) opts.tcpstore_uid = static_cast<uint32_t>(tcpstore_uid);
     // The agent store: a client per worker, and any tool's of theirs.
     opts.connections.max_connections_from_file_limit = tcpstore != 0;
     opts.log_name = "launch-store";

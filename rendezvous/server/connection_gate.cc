@@ -16,6 +16,7 @@
 
 #include "common/errors.h"
 #include "common/log.h"
+#include "common/peer_uid.h"
 #include "rendezvous/protocol/tcpstore_format.h"
 #include "rendezvous/protocol/wire_format.h"
 
@@ -348,6 +349,8 @@ void ConnectionGate::route(int listen_fd, int fd, const std::string& peer, Route
   // Not served here: gRPC drops what is not HTTP/2.
   if ((to == Route::kTorch && !options_.adopt_torch) || (to == Route::kWire && !options_.adopt_wire))
     to = Route::kGrpc;
+  if (to == Route::kTorch && options_.torch_uid && !torchClientAdmitted(fd, peer))
+    to = Route::kGone;
   if (to == Route::kGone) {
     close(fd);
   } else if (to == Route::kWire || to == Route::kTorch) {
@@ -376,6 +379,31 @@ void ConnectionGate::route(int listen_fd, int fd, const std::string& peer, Route
   } else {
     handToGrpc(listen_fd, fd, peer);
   }
+}
+
+bool ConnectionGate::torchClientAdmitted(int fd, const std::string& peer) {
+  // A blocking netlink exchange on the gate's thread, bounded by kPeerUidTimeout; the kernel
+  // answers in microseconds.
+  const PeerUid owner = peerUidOf(fd);
+  const uint32_t uid = *options_.torch_uid;
+  if (owner.uid && *owner.uid == uid) return true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.refused_uid;
+  }
+  if (owner.uid)
+    warnRateLimited(fmt::format(
+        "refused a torch TCPStore client from {}: its socket is uid {}'s, and this store "
+        "serves only the job's user, uid {}: torch's protocol has no token, so only the job's "
+        "own processes may use it (run the client as uid {}; with --standalone, other users "
+        "may use the store through DDPL_STORE_ADDR with the job's DDPL_STORE_TOKEN)",
+        peer, *owner.uid, uid, uid));
+  else
+    warnRateLimited(fmt::format(
+        "refused a torch TCPStore client from {}: cannot tell which user it runs as ({}), and "
+        "this store serves only the job's user, uid {}",
+        peer, owner.why, uid));
+  return false;
 }
 
 void ConnectionGate::expireSniffsLocked(SteadyClock::time_point now,

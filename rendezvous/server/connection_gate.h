@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -42,6 +43,12 @@ struct GateOptions {
   // Set: connections that start with torch's TCPStore hello (tcpstore_format.h) go to this,
   // which returns false to have them closed. Unset: they go to gRPC, which drops them.
   std::function<bool(int fd, const std::string& peer)> adopt_torch;
+  // Set: a connection in torch's TCPStore protocol, which carries no token, goes to
+  // adopt_torch only when its client's socket is on this host and owned by this uid
+  // (common/peer_uid.h); any other, and one whose owner cannot be told, is closed with a
+  // rate-limited line naming both uids. gRPC's and the store socket's connections are not
+  // asked: every call of theirs must carry the token, whoever makes it.
+  std::optional<uint32_t> torch_uid;
   Duration sniff_timeout{std::chrono::seconds(10)};
 };
 
@@ -53,6 +60,7 @@ struct GateStats {
   int64_t closed_refused = 0;   // closed after a call refused for its token
   int64_t to_wire = 0;          // handed to the store's socket transport
   int64_t to_torch = 0;         // handed to it as torch TCPStore clients
+  int64_t refused_uid = 0;      // torch TCPStore clients closed: not torch_uid's socket
 };
 
 class ConnectionGate {
@@ -123,6 +131,8 @@ class ConnectionGate {
   static Route firstBytesSay(int fd);
   void sniff(int fd);  // its first bytes came: route it
   void route(int listen_fd, int fd, const std::string& peer, Route to);
+  // GateOptions::torch_uid: whether `fd`'s client is that user's (else counted and logged).
+  bool torchClientAdmitted(int fd, const std::string& peer);
   struct Sniffing;
   void expireSniffsLocked(std::chrono::steady_clock::time_point now,
                           std::vector<std::pair<int, Sniffing>>& late);

@@ -141,6 +141,7 @@ RendezvousServer::RendezvousServer(const ServerOptions& options) : impl_(std::ma
   grpc_detail::GateOptions gate_options;
   gate_options.max_connections = connectionCap(options);
   gate_options.log_name = options.log_name;
+  if (options.tcpstore) gate_options.torch_uid = options.tcpstore_uid;
   // Listening first: a taken port is reported before anything else starts.
   impl_->gate =
       std::make_unique<grpc_detail::ConnectionGate>(options.host, options.port, gate_options);
@@ -307,7 +308,7 @@ ServerStats RendezvousServer::stats() const {
     s.store_sockets = w.open;
     s.connections += w.open;
     s.tcpstore_clients = w.torch_open;
-    s.tcpstore_refused = w.torch_refused;
+    s.tcpstore_refused = w.torch_refused + g.refused_uid;
     s.tcpstore_errors = w.torch_errors;
   }
   return s;

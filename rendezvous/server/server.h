@@ -89,6 +89,12 @@ struct ServerOptions {
   int64_t tcpstore_attempt = -1;
   std::vector<std::string> tcpstore_peer_ips;
   bool tcpstore_loopback = true;
+  // With tcpstore: set, a torch client is served only when its socket is on this host and
+  // owned by this uid (the kernel's socket diagnostics, common/peer_uid.h): an address says
+  // nothing about which local user connected, and the protocol has no token. launch sets its
+  // own euid for the store it hosts for one node's job. Unset: the addresses above decide.
+  // gRPC and the store socket are not asked: every call of theirs needs the token.
+  std::optional<uint32_t> tcpstore_uid;
   // With tcpstore: each round of this run that completes opens attempt <round>, admitting its
   // members' addresses (as they joined with them) and loopback when the server listens on
   // loopback; the members learn so in their join's answer (RoundAssignment::agent_store).
@@ -115,7 +121,8 @@ struct ServerStats {
   int64_t refused_peers_closed = 0;  // closed after a call refused for its token
   int64_t store_sockets = 0;  // of `connections`: on the store's socket transport
   int64_t tcpstore_clients = 0;   // of those: torch TCPStore clients
-  int64_t tcpstore_refused = 0;   // torch clients refused (not the job's, no attempt open)
+  int64_t tcpstore_refused = 0;   // torch clients refused (not the job's node or user, no
+                                  // attempt open)
   int64_t tcpstore_errors = 0;    // torch connections ended by the server (bad query, bound)  // runs examined
                               // by the state machine's timers (work, see tests)
 };
