@@ -10,6 +10,8 @@
 //   ... every step:  hb >= 0 and os.pwrite(hb, step.to_bytes(8, "little"), 0)
 //   ... and, to be told apart as a straggler in a lockstep job, the waits too:
 //   hb >= 0 and os.pwrite(hb, waited_us.to_bytes(8, "little"), 8)
+//   ... and after the last step, before the teardown (final save, destroy_process_group, exit):
+//   hb >= 0 and os.pwrite(hb, (step + 1).to_bytes(8, "little"), 24)
 #include <cstddef>
 
 #include "common/defaults.h"
@@ -27,5 +29,11 @@ inline constexpr size_t kHeartbeatWaitOffset = 8;
 // every rank has, reading it): written by ddplaunch.checkpoint, read by launch for the restart's
 // phases (launcher/warm/restart_phases.h).
 inline constexpr size_t kHeartbeatRestoreOffset = 16;
+// The worker made its last step: what it does now is teardown (a final save, destroying its
+// process groups, the interpreter's exit), which no step will follow, so the hang timeout no
+// longer applies to it; launch holds it to --hang-finish-timeout instead. Written as the step
+// count it finished at plus one (0: still stepping), so that a step after it cancels it
+// without a second write: the mark holds only while the step field equals the mark less one.
+inline constexpr size_t kHeartbeatFinishedOffset = 24;
 
 }  // namespace ddpl

@@ -521,6 +521,7 @@ struct Agent::Impl {
       bool wrote = bytes != output_seen[w.local_rank];
       output_seen[w.local_rank] = bytes;
       hang.observe(w.local_rank, w.step(), want_cpu ? processTreeCpuSeconds(w.pid) : 0, wrote, now);
+      if (w.heartbeat && w.heartbeat->finishedStepping()) hang.onFinished(w.local_rank, now);
     }
     auto hangs = hang.check(now);
     if (!hangs.empty()) onHangs(hangs, now);

@@ -22,6 +22,7 @@ HangOptions hangOptions(const LaunchOptions& o) {
   HangOptions h;
   h.timeout_sec = o.hang_timeout_sec;
   h.first_step_timeout_sec = o.hang_first_timeout_sec;
+  h.finish_timeout_sec = o.hang_finish_timeout_sec;
   return h;
 }
 

@@ -149,6 +149,13 @@ const std::vector<Flag>& flags() {
        "a rank with no step yet while others report steps is hung this long after its start "
        "(default 1800: model loading takes time)",
        [](auto& f, auto& v, auto& o) { o.hang_first_timeout_sec = parseNumber(f, v, 1, 1e7); }},
+      {{"--hang-finish-timeout"},
+       true,
+       "SECONDS",
+       "a rank that reported its last step (ddplaunch.done(), or its interpreter's exit) is "
+       "tearing down, not hung, until this long after it (default 600, or its hang limit if "
+       "longer): then it is hung",
+       [](auto& f, auto& v, auto& o) { o.hang_finish_timeout_sec = parseNumber(f, v, 1, 1e7); }},
       {{"--monitor-interval"},
        true,
        "SECONDS",

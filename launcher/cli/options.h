@@ -110,6 +110,7 @@ struct LaunchOptions {
   // steps; 0, off; otherwise the limit for every rank.
   std::optional<double> hang_timeout_sec;
   double hang_first_timeout_sec = 1800;
+  double hang_finish_timeout_sec = 600;  // a rank past its last step: its teardown's limit
   double shutdown_timeout_sec = kDefaultShutdownTimeoutSec;
   std::vector<int> signals_to_handle;  // filled with SIGTERM,SIGINT,SIGHUP,SIGQUIT by default
   std::string role = "default";

@@ -41,4 +41,12 @@ uint64_t HeartbeatChannel::restoreMicros() const {
   return map_[kHeartbeatRestoreOffset / sizeof(uint64_t)];
 }
 
+bool HeartbeatChannel::finishedStepping() const {
+  // Two reads, not one snapshot: a reading that falls between a worker's two writes gives the
+  // answer before them, and the next reading (a --monitor-interval later) the one after.
+  uint64_t step = this->step();
+  uint64_t mark = map_[kHeartbeatFinishedOffset / sizeof(uint64_t)];
+  return mark != 0 && mark - 1 == step;
+}
+
 }  // namespace ddpl::launcher

@@ -20,6 +20,8 @@ class HeartbeatChannel {
   uint64_t step() const;
   uint64_t waitedMicros() const;
   uint64_t restoreMicros() const;  // time spent reading a checkpoint (0: none reported)
+  // The worker marked its last step done and has made none since (kHeartbeatFinishedOffset).
+  bool finishedStepping() const;
 
  private:
   HeartbeatChannel(int fd, const volatile uint64_t* map) : fd_(fd), map_(map) {}

@@ -192,6 +192,7 @@ void HangDetector::observe(int local_rank, uint64_t step, double cpu_seconds, bo
       r.slowest_step = std::max(r.slowest_step, (now - r.last_progress) / double(step - r.step));
     r.step = step;
     r.last_progress = now;
+    r.finished_at.reset();  // stepping again
   }
   if (wrote_output) r.last_output = now;
   r.cpu = std::max(r.cpu, cpu_seconds);  // a /proc that cannot be read any more reads 0
@@ -231,6 +232,12 @@ void HangDetector::onExit(int local_rank) {
     ranks_[local_rank].alive = false;
 }
 
+void HangDetector::onFinished(int local_rank, double now) {
+  if (local_rank < 0 || local_rank >= static_cast<int>(ranks_.size())) return;
+  Rank& r = ranks_[local_rank];
+  if (!r.finished_at) r.finished_at = now;
+}
+
 double HangDetector::limitFor(int local_rank) const {
   if (local_rank < 0 || local_rank >= static_cast<int>(ranks_.size())) return 0;
   const Rank& r = ranks_[local_rank];
@@ -244,17 +251,26 @@ std::vector<Hang> HangDetector::check(double now) {
   bool someone_steps =
       std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.step > 0; });
   // Ranks without steps wait for one another: while any rank of the node works (or has not
-  // been watched for a whole window yet), an idle one is taken to wait for it, not to hang.
+  // been watched for a whole window yet), an idle one is taken to wait for it, not to hang. A
+  // finishing rank counts as working: the others may wait for it in its teardown (a barrier
+  // in destroy_process_group), and its own limit bounds that.
   bool node_works = std::any_of(ranks_.begin(), ranks_.end(), [&](const Rank& r) {
     auto w = worked(r, now);
-    return r.alive && (!w || *w);
+    return r.alive && (r.finished_at || !w || *w);
   });
   for (size_t i = 0; i < ranks_.size(); ++i) {
     Rank& r = ranks_[i];
     if (!r.alive || r.reported) continue;
     Hang h;
     h.local_rank = static_cast<int>(i);
-    if (r.step > 0) {
+    if (r.finished_at) {
+      h.limit_sec = std::max(options_.finish_timeout_sec, limitFor(h.local_rank));
+      h.idle_sec = now - *r.finished_at;
+      h.why = fmt::format(
+          "not exited {:.1f}s after reporting its last step, step {} (limit {:.1f}s for "
+          "teardown)",
+          h.idle_sec, r.step, h.limit_sec);
+    } else if (r.step > 0) {
       h.limit_sec = limitFor(h.local_rank);
       h.idle_sec = now - r.last_progress;
       h.why = fmt::format("no step for {:.1f}s (limit {:.1f}s) after step {}", h.idle_sec,

@@ -93,6 +93,13 @@ struct HangOptions {
   // The automatic limit: this many times the slowest step seen, never below the floor.
   double auto_multiple = 10;
   double auto_floor_sec = 600;
+  // A rank that reported its last step (common/heartbeat.h kHeartbeatFinishedOffset:
+  // ddplaunch.done(), or the interpreter's exit) is tearing down (a final save, destroying its
+  // process groups, the interpreter's exit), which no step follows and which takes seconds
+  // on a loaded machine: no rule above applies to it any more. It is hung only when it has not
+  // exited this long after (--hang-finish-timeout), or after its limit while it stepped where
+  // that is longer: teardown stuck for good is still found.
+  double finish_timeout_sec = 600;
 
   // The soonest a rank of a group that just started can be found hung, by any of the rules
   // above (0: --hang-timeout=0, hangs are not looked for).
@@ -116,6 +123,9 @@ class HangDetector {
   // output since the last call.
   void observe(int local_rank, uint64_t step, double cpu_seconds, bool wrote_output, double now);
   void onExit(int local_rank);
+  // The rank's heartbeat says it made its last step (HeartbeatChannel::finishedStepping); it
+  // is finishing from the first such call until a new step. Call it after observe().
+  void onFinished(int local_rank, double now);
   // Ranks past their limit now, each reported once per start().
   std::vector<Hang> check(double now);
   // The limit a stepping rank has now (for the log); 0 when it is not watched.
@@ -133,6 +143,7 @@ class HangDetector {
     double cpu = -1;
     double slowest_step = 0;
     std::optional<double> last_output;
+    std::optional<double> finished_at;  // when its last step was first seen reported as such
     // With a timeout: CPU seconds so far at times over the last timeout window, the oldest at
     // or before its start (the base of the rate), newest last.
     std::deque<CpuSample> cpu_samples;

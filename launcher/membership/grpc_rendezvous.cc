@@ -131,29 +131,44 @@ class GrpcRendezvous : public MultiNodeRendezvous {
     endpoint_ =
         fmt::format("{}:{}", host.find(':') != std::string::npos ? "[" + host + "]" : host, port);
     if (c_.host != GrpcRendezvousConfig::Host::kNo &&
-        (c_.host == GrpcRendezvousConfig::Host::kYes || namesThisMachine(host)))
+        (c_.host == GrpcRendezvousConfig::Host::kYes || namesThisMachine(host))) {
       maybeHost(host, port);
+      // Only kAuto gets here without hosting: the port was taken, so the service was up.
+      hosted_here_by_another_ = !server_;
+    }
     address_ = c_.local_addr.empty() ? routeAddressTo(host, port) : c_.local_addr;
+    // The read timeout gives a service that is not up yet, or restarts, time to come. One that
+    // was up on this machine when this agent looked, hosted by another agent, is not coming
+    // back once it stops answering: that agent closed it (its job ended or failed, e.g. at its
+    // join timeout, a moment after this agent found the port taken). Waiting for it longer than
+    // this node would wait for the job to form only delays the failure (issue 44: 60 s).
+    milliseconds connect_timeout = c_.read_timeout;
+    if (hosted_here_by_another_) connect_timeout = std::min(c_.read_timeout, c_.join_timeout);
 
     rdzv::RendezvousClientOptions ro;
     ro.endpoint = endpoint_;
     ro.token = c_.token;
     ro.tls_ca_file = c_.tls_ca_file;
-    ro.connect_timeout = c_.read_timeout;
+    ro.connect_timeout = connect_timeout;
     // Heartbeats, leave and withdraw wait no longer than a store call: a server that does not
     // answer within the read timeout is lost, whatever the call.
     ro.call_timeout = std::min(ro.call_timeout, c_.read_timeout);
-    client_ = std::make_unique<rdzv::RendezvousClient>(ro);
 
     rdzv::GrpcStoreOptions so;
     so.endpoint = endpoint_;
     so.token = c_.token;
     so.tls_ca_file = c_.tls_ca_file;
-    so.connect_timeout = c_.read_timeout;
+    so.connect_timeout = connect_timeout;
     so.default_timeout = c_.read_timeout;
     // Job-wide facts every agent shares: the failure count and the last root cause.
     so.prefix = "ddpl-agents/" + c_.run_id + "/";
-    store_ = rdzv::connectGrpcStore(so);
+    try {
+      client_ = std::make_unique<rdzv::RendezvousClient>(ro);
+      store_ = rdzv::connectGrpcStore(so);
+    } catch (const NetworkError& e) {
+      if (!hosted_here_by_another_) throw;
+      throw NetworkError(closedByItsHost(e.what(), connect_timeout));
+    }
     setKv(std::make_unique<StoreJobKv>(store_.get(), c_.read_timeout));
     log::info("rendezvous {} ({}), run '{}', node '{}' at {}, {}:{} nodes", endpoint_,
               server_ ? "hosted by this agent" : "client", c_.run_id, c_.node_id, address_,
@@ -369,8 +384,20 @@ class GrpcRendezvous : public MultiNodeRendezvous {
       return w;
     } catch (const NetworkError& e) {
       markLost(e.what());
+      if (hosted_here_by_another_)
+        throw NetworkError(closedByItsHost(e.what(), std::min(c_.read_timeout, c_.join_timeout)));
       throw;
     }
+  }
+
+  // Why a service that another agent on this machine hosted no longer answers.
+  std::string closedByItsHost(const std::string& why, milliseconds gave_up_after) const {
+    return fmt::format(
+        "the rendezvous at {} was hosted by another agent on this machine (its port was taken "
+        "when this agent started), which has closed it since, as an agent does when its job "
+        "ends or fails (at its join timeout, say): no answer for {:.1f}s, the join timeout "
+        "(or the read timeout where shorter): {}",
+        endpoint_, std::chrono::duration<double>(gave_up_after).count(), why);
   }
 
   std::optional<WorldAssignment> joinRound() {
@@ -459,6 +486,9 @@ class GrpcRendezvous : public MultiNodeRendezvous {
   GrpcRendezvousConfig c_;
   std::string endpoint_, address_;
   std::unique_ptr<rdzv::RendezvousServer> server_;
+  // The endpoint is on this machine and another agent held its port when this one looked
+  // (kAuto): it hosts, and a silence of its service means it closed it.
+  bool hosted_here_by_another_ = false;
   std::unique_ptr<rdzv::RendezvousClient> client_;
   std::unique_ptr<rdzv::Store> store_;
   std::unique_ptr<rdzv::RoundWatch> watch_;

@@ -3,9 +3,9 @@
 Installing the wheel puts `launch` and `rdzv-server` on the environment's PATH. They are native
 programs (this package holds them under ddplaunch/bin/); the entry points only exec them.
 
-In a training script, `ddplaunch.step()` once per step reports progress to launch; it does
-nothing under torchrun or without a launcher (ddplaunch.progress: step, current, add_wait,
-waiting, enabled).
+In a training script, `ddplaunch.step()` once per step reports progress to launch, and
+`ddplaunch.done()` after the last one that the rest is teardown; they do nothing under torchrun
+or without a launcher (ddplaunch.progress: step, current, done, add_wait, waiting, enabled).
 
 Checkpoints: `from ddplaunch import checkpoint as ckpt` (ddplaunch.checkpoint: save, load,
 latest, begin, commit, StorageWriter, StorageReader) writes them into launch's memory tier,
@@ -13,10 +13,10 @@ or straight to the durable directory without launch (docs/checkpoints.md).
 """
 import os
 
-__all__ = ["binary", "checkpoint", "step", "current", "add_wait", "waiting", "enabled"]
+__all__ = ["binary", "checkpoint", "step", "current", "done", "add_wait", "waiting", "enabled"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_PROGRESS = ("step", "current", "add_wait", "waiting", "enabled")
+_PROGRESS = ("step", "current", "done", "add_wait", "waiting", "enabled")
 
 
 def binary(name):

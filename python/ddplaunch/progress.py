@@ -4,7 +4,9 @@ launch gives each worker a small shared-memory file and names its descriptor in
 DDPL_HEARTBEAT_FD (the layout is common/heartbeat.h): the step count as a little-endian 64-bit
 integer at offset 0, and the microseconds spent so far waiting inside collectives at offset 8.
 From the step count launch shows progress and the end-of-run summary and finds hung ranks; from
-the waits it tells a slow rank from the ranks that wait for it (stragglers).
+the waits it tells a slow rank from the ranks that wait for it (stragglers). `ddplaunch.done()`
+after the last step (offset 24) tells launch that what follows is teardown, not a hang; the
+interpreter's exit says so by itself for a process that reported steps.
 
 Without launch (torchrun, a plain `python train.py`), or when the descriptor is not launch's,
 every call only keeps the local count: no exception, no system call. The variable is read and
@@ -18,14 +20,15 @@ import stat
 import sys
 import time
 
-__all__ = ["step", "current", "add_wait", "waiting", "enabled"]
+__all__ = ["step", "current", "done", "add_wait", "waiting", "enabled"]
 
 _FD_ENV = "DDPL_HEARTBEAT_FD"
 # Slots of 8 bytes in the shared file (common/heartbeat.h: kHeartbeatStepOffset, ...WaitOffset).
 _STEP_SLOT = 0
 _WAIT_SLOT = 1
 _RESTORE_SLOT = 2  # kHeartbeatRestoreOffset: microseconds spent reading checkpoints
-_MAPPED_BYTES = 24
+_FINISHED_SLOT = 3  # kHeartbeatFinishedOffset: the step count it finished at, plus one
+_MAPPED_BYTES = 32
 _MAX = 1 << 64
 
 # None until the first call; then the writable slots, or False where launch does not listen.
@@ -66,6 +69,12 @@ def _open():
     # A native 64-bit store into the mapping, as the C++ worker does: launch may read the field
     # at any moment, and one aligned store never shows it half written (a pwrite costs 10x more).
     _slots = memoryview(buf).cast("Q") if sys.byteorder == "little" else _LittleEndianSlots(buf)
+    # The interpreter's exit is teardown too (atexit handlers run before the modules' teardown;
+    # those registered earlier, torch's among them, run after this one). Not in a forked child
+    # that exits on its own: the mapping is shared, and the parent may still be stepping.
+    import atexit
+
+    atexit.register(_done_at_exit, os.getpid())
 
 
 def step(n=None):
@@ -94,6 +103,27 @@ def step(n=None):
 def current():
     """The last step reported by step() (0 before the first)."""
     return _step
+
+
+def done():
+    """Report that this rank made its last step: what it does from now on (a final save,
+    destroy_process_group, the interpreter's exit) is teardown, not a hang.
+
+    launch takes a rank that makes no step for its hang limit (--hang-timeout) for hung; a rank
+    that called done() is held to --hang-finish-timeout (600 s) instead. A step() after it
+    cancels it. The interpreter's exit calls it by itself in a process that has made any
+    of this module's calls (not os._exit, which skips exit handlers).
+    """
+    if _slots is None:
+        _open()
+    if _slots:
+        # After the step it names: launch takes the mark only while it matches the step count.
+        _slots[_FINISHED_SLOT] = _step + 1
+
+
+def _done_at_exit(pid):
+    if os.getpid() == pid:
+        done()
 
 
 def add_wait(seconds):

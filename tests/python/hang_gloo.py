@@ -1,8 +1,9 @@
 """A Gloo job that hangs as real ones do: rank HANG_RANK stops before the all-reduce of step
 HANG_STEP (stuck in its own code), and the other ranks wait for it inside the collective.
 
-Reports steps to launch (ddplaunch.step). Hangs only in the first attempt
-(TORCHELASTIC_RESTART_COUNT=0), so a restarted group runs to the end. STEPS steps in all.
+Reports steps to launch (ddplaunch.step), and its last one (ddplaunch.done). Hangs only in the
+first attempt (TORCHELASTIC_RESTART_COUNT=0), so a restarted group runs to the end. STEPS steps
+in all.
 """
 import os
 import sys
@@ -34,6 +35,8 @@ def main():
         dist.all_reduce(t)
         time.sleep(0.05)
         ddplaunch.step(step)
+    # What follows is teardown, which can take seconds on a loaded machine: not a hang.
+    ddplaunch.done()
     print(f"rank {rank} finished", flush=True)
     dist.destroy_process_group()
 

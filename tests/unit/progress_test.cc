@@ -100,6 +100,68 @@ TEST(Hang, AutomaticLimitIsTenSlowestStepsAboveTheFloor) {
   EXPECT_EQ(h.check(15.6).size(), 1u);
 }
 
+// Issue 44: a rank that reported its last step is tearing down: no step follows, and the hang
+// timeout no longer applies to it; --hang-finish-timeout (or its stepping limit, if longer)
+// bounds the teardown. A step after the report cancels it.
+TEST(Hang, RankPastItsLastStepIsHeldToTheFinishTimeout) {
+  HangOptions o;
+  o.timeout_sec = 2;
+  o.finish_timeout_sec = 10;
+  HangDetector h(o);
+  h.start(2, 0);
+  h.observe(0, 5, 0, false, 1);
+  h.onFinished(0, 1);
+  h.observe(1, 5, 0, false, 1);
+  EXPECT_TRUE(h.check(2.5).empty());
+  auto stepping = h.check(3.1);  // rank 1 did not report its last step: hung
+  ASSERT_EQ(stepping.size(), 1u);
+  EXPECT_EQ(stepping[0].local_rank, 1);
+  h.onFinished(0, 5);  // seen again: still finishing since t=1
+  EXPECT_TRUE(h.check(10.9).empty());
+  auto stuck = h.check(11.1);
+  ASSERT_EQ(stuck.size(), 1u);
+  EXPECT_EQ(stuck[0].local_rank, 0);
+  EXPECT_DOUBLE_EQ(stuck[0].limit_sec, 10);
+  EXPECT_NE(stuck[0].why.find("after reporting its last step, step 5 (limit 10.0s"),
+            std::string::npos)
+      << stuck[0].why;
+
+  // A step after the report: stepping again, under the hang timeout.
+  h.start(1, 20);
+  h.observe(0, 3, 0, false, 20);
+  h.onFinished(0, 20);
+  h.observe(0, 4, 0, false, 21);
+  EXPECT_TRUE(h.check(22.9).empty());
+  EXPECT_EQ(h.check(23.1).size(), 1u);
+
+  // Never less than the limit it had while stepping.
+  HangOptions long_steps;
+  long_steps.timeout_sec = 30;
+  long_steps.finish_timeout_sec = 10;
+  HangDetector l(long_steps);
+  l.start(1, 0);
+  l.observe(0, 1, 0, false, 1);
+  l.onFinished(0, 1);
+  EXPECT_TRUE(l.check(30.9).empty());
+  EXPECT_EQ(l.check(31.1).size(), 1u);
+
+  // Idle ranks without steps wait for a finishing one (a barrier in its teardown); they are
+  // judged again once it has exited.
+  HangOptions idle;
+  idle.timeout_sec = 2;
+  HangDetector w(idle);
+  w.start(2, 0);
+  for (int tick = 1; tick <= 60; ++tick) {
+    double now = tick * 0.1;
+    w.observe(0, 0, 1, false, now);  // idle from the start
+    w.observe(1, 0, 1, false, now);
+    w.onFinished(1, now);
+    ASSERT_TRUE(w.check(now).empty()) << tick;
+  }
+  w.onExit(1);
+  EXPECT_EQ(w.check(6.1).size(), 1u);
+}
+
 // What the stacks service waits on after a hang: no rule finds a new group hung sooner.
 TEST(Hang, SoonestLimitIsTheSmallestRuleOrZeroWhenOff) {
   HangOptions o;

@@ -66,7 +66,9 @@ class UnderLaunch(unittest.TestCase):
         """)
         self.assertEqual(out.strip(), "ok")
         self.assertEqual(os.pread(self.fd, 8, 0), bytes.fromhex("0807060504030201"))
-        self.assertEqual(os.pread(self.fd, HEARTBEAT_BYTES - 8, 8), bytes(HEARTBEAT_BYTES - 8))
+        self.assertEqual(os.pread(self.fd, 16, 8), bytes(16))
+        self.assertEqual(field(self.fd, 24), 0x0102030405060709)  # the exit: finished stepping
+        self.assertEqual(os.pread(self.fd, HEARTBEAT_BYTES - 32, 32), bytes(HEARTBEAT_BYTES - 32))
 
     def test_step_continues_from_an_explicit_count_and_may_go_back(self):
         self.run_worker("""
@@ -111,7 +113,46 @@ class UnderLaunch(unittest.TestCase):
         waited = field(self.fd, 8)
         self.assertGreaterEqual(waited, 4000 + 50000)
         self.assertLess(waited, 4000 + 50000 + 5_000_000)  # a loaded machine, but not seconds
-        self.assertEqual(os.pread(self.fd, HEARTBEAT_BYTES - 16, 16), bytes(HEARTBEAT_BYTES - 16))
+        self.assertEqual(field(self.fd, 16), 0)
+        self.assertEqual(os.pread(self.fd, HEARTBEAT_BYTES - 32, 32), bytes(HEARTBEAT_BYTES - 32))
+
+    def test_done_marks_the_last_step_at_offset_24_and_a_later_step_cancels_it(self):
+        # The step count it finished at, plus one: launch takes the mark while it matches.
+        out = self.run_worker("""
+            fd = int(os.environ["DDPL_HEARTBEAT_FD"])
+            mark = lambda: int.from_bytes(os.pread(fd, 8, 24), "little")
+            ddplaunch.step(41)
+            assert mark() == 0, mark()
+            ddplaunch.done()
+            print(mark(), int.from_bytes(os.pread(fd, 8, 0), "little"))
+            ddplaunch.step()  # stepping again: 42 no longer matches the mark
+            print(mark(), int.from_bytes(os.pread(fd, 8, 0), "little"))
+            os._exit(0)  # no exit handlers: the mark stays as it is
+        """)
+        self.assertEqual(out.split("\n")[:2], ["42 41", "42 42"])
+        self.assertEqual(field(self.fd, 24), 42)
+
+    def test_the_interpreters_exit_marks_the_last_step_before_earlier_exit_handlers(self):
+        # Handlers registered before the first call (torch registers its own at import) run
+        # after ddplaunch's: by then launch knows the rank is tearing down. A forked child that
+        # exits on its own does not mark its parent, which may still be stepping.
+        out = self.run_worker("""
+            import atexit
+            fd = int(os.environ["DDPL_HEARTBEAT_FD"])
+            mark = lambda: int.from_bytes(os.pread(fd, 8, 24), "little")
+            parent = os.getpid()
+            atexit.register(lambda: os.getpid() == parent and print("mark at teardown", mark()))
+            ddplaunch.step()
+            ddplaunch.step()
+            pid = os.fork()
+            if pid == 0:
+                sys.exit(0)  # exit handlers run in the child
+            os.waitpid(pid, 0)
+            print("mark after the child's exit", mark(), flush=True)
+        """)
+        self.assertEqual(out.split("\n")[:2],
+                         ["mark after the child's exit 0", "mark at teardown 3"])
+        self.assertEqual(field(self.fd, 24), 3)
 
     def test_checkpoint_reads_add_up_in_microseconds_at_offset_16(self):
         # ddplaunch.checkpoint.latest() and load() report their time here (a restart's phases).
@@ -137,7 +178,7 @@ class UnderLaunch(unittest.TestCase):
             print("ddplaunch.progress" in sys.modules, "torch" in sys.modules)
             ddplaunch.step()
             print("ddplaunch.progress" in sys.modules, "torch" in sys.modules)
-            from ddplaunch import step, waiting, add_wait, current, enabled
+            from ddplaunch import step, waiting, add_wait, current, done, enabled
             print(step is ddplaunch.step, sorted(set(ddplaunch.__all__) - set(dir(ddplaunch))))
         """)
         self.assertEqual(out.split("\n")[:3], ["False False", "True False", "True []"])
@@ -164,7 +205,7 @@ class WithoutLaunch(unittest.TestCase):
         r, w = os.pipe()
         self.addCleanup(os.close, r)
         self.addCleanup(os.close, w)
-        small = os.memfd_create("too-small")  # cannot hold both fields
+        small = os.memfd_create("too-small")  # cannot hold every field
         os.ftruncate(small, 8)
         self.addCleanup(os.close, small)
         # A number that names no open descriptor: the variable inherited by a subprocess.
