@@ -33,7 +33,7 @@ if(NOT DDPL_SANITIZED_SUBSET)
   ddpl_add_test(NAME multinode_test
     SOURCES integration/multinode_test.cc LIBS ddpl_test_util LABELS integration TIMEOUT 300
     COST 30)
-  add_dependencies(multinode_test launch rdzv-server)
+  add_dependencies(multinode_test launch rdzv-server ddpl_launch_grpc)
 
   # Issue 28: the agent store under unchanged Python scripts (torch's own client and server).
   ddpl_add_test(NAME agent_store_test
