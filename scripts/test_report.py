@@ -31,10 +31,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # What each optional part's absence takes, and how to get it back, where CMake gave no reason.
 HOW_TO_GET = {
-    "torch": "LibTorch (make setup installs torch into .venv; then configure again)",
-    "mpi": "OpenMPI (make setup installs libopenmpi-dev and openmpi-bin; then configure again)",
-    "grpc": "gRPC (configure with -DDDPL_WITH_GRPC=ON; make setup installs libgrpc++-dev)",
-    "metrics": "prometheus-cpp (make setup installs prometheus-cpp-dev; then configure again)",
+    "torch": "LibTorch (make setup installs torch into .venv; then `make clean test`: the first "
+             "configure takes CMAKE_PREFIX_PATH from .venv)",
+    "mpi": "OpenMPI (make setup installs libopenmpi-dev and openmpi-bin; then `make clean test`)",
+    "grpc": "gRPC (a tree configured with -DDDPL_WITH_GRPC=ON, the default)",
+    "metrics": "prometheus-cpp (make setup installs prometheus-cpp-dev; then `make clean test`)",
     "full": "the whole suite (a tree configured without -DDDPL_SANITIZED_SUBSET=ON)",
 }
 
@@ -189,21 +190,23 @@ def main():
         bad = True
         lines.append(f"  NOT OK   {len(not_built)} program(s) registered but not built (make build): "
                      + ", ".join(not_built))
+    by_cause = {}  # the parts found missing -> the suites they leave out
     for suite, needs in sorted(expected.items()):
-        if suite in suites:
-            continue
-        if needs & left_out:
-            continue  # this pass leaves it out on purpose
+        if suite in suites or needs & left_out:
+            continue  # registered, or left out on purpose by this pass
+        missing = tuple(p for p in sorted(needs) if not features.get(p, (True, ""))[0])
+        by_cause.setdefault(missing, []).append(suite)
+    for missing, names in sorted(by_cause.items()):
         bad = True
-        missing = [p for p in sorted(needs) if not features.get(p, (True, ""))[0]]
         if missing:
-            why = "; ".join(f"{p}: {features[p][1] or 'off'} -> needs {HOW_TO_GET[p]}"
-                            for p in missing)
-            lines.append(f"  NOT OK   suite {suite} is not registered ({why})")
+            why = "; ".join(f"{p} is off ({features[p][1] or 'no reason given'})" for p in missing)
+            get = "; ".join(HOW_TO_GET[p] for p in missing)
+            lines.append(f"  NOT OK   {len(names)} suite(s) not registered: {why}. To get them: "
+                         f"{get}.\n           {', '.join(names)}")
         else:
-            lines.append(f"  NOT OK   suite {suite} is not registered, though every part it needs "
-                         f"({', '.join(sorted(needs)) or 'none'}) is here: tests/*.cmake lost it, "
-                         "or tests/suites.txt names one that is gone")
+            lines.append(f"  NOT OK   {len(names)} suite(s) not registered, though every part they "
+                         "need is here (tests/*.cmake lost them, or tests/suites.txt names what "
+                         f"is gone): {', '.join(names)}")
     for suite in sorted(set(suites) - set(expected)):
         bad = True
         lines.append(f"  NOT OK   {suite} is registered but not in tests/suites.txt: add it there, "
@@ -211,14 +214,14 @@ def main():
     # Registered, yet not in the JUnit file: left out by ctest's filter (-E, -R, -L).
     in_junit = {c.get("name") for c in cases}
     absent = sorted(n for names in suites.values() for n in names if n not in in_junit)
-    if absent and cases:
+    if absent:
         if args.filtered_ok:
             lines.append(f"  {len(absent)} registered test(s) left out of this pass on purpose "
                          "(ctest's -E or -R)")
         else:
             bad = True
-            shown = ", ".join(absent[:10]) + (f" and {len(absent) - 10} more" if len(absent) > 10
-                                               else "")
+            shown = ", ".join(n.split("  #")[0] for n in absent[:5]) + (
+                f" and {len(absent) - 5} more" if len(absent) > 5 else "")
             lines.append(f"  NOT OK   {len(absent)} registered test(s) were not run at all: {shown}")
     for name in no_skip_code:
         bad = True
