@@ -183,6 +183,9 @@ def main():
     first_suite_line = len(lines)
     expected = read_suites(args.suites)
     features = read_features(args.build)
+    if not features:
+        lines.append(f"  {args.build}/ddpl_features.txt is missing (a tree configured before it "
+                     "existed): the parts a missing suite needs cannot be named; configure again")
     suites, no_skip_code = registered(args.build)
     not_built = sorted(s for s, names in suites.items() if any(n.endswith("_NOT_BUILT")
                                                                for n in names))
