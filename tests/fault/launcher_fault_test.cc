@@ -10,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "tests/common/cgroup_probe.h"
 #include "tests/common/subprocess.h"
 
 namespace fs = std::filesystem;
@@ -119,10 +120,16 @@ TEST(LaunchFault, SigintStopsEverythingIncludingGrandchildren) {
 
 // A descendant that calls setsid, double-forks and execs with an empty environment (no run
 // marker) must not outlive launch: neither its SIGKILL, nor its SIGTERM, nor a clean finish.
-// Each case runs with the run's cgroup (where this machine allows one) and without it
-// (--cgroup=off: launch finds the escapee as its orphaned subreaper child).
+// Each case runs with the run's cgroup (--cgroup=auto) and without it (--cgroup=off: launch
+// finds the escapee as its orphaned subreaper child). Where this machine gives no writable
+// cgroup v2, "auto" would run exactly as "off": it is skipped, saying why, rather than passed.
 class LaunchEscape : public ::testing::TestWithParam<std::string> {
  protected:
+  void SetUp() override {
+    if (GetParam() != "auto") return;
+    if (std::string why = cgroupV2Unavailable(); !why.empty())
+      GTEST_SKIP() << "--cgroup=auto has no cgroup v2 to use on this machine: " << why;
+  }
   struct Job {
     std::string dir;
     // Its own run id: the cgroups it leaves are found by it and its pid together, since
@@ -158,6 +165,9 @@ class LaunchEscape : public ::testing::TestWithParam<std::string> {
       ASSERT_EQ(p.size(), 1u);
       j.escapees.insert(*p.begin());
     }
+    // "auto" on a machine that allows it (SetUp): the escapees are in the run's cgroup, in its
+    // attempt's leaf, where cgroup.kill reaches them; "off": in no run cgroup.
+    const std::string run_cgroup = "/ddpl-" + j.run_id + "-" + std::to_string(j.bg->pid()) + "/";
     for (pid_t p : j.escapees) {
       ASSERT_TRUE(processAlive(p)) << p;
       // It really escaped: another session, and no run marker in its environment.
@@ -165,6 +175,15 @@ class LaunchEscape : public ::testing::TestWithParam<std::string> {
       EXPECT_EQ(readFile("/proc/" + std::to_string(p) + "/environ").find("DDPL_LAUNCH_ID"),
                 std::string::npos)
           << p;
+      const std::string cgroup = cgroupOfProcess(p);
+      if (GetParam() == "auto")
+        EXPECT_NE((cgroup + "/").find(run_cgroup + "attempt-0/"), std::string::npos)
+            << "escapee " << p << " is in cgroup " << cgroup << ", not in the run's " << run_cgroup
+            << "attempt-0/ that --cgroup=auto makes here\n"
+            << j.bg->outputSoFar();
+      else
+        EXPECT_EQ(cgroup.find("/ddpl-"), std::string::npos)
+            << "--cgroup=off, yet escapee " << p << " is in cgroup " << cgroup;
     }
   }
 };

@@ -161,4 +161,7 @@ class Systemd(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    # Exit 77 when a test was skipped (SKIP_RETURN_CODE): never counted as passed.
+    sys.path.insert(0, os.path.join(ROOT, "tests", "common"))
+    import python_test_main  # noqa: E402
+    python_test_main.main()

@@ -379,8 +379,13 @@ TEST_F(EtcdClientTest, KeeperUsesOneStreamAndOutlastsAStalledMember) {
   // Every TTL/3: some 9 in 3 TTLs; at least 4 however slow the machine.
   EXPECT_GE(etcd.metric(0, renewed) - renewed_before, 4);
 
-  // A stall shorter than what is left of the lease (renewed at most TTL/3 ago, plus the
-  // answer's way back): 3 s of at least 4.
+  // A stall shorter than what is left of the lease, begun just after a renewal (etcd's count
+  // moved): 3 s of the 6 the renewal gave, and the next keep-alive (TTL/3 after it) waits on the
+  // stalled member's stream for a second. Begun at any moment, the stall had 4 s at least, less
+  // a late keep-alive and a slow resumption under load: about a second of margin.
+  const double renewed_at_stall = etcd.metric(0, renewed);
+  ASSERT_TRUE(eventually([&] { return etcd.metric(0, renewed) > renewed_at_stall; }, 10s))
+      << "no renewal within 10 s of a 6 s lease";
   etcd.sendSignal(0, SIGSTOP);
   std::this_thread::sleep_for(3s);
   etcd.sendSignal(0, SIGCONT);

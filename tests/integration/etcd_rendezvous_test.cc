@@ -113,8 +113,11 @@ TEST_F(EtcdRendezvous, SigkilledAgentIsDroppedWithinTheLeaseTtlAndTheOthersFinis
       30s));
   auto noticed = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - killed);
   std::cout << "SIGKILLed node dropped after " << noticed.count() << " ms (lease TTL 5 s)\n";
-  // TTL 5s, and etcd checks for expired leases every 500 ms.
-  EXPECT_LE(noticed.count(), 5000 + 1500) << "noticed after " << noticed.count() << " ms";
+  // The lease was renewed at most TTL/6 before the kill (a fencing keeper's interval), then
+  // runs out within TTL, and etcd checks for expired leases every 500 ms: 4.2-5.5 s, plus the
+  // watch's way to the survivors and their log under load. 8 s leaves 2.5 s for that and still
+  // fails a lease of the default TTL (10 s: 9.2 s at least), the --rdzv-conf left unheard.
+  EXPECT_LE(noticed.count(), 5000 + 3000) << "noticed after " << noticed.count() << " ms";
   auto r0 = a0->wait(180s), r1 = a1->wait(180s);
   EXPECT_EQ(r0.exit_code, 0) << r0.all();
   EXPECT_EQ(r1.exit_code, 0) << r1.all();

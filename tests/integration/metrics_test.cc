@@ -11,8 +11,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -20,6 +22,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "common/errors.h"
 #include "common/log.h"
@@ -351,22 +354,29 @@ TEST(Metrics, WorkersInheritNoSocket) {
   EXPECT_GE(sockets, 1);
 }
 
-// The agent's exit waits for the server to stop: civetweb alone takes up to 2 s.
+// The agent's exit waits for the server to stop: civetweb alone waits out its listener's poll,
+// which a scrape has just begun again, and so took 1.7-2 s after every scrape. Judged by the
+// fastest of three stops: a civetweb left to its poll is slow every time, however quiet the
+// machine, while a stop descheduled under load is one slow stop, not three.
 TEST(Metrics, StopsAtOnce) {
+  std::vector<double> took_ms;
   for (int i = 0; i < 3; ++i) {
     auto exporter = std::make_unique<MetricsExporter>(loopback());
     int port = exporter->port();
     EXPECT_EQ(scrape(port).status, 200);
     auto start = std::chrono::steady_clock::now();
     exporter.reset();
-    auto took = std::chrono::steady_clock::now() - start;
-    EXPECT_LT(took, std::chrono::milliseconds(500))
-        << std::chrono::duration<double, std::milli>(took).count() << " ms";
+    took_ms.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+            .count());
     // And the port is free again.
     MetricsOptions again = loopback();
     again.port = port;
     EXPECT_NO_THROW(MetricsExporter{again});
   }
+  EXPECT_LT(*std::min_element(took_ms.begin(), took_ms.end()), 500)
+      << "stops took " << std::lround(took_ms[0]) << ", " << std::lround(took_ms[1]) << " and "
+      << std::lround(took_ms[2]) << " ms";
 }
 
 TEST(Metrics, ScrapesWhileTheAgentUpdates) {

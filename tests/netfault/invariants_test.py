@@ -163,4 +163,7 @@ class Figures(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    # Exit 77 when a test was skipped (SKIP_RETURN_CODE): never counted as passed.
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+    import python_test_main  # noqa: E402
+    python_test_main.main()

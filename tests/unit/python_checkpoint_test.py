@@ -521,4 +521,7 @@ class DCP(Base):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    # Exit 77 when a test was skipped (SKIP_RETURN_CODE): never counted as passed.
+    sys.path.insert(0, os.path.join(ROOT, "tests", "common"))
+    import python_test_main  # noqa: E402
+    python_test_main.main(verbosity=1)
