@@ -37,6 +37,14 @@ void addWaitMicroseconds(uint64_t us) {
     s[kHeartbeatWaitOffset / sizeof(uint64_t)].fetch_add(us, std::memory_order_relaxed);
 }
 
+void finished() {
+  // The mark is the step count plus one (common/heartbeat.h): it holds while the step field
+  // equals it less one, so a later beat() cancels it without a second write.
+  if (auto* s = slot.load(std::memory_order_relaxed))
+    s[kHeartbeatFinishedOffset / sizeof(uint64_t)].store(s->load(std::memory_order_relaxed) + 1,
+                                                          std::memory_order_relaxed);
+}
+
 uint64_t current() {
   auto* s = slot.load(std::memory_order_relaxed);
   return s ? s->load(std::memory_order_relaxed) : 0;

@@ -16,5 +16,10 @@ void set(uint64_t step);
 uint64_t current();
 // Time spent waiting inside collectives, added up (lets launch find stragglers).
 void addWaitMicroseconds(uint64_t us);
+// The last step is done: what follows is teardown (a final save, destroying process groups, the
+// exit), which launch holds to --hang-finish-timeout instead of the hang timeout. A step after it
+// cancels it. Session's end calls it on a normal exit; a program calls it sooner to cover a long
+// final save.
+void finished();
 
 }  // namespace ddpl::worker::heartbeat

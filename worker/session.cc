@@ -472,6 +472,8 @@ Session::Session(SessionOptions options, std::vector<Hook> setupHooks)
 }
 
 void Session::teardown(Impl& impl, bool normalExit) {
+  // Past its last step: the hooks, the process group's end and the exit are teardown, not a hang.
+  if (normalExit) heartbeat::finished();
   runCleanup(*this, impl, normalExit);
   impl.backend.reset();
   impl.store.reset();

@@ -285,6 +285,22 @@ TEST(WorkerLaunchers, HungRankUnderLaunchIsNamedWithItsNativeFrame) {
   EXPECT_NE(wt::readFile(dir + "/logs/h/attempt_0/0/stacks.txt").find("DdpReducer"), std::string::npos);
 }
 
+// Issue 44: a C++ rank whose teardown after its last step (here a cleanup hook of 5 s) outlasts
+// --hang-timeout is finishing, not hung: the Session marks its end in the heartbeat, and the job
+// exits 0. Before, launch reported "no step for 2.0s after step 5" and exited 124.
+TEST(WorkerLaunchers, TeardownAfterTheLastStepIsNoHang) {
+  const std::string launch = std::string(DDPL_BIN_DIR) + "/launch";
+  const std::string dir = wt::tempDir();
+  const pid_t pid = wt::spawn({launch, "--standalone", "--nproc-per-node=2", "--hang-timeout=2",
+                               "--rdzv-id=t", wt::rankBinary(), "slow_teardown", "5"},
+                              {{"OMP_NUM_THREADS", "1"}, {"DDPL_BACKEND", "gloo"}}, dir + "/launch.log");
+  const int status = wt::waitFor(pid, std::chrono::seconds(120));
+  const std::string log = wt::readFile(dir + "/launch.log");
+  EXPECT_TRUE(wt::exitedWith(status, 0)) << log;
+  EXPECT_NE(log.find("tearing down for 5.0s"), std::string::npos) << log;
+  EXPECT_EQ(log.find("hung"), std::string::npos) << log;
+}
+
 // A C++ rank that is 30 ms slower per step makes every rank step at its pace (the others wait
 // in DDP's all-reduce); DDP reports the time each rank waited, so launch names the slow one.
 TEST(WorkerLaunchers, StragglerUnderLaunchIsNamedAndNoOtherRank) {

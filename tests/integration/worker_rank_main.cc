@@ -348,6 +348,21 @@ int hang(dw::Session& session, const std::string& hangRank) {
   return 0;
 }
 
+// Five DDP steps, then a cleanup hook that takes `seconds` (a final save, say): the teardown
+// after the last step, which launch must not take for a hang (worker/heartbeat.h: finished()).
+int slowTeardown(dw::Session& session, const std::string& seconds) {
+  auto model = std::make_shared<MlpImpl>(false);
+  dw::DistributedDataParallel<MlpImpl> ddp(model, session.backend());
+  for (int step = 1; step <= 5; ++step) ddp.forward(torch::randn({4, 8})).sum().backward();
+  const double wait = std::stod(seconds.empty() ? "4" : seconds);
+  session.addCleanupHook("slow final save", [wait](dw::Session&) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+  });
+  std::printf("rank %d stepped 5 times, tearing down for %.1fs\n", session.options().rank, wait);
+  std::fflush(stdout);
+  return 0;
+}
+
 // DDP steps where rank `slowRank` spends 30 ms more of its own per step (the others wait for
 // it inside the all-reduce): launch must name it, and no other rank, as a straggler.
 int straggler(dw::Session& session, const std::string& slowRank) {
@@ -526,6 +541,7 @@ int main(int argc, char** argv) {
     if (scenario == "signal") return waitForSignal(session, arg);
     if (scenario == "hang") return hang(session, arg);
     if (scenario == "straggler") return straggler(session, arg);
+    if (scenario == "slow_teardown") return slowTeardown(session, arg);
     if (scenario == "ckpt_train") return checkpointedTraining(session, arg);
     throw ddpl::InvalidArgument("unknown scenario '" + scenario + "'");
   });
