@@ -302,14 +302,14 @@ const std::vector<Flag>& flags() {
        }},
       {{"--duplicate-stdout-filters"},
        true,
-       "S1,S2,...",
+       "S,...",
        "copy the tee'd stdout lines (--tee 1 or 3, ranks --local-ranks-filter shows) that hold "
        "any of these strings, prefixed, to attempt_<n>/filtered_stdout.log in the run's log "
        "directory, every rank in one file; ',,' is a literal comma (as torchrun)",
        [](auto&, auto& v, auto& o) { o.duplicate_stdout_filters = parseFilterList(v); }},
       {{"--duplicate-stderr-filters"},
        true,
-       "S1,S2,...",
+       "S,...",
        "the same for tee'd stderr lines (--tee 2 or 3): attempt_<n>/filtered_stderr.log",
        [](auto&, auto& v, auto& o) { o.duplicate_stderr_filters = parseFilterList(v); }},
       {{"--log-line-prefix-template"},
