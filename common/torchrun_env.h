@@ -24,6 +24,11 @@ inline constexpr const char kUseAgentStore[] = "TORCHELASTIC_USE_AGENT_STORE";
 inline constexpr const char kDisableSharedStore[] = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE";
 inline constexpr const char kErrorFile[] = "TORCHELASTIC_ERROR_FILE";
 inline constexpr const char kLogLinePrefixTemplate[] = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE";
+// torchrun 2.15 exports its --signals-to-handle to the workers under this name.
+inline constexpr const char kSignalsToHandle[] = "TORCHELASTIC_SIGNALS_TO_HANDLE";
+// What --virtual-local-rank narrows: HIP's list wins when set (ROCm reads it first).
+inline constexpr const char kCudaVisibleDevices[] = "CUDA_VISIBLE_DEVICES";
+inline constexpr const char kHipVisibleDevices[] = "HIP_VISIBLE_DEVICES";
 // Not torchrun's own, but set by it (or by us in its place) when the user has not.
 inline constexpr const char kNcclAsyncErrorHandling[] = "TORCH_NCCL_ASYNC_ERROR_HANDLING";
 inline constexpr const char kOmpNumThreads[] = "OMP_NUM_THREADS";

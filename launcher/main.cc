@@ -214,6 +214,7 @@ std::vector<NumaPlacement> planNuma(const LaunchOptions& o, const Environment& e
 AgentConfig agentConfig(LaunchOptions& o, const Environment& env) {
   AgentConfig cfg;
   cfg.nproc = resolveNproc(o.nproc_per_node, env);
+  if (o.virtual_local_rank) checkVirtualDevices(env, cfg.nproc);
   cfg.command = resolveCommand(o, env);
   if (cfg.command.size() > 1 && cfg.command[1] == "-u") {  // runs under Python
     std::string origin;
@@ -355,6 +356,10 @@ int main(int argc, char** argv) {
   }
   if (parsed.action == ParseResult::Action::kHelp) {
     fputs(helpText().c_str(), stdout);
+    return 0;
+  }
+  if (parsed.action == ParseResult::Action::kCompletion) {
+    fputs(completionScript(parsed.options.print_completion).c_str(), stdout);
     return 0;
   }
   if (parsed.action == ParseResult::Action::kVersion) {

@@ -278,7 +278,7 @@ struct Agent::Impl {
     // worker's environment as the first group will build it.
     WorldAssignment sample;
     sample.world_size = cfg.nproc;
-    WorkerContext ctx{0, cfg.nproc, 0, cfg.options.max_restarts, cfg.options.role, ""};
+    WorkerContext ctx = workerContext(cfg.options, 0, cfg.nproc, 0, "");
     tmpl_env = warm::templateEnvironment(cfg.base_env,
                                          buildWorkerEnv(cfg.base_env, sample, ctx, cfg.extra_env),
                                          {{kMarkerEnv, watchdog.marker()}});
@@ -737,6 +737,8 @@ struct Agent::Impl {
       ckpt_env = ckpt_tier->startGroup(ranks);
       if (world.group_world_size > 1) startReplicas(ranks);
     }
+    makePrivateDirs(run_dir, attemptDir());
+    router.openDuplicateFiles(attemptDir());  // --duplicate-std*-filters: one file per attempt
     std::vector<SpawnedProcess> spawned;
     int warm_count = 0, cold_count = 0;
     for (int lr = 0; lr < cfg.nproc; ++lr) {
@@ -746,9 +748,8 @@ struct Agent::Impl {
       w.local_rank = lr;
       w.global_rank = world.rank_offset + lr;
       w.error_file = dir + "/error.json";
-      WorkerContext ctx{
-          lr,          cfg.nproc, world.restart_count, cfg.options.max_restarts, cfg.options.role,
-          w.error_file};
+      WorkerContext ctx =
+          workerContext(cfg.options, lr, cfg.nproc, world.restart_count, w.error_file);
       Environment extra = cfg.extra_env;
       for (const auto& [k, v] : world.worker_env) extra[k] = v;
       for (const auto& [k, v] : ckpt_env) extra[k] = v;

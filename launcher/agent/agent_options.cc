@@ -35,6 +35,8 @@ ConsoleOptions consoleOptions(const LaunchOptions& o) {
   c.prefix = o.prefix_output;
   c.live = isatty(STDOUT_FILENO) && isatty(STDERR_FILENO);
   c.status_line = o.monitor == MonitorMode::kLive || (o.monitor == MonitorMode::kAuto && c.live);
+  c.duplicate_stdout_filters = o.duplicate_stdout_filters;
+  c.duplicate_stderr_filters = o.duplicate_stderr_filters;
   return c;
 }
 

@@ -1,10 +1,14 @@
 #include "launcher/agent/output.h"
 
+#include <fcntl.h>
 #include <sys/ioctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstring>
 
+#include "common/errors.h"
 #include "launcher/health/job_view.h"
 
 namespace ddpl::launcher {
@@ -24,11 +28,18 @@ constexpr char kLineUp[] = "\x1b[1A";
 
 }  // namespace
 
+std::string nodeName() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
+  return buf;
+}
+
 std::string expandPrefix(const std::string& tmpl, const std::string& role, int local_rank,
-                         int global_rank) {
+                         int global_rank, const std::string& hostname) {
   const std::pair<std::string, std::string> vars[] = {{"role_name", role},
                                                       {"local_rank", std::to_string(local_rank)},
-                                                      {"rank", std::to_string(global_rank)}};
+                                                      {"rank", std::to_string(global_rank)},
+                                                      {"hostname", hostname}};
   std::string out;
   for (size_t i = 0; i < tmpl.size();) {
     if (tmpl[i] == '$' && i + 1 < tmpl.size() && tmpl[i + 1] == '$') {
@@ -63,7 +74,8 @@ std::string expandPrefix(const std::string& tmpl, const std::string& role, int l
   return out;
 }
 
-OutputRouter::OutputRouter(ConsoleOptions console) : console_(std::move(console)) {}
+OutputRouter::OutputRouter(ConsoleOptions console)
+    : console_(std::move(console)), hostname_(nodeName()) {}
 
 OutputRouter::~OutputRouter() {
   for (auto& [fd, s] : streams_) {
@@ -71,13 +83,45 @@ OutputRouter::~OutputRouter() {
     if (s.route.file_fd >= 0) close(s.route.file_fd);
     close(fd);
   }
+  for (int dup : duplicate_fd_)
+    if (dup >= 0) close(dup);
 }
 
 void OutputRouter::add(int fd, const StreamRoute& route) {
-  std::string prefix = console_.prefix ? expandPrefix(console_.prefix_template, console_.role,
-                                                      route.local_rank, route.global_rank)
-                                       : "";
-  streams_[fd] = Stream{route, std::move(prefix), {}};
+  std::string file_prefix = expandPrefix(console_.prefix_template, console_.role, route.local_rank,
+                                         route.global_rank, hostname_);
+  std::string prefix = console_.prefix ? file_prefix : "";
+  streams_[fd] = Stream{route, std::move(prefix), {}, std::move(file_prefix)};
+}
+
+void OutputRouter::openDuplicateFiles(const std::string& attempt_dir) {
+  const std::vector<std::string>* filters[] = {&console_.duplicate_stdout_filters,
+                                               &console_.duplicate_stderr_filters};
+  const char* names[] = {"/filtered_stdout.log", "/filtered_stderr.log"};
+  for (int i = 0; i < 2; ++i) {
+    if (duplicate_fd_[i] >= 0) close(duplicate_fd_[i]);
+    duplicate_fd_[i] = -1;
+    if (filters[i]->empty()) continue;
+    std::string path = attempt_dir + names[i];
+    // The attempt's directory is launch's own and private; never follow a planted link.
+    int fd =
+        open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0640);
+    if (fd < 0) throw Error("cannot create '" + path + "': " + std::strerror(errno));
+    duplicate_fd_[i] = fd;
+  }
+}
+
+void OutputRouter::duplicate(const Stream& s, const std::string& text) {
+  const bool out = s.route.kind == StreamKind::kStdout;
+  int fd = duplicate_fd_[out ? 0 : 1];
+  if (fd < 0) return;
+  const auto& needles = out ? console_.duplicate_stdout_filters : console_.duplicate_stderr_filters;
+  // torchrun's test: any needle is a substring of the line.
+  if (std::none_of(needles.begin(), needles.end(),
+                   [&](const std::string& n) { return text.find(n) != std::string::npos; }))
+    return;
+  std::string line = s.file_prefix + text + "\n";
+  writeAll(fd, line.data(), line.size());
 }
 
 size_t OutputRouter::width() const {
@@ -155,6 +199,7 @@ void OutputRouter::emitLine(Stream& s, const char* data, size_t len, bool newlin
   if (s.route.file_fd >= 0) {
     writeAll(s.route.file_fd, text.data(), text.size());
     if (newline_present) writeAll(s.route.file_fd, "\n", 1);
+    if (s.route.to_console) duplicate(s, text);  // tee'd: to a file and to the console
   }
   if (keep_recent_) {
     std::string kept = text.size() > kMaxRecentLine ? text.substr(0, kMaxRecentLine) : text;

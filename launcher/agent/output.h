@@ -41,11 +41,21 @@ struct ConsoleOptions {
   size_t columns = 0;
   // Keep launch's status line (setStatus) at the bottom: on a terminal (live), or forced.
   bool status_line = false;
+  // torchrun's --duplicate-stdout-filters/--duplicate-stderr-filters: a tee'd line (its stream
+  // goes both to a file and to the console, which is what tee means: --local-ranks-filter
+  // leaves out the same ranks torchrun's does) holding any of these strings is also written,
+  // prefixed even under --no-prefix, to the attempt's file (openDuplicateFiles).
+  std::vector<std::string> duplicate_stdout_filters;
+  std::vector<std::string> duplicate_stderr_filters;
 };
 
-// torchrun's Template.safe_substitute over the three names; unknown $names stay as written.
+// This machine's name as gethostname() gives it (torchrun's socket.gethostname()).
+std::string nodeName();
+
+// torchrun's Template.safe_substitute over ${role_name}, ${local_rank}, ${rank} and
+// ${hostname}; unknown $names stay as written.
 std::string expandPrefix(const std::string& tmpl, const std::string& role, int local_rank,
-                         int global_rank);
+                         int global_rank, const std::string& hostname = nodeName());
 
 class OutputRouter {
  public:
@@ -83,6 +93,11 @@ class OutputRouter {
   // away and drawn again after it, so that they stay at the bottom. Safe from any thread.
   void aroundConsoleWrite(const std::function<void()>& write);
 
+  // Creates filtered_stdout.log and filtered_stderr.log in `attempt_dir` for the streams that
+  // have filters (none: no file), as torchrun does for each attempt, and closes the last
+  // attempt's. Throws Error when one cannot be created.
+  void openDuplicateFiles(const std::string& attempt_dir);
+
   // Bytes read so far from a local rank's streams (output as a sign of progress).
   uint64_t bytesFrom(int local_rank) const {
     auto it = bytes_.find(local_rank);
@@ -98,9 +113,11 @@ class OutputRouter {
   struct Stream {
     StreamRoute route;
     std::string prefix;
-    std::string pending;  // text since the last '\n'
+    std::string pending;      // text since the last '\n'
+    std::string file_prefix;  // the prefix in the filtered file, whatever --no-prefix says
   };
   void emitLine(Stream& s, const char* data, size_t len, bool newline_present);
+  void duplicate(const Stream& s, const std::string& text);
   void showLive(int fd, Stream& s);
   void consoleWrite(int console_fd, const std::string& text);
   // The lines kept at the bottom of a live console: the worker line being updated with '\r'
@@ -117,6 +134,8 @@ class OutputRouter {
 
   ConsoleOptions console_;
   std::map<int, Stream> streams_;
+  int duplicate_fd_[2] = {-1, -1};  // filtered_stdout.log, filtered_stderr.log; -1: none
+  std::string hostname_;            // ${hostname}, asked once
   std::map<int, std::deque<std::string>> stderr_tail_;
   bool keep_recent_ = false;
   mutable std::mutex recent_mu_;

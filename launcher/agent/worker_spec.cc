@@ -10,6 +10,7 @@
 
 #include "common/defaults.h"
 #include "common/errors.h"
+#include "common/signals.h"
 #include "common/torchrun_env.h"
 #include "rendezvous/state/round_rules.h"
 
@@ -129,6 +130,56 @@ std::vector<std::string> substituteLocalRank(const std::vector<std::string>& com
   return out;
 }
 
+WorkerContext workerContext(const LaunchOptions& o, int local_rank, int local_world_size,
+                            int restart_count, std::string error_file) {
+  WorkerContext c;
+  c.local_rank = local_rank;
+  c.local_world_size = local_world_size;
+  c.restart_count = restart_count;
+  c.max_restarts = o.max_restarts;
+  c.role = o.role;
+  c.error_file = std::move(error_file);
+  c.virtual_local_rank = o.virtual_local_rank;
+  for (int s : o.signals_to_handle)
+    c.signals_to_handle += (c.signals_to_handle.empty() ? "" : ",") + signalName(s);
+  return c;
+}
+
+std::string virtualDevice(const Environment& base, int local_rank) {
+  const char* var = nullptr;
+  auto hip = base.find(torchrun_env::kHipVisibleDevices);
+  auto cuda = base.find(torchrun_env::kCudaVisibleDevices);
+  if (hip != base.end() && !hip->second.empty())
+    var = torchrun_env::kHipVisibleDevices;
+  else if (cuda != base.end())  // set but empty too: torchrun reads it as one empty entry
+    var = torchrun_env::kCudaVisibleDevices;
+  else
+    return std::to_string(local_rank);
+  const std::string& list = base.at(var);
+  // Python's str.split(","): every comma separates, empty entries included.
+  std::vector<std::string> entries(1);
+  for (char ch : list) {
+    if (ch == ',')
+      entries.emplace_back();
+    else
+      entries.back().push_back(ch);
+  }
+  if (local_rank < 0 || static_cast<size_t>(local_rank) >= entries.size())
+    throw UsageError(fmt::format(
+        "--virtual-local-rank: {}='{}' names {} device(s), none for local rank {}: list one "
+        "device per local rank, lower --nproc-per-node, or unset {} (then local rank i gets "
+        "device i)",
+        var, list, entries.size(), local_rank, var));
+  const std::string& e = entries[static_cast<size_t>(local_rank)];
+  auto b = e.find_first_not_of(" \t\n\r\f\v");
+  auto end = e.find_last_not_of(" \t\n\r\f\v");
+  return b == std::string::npos ? "" : e.substr(b, end - b + 1);
+}
+
+void checkVirtualDevices(const Environment& base, int nproc) {
+  for (int lr = 0; lr < nproc; ++lr) virtualDevice(base, lr);
+}
+
 Environment buildWorkerEnv(const Environment& base, const WorldAssignment& w,
                            const WorkerContext& c, const Environment& extra) {
   Environment env = base;
@@ -158,6 +209,16 @@ Environment buildWorkerEnv(const Environment& base, const WorldAssignment& w,
     put(torchrun_env::kNcclAsyncErrorHandling, "1");
   if (!base.count(torchrun_env::kOmpNumThreads) && c.local_world_size > 1)
     put(torchrun_env::kOmpNumThreads, "1");
+  if (!c.signals_to_handle.empty()) put(torchrun_env::kSignalsToHandle, c.signals_to_handle);
+  if (c.virtual_local_rank) {
+    // torchrun's virtual mode: device 0 of each worker is its own local rank's device.
+    std::string device = virtualDevice(base, c.local_rank);
+    put(torchrun_env::kLocalRank, "0");
+    put(torchrun_env::kCudaVisibleDevices, device);
+    if (auto hip = base.find(torchrun_env::kHipVisibleDevices);
+        hip != base.end() && !hip->second.empty())
+      put(torchrun_env::kHipVisibleDevices, device);
+  }
   for (const auto& [k, v] : extra) env[k] = v;
   return env;
 }

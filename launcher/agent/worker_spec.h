@@ -34,7 +34,24 @@ struct WorkerContext {
   int max_restarts = 0;
   std::string role = "default";
   std::string error_file;
+  // --virtual-local-rank: LOCAL_RANK=0 and only this local rank's device visible.
+  bool virtual_local_rank = false;
+  // TORCHELASTIC_SIGNALS_TO_HANDLE, as torchrun 2.15 exports it ("SIGTERM,SIGINT"); empty: unset.
+  std::string signals_to_handle;
 };
+
+// The context of local rank `local_rank` from the options (role, restarts, the flags above).
+WorkerContext workerContext(const LaunchOptions& options, int local_rank, int local_world_size,
+                            int restart_count, std::string error_file);
+
+// --virtual-local-rank's device for a local rank, from launch's own environment `base`, as
+// torchrun's: the local rank's entry of HIP_VISIBLE_DEVICES when that is set and not empty,
+// else of CUDA_VISIBLE_DEVICES when set, else the local rank itself. Throws UsageError when
+// the list has no entry for it.
+std::string virtualDevice(const Environment& base, int local_rank);
+// Throws virtualDevice's error for the first local rank of `nproc` without a device: checked
+// once before any worker starts (torchrun finds it only while starting them).
+void checkVirtualDevices(const Environment& base, int nproc);
 
 // The torchrun environment for one worker, layered over `base` (the launcher's own
 // environment, which workers inherit). `extra` is added last (store endpoint and the like).

@@ -72,12 +72,57 @@ StreamSpec parseStreamSpec(const std::string& flag, const std::string& value) {
   return spec;
 }
 
+namespace {
+
+constexpr char kShutdownTimeoutEnv[] = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT";
+
+// torchrun copies only tee'd lines to filtered_std*.log and says nothing when none are; a
+// filter that can never match is worth a line. So is an empty filter ("a," or ",b"), which
+// matches every line, as in torchrun.
+void warnAboutDuplicateFilters(LaunchOptions& o) {
+  struct Stream {
+    const char* flag;
+    const std::vector<std::string>& filters;
+    bool StreamSelection::*member;
+    const char* codes;
+  };
+  const Stream streams[] = {
+      {"--duplicate-stdout-filters", o.duplicate_stdout_filters, &StreamSelection::stdout_, "1"},
+      {"--duplicate-stderr-filters", o.duplicate_stderr_filters, &StreamSelection::stderr_, "2"}};
+  for (const auto& s : streams) {
+    if (s.filters.empty()) continue;
+    bool teed = o.tee.all.*s.member;
+    for (const auto& [rank, sel] : o.tee.per_rank) teed = teed || sel.*s.member;
+    if (!teed)
+      o.warnings.push_back(fmt::format(
+          "{}: no local rank tees that stream, so nothing is copied (as in torchrun, only "
+          "tee'd lines are): add --tee {} or --tee 3",
+          s.flag, s.codes));
+    if (std::find(s.filters.begin(), s.filters.end(), "") != s.filters.end())
+      o.warnings.push_back(fmt::format(
+          "{}: an empty filter (a leading, trailing or lone ',') matches every line, as in "
+          "torchrun; write ',,' for a literal comma",
+          s.flag));
+  }
+}
+
+}  // namespace
+
 ParseResult parseCommandLine(const std::vector<std::string>& args,
                              const std::map<std::string, std::string>& env) {
   ParseResult result;
   LaunchOptions& o = result.options;
   std::set<std::string> target_flags;  // --module / --no-python given on the command line
 
+  // torchrun 2.15 reads TORCH_ELASTIC_SHUTDOWN_TIMEOUT when --shutdown-timeout is not given;
+  // PET_SHUTDOWN_TIMEOUT and the flag win over it.
+  if (auto it = env.find(kShutdownTimeoutEnv); it != env.end() && !it->second.empty()) {
+    try {
+      applyFlag(*findFlag("--shutdown-timeout"), kShutdownTimeoutEnv, it->second, o);
+    } catch (const UsageError& e) {
+      throw UsageError(fmt::format("environment variable {}: {}", kShutdownTimeoutEnv, e.what()));
+    }
+  }
   // Environment first, so that the command line overrides it. A wrong value names the
   // variable: the user never typed the flag.
   for (const auto& f : flags()) {
@@ -85,6 +130,8 @@ ParseResult parseCommandLine(const std::vector<std::string>& args,
     auto it = env.find(var);
     if (it == env.end()) continue;
     if (f.names[0] == "--run-path" && !parseBool(var, it->second)) continue;
+    // An action, not a setting: torchrun reads no PET_PRINT_COMPLETION either.
+    if (f.names[0] == "--print-completion") continue;
     try {
       applyFlag(f, f.names[0], it->second, o);
     } catch (const UsageError& e) {
@@ -155,6 +202,11 @@ ParseResult parseCommandLine(const std::vector<std::string>& args,
     }
     if (f->names[0] == "--module" || f->names[0] == "--no-python") target_flags.insert(f->names[0]);
     result.given_flags.push_back(f->names[0]);
+    // As torchrun's: the script is printed at once, whatever follows (no PROGRAM needed).
+    if (f->names[0] == "--print-completion") {
+      result.action = ParseResult::Action::kCompletion;
+      return result;
+    }
   }
   if (target_flags.size() > 1)
     throw UsageError(
@@ -167,6 +219,7 @@ ParseResult parseCommandLine(const std::vector<std::string>& args,
 
   if (o.launcher != "mpi" && (!o.hostfile.empty() || !o.mpi_args.empty() || o.dry_run))
     throw UsageError("--hostfile, --mpi-args and --dry-run go with --launcher=mpi");
+  warnAboutDuplicateFilters(o);
   if (o.signals_to_handle.empty())
     o.signals_to_handle.assign(std::begin(defaults::kStopSignals),
                                std::end(defaults::kStopSignals));

@@ -13,7 +13,8 @@
 namespace ddpl::launcher {
 
 struct ParseResult {
-  enum class Action { kRun, kHelp, kVersion };
+  // kCompletion: print completionScript(options.print_completion) and exit.
+  enum class Action { kRun, kHelp, kVersion, kCompletion };
   Action action = Action::kRun;
   LaunchOptions options;
   std::vector<std::string> given_flags;  // canonical names set by the command line or PET_*
@@ -25,6 +26,10 @@ ParseResult parseCommandLine(const std::vector<std::string>& args,
                              const std::map<std::string, std::string>& env);
 
 std::string helpText();
+
+// A completion script for launch's options in `shell` (bash, zsh or tcsh), made from the flag
+// table as torchrun's --print-completion makes its own from its parser.
+std::string completionScript(const std::string& shell);
 
 // Exposed for tests and for error messages elsewhere.
 // "SIGUSR1", "USR1" or "10"; throws UsageError naming `source` (the flag or variable).

@@ -20,6 +20,9 @@ NprocSpec parseNproc(const std::string& flag, const std::string& v) {
   if (v == "gpu") return {NprocKind::kGpu, 0};
   if (v == "cpu") return {NprocKind::kCpu, 0};
   if (v == "auto") return {NprocKind::kAuto, 0};
+  if (v == "xpu")  // torchrun 2.10+: one worker per Intel XPU
+    throw UsageError(fmt::format(
+        "{}=xpu: launch counts NVIDIA GPUs only; give the number of XPUs (e.g. {}=4)", flag, flag));
   try {
     return {NprocKind::kNumber, parseInt(flag, v, 1, kMaxNprocPerNode)};
   } catch (const InvalidArgument& e) {
@@ -304,11 +307,24 @@ const std::vector<Flag>& flags() {
          for (const auto& s : split(v, ','))
            if (!s.empty()) o.local_ranks_filter.push_back(parseInt(f, s, 0, kMaxNprocPerNode - 1));
        }},
+      {{"--duplicate-stdout-filters"},
+       true,
+       "S,...",
+       "copy the tee'd stdout lines (--tee 1 or 3, ranks --local-ranks-filter shows) that hold "
+       "any of these strings, prefixed, to attempt_<n>/filtered_stdout.log in the run's log "
+       "directory, every rank in one file; ',,' is a literal comma (as torchrun)",
+       [](auto&, auto& v, auto& o) { o.duplicate_stdout_filters = parseFilterList(v); }},
+      {{"--duplicate-stderr-filters"},
+       true,
+       "S,...",
+       "the same for tee'd stderr lines (--tee 2 or 3): attempt_<n>/filtered_stderr.log",
+       [](auto&, auto& v, auto& o) { o.duplicate_stderr_filters = parseFilterList(v); }},
       {{"--log-line-prefix-template"},
        true,
        "TEMPLATE",
        "console prefix of worker lines, as torchrun's TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE: "
-       "${role_name}, ${local_rank}, ${rank} (default '[${role_name}${local_rank}]:')",
+       "${role_name}, ${local_rank}, ${rank}, ${hostname} (default "
+       "'[${role_name}${local_rank}]:')",
        [](auto&, auto& v, auto& o) {
          if (!v.empty()) o.log_line_prefix_template = v;
        }},
@@ -384,6 +400,13 @@ const std::vector<Flag>& flags() {
            throw UsageError(
                fmt::format("{}: '{}' is not node, socket, exclusive or core-complex", f, v));
        }},
+      {{"--virtual-local-rank"},
+       false,
+       "",
+       "every worker sees LOCAL_RANK=0 and only its own device: CUDA_VISIBLE_DEVICES (and "
+       "HIP_VISIBLE_DEVICES when set) narrowed to the local rank's entry of launch's own, or to "
+       "the local rank's index when unset (RANK and the rest unchanged)",
+       [](auto& f, auto& v, auto& o) { o.virtual_local_rank = parseBool(f, v); }},
       {{"--cgroup"},
        true,
        "auto|off",
@@ -444,6 +467,16 @@ const std::vector<Flag>& flags() {
          if (v != "off" && v != "warn" && v != "strict")
            throw UsageError(fmt::format("{}: '{}' is not off, warn or strict", f, v));
          o.preflight = v;
+       }},
+      {{"--print-completion"},
+       true,
+       "bash|zsh|tcsh",
+       "print a shell completion script for launch's options and exit (as torchrun's, which "
+       "needs shtab; launch's needs nothing)",
+       [](auto& f, auto& v, auto& o) {
+         if (v != "bash" && v != "zsh" && v != "tcsh")
+           throw UsageError(fmt::format("{}: '{}' is not bash, zsh or tcsh", f, v));
+         o.print_completion = v;
        }},
       {{"--log-level"},
        true,

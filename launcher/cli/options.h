@@ -62,7 +62,7 @@ struct RdzvConf {
   double heartbeat_timeout_sec =
       defaults::kHeartbeatWindow.count();  // when this agent hosts the service
   double exit_barrier_timeout_sec = 300;
-  std::optional<bool> is_host;  // unset: host when the endpoint names this machine
+  std::optional<bool> is_host;      // unset: host when the endpoint names this machine
   std::optional<bool> agent_store;  // unset: on unless TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
   std::string token_file;
   std::string tls_ca_file;
@@ -124,6 +124,11 @@ struct LaunchOptions {
   // torchrun's TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE: ${role_name}, ${local_rank}, ${rank}.
   std::string log_line_prefix_template = "[${role_name}${local_rank}]:";
   bool prefix_output = true;  // --no-prefix: worker lines reach the console as written
+  // torchrun's --duplicate-stdout-filters/--duplicate-stderr-filters: tee'd lines holding any
+  // of these strings are copied to attempt_<n>/filtered_stdout.log (filtered_stderr.log).
+  // Empty: no such file.
+  std::vector<std::string> duplicate_stdout_filters;
+  std::vector<std::string> duplicate_stderr_filters;
 
   // Checkpoints in memory (launcher/checkpoint/memory_tier.h, docs/checkpoints.md).
   // Bytes of memory per local rank: unset, automatic (a quarter of /dev/shm over the local
@@ -140,7 +145,10 @@ struct LaunchOptions {
   // Placement.
   NumaBinding numa_binding = NumaBinding::kNone;
   std::string start_method = "spawn";  // accepted; every worker is a fork+exec'd process
-  bool use_cgroup = true;              // --cgroup=off: never put the run in a cgroup of its own
+  // torchrun's --virtual-local-rank: every worker sees LOCAL_RANK=0 and only its own device
+  // (CUDA_VISIBLE_DEVICES narrowed to the local rank's entry).
+  bool virtual_local_rank = false;
+  bool use_cgroup = true;  // --cgroup=off: never put the run in a cgroup of its own
 
   bool elastic() const { return rdzv_backend != "static"; }
 
@@ -155,6 +163,9 @@ struct LaunchOptions {
   // rendezvous. off | warn (report, run anyway) | strict (a failed check stops this node before any
   // worker starts).
   std::string preflight = "warn";
+
+  // --print-completion SHELL: print the completion script (cli.h completionScript) and exit.
+  std::string print_completion;
 
   // What the parser accepted but the user should hear about (keys without effect here, unknown
   // --rdzv-conf keys): main logs them once logging is up.

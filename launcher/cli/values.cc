@@ -60,6 +60,25 @@ double parseSeconds(const std::string& flag, const std::string& v) {
   return parseNumber(flag, v, 0, 1e9);
 }
 
+std::vector<std::string> parseFilterList(const std::string& v) {
+  std::vector<std::string> items;
+  if (v.empty()) return items;
+  std::string item;
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (v[i] != ',') {
+      item.push_back(v[i]);
+    } else if (i + 1 < v.size() && v[i + 1] == ',') {
+      item.push_back(',');
+      ++i;
+    } else {
+      items.push_back(std::move(item));
+      item.clear();
+    }
+  }
+  items.push_back(std::move(item));
+  return items;
+}
+
 StreamSelection selectionFromCode(const std::string& flag, const std::string& code) {
   int c = -1;
   if (code.size() == 1 && code[0] >= '0' && code[0] <= '3') c = code[0] - '0';

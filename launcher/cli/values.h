@@ -27,6 +27,11 @@ void checkRunId(const std::string& flag, const std::string& id);
 // cannot work.
 int endpointPort(const std::string& flag, const std::string& v);
 
+// torchrun's comma_separated_list (--duplicate-stdout-filters): items split at ',', where ",,"
+// stands for a literal comma: "a,,b,c" -> {"a,b", "c"}. Empty items are kept (torchrun's
+// empty needle matches every line); an empty value is no item at all.
+std::vector<std::string> parseFilterList(const std::string& v);
+
 // One stream code of --redirects/--tee: 0 none, 1 stdout, 2 stderr, 3 both.
 StreamSelection selectionFromCode(const std::string& flag, const std::string& code);
 

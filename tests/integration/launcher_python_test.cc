@@ -1,8 +1,13 @@
 // Real PyTorch Python scripts, unchanged, under `launch` (the pinned torch from .venv).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <map>
+#include <set>
 #include <sstream>
 
 #include "tests/common/subprocess.h"
@@ -213,4 +218,211 @@ TEST(LaunchStacks, OnDemandSnapshotLeavesTheJobRunning) {
   auto done = bg.wait(60s);
   EXPECT_EQ(done.exit_code, 0) << done.all();
   EXPECT_EQ(run({kLaunch, "stacks", logs + "/od"}).exit_code, 1);  // nobody answers any more
+}
+
+namespace {
+
+// A torch installation to hold launch against: its interpreter and version.
+struct TorchInstall {
+  std::string python;
+  std::string version;
+  std::string torchrun() const { return python.substr(0, python.rfind('/')) + "/torchrun"; }
+};
+
+// "2.15.0" < "2.9.1" as numbers, not as text.
+bool olderVersion(const std::string& a, const std::string& b) {
+  std::istringstream x(a), y(b);
+  std::string p, q;
+  while (true) {
+    bool more_a = static_cast<bool>(std::getline(x, p, '.'));
+    bool more_b = static_cast<bool>(std::getline(y, q, '.'));
+    if (!more_a || !more_b) return !more_a && more_b;
+    if (p != q) {
+      try {
+        return std::stoi(p) < std::stoi(q);
+      } catch (const std::exception&) {
+        return p < q;
+      }
+    }
+  }
+}
+
+// The pinned torch (DDPL_PYTHON's environment) and every newer one installed beside it as
+// .venv-torch-<version> (scripts/gpu_kit_check.sh's convention), oldest first. A worktree's
+// .venv may be a link to the main checkout's: its siblings are found where it points.
+std::vector<TorchInstall> torchInstalls() {
+  std::vector<TorchInstall> out{{DDPL_PYTHON, "pinned"}};
+  std::error_code ec;
+  auto venv = std::filesystem::canonical(
+      std::filesystem::path(DDPL_PYTHON).parent_path().parent_path(), ec);
+  if (ec) return out;
+  std::vector<TorchInstall> newer;
+  for (const auto& entry : std::filesystem::directory_iterator(venv.parent_path(), ec)) {
+    std::string name = entry.path().filename().string();
+    const std::string prefix = ".venv-torch-";
+    if (name.rfind(prefix, 0) != 0) continue;
+    TorchInstall t{(entry.path() / "bin" / "python").string(), name.substr(prefix.size())};
+    if (std::filesystem::exists(t.python) && std::filesystem::exists(t.torchrun()))
+      newer.push_back(t);
+  }
+  std::sort(newer.begin(), newer.end(), [](const TorchInstall& a, const TorchInstall& b) {
+    return olderVersion(a.version, b.version);
+  });
+  out.insert(out.end(), newer.begin(), newer.end());
+  return out;
+}
+
+// Every option string of that torchrun's parser, and whether it takes a value.
+std::vector<std::pair<std::string, bool>> torchrunOptions(const TorchInstall& t) {
+  auto r = run({t.python, "-c",
+                "from torch.distributed.run import get_args_parser\n"
+                "for a in get_args_parser()._actions:\n"
+                "    for s in a.option_strings:\n"
+                "        print(s, 0 if a.nargs == 0 else 1)\n"},
+               RunOptions{{}, {}, 120s, ""});
+  EXPECT_EQ(r.exit_code, 0) << t.python << ": " << r.all();
+  std::vector<std::pair<std::string, bool>> out;
+  std::istringstream in(r.out);
+  std::string flag;
+  int value = 0;
+  while (in >> flag >> value) out.emplace_back(flag, value != 0);
+  return out;
+}
+
+std::map<std::string, std::string> envOf(const std::string& path) {
+  std::map<std::string, std::string> out;
+  std::istringstream in(readFile(path));
+  for (std::string line; std::getline(in, line);)
+    if (auto eq = line.find('='); eq != std::string::npos)
+      out[line.substr(0, eq)] = line.substr(eq + 1);
+  return out;
+}
+
+// The first file called `name` under `dir` (torchrun's run directory has a random suffix).
+std::string findFile(const std::string& dir, const std::string& name) {
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec))
+    if (it->path().filename() == name) return it->path().string();
+  return "";
+}
+
+std::multiset<std::string> lineSet(const std::string& text) {
+  std::multiset<std::string> lines;
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);) lines.insert(l);
+  return lines;
+}
+
+}  // namespace
+
+// Issue 47: every option of the pinned torchrun's parser, and of each newer torch installed
+// beside it, is one launch knows: accepted, or refused saying what to use instead, never an
+// "unknown option".
+TEST(LaunchTorchrunFlags, EveryOptionOfTheInstalledTorchrunsIsKnown) {
+  for (const auto& t : torchInstalls()) {
+    auto options = torchrunOptions(t);
+    EXPECT_GE(options.size(), 40u) << t.version;
+    for (const auto& [flag, takes_value] : options) {
+      std::vector<std::string> argv{kLaunch, flag};
+      if (takes_value) argv.push_back("1");
+      argv.push_back("--help");
+      auto r = run(argv);
+      EXPECT_EQ(r.err.find("unknown option"), std::string::npos)
+          << "torch " << t.version << ": " << flag << ": " << r.err;
+      EXPECT_EQ(r.err.find("ambiguous option"), std::string::npos)
+          << "torch " << t.version << ": " << flag << ": " << r.err;
+    }
+  }
+}
+
+// Issue 47: the same job under the newest torchrun installed (one with --virtual-local-rank,
+// 2.11 or later) and under launch gives each worker the same torchrun variables (added,
+// changed or removed against the parent's environment; launch's own DDPL_* aside) and the
+// same filtered logs.
+TEST(LaunchTorchrunFlags, SameWorkerEnvironmentAndFilteredLogsAsTheNewestTorchrun) {
+  const TorchInstall* newest = nullptr;
+  auto installs = torchInstalls();
+  for (const auto& t : installs) {
+    auto options = torchrunOptions(t);
+    if (std::any_of(options.begin(), options.end(),
+                    [](const auto& o) { return o.first == "--virtual-local-rank"; }))
+      newest = &t;
+  }
+  if (!newest)
+    GTEST_SKIP() << "no torchrun with --virtual-local-rank (torch 2.11+) is installed beside "
+                 << DDPL_PYTHON << " as .venv-torch-<version>; the pinned torch has none";
+  std::cout << "comparing with torch " << newest->version << "'s torchrun: " << newest->torchrun()
+            << "\n";
+  std::string dir = makeTempDir("torchrun-cmp");
+  RunOptions o;
+  o.env = {{"CUDA_VISIBLE_DEVICES", "3,5"}, {"PYTHONDONTWRITEBYTECODE", "1"}};
+  o.unset_env = {"HIP_VISIBLE_DEVICES", "OMP_NUM_THREADS", "TORCHELASTIC_SIGNALS_TO_HANDLE"};
+  o.timeout = 180s;
+  auto job = [&](const std::string& launcher, const std::string& tag) {
+    std::filesystem::create_directories(dir + "/" + tag);
+    return run({launcher, "--nproc-per-node=2", "--virtual-local-rank", "--tee=3", "--log-dir",
+                dir + "/" + tag, "--duplicate-stdout-filters=apple,or,,ange",
+                "--duplicate-stderr-filters=kiwi", "--no-python", "/bin/sh", "-c",
+                "env > " + dir + "/" + tag +
+                    ".${local_rank}.env; echo \"apple ${local_rank}\"; "
+                    "echo banana; echo 'or,ange'; echo kiwi >&2; echo apple >&2"},
+               o);
+  };
+  auto theirs = job(newest->torchrun(), "torchrun");
+  ASSERT_EQ(theirs.exit_code, 0) << theirs.all();
+  auto ours = job(kLaunch, "launch");
+  ASSERT_EQ(ours.exit_code, 0) << ours.all();
+
+  // The parent's environment as both launchers saw it.
+  std::map<std::string, std::string> parent;
+  for (char** e = environ; *e; ++e) {
+    std::string kv = *e;
+    if (auto eq = kv.find('='); eq != std::string::npos)
+      parent[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  for (const auto& k : o.unset_env) parent.erase(k);
+  for (const auto& [k, v] : o.env) parent[k] = v;
+  // Where a worker's environment differs from the parent's: "=value", or "<unset>".
+  auto changes = [&](const std::map<std::string, std::string>& env) {
+    std::map<std::string, std::string> out;
+    for (const auto& [k, v] : env) {
+      auto p = parent.find(k);
+      if (p == parent.end() || p->second != v) out[k] = "=" + v;
+    }
+    for (const auto& [k, v] : parent)
+      if (!env.count(k)) out[k] = "<unset>";
+    out.erase("LC_CTYPE");  // Python's own locale coercion (PEP 538) in torchrun's process
+    out.erase("_");         // the last command a shell ran
+    for (auto it = out.begin(); it != out.end();)
+      it = it->first.rfind("DDPL_", 0) == 0 ? out.erase(it) : std::next(it);
+    // Per run: the store's address, the run id and the error file's path.
+    for (const char* k :
+         {"MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE"})
+      if (out.count(k)) out[k] = "<per run>";
+    return out;
+  };
+  for (int lr = 0; lr < 2; ++lr) {
+    std::string n = std::to_string(lr);
+    auto t = changes(envOf(dir + "/torchrun." + n + ".env"));
+    auto l = changes(envOf(dir + "/launch." + n + ".env"));
+    EXPECT_EQ(t.at("LOCAL_RANK"), "=0");
+    EXPECT_EQ(t.at("CUDA_VISIBLE_DEVICES"), lr == 0 ? "=3" : "=5");
+    for (const auto& [k, v] : t) {
+      auto it = l.find(k);
+      EXPECT_TRUE(it != l.end() && it->second == v)
+          << "local rank " << lr << ": torch " << newest->version << "'s torchrun gives " << k << v
+          << ", launch " << (it == l.end() ? "leaves it as the parent has it" : it->second);
+    }
+    for (const auto& [k, v] : l)
+      EXPECT_TRUE(t.count(k)) << "local rank " << lr << ": launch gives " << k << v << ", torch "
+                              << newest->version << "'s torchrun does not";
+  }
+  for (const char* name : {"filtered_stdout.log", "filtered_stderr.log"}) {
+    std::string t = findFile(dir + "/torchrun", name), l = findFile(dir + "/launch", name);
+    ASSERT_FALSE(t.empty()) << name;
+    ASSERT_FALSE(l.empty()) << name;
+    EXPECT_EQ(lineSet(readFile(l)), lineSet(readFile(t))) << name;
+    EXPECT_EQ(lineSet(readFile(l)).size(), std::string(name) == "filtered_stdout.log" ? 4u : 2u);
+  }
 }

@@ -645,3 +645,139 @@ TEST(LaunchLiveView, PeriodicLogLinesWhenNotATerminalAndOffMeansOff) {
   EXPECT_NE(bad.err.find("--monitor: 'sometimes' is not auto, live, log or off"),
             std::string::npos) << bad.err;
 }
+
+namespace {
+// KEY=VALUE lines of `env`'s output.
+std::map<std::string, std::string> envFile(const std::string& path) {
+  std::map<std::string, std::string> out;
+  std::istringstream in(readFile(path));
+  for (std::string line; std::getline(in, line);)
+    if (auto eq = line.find('='); eq != std::string::npos)
+      out[line.substr(0, eq)] = line.substr(eq + 1);
+  return out;
+}
+}  // namespace
+
+// torchrun 2.11+'s --virtual-local-rank: every worker has LOCAL_RANK=0 and sees only the
+// device of its local rank, picked from launch's own CUDA_VISIBLE_DEVICES (or its index when
+// unset); too few devices for the local ranks stop the run before any worker starts.
+TEST(LaunchTorchrunFlags, VirtualLocalRankGivesEachWorkerItsOwnDevice) {
+  std::string dir = makeTempDir("vlr");
+  auto job = [&](const std::string& tag, RunOptions o) {
+    return launch({"--nproc-per-node=3", "--virtual-local-rank", "--monitor=off", "--no-python",
+                   "/bin/sh", "-c", "env > " + dir + "/" + tag + ".${local_rank}.env"},
+                  o);
+  };
+  RunOptions listed;
+  listed.env["CUDA_VISIBLE_DEVICES"] = "3,5, GPU-7f";
+  auto r = job("listed", listed);
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  const char* expected[] = {"3", "5", "GPU-7f"};
+  for (int lr = 0; lr < 3; ++lr) {
+    auto env = envFile(dir + "/listed." + std::to_string(lr) + ".env");
+    EXPECT_EQ(env["LOCAL_RANK"], "0") << lr;
+    EXPECT_EQ(env["RANK"], std::to_string(lr));
+    EXPECT_EQ(env["LOCAL_WORLD_SIZE"], "3");
+    EXPECT_EQ(env["CUDA_VISIBLE_DEVICES"], expected[lr]);
+    EXPECT_EQ(env.count("HIP_VISIBLE_DEVICES"), 0u);
+  }
+  RunOptions unset;
+  unset.unset_env = {"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"};
+  r = job("unset", unset);
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  for (int lr = 0; lr < 3; ++lr)
+    EXPECT_EQ(envFile(dir + "/unset." + std::to_string(lr) + ".env")["CUDA_VISIBLE_DEVICES"],
+              std::to_string(lr));
+  RunOptions few;
+  few.env["CUDA_VISIBLE_DEVICES"] = "3,5";
+  r = job("few", few);
+  EXPECT_EQ(r.exit_code, 2) << r.all();
+  EXPECT_NE(r.err.find("--virtual-local-rank: CUDA_VISIBLE_DEVICES='3,5' names 2 device(s), "
+                       "none for local rank 2"),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(dir + "/few.0.env")) << "a worker started";
+  // Without the flag: the real local rank, launch's devices inherited as they are.
+  r = launch({"--nproc-per-node=2", "--monitor=off", "--no-python", "/bin/sh", "-c",
+              "env > " + dir + "/plain.${local_rank}.env"},
+             few);
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  EXPECT_EQ(envFile(dir + "/plain.1.env")["LOCAL_RANK"], "1");
+  EXPECT_EQ(envFile(dir + "/plain.1.env")["CUDA_VISIBLE_DEVICES"], "3,5");
+}
+
+// torchrun 2.11+'s --duplicate-stdout-filters/--duplicate-stderr-filters: the tee'd lines that
+// hold a filter string, of every rank --local-ranks-filter shows, also go to
+// <run>/attempt_<n>/filtered_std{out,err}.log, prefixed; a restart writes the next attempt's.
+TEST(LaunchTorchrunFlags, DuplicateFiltersCopyMatchingTeedLinesPerAttempt) {
+  std::string logs = makeTempDir("dup");
+  std::string ready = makeTempDir("dup-ready");
+  auto r =
+      launch({"--nproc-per-node=3", "--tee=3", "--local-ranks-filter=0,2", "--log-dir", logs,
+              "--rdzv-id=dup", "--max-restarts=1", "--monitor=off",
+              "--duplicate_stdout_filters=apple,or,,ange", "--duplicate-stderr-filters", "kiwi",
+              "--no-python", "/bin/sh", "-c",
+              // Attempt 0 fails once every rank has written its lines; attempt 1 succeeds.
+              "echo \"apple ${local_rank}\"; echo banana; echo 'or,ange'; echo kiwi >&2; "
+              "echo apple >&2; [ \"$TORCHELASTIC_RESTART_COUNT\" = 1 ] && exit 0; touch " +
+                  ready + "/${local_rank}; i=0; while [ $(ls " + ready +
+                  " | wc -l) -lt 3 ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done; exit 3"});
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  auto sorted = [](const std::string& text) {
+    std::multiset<std::string> lines;
+    std::istringstream in(text);
+    for (std::string l; std::getline(in, l);) lines.insert(l);
+    return lines;
+  };
+  for (const std::string attempt : {"attempt_0", "attempt_1"}) {
+    std::string base = logs + "/dup/" + attempt;
+    EXPECT_EQ(sorted(readFile(base + "/filtered_stdout.log")),
+              (std::multiset<std::string>{"[default0]:apple 0", "[default0]:or,ange",
+                                          "[default2]:apple 2", "[default2]:or,ange"}))
+        << attempt;
+    EXPECT_EQ(sorted(readFile(base + "/filtered_stderr.log")),
+              (std::multiset<std::string>{"[default0]:kiwi", "[default2]:kiwi"}))
+        << attempt;
+    // The per-rank files keep everything, the filtered-out rank's too.
+    EXPECT_EQ(readFile(base + "/1/stdout.log"), "apple 1\nbanana\nor,ange\n") << attempt;
+  }
+  // Not tee'd: nothing is copied (as in torchrun) and launch says why.
+  auto untee = launch({"--nproc-per-node=1", "--log-dir", logs, "--rdzv-id=untee", "--monitor=off",
+                       "--duplicate-stdout-filters=apple", "--no-python", "/bin/echo", "apple"});
+  ASSERT_EQ(untee.exit_code, 0) << untee.all();
+  EXPECT_EQ(readFile(logs + "/untee/attempt_0/filtered_stdout.log"), "");
+  EXPECT_NE(untee.err.find("add --tee 1 or --tee 3"), std::string::npos) << untee.err;
+}
+
+// torchrun 2.15's --print-completion: a script the shell loads, from launch's own options.
+TEST(LaunchTorchrunFlags, PrintCompletionScriptsLoadAndComplete) {
+  std::string dir = makeTempDir("completion");
+  auto bash = launch({"--print-completion", "bash"});
+  ASSERT_EQ(bash.exit_code, 0) << bash.all();
+  { std::ofstream(dir + "/launch.bash") << bash.out; }
+  // What bash offers after "launch --virt", "launch --monitor " and past the program.
+  auto complete =
+      run({"/bin/bash", "-c",
+           "source " + dir +
+               "/launch.bash; "
+               "t() { COMP_WORDS=(\"$@\"); COMP_CWORD=$((${#COMP_WORDS[@]} - 1)); _launch; "
+               "echo \"${COMPREPLY[*]}\"; }; "
+               "t launch --virt; t launch --monitor ''; t launch --nproc_per_node g; "
+               "t launch --nnodes 2 train.py --virt"});
+  ASSERT_EQ(complete.exit_code, 0) << complete.all();
+  EXPECT_EQ(complete.out, "--virtual-local-rank\nauto live log off\ngpu\n\n") << complete.all();
+  for (const std::string shell : {"zsh", "tcsh"}) {
+    auto r = launch({"--print_completion=" + shell});
+    ASSERT_EQ(r.exit_code, 0) << r.all();
+    std::string path = "/usr/bin/" + shell;
+    if (!fs::exists(path)) continue;  // the shell is optional here; bash is checked above
+    { std::ofstream(dir + "/launch." + shell) << r.out; }
+    auto check = shell == "zsh"
+                     ? run({path, "-n", dir + "/launch.zsh"})
+                     : run({path, "-f", "-c", "source " + dir + "/launch.tcsh; complete launch"});
+    EXPECT_EQ(check.exit_code, 0) << shell << ": " << check.all();
+  }
+  auto bad = launch({"--print-completion", "fish"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("'fish' is not bash, zsh or tcsh"), std::string::npos) << bad.err;
+}

@@ -335,3 +335,173 @@ TEST(Cli, LoglevelAndPrefixTemplateFromTheEnvironment) {
   EXPECT_FALSE(parse({"--cgroup=off", "p"}).options.use_cgroup);
   EXPECT_TRUE(parse({"p"}).options.use_cgroup);
 }
+
+// Every option string of torchrun 2.15's parser (torch/distributed/run.py, both spellings),
+// with a value where it takes one: each is accepted, or refused saying what to do instead.
+// Never "unknown option".
+TEST(Cli, EveryFlagOfTorchrun215IsKnown) {
+  const std::vector<std::pair<std::string, std::string>> kTorchrun215 = {
+      {"--nnodes", "1"},
+      {"--nproc-per-node", "2"},
+      {"--nproc_per_node", "2"},
+      {"--rdzv-backend", "static"},
+      {"--rdzv_backend", "static"},
+      {"--rdzv-endpoint", "host:1234"},
+      {"--rdzv_endpoint", "host:1234"},
+      {"--rdzv-id", "job"},
+      {"--rdzv_id", "job"},
+      {"--rdzv-conf", "join_timeout=5"},
+      {"--rdzv_conf", "join_timeout=5"},
+      {"--standalone", ""},
+      {"--max-restarts", "1"},
+      {"--max_restarts", "1"},
+      {"--monitor-interval", "0.5"},
+      {"--monitor_interval", "0.5"},
+      {"--start-method", "spawn"},
+      {"--start_method", "spawn"},
+      {"--event-log-handler", "null"},
+      {"--event_log_handler", "null"},
+      {"--role", "trainer"},
+      {"-m", ""},
+      {"--module", ""},
+      {"--no-python", ""},
+      {"--no_python", ""},
+      {"--run-path", ""},
+      {"--run_path", ""},
+      {"--log-dir", "/tmp/x"},
+      {"--log_dir", "/tmp/x"},
+      {"-r", "3"},
+      {"--redirects", "3"},
+      {"-t", "3"},
+      {"--tee", "3"},
+      {"--log-line-prefix-template", "${hostname}:${rank}: "},
+      {"--log_line_prefix_template", "${hostname}:${rank}: "},
+      {"--local-ranks-filter", "0"},
+      {"--local_ranks_filter", "0"},
+      {"--duplicate-stdout-filters", "apple"},
+      {"--duplicate_stdout_filters", "apple"},
+      {"--duplicate-stderr-filters", "apple"},
+      {"--duplicate_stderr_filters", "apple"},
+      {"--node-rank", "0"},
+      {"--node_rank", "0"},
+      {"--master-addr", "10.0.0.1"},
+      {"--master_addr", "10.0.0.1"},
+      {"--master-port", "29500"},
+      {"--master_port", "29500"},
+      {"--local-addr", "10.0.0.2"},
+      {"--local_addr", "10.0.0.2"},
+      {"--logs-specs", "default"},
+      {"--logs_specs", "default"},
+      {"--numa-binding", "node"},
+      {"--numa_binding", "node"},
+      {"--signals-to-handle", "SIGTERM,SIGUSR1"},
+      {"--signals_to_handle", "SIGTERM,SIGUSR1"},
+      {"--shutdown-timeout", "10"},
+      {"--shutdown_timeout", "10"},
+      {"--virtual-local-rank", ""},
+      {"--virtual_local_rank", ""},
+      {"--print-completion", "bash"},
+      {"--print_completion", "bash"},
+      {"-h", ""},
+      {"--help", ""},
+  };
+  for (const auto& [flag, value] : kTorchrun215) {
+    std::vector<std::string> args{flag};
+    if (!value.empty()) args.push_back(value);
+    args.push_back("train.py");
+    try {
+      parseCommandLine(args, {});
+    } catch (const UsageError& e) {
+      std::string why = e.what();
+      EXPECT_EQ(why.find("unknown option"), std::string::npos) << flag << ": " << why;
+      // A refusal says what to do instead.
+      EXPECT_TRUE(why.find("use") != std::string::npos || why.find("drop ") != std::string::npos)
+          << flag << ": " << why;
+    }
+  }
+}
+
+// torchrun 2.11+: LOCAL_RANK=0 and one device per worker (worker_spec_test checks the
+// environment); a check_env flag, so PET_VIRTUAL_LOCAL_RANK=0 leaves it off.
+TEST(Cli, VirtualLocalRank) {
+  EXPECT_FALSE(parse({"p"}).options.virtual_local_rank);
+  EXPECT_TRUE(parse({"--virtual-local-rank", "p"}).options.virtual_local_rank);
+  EXPECT_TRUE(parse({"--virtual_local_rank", "p"}).options.virtual_local_rank);
+  EXPECT_TRUE(parse({"p"}, {{"PET_VIRTUAL_LOCAL_RANK", "1"}}).options.virtual_local_rank);
+  EXPECT_FALSE(parse({"p"}, {{"PET_VIRTUAL_LOCAL_RANK", "0"}}).options.virtual_local_rank);
+  EXPECT_TRUE(parse({"--virtual-local-rank", "p"}, {{"PET_VIRTUAL_LOCAL_RANK", "0"}})
+                  .options.virtual_local_rank);
+}
+
+// torchrun's comma_separated_list: ",," is a literal comma; an empty item is kept (it matches
+// every line there too, and launch says so); an empty value is no filter at all.
+TEST(Cli, DuplicateFiltersAsTorchrun) {
+  using V = std::vector<std::string>;
+  auto o = parse({"--tee=3", "--duplicate-stdout-filters=apple,orange", "p"}).options;
+  EXPECT_EQ(o.duplicate_stdout_filters, (V{"apple", "orange"}));
+  EXPECT_TRUE(o.duplicate_stderr_filters.empty());
+  EXPECT_TRUE(o.warnings.empty());
+  EXPECT_EQ(
+      parse({"--duplicate_stderr_filters", "a,,,b,", "-t3", "p"}).options.duplicate_stderr_filters,
+      (V{"a,", "b", ""}));
+  EXPECT_EQ(parse({"--duplicate-stdout-filters=,,", "p"}).options.duplicate_stdout_filters,
+            (V{","}));
+  EXPECT_TRUE(parse({"--duplicate-stdout-filters=", "p"}).options.duplicate_stdout_filters.empty());
+  EXPECT_EQ(
+      parse({"p"}, {{"PET_DUPLICATE_STDERR_FILTERS", "x,y"}}).options.duplicate_stderr_filters,
+      (V{"x", "y"}));
+  // Only tee'd lines are copied: without a tee for that stream, nothing ever is.
+  auto untee = parse({"--tee=2", "--duplicate-stdout-filters=apple", "p"}).options;
+  ASSERT_EQ(untee.warnings.size(), 1u);
+  EXPECT_NE(untee.warnings[0].find("--tee 1 or --tee 3"), std::string::npos) << untee.warnings[0];
+  EXPECT_TRUE(
+      parse({"--tee=0:1", "--duplicate-stdout-filters=apple", "p"}).options.warnings.empty());
+  auto all = parse({"--tee=3", "--duplicate-stdout-filters=apple,", "p"}).options;
+  ASSERT_EQ(all.warnings.size(), 1u);
+  EXPECT_NE(all.warnings[0].find("matches every line"), std::string::npos) << all.warnings[0];
+}
+
+// As torchrun's: the script is printed at once, no PROGRAM needed; its options are launch's.
+TEST(Cli, PrintCompletion) {
+  auto r = parse({"--print-completion", "zsh"});
+  EXPECT_EQ(r.action, ParseResult::Action::kCompletion);
+  EXPECT_EQ(r.options.print_completion, "zsh");
+  EXPECT_EQ(parse({"--print_completion=tcsh"}).options.print_completion, "tcsh");
+  EXPECT_NE(usageError({"--print-completion", "fish"}).find("bash, zsh or tcsh"),
+            std::string::npos);
+  // Not read from the environment: PET_PRINT_COMPLETION does not turn a run into a print.
+  EXPECT_EQ(parse({"p"}, {{"PET_PRINT_COMPLETION", "bash"}}).action, ParseResult::Action::kRun);
+  std::string bash = completionScript("bash");
+  EXPECT_NE(bash.find("complete -o filenames -F _launch launch"), std::string::npos);
+  EXPECT_NE(bash.find("--virtual-local-rank"), std::string::npos);
+  EXPECT_NE(bash.find("\"auto live log off\""), std::string::npos) << bash;
+  std::string zsh = completionScript("zsh");
+  EXPECT_EQ(zsh.rfind("#compdef launch\n", 0), 0u);
+  EXPECT_NE(zsh.find("'--nproc-per-node=[workers per node]:N|gpu|cpu|auto:(gpu cpu auto)'"),
+            std::string::npos)
+      << zsh;
+  std::string tcsh = completionScript("tcsh");
+  EXPECT_EQ(tcsh.rfind("complete launch 'c/--/(nnodes ", 0), 0u) << tcsh;
+  EXPECT_NE(tcsh.find("'n/--numa-binding/(node socket exclusive core-complex)/'"),
+            std::string::npos);
+}
+
+TEST(Cli, NprocXpuIsRefusedWithTheNumberToGive) {
+  std::string err = usageError({"--nproc-per-node=xpu", "p"});
+  EXPECT_NE(err.find("NVIDIA GPUs only"), std::string::npos) << err;
+  EXPECT_NE(err.find("--nproc-per-node=4"), std::string::npos) << err;
+}
+
+// torchrun 2.15: --shutdown-timeout, else PET_SHUTDOWN_TIMEOUT, else
+// TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30.
+TEST(Cli, ShutdownTimeoutFromTorchElasticVariable) {
+  const std::map<std::string, std::string> env{{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "7"}};
+  EXPECT_DOUBLE_EQ(parse({"p"}, env).options.shutdown_timeout_sec, 7);
+  auto pet = env;
+  pet["PET_SHUTDOWN_TIMEOUT"] = "5";
+  EXPECT_DOUBLE_EQ(parse({"p"}, pet).options.shutdown_timeout_sec, 5);
+  EXPECT_DOUBLE_EQ(parse({"--shutdown-timeout=3", "p"}, pet).options.shutdown_timeout_sec, 3);
+  std::string err = usageError({"p"}, {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "soon"}});
+  EXPECT_NE(err.find("TORCH_ELASTIC_SHUTDOWN_TIMEOUT"), std::string::npos) << err;
+  EXPECT_NE(err.find("soon"), std::string::npos) << err;
+}

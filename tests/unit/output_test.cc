@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <filesystem>
+
 #include "launcher/agent/error_report.h"
 #include "tests/common/subprocess.h"
 
@@ -400,4 +402,56 @@ TEST(Stacks, RunsPythonKnowsInterpretersAndScripts) {
   EXPECT_FALSE(runsPython({"./ddp_resnet", "--epochs", "1"}));
   EXPECT_FALSE(runsPython({"/bin/sh", "-c", "python3 x.py"}));
   EXPECT_FALSE(runsPython({}));
+}
+
+// torchrun 2.15's ${hostname} (socket.gethostname()) beside the other three names.
+TEST(OutputRouter, PrefixTemplateHostname) {
+  EXPECT_EQ(expandPrefix("${hostname}:${rank}: ", "default", 0, 3, "r12i0n8"), "r12i0n8:3: ");
+  EXPECT_EQ(expandPrefix("$hostname|", "default", 0, 3), nodeName() + "|");
+  EXPECT_FALSE(nodeName().empty());
+}
+
+// torchrun's --duplicate-*-filters: a tee'd line (file and console) holding any needle goes,
+// prefixed, to the attempt's filtered_<stream>.log, every rank into one file; lines only
+// redirected, only on the console, or of the other stream do not; --no-prefix changes the
+// console only.
+TEST(OutputRouter, DuplicateFiltersCopyTeedLinesThatMatch) {
+  std::string dir = ddpl::testing::makeTempDir("router-dup");
+  Pipe console_out, console_err, teed, redirected, console_only, err_teed;
+  ConsoleOptions c = console(console_out, console_err, "default");
+  c.prefix = false;
+  c.duplicate_stdout_filters = {"apple", "or,ange"};
+  c.duplicate_stderr_filters = {"kiwi"};
+  OutputRouter router(c);
+  router.openDuplicateFiles(dir);
+  auto file = [&](const std::string& name) {
+    return open((dir + "/" + name).c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  };
+  router.add(teed.r, {0, 4, StreamKind::kStdout, true, file("0.out")});
+  router.add(redirected.r, {1, 5, StreamKind::kStdout, false, file("1.out")});
+  router.add(console_only.r, {2, 6, StreamKind::kStdout, true, -1});
+  router.add(err_teed.r, {3, 7, StreamKind::kStderr, true, file("3.err")});
+  put(teed.w, "an apple\nbanana\nor,ange juice\n");
+  put(redirected.w, "apple from a redirect\n");
+  put(console_only.w, "apple on the console\n");
+  put(err_teed.w, "kiwi\napple on stderr\n");
+  for (int fd : {teed.r, redirected.r, console_only.r, err_teed.r}) router.onReadable(fd);
+  EXPECT_EQ(ddpl::testing::readFile(dir + "/filtered_stdout.log"),
+            "[default0]:an apple\n[default0]:or,ange juice\n");
+  EXPECT_EQ(ddpl::testing::readFile(dir + "/filtered_stderr.log"), "[default3]:kiwi\n");
+  EXPECT_EQ(drainFd(console_out.r), "an apple\nbanana\nor,ange juice\napple on the console\n");
+  // The next attempt writes its own files; streams without filters get none.
+  std::string next = ddpl::testing::makeTempDir("router-dup-next");
+  ConsoleOptions none = console(console_out, console_err, "default");
+  OutputRouter quiet(none);
+  quiet.openDuplicateFiles(next);
+  EXPECT_FALSE(std::filesystem::exists(next + "/filtered_stdout.log"));
+  EXPECT_FALSE(std::filesystem::exists(next + "/filtered_stderr.log"));
+  router.openDuplicateFiles(next);
+  EXPECT_EQ(ddpl::testing::readFile(next + "/filtered_stdout.log"), "");
+  put(teed.w, "apple again\n");
+  router.onReadable(teed.r);
+  EXPECT_EQ(ddpl::testing::readFile(next + "/filtered_stdout.log"), "[default0]:apple again\n");
+  EXPECT_EQ(ddpl::testing::readFile(dir + "/filtered_stdout.log"),
+            "[default0]:an apple\n[default0]:or,ange juice\n");
 }

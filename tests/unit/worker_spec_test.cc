@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <csignal>
 #include <fstream>
 
 #include "launcher/cli/cli.h"
@@ -145,4 +146,66 @@ TEST(Gpu, DiscoveryNeverFails) {
   EXPECT_GE(info.physical, 0);
   EXPECT_FALSE(info.source.empty());
   EXPECT_EQ(discoverGpus("", false).visible, 0);
+}
+
+// --virtual-local-rank as torchrun 2.15's _set_local_rank_env: LOCAL_RANK=0, and
+// CUDA_VISIBLE_DEVICES the local rank's entry of launch's own HIP_VISIBLE_DEVICES (when set and
+// not empty; then HIP's too), else of CUDA_VISIBLE_DEVICES (when set, even empty), else the
+// local rank's index; RANK and the rest as without it.
+TEST(WorkerSpec, VirtualLocalRankNarrowsTheDevices) {
+  LaunchOptions o;
+  o.virtual_local_rank = true;
+  WorldAssignment w;
+  w.world_size = 8;
+  w.rank_offset = 4;
+  auto env = [&](const Environment& base, int lr) {
+    return buildWorkerEnv(base, w, workerContext(o, lr, 4, 0, ""));
+  };
+  auto none = env({}, 2);
+  EXPECT_EQ(none["LOCAL_RANK"], "0");
+  EXPECT_EQ(none["CUDA_VISIBLE_DEVICES"], "2");
+  EXPECT_EQ(none["RANK"], "6");
+  EXPECT_EQ(none["LOCAL_WORLD_SIZE"], "4");
+  EXPECT_EQ(none.count("HIP_VISIBLE_DEVICES"), 0u);
+  // Entries are taken as written (UUIDs, MIG names), spaces stripped.
+  auto listed = env({{"CUDA_VISIBLE_DEVICES", "3, GPU-5a1b ,7,1"}}, 1);
+  EXPECT_EQ(listed["CUDA_VISIBLE_DEVICES"], "GPU-5a1b");
+  EXPECT_EQ(listed["LOCAL_RANK"], "0");
+  auto hip = env({{"CUDA_VISIBLE_DEVICES", "0,1,2,3"}, {"HIP_VISIBLE_DEVICES", "4,5,6,7"}}, 3);
+  EXPECT_EQ(hip["CUDA_VISIBLE_DEVICES"], "7");
+  EXPECT_EQ(hip["HIP_VISIBLE_DEVICES"], "7");
+  auto empty_hip = env({{"CUDA_VISIBLE_DEVICES", "0,1,2,3"}, {"HIP_VISIBLE_DEVICES", ""}}, 3);
+  EXPECT_EQ(empty_hip["CUDA_VISIBLE_DEVICES"], "3");
+  EXPECT_EQ(empty_hip["HIP_VISIBLE_DEVICES"], "");
+  // Set but empty: one empty entry, as Python's "".split(",").
+  EXPECT_EQ(env({{"CUDA_VISIBLE_DEVICES", ""}}, 0)["CUDA_VISIBLE_DEVICES"], "");
+  try {
+    checkVirtualDevices({{"CUDA_VISIBLE_DEVICES", "3,5"}}, 4);
+    ADD_FAILURE() << "4 local ranks on 2 devices were accepted";
+  } catch (const ddpl::UsageError& e) {
+    std::string why = e.what();
+    EXPECT_NE(why.find("CUDA_VISIBLE_DEVICES='3,5' names 2 device(s), none for local rank 2"),
+              std::string::npos)
+        << why;
+  }
+  EXPECT_NO_THROW(checkVirtualDevices({{"CUDA_VISIBLE_DEVICES", "3,5"}}, 2));
+  EXPECT_NO_THROW(checkVirtualDevices({}, 64));
+  // Without the flag: the real local rank, the devices inherited untouched.
+  o.virtual_local_rank = false;
+  auto plain = env({{"CUDA_VISIBLE_DEVICES", "3,5"}}, 1);
+  EXPECT_EQ(plain["LOCAL_RANK"], "1");
+  EXPECT_EQ(plain["CUDA_VISIBLE_DEVICES"], "3,5");
+}
+
+// torchrun 2.15 exports its --signals-to-handle to the workers (os.environ, inherited).
+TEST(WorkerSpec, SignalsToHandleReachTheWorkers) {
+  LaunchOptions o;
+  o.signals_to_handle = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
+  WorldAssignment w;
+  auto env = buildWorkerEnv({{"TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGUSR2"}}, w,
+                            workerContext(o, 0, 1, 0, ""));
+  EXPECT_EQ(env["TORCHELASTIC_SIGNALS_TO_HANDLE"], "SIGTERM,SIGINT,SIGHUP,SIGQUIT");
+  o.signals_to_handle = {SIGUSR1, SIGTERM};
+  EXPECT_EQ(buildWorkerEnv({}, w, workerContext(o, 0, 1, 0, ""))["TORCHELASTIC_SIGNALS_TO_HANDLE"],
+            "SIGUSR1,SIGTERM");
 }
