@@ -1,6 +1,6 @@
 #pragma once
-// torch's TCPStore protocol, as the pinned torch's client (c10d::TCPStore, which Python's
-// torch.distributed.TCPStore wraps) speaks it: what the server's TCPStore transport
+// torch's TCPStore protocol, as torch's client (c10d::TCPStore, which Python's
+// torch.distributed.TCPStore wraps) speaks it, 2.6 to 2.15: what the server's TCPStore transport
 // (server/wire_server_tcpstore.cc) parses and answers. Pure byte handling, no I/O, so that
 // it is unit-tested and fuzzed on its own (docs/rendezvous.md, "torch's TCPStore protocol").
 //
