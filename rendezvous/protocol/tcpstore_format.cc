@@ -7,10 +7,10 @@
 namespace ddpl::rdzv::tcpstore {
 namespace {
 
-const char* const kNames[] = {"VALIDATE",   "SET",        "COMPARE_SET", "GET",        "ADD",
-                              "CHECK",      "WAIT",       "GETNUMKEYS",  "DELETE_KEY", "APPEND",
-                              "MULTI_GET",  "MULTI_SET",  "CANCEL_WAIT", "PING",       "QUEUE_PUSH",
-                              "QUEUE_POP",  "QUEUE_LEN"};
+const char* const kNames[] = {"VALIDATE",  "SET",       "COMPARE_SET", "GET",        "ADD",
+                              "CHECK",     "WAIT",      "GETNUMKEYS",  "DELETE_KEY", "APPEND",
+                              "MULTI_GET", "MULTI_SET", "CANCEL_WAIT", "PING",       "QUEUE_PUSH",
+                              "QUEUE_POP", "QUEUE_LEN", "LIST_KEYS",   "BARRIER"};
 static_assert(sizeof(kNames) / sizeof(kNames[0]) == kLastQuery + 1);
 
 // Reads fields in order from one buffer; any read past its end means "not whole yet", and a
@@ -125,6 +125,7 @@ bool readBody(Reader& r, Request* out) {
     case Query::kQueueLen:
       return readKeyValues(r, out, 0);
     case Query::kAdd:
+    case Query::kBarrier:
       return readKeyValues(r, out, 0) && r.i64(&out->number);
     case Query::kCheck:
     case Query::kWait:
@@ -139,6 +140,7 @@ bool readBody(Reader& r, Request* out) {
     }
     case Query::kGetNumKeys:
     case Query::kCancelWait:
+    case Query::kListKeys:
       return true;
   }
   return false;
@@ -216,6 +218,7 @@ std::string encodeQuery(const Request& r) {
       str(r.keys.at(0));
       break;
     case Query::kAdd:
+    case Query::kBarrier:
       str(r.keys.at(0));
       appendI64(out, r.number);
       break;
@@ -234,6 +237,7 @@ std::string encodeQuery(const Request& r) {
       break;
     case Query::kGetNumKeys:
     case Query::kCancelWait:
+    case Query::kListKeys:
       break;
   }
   return out;

@@ -1,6 +1,6 @@
 #pragma once
-// torch's TCPStore protocol, as the pinned torch's client (c10d::TCPStore, which Python's
-// torch.distributed.TCPStore wraps) speaks it: what the server's TCPStore transport
+// torch's TCPStore protocol, as torch's client (c10d::TCPStore, which Python's
+// torch.distributed.TCPStore wraps) speaks it, 2.6 to 2.15: what the server's TCPStore transport
 // (server/wire_server_tcpstore.cc) parses and answers. Pure byte handling, no I/O, so that
 // it is unit-tested and fuzzed on its own (docs/rendezvous.md, "torch's TCPStore protocol").
 //
@@ -11,9 +11,12 @@
 // that have one; a WAIT is answered (STOP_WAITING) only when its keys exist, and a
 // CANCEL_WAIT always gets WAIT_CANCELED, after the wait's answer if that was already due.
 // The protocol has no version field and no token: the query types are torch's internal enum,
-// so a type this parser does not know is reported (kUnknown) with its number.
+// which only grows at its end, so a type this parser does not know is reported (kUnknown) with
+// its number.
 //
-// Tested with torch 2.9.1, the pinned version (query types 0-16: through QUEUE_LEN).
+// Types 0-18, through BARRIER: every type of torch 2.6 to 2.15 (docs/rendezvous.md has the
+// table of which version added which). Tested with the pinned 2.9.1 (0-16) and 2.15.0 (0-18),
+// whose clients send the same bytes for types 0-16.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -22,7 +25,8 @@
 namespace ddpl::rdzv::tcpstore {
 
 inline constexpr uint32_t kValidationMagic = 0x3C85F7CE;
-inline constexpr const char* kTestedTorch = "2.9.1";
+// The newest torch whose protocol this is: named in the message for an unknown type.
+inline constexpr const char* kTestedTorch = "2.15.0";
 
 enum class Query : uint8_t {
   kValidate = 0,
@@ -42,8 +46,10 @@ enum class Query : uint8_t {
   kQueuePush,
   kQueuePop,
   kQueueLen,
+  kListKeys,  // new since 2.9 (2.11.0 has it)
+  kBarrier,   // new since 2.11 (2.15.0 has it)
 };
-inline constexpr uint8_t kLastQuery = static_cast<uint8_t>(Query::kQueueLen);
+inline constexpr uint8_t kLastQuery = static_cast<uint8_t>(Query::kBarrier);
 const char* queryName(uint8_t type);  // "SET", ...; "unknown" past kLastQuery
 
 inline constexpr uint8_t kCheckReady = 0, kCheckNotReady = 1;
@@ -67,7 +73,7 @@ struct Request {
   std::vector<std::string> keys;                 // key, or keys in order
   std::vector<std::vector<uint8_t>> values;      // set/append/push: 1; compare_set: expected,
                                                  // desired; multi_set: one per key
-  int64_t number = 0;                            // ADD's delta
+  int64_t number = 0;                            // ADD's delta, BARRIER's world size
   uint32_t u32 = 0;                              // VALIDATE's magic, PING's nonce
 };
 

@@ -647,7 +647,7 @@ void WireServer::close(const ConnPtr& c) {
   if (c->authed) --core_->sessions;
   // A torch client of an attempt since replaced may have written after the attempt's keys
   // were deleted: its last use is over now.
-  if (c->torch && c->scope != torch_serial_.load()) core_->kv.deletePrefix(c->ns);
+  if (c->torch && c->scope != torch_serial_.load()) deleteTorchKeys(c->scope);
 }
 
 }  // namespace ddpl::rdzv::grpc_detail

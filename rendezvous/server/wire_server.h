@@ -134,7 +134,12 @@ class WireServer {
   bool handleTorch(const ConnPtr& c, tcpstore::Request& q);  // false: the connection ended
   void replyTorch(const ConnPtr& c, std::string bytes, KvSpace::Value value = nullptr);
   void replyTorchLocked(Conn& c, std::string bytes, KvSpace::Value value = nullptr);
-  bool parkTorch(const ConnPtr& c, std::vector<std::string> keys);  // false: ended
+  // `op`: WAIT, or BARRIER parked on its release key.
+  bool parkTorch(const ConnPtr& c, std::vector<std::string> keys, const char* op);  // false: ended
+  bool barrierTorch(const ConnPtr& c, const tcpstore::Request& q);                  // false: ended
+  bool listKeysTorch(const ConnPtr& c);                                             // false: ended
+  // Deletes the keys of attempt `serial` (its namespace and its barriers' release keys).
+  int64_t deleteTorchKeys(uint64_t serial);
   void cancelTorchWaits(const ConnPtr& c);
   void endTorch(const ConnPtr& c, const std::string& why);  // logged, then closed
   void warnTorch(const std::string& what);                  // rate-limited

@@ -9,6 +9,15 @@
 // keys are deleted, so that a restarted group never sees a key of the group before it
 // (torch 2.9's own shared store keeps them: a restart could read the dead ranks' Gloo
 // addresses).
+//
+// A BARRIER counts its arrivals in its key, as torch's libuv server does (the key is the
+// client's: GET reads the count, LIST_KEYS and GETNUMKEYS see it), and the arrivals that
+// must wait park, as a WAIT does, on a release key beside the namespace
+// ("tcpstore-barrier/<n>/<key>", which no client can name), set by the arrival that
+// completes it. So a parked barrier is bounded, timed, cancelled by CANCEL_WAIT and dropped
+// with its connection exactly as a WAIT is, and a new attempt deletes its release keys with
+// the rest. Its steps are not one atomic step of the store, but every query of the torch
+// clients runs on the loop thread, one after the other, so none falls between them.
 #include <fmt/format.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -44,6 +53,12 @@ std::string peerIp(const std::string& peer) {
 }
 
 std::string oneByte(uint8_t v) { return std::string(1, static_cast<char>(v)); }
+
+std::string keysNs(uint64_t serial) { return fmt::format("tcpstore/{}/", serial); }
+std::string barriersNs(uint64_t serial) { return fmt::format("tcpstore-barrier/{}/", serial); }
+
+// What a LIST_KEYS answer costs besides its keys' bytes: its count, and each key's length.
+constexpr uint64_t kListHeaderBytes = 8, kListPerKeyBytes = 8;
 
 }  // namespace
 
@@ -90,18 +105,20 @@ bool WireServer::adoptTorch(int fd, const std::string& peer) {
 
 void WireServer::beginTorchAttempt(int64_t attempt, std::vector<std::string> peers,
                                    bool loopback) {
-  std::string old_ns;
+  bool had_old = false;
+  uint64_t old_serial = 0;
   std::vector<ConnPtr> old;
   int shut = 0;
   int64_t previous = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (torch_.open) old_ns = torch_.ns;
+    had_old = torch_.open;
+    old_serial = torch_serial_.load();
     previous = torch_.attempt;
     torch_.open = true;
     torch_.attempt = attempt;
     uint64_t serial = torch_serial_.fetch_add(1) + 1;  // changed only here, under mu_
-    torch_.ns = fmt::format("tcpstore/{}/", serial);
+    torch_.ns = keysNs(serial);
     torch_.peers = std::move(peers);
     torch_.loopback = loopback;
     for (auto& [id, c] : conns_)
@@ -117,12 +134,18 @@ void WireServer::beginTorchAttempt(int64_t attempt, std::vector<std::string> pee
       ++shut;
     }
   }
-  int64_t deleted = old_ns.empty() ? 0 : core_->kv.deletePrefix(old_ns);
-  if (!old_ns.empty())
+  int64_t deleted = had_old ? deleteTorchKeys(old_serial) : 0;
+  if (had_old)
     log::info(
         "[{}] torch TCPStore: attempt {} open; attempt {}'s {} connection(s) closed and its {} "
         "key(s) deleted",
         core_->cfg.log_name, attempt, previous, shut, deleted);
+}
+
+int64_t WireServer::deleteTorchKeys(uint64_t serial) {
+  int64_t n = core_->kv.deletePrefix(keysNs(serial));
+  core_->kv.deletePrefix(barriersNs(serial));  // not the client's keys: not counted
+  return n;
 }
 
 void WireServer::processTorch(const ConnPtr& c) {
@@ -233,7 +256,7 @@ bool WireServer::handleTorch(const ConnPtr& c, tcpstore::Request& q) {
                                                  : tcpstore::kCheckNotReady);
         break;
       case Query::kWait:
-        return parkTorch(c, keys());
+        return parkTorch(c, keys(), "WAIT");
       case Query::kGetNumKeys:
         tcpstore::appendI64(out, kv.numKeys(c->ns));
         break;
@@ -267,6 +290,10 @@ bool WireServer::handleTorch(const ConnPtr& c, tcpstore::Request& q) {
       case Query::kQueueLen:
         tcpstore::appendI64(out, kv.queueLen(key(0)));
         break;
+      case Query::kListKeys:
+        return listKeysTorch(c);
+      case Query::kBarrier:
+        return barrierTorch(c, q);
     }
   } catch (const RpcError& e) {
     endTorch(c, fmt::format("{}: {}", name, e.message));
@@ -298,16 +325,58 @@ void WireServer::replyTorchLocked(Conn& c, std::string bytes, KvSpace::Value val
   if (!c.batching && !c.want_write) flushLocked(c);
 }
 
-bool WireServer::parkTorch(const ConnPtr& c, std::vector<std::string> keys) {
+bool WireServer::listKeysTorch(const ConnPtr& c) {
+  // Held to the size of the largest query (max_value_bytes + 1 MiB): a namespace may hold any
+  // number of keys, and torch's client reads the answer whole. Past it there is no answer the
+  // protocol could give but the end of the connection.
+  uint64_t limit = torch_limits_.max_query_bytes;
+  KvSpace::KeyList list = core_->kv.listKeys(c->ns, limit - kListHeaderBytes, kListPerKeyBytes);
+  if (!list.complete) {
+    endTorch(c, fmt::format("LIST_KEYS: the job's store holds {} keys, {} bytes as an answer; "
+                            "an answer is at most {} bytes (max_value_bytes + 1 MiB)",
+                            list.count, list.bytes + kListHeaderBytes, limit));
+    return false;
+  }
+  std::string out;
+  out.reserve(kListHeaderBytes + list.bytes);
+  tcpstore::appendI64(out, list.count);
+  for (const auto& k : list.keys) {
+    tcpstore::appendLength(out, k.size());
+    out += k;
+  }
+  replyTorch(c, std::move(out));
+  return true;
+}
+
+bool WireServer::barrierTorch(const ConnPtr& c, const tcpstore::Request& q) {
+  // torch's server: the count is the key's value plus one (a key that is no number ends the
+  // connection), and an arrival that brings it to the world size or past releases everyone
+  // (a world size of 1 or less at once; later arrivals too: a barrier's key is for one use).
+  KvSpace& kv = core_->kv;
+  const std::string counter = c->ns + q.keys[0];
+  const std::string release = barriersNs(c->scope) + q.keys[0];
+  int64_t count = kv.add(counter, 1);  // throws StoreError: handleTorch ends the connection
+  // A count that starts again (a new key, or one deleted or set to 0 since) is a new barrier:
+  // the release of the one before is not its.
+  if (count == 1) kv.deleteKey(release);
+  if (count >= q.number) {
+    kv.set(release, {});  // wakes the arrivals parked on it
+    replyTorch(c, oneByte(tcpstore::kStopWaiting));
+    return true;
+  }
+  return parkTorch(c, {release}, "BARRIER");
+}
+
+bool WireServer::parkTorch(const ConnPtr& c, std::vector<std::string> keys, const char* op) {
   try {
     core_->admitPark();
   } catch (const RpcError& e) {
-    endTorch(c, "WAIT: " + e.message);
+    endTorch(c, fmt::format("{}: {}", op, e.message));
     return false;
   }
   ops::Park park;
   park.keys = std::move(keys);
-  park.op = "WAIT";
+  park.op = op;
   uint64_t slot;
   {
     std::lock_guard<std::mutex> lock(c->mu);
@@ -315,16 +384,17 @@ bool WireServer::parkTorch(const ConnPtr& c, std::vector<std::string> keys) {
   }
   // torch's client keeps its own deadline and cancels (CANCEL_WAIT); the server's bound is
   // its max wait, past which the connection ends (the protocol has no error to send).
-  auto op = std::make_shared<ParkedOp>(
+  auto parked = std::make_shared<ParkedOp>(
       core_, std::move(park), core_->cfg.max_wait,
-      [this, c, slot](const grpc::Status& st, KvSpace::Values&) {
+      [this, c, slot, op](const grpc::Status& st, KvSpace::Values&) {
         std::lock_guard<std::mutex> lock(c->mu);
         if (st.ok()) {
           replyTorchLocked(*c, oneByte(tcpstore::kStopWaiting));
         } else if (st.error_code() == grpc::DEADLINE_EXCEEDED && !c->closed) {
-          log::warn("[{}] torch TCPStore client {}: a WAIT parked longer than this server's "
-                    "max wait ({}); connection closed",
-                    core_->cfg.log_name, c->peer, describe(core_->cfg.max_wait));
+          log::warn(
+              "[{}] torch TCPStore client {}: a {} parked longer than this server's "
+              "max wait ({}); connection closed",
+              core_->cfg.log_name, c->peer, op, describe(core_->cfg.max_wait));
           ::shutdown(c->fd, SHUT_RDWR);  // the loop closes it
         }
         c->parked.erase(slot);
@@ -335,7 +405,7 @@ bool WireServer::parkTorch(const ConnPtr& c, std::vector<std::string> keys) {
         }
         maybeResumeLocked(*c);
       });
-  startParked(c, slot, std::move(op));
+  startParked(c, slot, std::move(parked));
   return true;
 }
 

@@ -171,6 +171,22 @@ int64_t KvSpace::numKeys(const std::string& prefix) const {
   return n;
 }
 
+KvSpace::KeyList KvSpace::listKeys(const std::string& prefix, uint64_t max_bytes,
+                                   uint64_t per_key_bytes) const {
+  KeyList out;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = data_.lower_bound(prefix);
+       it != data_.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
+    uint64_t cost = per_key_bytes + (it->first.size() - prefix.size());
+    ++out.count;
+    out.bytes += cost;
+    if (out.bytes > max_bytes) out.complete = false;
+    if (out.complete) out.keys.push_back(it->first.substr(prefix.size()));
+  }
+  if (!out.complete) std::vector<std::string>().swap(out.keys);
+  return out;
+}
+
 int64_t KvSpace::deletePrefix(const std::string& prefix) {
   if (prefix.empty()) throw InvalidArgument("deletePrefix: the prefix is empty");
   std::lock_guard<std::mutex> lock(mu_);

@@ -53,6 +53,16 @@ class KvSpace {
   bool check(const std::vector<std::string>& keys) const;
   bool deleteKey(const std::string& key);
   int64_t numKeys(const std::string& prefix) const;
+  // The keys starting with `prefix` (queues are not keys), without it, in order; each costs
+  // `per_key_bytes` besides its own. Past `max_bytes` in all: no keys (complete=false), while
+  // `count` and `bytes` still say the whole, so that a refusal names it.
+  struct KeyList {
+    std::vector<std::string> keys;
+    int64_t count = 0;
+    uint64_t bytes = 0;
+    bool complete = true;
+  };
+  KeyList listKeys(const std::string& prefix, uint64_t max_bytes, uint64_t per_key_bytes) const;
   // Removes every key (and queue) starting with `prefix` (not empty); returns how many keys.
   // Parked waiters stay parked.
   int64_t deletePrefix(const std::string& prefix);

@@ -3,20 +3,26 @@
 // speak the protocol by hand (so the test sees exactly the bytes and the EOF the server sends):
 // peers that are not the job's, no attempt open, garbage, unknown query types, lengths far past
 // the limits, slow senders, a new attempt closing the old one's connections and deleting its
-// keys, WAIT and CANCEL_WAIT in the order torch's client needs, the parked-wait bound. The
-// real torch client is tested against the real torch server in tests/python
-// (tcpstore_conformance.py, under launch). Servers are in-process, loopback, port 0.
+// keys, WAIT and CANCEL_WAIT in the order torch's client needs, the parked-wait bound, and the
+// types newer than the pinned torch's client (LIST_KEYS and BARRIER, torch 2.10+), which only
+// these raw clients can send here. The real torch client is tested against the real torch
+// server in tests/python (tcpstore_conformance.py, under launch; tcpstore_conformance_2x.py
+// with two ranks and any torch). Servers are in-process, loopback, port 0.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <spdlog/sinks/ostream_sink.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <sstream>
 #include <string>
 #include <thread>
 
+#include "common/log.h"
 #include "rendezvous/protocol/tcpstore_format.h"
 #include "rendezvous/server/server.h"
 #include "tests/common/subprocess.h"
@@ -59,6 +65,9 @@ TEST(TcpStoreFormat, EveryQueryRoundTripsAndEveryPrefixNeedsMore) {
       query(Query::kQueuePush, {"/q"}, {bytesOf("item")}),
       query(Query::kQueuePop, {"/q"}),
       query(Query::kQueueLen, {"/q"}),
+      query(Query::kListKeys),
+      query(Query::kBarrier, {"/b"}, {}, 8),
+      query(Query::kBarrier, {""}, {}, -1),
   };
   Request ping = query(Query::kPing);
   ping.u32 = 0xdeadbeef;
@@ -115,10 +124,39 @@ TEST(TcpStoreFormat, LimitsAreCheckedBeforeTheBytesArrive) {
                        std::vector<uint8_t>(100), std::vector<uint8_t>(100)});
   limits.max_query_bytes = 300;
   check(tcpstore::encodeQuery(big), "a query of more than");
+  std::string barrier_key;
+  tcpstore::appendU8(barrier_key, static_cast<uint8_t>(Query::kBarrier));
+  tcpstore::appendLength(barrier_key, uint64_t{1} << 62);
+  check(barrier_key, "BARRIER: a key of 4611686018427387904 bytes (at most 16)");
   std::string unknown(1, static_cast<char>(tcpstore::kLastQuery + 1));
   auto res = tcpstore::parseQuery(unknown.data(), unknown.size(), limits, &out);
   EXPECT_EQ(res.status, tcpstore::Parse::kUnknown);
   EXPECT_EQ(res.type, tcpstore::kLastQuery + 1);
+}
+
+// torch 2.15's enum (store/TCPStoreBackend.hpp): every type through BARRIER is known.
+TEST(TcpStoreFormat, KnowsEveryTypeOfTorch215) {
+  EXPECT_EQ(tcpstore::kLastQuery, 18);
+  EXPECT_STREQ(tcpstore::queryName(17), "LIST_KEYS");
+  EXPECT_STREQ(tcpstore::queryName(18), "BARRIER");
+  EXPECT_STREQ(tcpstore::queryName(19), "unknown");
+  tcpstore::Limits limits;
+  Request out;
+  std::string list(1, '\x11');
+  EXPECT_EQ(tcpstore::parseQuery(list.data(), list.size(), limits, &out).status,
+            tcpstore::Parse::kOk);
+  EXPECT_EQ(out.type, Query::kListKeys);
+  // The bytes torch 2.15.0's client sends for store.barrier("b", 1) (TCPStore's keys start
+  // with '/'), recorded from it.
+  const unsigned char barrier[] = {0x12, 0x02, 0, 0, 0, 0, 0, 0, 0, '/',
+                                   'b',  0x01, 0, 0, 0, 0, 0, 0, 0};
+  auto res =
+      tcpstore::parseQuery(reinterpret_cast<const char*>(barrier), sizeof(barrier), limits, &out);
+  ASSERT_EQ(res.status, tcpstore::Parse::kOk);
+  EXPECT_EQ(res.consumed, sizeof(barrier));
+  EXPECT_EQ(out.type, Query::kBarrier);
+  EXPECT_EQ(out.keys, std::vector<std::string>{"/b"});
+  EXPECT_EQ(out.number, 1);
 }
 
 // ---- the server -------------------------------------------------------------------------
@@ -199,6 +237,30 @@ class RawTorch {
   std::string bytes() {
     int64_t n = i64();
     return n < 0 ? "<none>" : read(static_cast<size_t>(n));
+  }
+  // LIST_KEYS and BARRIER are written byte by byte, as torch 2.15's client sends them (type 17
+  // with nothing more; type 18, the key, the world size as int64), not with encodeQuery.
+  //
+  // A LIST_KEYS answer: its count, then each key; sorted.
+  std::vector<std::string> listKeys() {
+    send(std::string(1, '\x11'));
+    int64_t n = i64();
+    std::vector<std::string> keys;
+    for (int64_t i = 0; i < n && !ended_; ++i) keys.push_back(bytes());
+    if (n < 0) keys.push_back("<no answer>");
+    std::sort(keys.begin(), keys.end());
+    return keys;
+  }
+  // One BARRIER; its answer is read with barrierDone.
+  void barrier(const std::string& key, int64_t world) {
+    std::string q(1, '\x12');
+    tcpstore::appendLength(q, key.size());
+    q += key;
+    tcpstore::appendI64(q, world);
+    send(q);
+  }
+  bool barrierDone(std::chrono::milliseconds within = 5000ms) {
+    return read(1, within) == std::string(1, tcpstore::kStopWaiting);
   }
 
  private:
@@ -383,6 +445,240 @@ TEST(TcpStoreServer, ParkedWaitsAreBoundedServerWide) {
   one_more.send(query(Query::kWait, {"/never"}));
   EXPECT_TRUE(one_more.closedBy()) << "a fourth parked wait past max_parked=3";
   EXPECT_EQ(waiters[0]->ping(3), 3u);
+}
+
+// ---- the types new since the pinned torch's client: LIST_KEYS and BARRIER ----------------
+
+using Keys = std::vector<std::string>;
+
+TEST(TcpStoreServer, ListKeysAnswersTheAttemptsKeysAsTheClientNamedThem) {
+  RendezvousServer server(torchServer());
+  RawTorch c(server.port());
+  EXPECT_EQ(c.listKeys(), Keys{}) << "an empty store";
+  c.send(query(Query::kSet, {"/a"}, {bytesOf("1")}));
+  c.send(query(Query::kMultiSet,
+               {"/b/c", "",
+                "/\x01"
+                "bin"},
+               {bytesOf("2"), bytesOf(""), bytesOf("")}));
+  c.send(query(Query::kQueuePush, {"/q"}, {bytesOf("item")}));
+  // As torch's server: every key (the client keeps those under its own prefix), and a queue
+  // is not a key.
+  EXPECT_EQ(c.listKeys(), (Keys{"",
+                                "/\x01"
+                                "bin",
+                                "/a", "/b/c"}));
+  c.send(query(Query::kDeleteKey, {"/b/c"}));
+  EXPECT_EQ(c.i64(), 1);
+  RawTorch other(server.port());
+  EXPECT_EQ(other.listKeys(), (Keys{"",
+                                    "/\x01"
+                                    "bin",
+                                    "/a"}))
+      << "another client of the attempt";
+  server.beginTcpStoreAttempt(1, {}, true);
+  RawTorch next(server.port());
+  EXPECT_EQ(next.listKeys(), Keys{}) << "a key of the attempt before";
+  next.send(query(Query::kSet, {"/mine"}, {bytesOf("x")}));
+  EXPECT_EQ(next.listKeys(), Keys{"/mine"});
+  EXPECT_EQ(next.ping(3), 3u);
+}
+
+TEST(TcpStoreServer, ListKeysAnswersUpToTheLargestQueryAndEndsPastIt) {
+  RendezvousServer server(torchServer());  // max_value_bytes 1 MiB
+  // The bound: a query whole, max_value_bytes + 1 MiB. An answer is its count (8 bytes), then
+  // each key as its length (8) and its bytes: fill it to exactly the bound.
+  const uint64_t limit = (uint64_t{1} << 20) + (uint64_t{1} << 20);
+  const uint64_t per = 1024;  // 8 + a key of 1016 bytes
+  uint64_t n = (limit - 8) / per, rest = (limit - 8) - n * per;
+  ASSERT_GE(rest, 8u);
+  Keys keys;
+  std::vector<std::vector<uint8_t>> values;
+  for (uint64_t i = 0; i < n; ++i) {
+    std::string k = fmt::format("/k{:06}", i);
+    keys.push_back(k + std::string(per - 8 - k.size(), 'x'));
+    values.emplace_back();
+  }
+  keys.push_back("/" + std::string(rest - 8 - 1, 'y'));
+  values.emplace_back();
+  RawTorch c(server.port());
+  for (size_t at = 0; at < keys.size(); at += 512) {
+    size_t end = std::min(keys.size(), at + 512);
+    c.send(query(Query::kMultiSet, Keys(keys.begin() + at, keys.begin() + end),
+                 {values.begin() + at, values.begin() + end}));
+  }
+  EXPECT_EQ(c.ping(1), 1u);
+  Keys listed = c.listKeys();
+  ASSERT_EQ(listed.size(), keys.size()) << "an answer of exactly the bound";
+  std::sort(keys.begin(), keys.end());
+  EXPECT_EQ(listed, keys);
+  // One key more (10 bytes of answer): past the bound, the connection ends.
+  c.send(query(Query::kSet, {"/z"}, {bytesOf("")}));
+  c.send(std::string(1, '\x11'));
+  EXPECT_TRUE(c.closedBy()) << "an answer past the bound";
+  RawTorch other(server.port());
+  EXPECT_EQ(other.ping(2), 2u) << "the others are served on";
+  other.send(query(Query::kGetNumKeys));
+  EXPECT_EQ(other.i64(), static_cast<int64_t>(keys.size()) + 1) << "the store is as it was";
+}
+
+TEST(TcpStoreServer, BarrierReleasesEveryoneWhenTheLastArrives) {
+  RendezvousServer server(torchServer());
+  RawTorch a(server.port()), b(server.port()), c(server.port());
+  a.barrier("/bar", 3);
+  b.barrier("/bar", 3);
+  EXPECT_FALSE(a.barrierDone(300ms)) << "released with 1 of 3 arrived";
+  EXPECT_FALSE(b.barrierDone(10ms)) << "released with 2 of 3 arrived";
+  ASSERT_TRUE(::ddpl::testing::eventually([&] { return server.stats().parked_store_calls == 2; }));
+  c.barrier("/bar", 3);
+  EXPECT_TRUE(c.barrierDone()) << "the last to arrive";
+  EXPECT_TRUE(a.barrierDone());
+  EXPECT_TRUE(b.barrierDone());
+  EXPECT_EQ(server.stats().parked_store_calls, 0);
+  // As torch's server: the key holds the count, is a key like any other, and the barrier is
+  // for one use (one more arrival passes at once).
+  a.send(query(Query::kGet, {"/bar"}));
+  EXPECT_EQ(a.bytes(), "3");
+  EXPECT_EQ(a.listKeys(), Keys{"/bar"}) << "its release is no key of the client's";
+  a.send(query(Query::kGetNumKeys));
+  EXPECT_EQ(a.i64(), 1);
+  a.barrier("/bar", 3);
+  EXPECT_TRUE(a.barrierDone(1000ms));
+  // A world of one, or less: at once.
+  b.barrier("/solo", 1);
+  EXPECT_TRUE(b.barrierDone(1000ms));
+  b.barrier("/none", -5);
+  EXPECT_TRUE(b.barrierDone(1000ms));
+  // The key deleted: counting starts again, and the release of the round before is not its.
+  c.send(query(Query::kDeleteKey, {"/bar"}));
+  EXPECT_EQ(c.i64(), 1);
+  c.barrier("/bar", 2);
+  EXPECT_FALSE(c.barrierDone(300ms)) << "released by the barrier before";
+  a.barrier("/bar", 2);
+  EXPECT_TRUE(a.barrierDone());
+  EXPECT_TRUE(c.barrierDone());
+}
+
+TEST(TcpStoreServer, BarrierCancelledByItsClientOrItsDisconnectLeavesNothingParked) {
+  RendezvousServer server(torchServer());
+  {
+    // Its client's timeout: CANCEL_WAIT, answered WAIT_CANCELED; it stays counted, as in
+    // torch's server.
+    RawTorch a(server.port()), b(server.port());
+    a.barrier("/t", 2);
+    ASSERT_TRUE(
+        ::ddpl::testing::eventually([&] { return server.stats().parked_store_calls == 1; }));
+    a.send(query(Query::kCancelWait));
+    EXPECT_EQ(a.read(1), std::string(1, tcpstore::kWaitCanceled));
+    EXPECT_EQ(server.stats().parked_store_calls, 0);
+    b.barrier("/t", 2);
+    EXPECT_TRUE(b.barrierDone()) << "the cancelled arrival counted";
+    EXPECT_EQ(a.ping(4), 4u) << "nothing of the cancelled barrier came after its cancel";
+  }
+  {
+    // A participant that disconnects while parked: its wait is dropped with it; it stays
+    // counted, and the others are released by the last of them.
+    auto gone = std::make_unique<RawTorch>(server.port());
+    gone->barrier("/d", 3);
+    ASSERT_TRUE(
+        ::ddpl::testing::eventually([&] { return server.stats().parked_store_calls == 1; }));
+    gone.reset();
+    ASSERT_TRUE(::ddpl::testing::eventually([&] { return server.stats().parked_store_calls == 0; }))
+        << "a disconnected participant's barrier stays parked";
+    RawTorch b(server.port()), c(server.port());
+    b.barrier("/d", 3);
+    EXPECT_FALSE(b.barrierDone(300ms));
+    c.barrier("/d", 3);
+    EXPECT_TRUE(c.barrierDone());
+    EXPECT_TRUE(b.barrierDone());
+  }
+}
+
+TEST(TcpStoreServer, ANewAttemptEndsTheOldAttemptsBarriers) {
+  RendezvousServer server(torchServer());
+  RawTorch old(server.port());
+  old.barrier("/default_pg/0/store_based_barrier", 2);
+  ASSERT_TRUE(::ddpl::testing::eventually([&] { return server.stats().parked_store_calls == 1; }));
+  server.beginTcpStoreAttempt(1, {}, true);
+  EXPECT_TRUE(old.closedBy()) << "a dead attempt's participant is disconnected";
+  EXPECT_TRUE(::ddpl::testing::eventually([&] { return server.stats().parked_store_calls == 0; }));
+  EXPECT_TRUE(::ddpl::testing::eventually([&] { return server.stats().keys == 0; }))
+      << "the old attempt's barrier left keys: " << server.stats().keys;
+  // The new attempt's barrier of the same name counts from 1: the dead rank's arrival is not
+  // one of its.
+  RawTorch a(server.port()), b(server.port());
+  a.barrier("/default_pg/0/store_based_barrier", 2);
+  EXPECT_FALSE(a.barrierDone(300ms)) << "released by the arrival of the attempt before";
+  b.barrier("/default_pg/0/store_based_barrier", 2);
+  EXPECT_TRUE(b.barrierDone());
+  EXPECT_TRUE(a.barrierDone());
+}
+
+TEST(TcpStoreServer, BarriersAreBoundedAndMalformedOnesEndOnlyTheirConnection) {
+  ServerOptions o = torchServer();
+  o.limits.max_parked = 2;
+  RendezvousServer server(o);
+  RawTorch a(server.port()), b(server.port());
+  a.barrier("/wide", 100);
+  b.barrier("/wide", 100);
+  ASSERT_TRUE(::ddpl::testing::eventually([&] { return server.stats().parked_store_calls == 2; }));
+  {
+    RawTorch one_more(server.port());
+    one_more.barrier("/wide", 100);
+    EXPECT_TRUE(one_more.closedBy()) << "a third parked barrier past max_parked=2";
+  }
+  {
+    // A key length of 2^62: refused from the header.
+    RawTorch huge(server.port());
+    std::string q(1, '\x12');
+    tcpstore::appendLength(q, uint64_t{1} << 62);
+    huge.send(q);
+    EXPECT_TRUE(huge.closedBy(2000ms));
+  }
+  {
+    // Its world size in two parts: nothing happens until it is whole.
+    RawTorch slow(server.port());
+    std::string q(1, '\x12');
+    tcpstore::appendLength(q, 5);
+    q += "/slow";
+    tcpstore::appendI64(q, 1);
+    slow.send(q.substr(0, q.size() - 3));
+    EXPECT_FALSE(slow.barrierDone(300ms));
+    slow.send(q.substr(q.size() - 3));
+    EXPECT_TRUE(slow.barrierDone());
+  }
+  {
+    // A barrier on a key that is no count: torch's server ends the connection too.
+    RawTorch text(server.port());
+    text.send(query(Query::kSet, {"/text"}, {bytesOf("abc")}));
+    text.barrier("/text", 2);
+    EXPECT_TRUE(text.closedBy());
+  }
+  EXPECT_EQ(server.stats().parked_store_calls, 2);
+  EXPECT_EQ(a.ping(5), 5u) << "the parked ones are served on";
+}
+
+// A client whose torch is newer than this server's protocol: the connection ends, and the log
+// says why and what to do.
+TEST(TcpStoreServer, ATypeNewerThanTorch215IsNamedWithTheOptOut) {
+  std::ostringstream logged;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(logged);
+  log::logger().sinks().push_back(sink);
+  RendezvousServer server(torchServer());
+  {
+    RawTorch newer(server.port());
+    EXPECT_EQ(newer.ping(1), 1u);
+    newer.send(std::string(1, static_cast<char>(19)));
+    EXPECT_TRUE(newer.closedBy());
+  }
+  auto& sinks = log::logger().sinks();
+  sinks.erase(std::remove(sinks.begin(), sinks.end(), sink), sinks.end());
+  std::string text = logged.str();
+  EXPECT_NE(text.find("query type 19, which torch 2.15.0's TCPStore protocol does not have (it "
+                      "has types 0-18)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"), std::string::npos) << text;
 }
 
 }  // namespace

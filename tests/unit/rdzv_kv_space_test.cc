@@ -136,5 +136,27 @@ TEST(KvSpaceTest, DeletePrefixRemovesOnlyThatRunsKeys) {
   EXPECT_THROW(kv.deletePrefix(""), InvalidArgument);
 }
 
+// torch's LIST_KEYS: the keys under a prefix, without it; queues are not keys; past the byte
+// bound no keys, but the whole counted.
+TEST(KvSpaceTest, ListKeysUnderAPrefixWithinABound) {
+  KvSpace kv;
+  for (auto k : {"ns/1/a", "ns/1/bc", "ns/1/", "ns/10/x", "ns/2/a"}) kv.set(k, toBytes("x"));
+  kv.queuePush("ns/1/q", toBytes("item"));
+  auto all = kv.listKeys("ns/1/", 1000, 8);
+  EXPECT_TRUE(all.complete);
+  EXPECT_EQ(all.keys, (std::vector<std::string>{"", "a", "bc"}));
+  EXPECT_EQ(all.count, 3);
+  EXPECT_EQ(all.bytes, 3u * 8 + 0 + 1 + 2);
+  auto exact = kv.listKeys("ns/1/", 27, 8);
+  EXPECT_TRUE(exact.complete) << "exactly the bound";
+  EXPECT_EQ(exact.keys.size(), 3u);
+  auto over = kv.listKeys("ns/1/", 26, 8);
+  EXPECT_FALSE(over.complete);
+  EXPECT_TRUE(over.keys.empty());
+  EXPECT_EQ(over.count, 3);
+  EXPECT_EQ(over.bytes, 27u);
+  EXPECT_EQ(kv.listKeys("none/", 1000, 8).count, 0);
+}
+
 }  // namespace
 }  // namespace ddpl::rdzv
