@@ -139,6 +139,25 @@ TEST(CheckpointFormat, RecordRoundTripsAndRefusesWhatDoesNotAddUp) {
   EXPECT_THROW(ck::decodeRecord("{\"version\": 2}"), ddpl::InvalidArgument);
 }
 
+// Issue 44: a record is a worker's file or a peer's push. One whose wrong value is a list nested
+// 200,000 deep (400 KB, under the record's 4 MiB) was printed into the message recursively and
+// overflowed the stack of launch's persister or replica thread: now refused, naming its kind.
+TEST(CheckpointFormat, ARecordNestedDeepIsRefusedNotPrinted) {
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  for (const std::string& text :
+       {"{\"version\": " + deep + "}",
+        R"({"version": 1, "step": 1, "rank": 0, "world_size": 1, "files": [{"path": )" + deep +
+            ", \"size\": 1}]}"}) {
+    try {
+      ck::decodeRecord(text);
+      ADD_FAILURE() << "accepted";
+    } catch (const ddpl::InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("a JSON array"), std::string::npos) << e.what();
+      EXPECT_LT(std::string(e.what()).size(), 200u);
+    }
+  }
+}
+
 TEST(CheckpointFormat, AgreementIsTheNewestStepEveryRankOffers) {
   EXPECT_EQ(ck::agreeOnStep({{10, 20, 30}, {20, 30}, {30, 10, 20}}), 30);
   // Rank 1 lost its newest (its worker died mid-commit): everyone goes back to 20.
