@@ -161,3 +161,10 @@ add_dependencies(launcher_idle_hang_test launch)
 ddpl_add_test(NAME job_outcome_test
   SOURCES unit/job_outcome_test.cc ${PROJECT_SOURCE_DIR}/launcher/membership/multi_node_rendezvous.cc
   LIBS ddpl_launcher ddpl_test_util LABELS unit TIMEOUT 60)
+
+# Issue 44: reporting parts (dashboard, live view, summary, manifest) never end a job: the real
+# launch with --dashboard, and the agent in-process with parts that throw.
+ddpl_add_test(NAME launcher_reporting_test
+  SOURCES integration/reporting_test.cc LIBS ddpl_launcher ddpl_test_util LABELS integration
+  TIMEOUT 120)
+add_dependencies(launcher_reporting_test launch)
