@@ -367,6 +367,9 @@ std::vector<std::string> diffManifests(const std::string& a_text, const std::str
     });
     if (too_deep)
       throw InvalidArgument(fmt::format("not a manifest: nested deeper than {}", kMaxDepth));
+    // A bare number or string flattens to the key "", whose name below was substr(1) of it.
+    if (!j.is_object())
+      throw InvalidArgument(std::string("not a manifest: a JSON ") + j.type_name());
     return j.flatten();
   };
   json a, b;

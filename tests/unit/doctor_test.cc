@@ -517,6 +517,20 @@ TEST(Manifest, AManifestNestedDeepIsRefusedNotFlattened) {
   }
 }
 
+// fuzz_manifest: JSON that is not an object flattened to the key "", and the name of the
+// difference was substr(1) of it: std::out_of_range, not the documented InvalidArgument.
+TEST(Manifest, JsonThatIsNotAnObjectIsNotAManifest) {
+  for (const char* text : {"12", "\"text\"", "[1, 2]", "null", "true"}) {
+    try {
+      diffManifests(text, "13");
+      ADD_FAILURE() << "took " << text << " for a manifest";
+    } catch (const ddpl::InvalidArgument& e) {
+      EXPECT_THAT(e.what(), HasSubstr("not a manifest")) << text;
+    }
+  }
+  EXPECT_THROW(diffManifests("{}", "[]"), ddpl::InvalidArgument);
+}
+
 // The manifest holds the command line and the environment as given: neither is necessarily
 // UTF-8, and a manifest of either must still be written (strict JSON output threw).
 TEST(Manifest, ACommandLineOfDashesAndBytesThatAreNotUtf8StillMakeAManifest) {
