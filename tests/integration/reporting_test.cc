@@ -156,7 +156,7 @@ TEST_F(AgentReporting, AStatusThatCannotBePublishedIsSaidOnceAndTheExitCodeStays
     code = agent.run();
   }
   EXPECT_EQ(code, 5) << logged();
-  EXPECT_GE(rdzv.calls, 3) << "updates every 0.5 s for 2 s";
+  EXPECT_GE(rdzv.calls, 2) << "updates every 0.5 s for 2 s: several failures, one line";
   EXPECT_EQ(count(logged(), "the live view failed: the job's store cannot be reached (test)"), 1)
       << logged();
 }
