@@ -112,11 +112,20 @@ const json& field(const json& j, const char* name) {
   return *it;
 }
 
+// A wrong value as a message shows it: a scalar as written (cut), a list or object by its kind
+// only. A record comes from a worker's files or a peer's push: printing one nested a hundred
+// thousand levels deep recursed once per level and overflowed launch's stack.
+std::string shown(const json& v) {
+  if (v.is_structured()) return std::string("a JSON ") + v.type_name();
+  std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  return text.size() > 200 ? text.substr(0, 200) + "..." : text;
+}
+
 int64_t nonNegative(const json& j, const char* name) {
   const json& v = field(j, name);
   if (!v.is_number_integer() || v.get<int64_t>() < 0)
     throw InvalidArgument(std::string("commit record: '") + name +
-                          "' is not a non-negative integer: " + v.dump());
+                          "' is not a non-negative integer: " + shown(v));
   return v.get<int64_t>();
 }
 
@@ -157,7 +166,7 @@ CommitRecord decodeRecord(const std::string& text) {
     if (!f.is_object()) throw InvalidArgument("commit record: a file entry is not an object");
     const json& p = field(f, "path");
     if (!p.is_string() || !safeRelativePath(p.get<std::string>()))
-      throw InvalidArgument("commit record: unsafe file path " + p.dump());
+      throw InvalidArgument("commit record: unsafe file path " + shown(p));
     FileEntry e{p.get<std::string>(), static_cast<uint64_t>(nonNegative(f, "size"))};
     if (!seen.insert(e.path).second)
       throw InvalidArgument("commit record: file '" + e.path + "' listed twice");

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# libFuzzer over the request handling, the store socket's server, the CLI and hostfile parsers and the error-file reader.
+# libFuzzer over the request handling, the store socket's server, the CLI and hostfile parsers,
+# and what a worker or a peer controls in launch: error files and the failure report, secret
+# masking, output routing, heartbeats, the dashboard's rows, manifests, the replica protocol.
 # Configures build-fuzz once (clang, ASan + UBSan on every library, no LibTorch), builds the
 # targets, then runs each for FUZZ_SECONDS (default 60) starting from its seed corpus in
 # tests/fuzz/corpus/<target>/ (new inputs go to build-fuzz/corpus/<target>/, never into git).
@@ -11,7 +13,8 @@ cd "$(dirname "$0")/.."
 BUILD_DIR="${FUZZ_BUILD_DIR:-build-fuzz}"
 SECONDS_EACH="${FUZZ_SECONDS:-60}"
 JOBS="${JOBS:-$(nproc)}"
-TARGETS="${FUZZ_TARGETS:-fuzz_requests fuzz_wire fuzz_tcpstore fuzz_cli fuzz_hostfile fuzz_error_file}"
+TARGETS="${FUZZ_TARGETS:-fuzz_requests fuzz_wire fuzz_tcpstore fuzz_cli fuzz_hostfile fuzz_error_file
+  fuzz_mask fuzz_output fuzz_heartbeat fuzz_dashboard fuzz_manifest fuzz_replica}"
 SAN="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then
   CC=clang CXX=clang++ cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \

@@ -178,3 +178,10 @@ if(TARGET ddpl_rdzv_server)
     add_dependencies(launcher_stranger_test ddpl_launch_metrics)
   endif()
 endif()
+
+# Issue 44: reporting parts (dashboard, live view, summary, manifest) never end a job: the real
+# launch with --dashboard, and the agent in-process with parts that throw.
+ddpl_add_test(NAME launcher_reporting_test
+  SOURCES integration/reporting_test.cc LIBS ddpl_launcher ddpl_test_util LABELS integration
+  TIMEOUT 120)
+add_dependencies(launcher_reporting_test launch)

@@ -33,6 +33,7 @@
 #include "launcher/agent/live_view.h"
 #include "launcher/agent/output.h"
 #include "launcher/agent/process.h"
+#include "launcher/agent/reporting_part.h"
 #include "launcher/agent/run_dir.h"
 #include "launcher/agent/stacks_service.h"
 #include "launcher/agent/supervisor.h"
@@ -161,6 +162,9 @@ struct Agent::Impl {
   int last_world_size = 0, last_nodes = 0;  // of the last group started (the dashboard)
   bool done = false;
   int exit_code = 0;
+  // Reporting parts of the agent's own (reporting_part.h; the live view has its own).
+  ReportingPart summary_part{"the end-of-run summary"};
+  ReportingPart after_start_part{"a step after the workers' start (the manifest, the preflight)"};
 
   Impl(AgentConfig c, RendezvousHandler& r)
       : cfg(std::move(c)),
@@ -834,7 +838,7 @@ struct Agent::Impl {
   void runAfterStartHooks(double now) {
     while (first_group_started > 0 && after_start_done < cfg.after_start.size() &&
            now - first_group_started >= cfg.after_start[after_start_done].first)
-      cfg.after_start[after_start_done++].second();
+      after_start_part.contain(cfg.after_start[after_start_done++].second);
   }
 
   const FailureDetail* rootDetail() const {
@@ -884,7 +888,7 @@ struct Agent::Impl {
                                              : fmt::format(": rank {} {}", failures[0].global_rank,
                                                            failures[0].exit.status.describe())),
                 unixNow());
-            if (view.metrics()) view.metrics()->onRestart();
+            view.countRestart();
           }
           startGroup();
           break;
@@ -1086,10 +1090,10 @@ struct Agent::Impl {
     }
     router.setStatus("");  // the summary replaces it
     view.setJobState(exit_code == 0 ? "finished" : "failed", unixNow());
-    printSummary();
+    summary_part.contain([&] { printSummary(); });
     if (ckpt_tier) {
       std::string line = ckpt_tier->drain(cfg.options.checkpoint_drain_timeout_sec);
-      printCheckpointSummary();
+      summary_part.contain([&] { printCheckpointSummary(); });
       if (line.find("not persisted") != std::string::npos)
         log::warn("{}", line);
       else if (!line.empty())
@@ -1098,8 +1102,10 @@ struct Agent::Impl {
     if (view.hasDashboard()) {
       // The page's last state: the summary, and the failure report when there is one.
       if (const FailureDetail* root = exit_code != 0 ? rootDetail() : nullptr)
-        view.addToSummary("\n" + formatFailureReport(cfg.options.program, failures, *root),
-                          unixNow());
+        summary_part.contain([&] {
+          view.addToSummary("\n" + formatFailureReport(cfg.options.program, failures, *root),
+                            unixNow());
+        });
       view.finishDashboard();
     }
     bool job_ok = rdzv.finish(exit_code == 0);
@@ -1117,8 +1123,10 @@ struct Agent::Impl {
     if (exit_code == 0 || sup.stopReason() == StopReason::kRendezvousFailed) return;
     const FailureDetail* root_detail = rootDetail();
     if (!root_detail) return;
-    std::string report = formatFailureReport(cfg.options.program, failures, *root_detail);
-    writeAll(STDERR_FILENO, report.data(), report.size());
+    summary_part.contain([&] {
+      std::string report = formatFailureReport(cfg.options.program, failures, *root_detail);
+      writeAll(STDERR_FILENO, report.data(), report.size());
+    });
     if (!cfg.python_origin.empty() && lacksTorch(*root_detail))
       log::error(
           "the workers ran under {}, which cannot import torch: set PYTHON_EXEC to the "

@@ -156,8 +156,19 @@ std::optional<ErrorFileContents> readErrorFile(const std::string& path) {
   std::string raw = ss.str();
   if (raw.empty()) return std::nullopt;
   ErrorFileContents c;
-  auto j = nlohmann::json::parse(raw, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
+  // torchrun's layout nests three levels. A worker's file of [[[[... a hundred thousand deep
+  // parsed (nlohmann's parser keeps its own stack), then printing it recursed once per level
+  // and overflowed launch's stack: anything deeper than kMaxDepth is taken as unparseable.
+  constexpr int kMaxDepth = 32;
+  bool too_deep = false;
+  auto j = nlohmann::json::parse(
+      raw,
+      [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+        too_deep = too_deep || depth > kMaxDepth;
+        return !too_deep;
+      },
+      /*allow_exceptions=*/false);
+  if (too_deep || j.is_discarded() || !j.is_object()) {
     c.message = "(unparseable error file) " + raw.substr(0, 2000);
     return c;
   }

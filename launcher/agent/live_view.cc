@@ -79,7 +79,8 @@ void LiveView::startMetrics() {
 void LiveView::startAttempt(int attempt, int world_size, double now, int nodes, int node_rank,
                             int restarts_used) {
   view_.start(now);
-  if (metrics_) metrics_->setJob({attempt, world_size, options_.max_restarts});
+  if (metrics_)
+    metrics_part_.contain([&] { metrics_->setJob({attempt, world_size, options_.max_restarts}); });
   job_.attempt = attempt;
   job_.world_size = world_size;
   job_.nodes = nodes;
@@ -117,10 +118,15 @@ void LiveView::startDashboard(const std::string& run_dir, const std::string& run
   o.port = *options_.dashboard_port;
   o.token = token;
   router_.keepRecentLines(true);
+  // On the server's threads: what throws there is this part's too.
   dashboard_ = ddpl::launcher::startDashboard(o, [this](int global_rank) {
-    std::vector<std::string> lines = router_.recentLines(global_rank - rank_offset_.load());
-    for (auto& l : lines) l = maskSecretsInText(l);
-    return lines;
+    return dashboard_part_.contain(
+        [&] {
+          std::vector<std::string> lines = router_.recentLines(global_rank - rank_offset_.load());
+          for (auto& l : lines) l = maskSecretsInText(l);
+          return lines;
+        },
+        std::vector<std::string>{});
   });
   job_.run_id = run_id;
   peers_thread_ = std::thread([this] { readPeers(); });
@@ -128,19 +134,21 @@ void LiveView::startDashboard(const std::string& run_dir, const std::string& run
       "dashboard of the job on http://{}:{}/ (readable by this user, uid {}; other users, "
       "other machines and actions need the token in {})",
       o.host, dashboard_->port(), geteuid(), path);
-  publishDashboard(0);
+  dashboard_part_.contain([&] { publishDashboard(0); });
 }
 
 void LiveView::dashboardEvent(const std::string& kind, const std::string& text, double now) {
   if (!dashboard_) return;
-  model_.event(now, kind, text);
+  dashboard_part_.contain([&] { model_.event(now, kind, text); });
 }
 
 void LiveView::setJobState(const std::string& state, double now) {
   if (!dashboard_) return;
   job_.state = state;
-  model_.setJob(job_);
-  publishDashboard(now);
+  dashboard_part_.contain([&] {
+    model_.setJob(job_);
+    publishDashboard(now);
+  });
 }
 
 void LiveView::markExited(int local_rank, int exit_code) { exited_[local_rank] = exit_code; }
@@ -149,21 +157,44 @@ void LiveView::markHung(int local_rank) { hung_[local_rank] = true; }
 void LiveView::setSummary(const std::string& text, double now) {
   if (!dashboard_) return;
   summary_ = text;
-  model_.setSummary(text);
-  publishDashboard(now);
+  dashboard_part_.contain([&] {
+    model_.setSummary(text);
+    publishDashboard(now);
+  });
 }
 
 void LiveView::addToSummary(const std::string& text, double now) {
   if (!dashboard_) return;
   summary_ += text;
-  model_.setSummary(summary_);
-  publishDashboard(now);
+  dashboard_part_.contain([&] {
+    model_.setSummary(summary_);
+    publishDashboard(now);
+  });
 }
 
 void LiveView::setStacks(const std::string& reason, const std::string& text, double now) {
   if (!dashboard_) return;
-  model_.setStacks(now, reason, text);
-  publishDashboard(now);
+  dashboard_part_.contain([&] {
+    model_.setStacks(now, reason, text);
+    publishDashboard(now);
+  });
+}
+
+void LiveView::finishDashboard() {
+  if (dashboard_) dashboard_part_.contain([&] { dashboard_->waitForOpenPages(1.5); });
+}
+
+bool LiveView::stacksAsked() {
+  return dashboard_ &&
+         dashboard_part_.contain([&] { return dashboard_->takeStacksRequest(); }, false);
+}
+
+std::string LiveView::logLine() {
+  return view_part_.contain([&] { return view_.logLine(); }, std::string("unknown"));
+}
+
+void LiveView::countRestart() {
+  if (metrics_) metrics_part_.contain([&] { metrics_->onRestart(); });
 }
 
 void LiveView::publishDashboard(double now) {
@@ -260,16 +291,52 @@ void LiveView::maybeUpdate(const std::vector<RankReading>& ranks, ProgressTracke
 void LiveView::reportStragglers(ProgressTracker& progress, double now) {
   if (now < next_straggler_check_) return;
   next_straggler_check_ = now + 1;
-  for (const auto& s : progress.newStragglers()) {
+  std::vector<Straggler> found;
+  view_part_.contain([&] { found = progress.newStragglers(); });
+  for (const auto& s : found) {
     log::warn("straggler on {}: {}", host_, s.describe());
     dashboardEvent("straggler", fmt::format("straggler on {}: {}", host_, s.describe()), now);
-    if (metrics_) metrics_->onStraggler(s.global_rank, s.local_rank);
+    if (metrics_)
+      metrics_part_.contain([&] { metrics_->onStraggler(s.global_rank, s.local_rank); });
   }
 }
 
+// Each part on its own: one that throws costs the others nothing.
 void LiveView::update(const std::vector<RankReading>& ranks, ProgressTracker& progress,
                       double now) {
   next_view_ = now + std::max(0.5, options_.monitor_interval_sec);
+  std::vector<RankUsage> usage;
+  JobFigures figures;
+  view_part_.contain([&] {
+    usage = readUsage(ranks);
+    for (const auto& u : usage)
+      if (u.gpu_util_percent || u.gpu_memory_bytes)
+        progress.onGpu(u.local_rank, u.gpu_util_percent, u.gpu_memory_bytes);
+    view_.sample(usage, now);
+    figures = view_.figures();
+  });
+  if (dashboard_)
+    dashboard_part_.contain([&] { updateDashboard(ranks, usage, figures, progress, now); });
+  if (metrics_)
+    metrics_part_.contain([&] {
+      std::vector<RankMetrics> rank_metrics = rankMetrics(usage, progress);
+      for (size_t i = 0; i < rank_metrics.size() && i < figures.cpu_percent.size(); ++i)
+        rank_metrics[i].cpu_percent = figures.cpu_percent[i];
+      metrics_->update(rank_metrics);
+    });
+  view_part_.contain([&] {
+    const std::string line = view_.logLine();  // the node's status, for the log and the job
+    if (status_line_) router_.setStatus(view_.statusLine(SIZE_MAX));
+    if (view_log_ && now >= next_view_log_) {
+      if (next_view_log_ > 0) log::info("ranks: {}", line);
+      next_view_log_ = now + options_.monitor_log_interval_sec;
+    }
+    rdzv_.publishStatus(line);
+  });
+}
+
+// CPU time and memory from /proc, GPU figures from NVML.
+std::vector<RankUsage> LiveView::readUsage(const std::vector<RankReading>& ranks) {
   std::vector<RankUsage> usage;
   usage.reserve(ranks.size());
   for (const auto& r : ranks) {
@@ -287,28 +354,7 @@ void LiveView::update(const std::vector<RankReading>& ranks, ProgressTracker& pr
     usage.push_back(std::move(u));
   }
   addGpuFigures(usage, ranks);
-  for (const auto& u : usage)
-    if (u.gpu_util_percent || u.gpu_memory_bytes)
-      progress.onGpu(u.local_rank, u.gpu_util_percent, u.gpu_memory_bytes);
-  std::vector<RankMetrics> rank_metrics;
-  if (metrics_) rank_metrics = rankMetrics(usage, progress);
-  std::vector<RankUsage> kept;
-  if (dashboard_) kept = usage;
-  view_.sample(std::move(usage), now);
-  if (dashboard_) updateDashboard(ranks, kept, view_.figures(), progress, now);
-  if (metrics_) {
-    JobFigures f = view_.figures();
-    for (size_t i = 0; i < rank_metrics.size() && i < f.cpu_percent.size(); ++i)
-      rank_metrics[i].cpu_percent = f.cpu_percent[i];
-    metrics_->update(rank_metrics);
-  }
-  const std::string line = view_.logLine();  // the node's status, for the job and the log
-  rdzv_.publishStatus(line);
-  if (status_line_) router_.setStatus(view_.statusLine(SIZE_MAX));
-  if (view_log_ && now >= next_view_log_) {
-    if (next_view_log_ > 0) log::info("ranks: {}", line);
-    next_view_log_ = now + options_.monitor_log_interval_sec;
-  }
+  return usage;
 }
 
 // Each rank's GPU: the devices where NVML sees its process hold memory (utilisation is per

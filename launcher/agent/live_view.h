@@ -4,6 +4,10 @@
 // for the job (RendezvousHandler::publishStatus), the metrics endpoint (--metrics-port) and the
 // GPU figures from NVML, loaded at the first update (off the start-up path).
 //
+// The live view, the dashboard and the metrics are three reporting parts (reporting_part.h):
+// every public call below contains what each does, so that none of them, whatever a worker
+// prints or a peer publishes, ends the job or changes its exit code.
+//
 // Threads: the agent's loop thread only.
 #include <atomic>
 #include <condition_variable>
@@ -16,6 +20,7 @@
 #include <vector>
 
 #include "launcher/agent/output.h"
+#include "launcher/agent/reporting_part.h"
 #include "launcher/agent/worker_state.h"
 #include "launcher/cli/options.h"
 #include "launcher/dashboard/dashboard.h"
@@ -45,6 +50,7 @@ class LiveView {
 
   // --metrics-port: starts the endpoint (throws as startMetricsEndpoint does). Null without.
   void startMetrics();
+  // For the hang responder's counts; the agent's own calls go through countRestart().
   MetricsEndpoint* metrics() const { return metrics_.get(); }
 
   // --dashboard: starts the page's server (throws as startDashboard does) with a new token in
@@ -63,11 +69,11 @@ class LiveView {
   void setStacks(const std::string& reason, const std::string& text, double now);
   // The run is over: an open page gets the last state (the summary) before launch exits,
   // within a second at most.
-  void finishDashboard() {
-    if (dashboard_) dashboard_->waitForOpenPages(1.5);
-  }
+  void finishDashboard();
   // The page asked for every rank's stack since the last call.
-  bool stacksAsked() { return dashboard_ && dashboard_->takeStacksRequest(); }
+  bool stacksAsked();
+  // --metrics-port: the group on this node restarted.
+  void countRestart();
 
   // A new attempt: forgets the last one's samples.
   void startAttempt(int attempt, int world_size, double now, int nodes = 1, int node_rank = 0,
@@ -79,10 +85,11 @@ class LiveView {
   void reportStragglers(ProgressTracker& progress, double now);
 
   // The node's status in one line, as the log and `launch status` show it.
-  std::string logLine() const { return view_.logLine(); }
+  std::string logLine();
 
  private:
   void update(const std::vector<RankReading>& ranks, ProgressTracker& progress, double now);
+  std::vector<RankUsage> readUsage(const std::vector<RankReading>& ranks);
   void updateDashboard(const std::vector<RankReading>& ranks, const std::vector<RankUsage>& usage,
                        const JobFigures& figures, const ProgressTracker& progress, double now);
   void publishDashboard(double now);
@@ -90,6 +97,11 @@ class LiveView {
   std::vector<RankMetrics> rankMetrics(const std::vector<RankUsage>& usage,
                                        const ProgressTracker& progress) const;
 
+  // One per part, each failure logged once (reporting_part.h). First: the dashboard's server
+  // threads use its part until dashboard_ is gone.
+  ReportingPart view_part_{"the live view"};
+  ReportingPart dashboard_part_{"the dashboard"};
+  ReportingPart metrics_part_{"the metrics endpoint"};
   const LaunchOptions& options_;
   std::string host_;
   bool status_line_, view_log_;

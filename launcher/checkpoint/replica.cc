@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -522,7 +523,14 @@ uint64_t fetchStep(const ReplicaEndpoint& from, int64_t rank, int64_t step,
   sendAll(sock.fd, head.data(), head.size(), from.describe());
   std::string line = recvLine(sock.fd, from.describe());
   expectOk(line, from.describe());
-  size_t record_bytes = std::stoul(line.substr(3));
+  // "OK <record bytes>", from another machine: std::stoul threw std::out_of_range for a bare
+  // "OK" and took " -1" for 2^64-1; recvStep checks the size's range.
+  size_t record_bytes = 0;
+  const char* digits = line.c_str() + std::min<size_t>(3, line.size());
+  auto [end, ec] = std::from_chars(digits, line.c_str() + line.size(), record_bytes);
+  if (line.size() < 4 || line[2] != ' ' || ec != std::errc() || end != line.c_str() + line.size())
+    throw InvalidArgument("checkpoint replica " + from.describe() +
+                          ": an answer without its record's size: '" + line.substr(0, 64) + "'");
   ckpt::CommitRecord r;
   uint64_t bytes = recvStep(sock.fd, record_bytes, rank_dir, from.describe(),
                             "peer " + from.describe(), &r, UINT64_MAX);

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <string_view>
 
 #include "common/errors.h"
 #include "common/file_io.h"
@@ -80,6 +81,13 @@ json optionsJson(const LaunchOptions& o) {
           {"program_args", o.program_args}};
 }
 
+// The environment, the command line, a GPU's name and what git and pip print are bytes, not
+// necessarily UTF-8 (a variable holding a Latin-1 path): what is not comes out as U+FFFD
+// rather than failing the whole manifest, as strict JSON output would.
+std::string dumpJson(const json& j) {
+  return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
+}
+
 }  // namespace
 
 namespace {
@@ -100,13 +108,16 @@ bool secretName(const std::string& name) {
   const std::string upper = upperCase(name);
   if (upper == "PWD" || upper == "OLDPWD") return false;  // the shell's working directories
   for (const char* part : kSecretParts) {
+    const size_t len = std::strlen(part);
     for (size_t at = upper.find(part); at != std::string::npos; at = upper.find(part, at + 1)) {
       // Counts of tokens and tokenizers are training settings, not secrets (MAX_TOKENS,
       // TOKENIZERS_PARALLELISM, --tokenizer): a manifest that hid them would hide a change.
-      const std::string after = upper.substr(at + std::strlen(part));
+      // Looked at in place: a copy of the rest per occurrence made a worker's word of
+      // "TOKENS_" repeated cost its length squared.
+      const std::string_view after = std::string_view(upper).substr(at + len);
       if (std::strcmp(part, "TOKEN") == 0 &&
-          (after.rfind("IZER", 0) == 0 || after == "S" || after.rfind("S_", 0) == 0 ||
-           after.rfind("S-", 0) == 0))
+          (after.substr(0, 4) == "IZER" || after == "S" || after.substr(0, 2) == "S_" ||
+           after.substr(0, 2) == "S-"))
         continue;
       return true;
     }
@@ -135,9 +146,13 @@ std::string maskUrlPasswords(const std::string& text) {
     size_t auth = scheme + 3;
     size_t end = text.find_first_of("/?# \t\n", auth);
     if (end == std::string::npos) end = text.size();
-    size_t at = text.rfind('@', end);
-    size_t colon = text.find(':', auth);
-    if (at != std::string::npos && at >= auth && colon != std::string::npos && colon < at) {
+    // The last '@' and the first ':' of the authority, looked for inside it only: a search of
+    // the whole text from each "://" made a line of them cost its length squared.
+    const std::string_view authority = std::string_view(text).substr(auth, end - auth);
+    const size_t at_in = authority.rfind('@');
+    const size_t colon_in = authority.find(':');
+    if (at_in != std::string_view::npos && colon_in != std::string_view::npos && colon_in < at_in) {
+      const size_t colon = auth + colon_in, at = auth + at_in;
       out += text.substr(pos, colon + 1 - pos);
       out += kMasked;
       pos = at;
@@ -164,11 +179,13 @@ std::vector<std::string> maskCommandLine(const std::vector<std::string>& args) {
       next_is_secret = false;
       continue;
     }
-    if (a.size() > 2 && a.rfind("-", 0) == 0) {
-      const size_t eq = a.find('=');
+    // An option's name: after its dashes, up to '='. A word of dashes only ("----", a
+    // separator line a worker prints) names nothing.
+    const size_t begin = a.find_first_not_of('-');
+    if (a.size() > 2 && a[0] == '-' && begin != std::string::npos) {
+      const size_t eq = a.find('=');  // never before `begin`: '=' is not a dash
       const std::string name =
-          a.substr(a.find_first_not_of('-'),
-                   eq == std::string::npos ? std::string::npos : eq - a.find_first_not_of('-'));
+          a.substr(begin, eq == std::string::npos ? std::string::npos : eq - begin);
       if (secretName(name)) {
         if (eq == std::string::npos) {
           out.push_back(a);
@@ -234,7 +251,7 @@ std::string manifestJson(const ManifestFacts& f) {
             {"python", f.python.empty() ? json("not a Python program")
                                         : json{{"interpreter", f.python}, {"torch", kNotProbed}}},
             {"git", kNotProbed}};
-  return j.dump(2) + "\n";
+  return dumpJson(j);
 }
 
 // Written through a temporary and a rename (common/file_io.h): a reader, or a second writer
@@ -266,7 +283,7 @@ int runManifestProbe(const std::string& path, const std::string& nvml_library) {
   setpriority(PRIO_PROCESS, 0, 19);  // never at the workers' expense
   try {
     json j = json::parse(readText(path));
-    auto save = [&] { writeManifestText(path, j.dump(2) + "\n"); };
+    auto save = [&] { writeManifestText(path, dumpJson(j)); };
 
     GpuFacts g = readGpuFacts(nvml_library);
     json gpus = {{"driver", g.driver ? g.driver_version : "none: " + g.why_none}};
@@ -338,10 +355,27 @@ int runManifestProbe(const std::string& path, const std::string& nvml_library) {
 }
 
 std::vector<std::string> diffManifests(const std::string& a_text, const std::string& b_text) {
+  // A manifest nests four levels. One from elsewhere nested a hundred thousand deep parsed
+  // (the parser keeps its own stack) and then flatten() recursed once per level, overflowing
+  // the stack: deeper than kMaxDepth is not a manifest.
+  static constexpr int kMaxDepth = 32;
+  auto parse = [](const std::string& text) {
+    bool too_deep = false;
+    json j = json::parse(text, [&](int depth, json::parse_event_t, json&) {
+      too_deep = too_deep || depth > kMaxDepth;
+      return !too_deep;
+    });
+    if (too_deep)
+      throw InvalidArgument(fmt::format("not a manifest: nested deeper than {}", kMaxDepth));
+    // A bare number or string flattens to the key "", whose name below was substr(1) of it.
+    if (!j.is_object())
+      throw InvalidArgument(std::string("not a manifest: a JSON ") + j.type_name());
+    return j.flatten();
+  };
   json a, b;
   try {
-    a = json::parse(a_text).flatten();
-    b = json::parse(b_text).flatten();
+    a = parse(a_text);
+    b = parse(b_text);
   } catch (const json::exception& e) {
     throw InvalidArgument(std::string("not a manifest: ") + e.what());
   }

@@ -91,13 +91,18 @@ std::vector<Straggler> ProgressTracker::newStragglers(const StragglerOptions& o)
     history[i] = rec.back().step - rec.front().step;
     pace.push_back((rec.back().time - rec.front().time) / static_cast<double>(history[i]));
   }
-  // Window length in steps: enough steps, and enough time at the median rank's pace.
+  // Window length in steps: enough steps, and enough time at the median rank's pace. The steps
+  // are a worker's word: one that jumps by 2^64 in a tick asks for more steps than a size_t
+  // holds (converting that was undefined), hence the cap; nothing below multiplies it before
+  // it is known to fit the steps made.
+  constexpr double kMaxWindowSteps = 1e18;
   double median_pace = lowerMedian(pace);
   size_t length = o.window_steps;
   if (median_pace > 0)
-    length = std::max(length, static_cast<size_t>(std::ceil(o.window_sec / median_pace)));
+    length = std::max(length, static_cast<size_t>(
+                                  std::min(std::ceil(o.window_sec / median_pace), kMaxWindowSteps)));
   uint64_t shortest = *std::min_element(history.begin(), history.end());
-  if (shortest < windows * length) {
+  if (shortest / windows < length) {
     // Too few steps yet. A finished run is judged on what it made.
     if (!all_ended || shortest / windows < o.final_window_steps) return out;
     length = static_cast<size_t>(shortest / windows);
@@ -160,7 +165,7 @@ std::vector<Straggler> ProgressTracker::newStragglers(const StragglerOptions& o)
                 r.global_rank,
                 own[windows][i].mean * 1000,
                 median[windows].mean * 1000,
-                static_cast<int>(windows * length),
+                static_cast<int>(std::min<uint64_t>(windows * length, INT32_MAX)),
                 static_cast<int>(windows)};
     r.straggler = true;
     r.straggler_why = s.describe();

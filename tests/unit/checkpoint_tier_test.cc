@@ -139,6 +139,25 @@ TEST(CheckpointFormat, RecordRoundTripsAndRefusesWhatDoesNotAddUp) {
   EXPECT_THROW(ck::decodeRecord("{\"version\": 2}"), ddpl::InvalidArgument);
 }
 
+// Issue 44: a record is a worker's file or a peer's push. One whose wrong value is a list nested
+// 200,000 deep (400 KB, under the record's 4 MiB) was printed into the message recursively and
+// overflowed the stack of launch's persister or replica thread: now refused, naming its kind.
+TEST(CheckpointFormat, ARecordNestedDeepIsRefusedNotPrinted) {
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  for (const std::string& text :
+       {"{\"version\": " + deep + "}",
+        R"({"version": 1, "step": 1, "rank": 0, "world_size": 1, "files": [{"path": )" + deep +
+            ", \"size\": 1}]}"}) {
+    try {
+      ck::decodeRecord(text);
+      ADD_FAILURE() << "accepted";
+    } catch (const ddpl::InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("a JSON array"), std::string::npos) << e.what();
+      EXPECT_LT(std::string(e.what()).size(), 200u);
+    }
+  }
+}
+
 TEST(CheckpointFormat, AgreementIsTheNewestStepEveryRankOffers) {
   EXPECT_EQ(ck::agreeOnStep({{10, 20, 30}, {20, 30}, {30, 10, 20}}), 30);
   // Rank 1 lost its newest (its worker died mid-commit): everyone goes back to 20.
@@ -403,6 +422,44 @@ TEST_F(CheckpointFiles, ReplicaPushListGetRoundTripAndRefusals) {
   }
   EXPECT_EQ(ddpl::launcher::listSteps(to, 0, 2, 10), (std::vector<int64_t>{6}));
   EXPECT_THROW(ddpl::launcher::fetchStep(to, 0, 7, fresh, 10), ddpl::Error);
+}
+
+// Issue 44 (fuzz_replica): a peer's answer to GET is "OK <record bytes>". A bare "OK" made
+// std::stoul throw std::out_of_range, "OK x" std::invalid_argument: neither a ddpl::Error, nor a
+// message that names the peer. Now both are refused as malformed answers from that peer.
+TEST(Replica, AnAnswerWithoutItsRecordSizeIsRefusedNamingThePeer) {
+  int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(listen(listener, 4), 0);
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  ReplicaEndpoint peer{"127.0.0.1", ntohs(a.sin_port), std::string(32, 'a')};
+  std::string dir = ddpl::testing::makeTempDir("replica_answer") + "/rank-0";
+  for (const std::string answer : {"OK\n", "OK x\n", "OK 12x\n", "OK \n"}) {
+    std::thread serve([&] {
+      int c = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+      char ch;
+      while (recv(c, &ch, 1, 0) == 1 && ch != '\n') {
+      }
+      (void)!send(c, answer.data(), answer.size(), MSG_NOSIGNAL);
+      close(c);
+    });
+    try {
+      ddpl::launcher::fetchStep(peer, 0, 7, dir, 5);
+      ADD_FAILURE() << "took " << answer;
+    } catch (const ddpl::InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("without its record's size"), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find(peer.describe()), std::string::npos) << e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "for " << answer << ": " << e.what();
+    }
+    serve.join();
+  }
+  close(listener);
 }
 
 // The replica endpoint listens on every interface and reads a request before it knows the

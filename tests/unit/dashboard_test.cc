@@ -240,3 +240,35 @@ TEST(DashboardModel, RowsFromAnotherNodeAreCheckedBeforeTheyAreShown) {
 }
 
 }  // namespace
+
+namespace {
+
+// Issue 44: a rank's last line "---- epoch 1 ----" (and the failure report's separator lines in
+// the summary) made the masking throw, and the exception ended the job. Such text is shown as
+// it is, from this node's ranks and another node's rows alike.
+TEST(DashboardModel, SeparatorLinesOfDashesAreShownAsTheyAre) {
+  DashboardModel m;
+  DashboardRank r = rank(0, 1);
+  r.last_line = "---- epoch 1 ----";
+  DashboardRank peer = rank(1, 1);
+  peer.node_rank = 1;
+  peer.last_line = "----";
+  auto from_peer = decodeRanks(encodeRanks({peer}));
+  ASSERT_EQ(from_peer.size(), 1u);
+  m.sample({}, {r, from_peer[0]}, 1);
+  m.event(1, "exit", "rank 0 ---- exited");
+  m.setSummary(
+      "------------------------------------------------------------\n"
+      "Root Cause (first observed failure):\n----\n");
+  m.setStacks(1, "on demand", "---\n--- --- ---");
+  json j = json::parse(m.json(1));
+  EXPECT_EQ(j["ranks"][0]["last_line"], "---- epoch 1 ----");
+  EXPECT_EQ(j["ranks"][1]["last_line"], "----");
+  EXPECT_EQ(j["events"][0]["text"], "rank 0 ---- exited");
+  EXPECT_EQ(j["summary"],
+            "------------------------------------------------------------\n"
+            "Root Cause (first observed failure):\n----\n");
+  EXPECT_EQ(j["stacks"]["text"], "---\n--- --- ---");
+}
+
+}  // namespace

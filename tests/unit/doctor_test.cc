@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -457,6 +458,106 @@ TEST(Manifest, PasswordsPatsAuthAndUrlCredentialsAreMaskedPathIsNot) {
                                    std::string("s3://user:") + kMasked + "@bucket/x", "--lr", "0.1",
                                    "--max-tokens", "512"};
   EXPECT_EQ(c, want);
+}
+
+// Issue 44: a word of dashes only ("----", a separator line a worker prints) was taken for an
+// option with a name starting at npos, and substr threw: the dashboard, which masks each rank's
+// last line, ended the job. Such words, and the other odd ones, are text like any other.
+TEST(Manifest, WordsOfDashesOnlyAreNotOptions) {
+  std::vector<std::string> odd = {
+      "---",   "----",     "------------------------------------------------",
+      "-",     "--",       "",
+      "---=x", "--=x",     "-=",
+      "- -",   "-\xff\xfe"};
+  EXPECT_EQ(maskCommandLine(odd), odd);
+  // Still an option after any number of dashes; the word after it is its value.
+  EXPECT_EQ(maskCommandLine({"----", "---password", "hunter2", "----"}),
+            (std::vector<std::string>{"----", "---password", kMasked, "----"}));
+  EXPECT_EQ(maskCommandLine({"----token=abc"}),
+            (std::vector<std::string>{std::string("----token=") + kMasked}));
+}
+
+TEST(Manifest, TextAWorkerPrintsIsMaskedWordForWordAndOtherwiseKept) {
+  // What workers print: separator lines, tqdm bars, ANSI colours, tracebacks, invalid UTF-8.
+  const std::vector<std::string> kept = {
+      "---- epoch 1 ----",
+      "----\n---- epoch 2 ----\n----",
+      "------------------------------------------------------------",
+      "============================================================",
+      "",
+      "\n",
+      " ",
+      "  -- ---  ",
+      "\r 50%|\xe2\x96\x88\xe2\x96\x88\xe2\x96\x88\xe2\x96\x88\xe2\x96\x88     | 5/10 "
+      "[00:01<00:01,  4.99it/s]",
+      "\x1b[31m----\x1b[0m \x1b[1m---- bold ----\x1b[0m",
+      "Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\n"
+      "    raise ValueError(\"--\")\nValueError: --",
+      "\xff\xfe\x80 -- \xc3",
+      "a://b/ c://d@e/ ://@: :// @"};
+  for (const auto& t : kept) EXPECT_EQ(maskSecretsInText(t), t) << t;
+  EXPECT_EQ(maskSecretsInText("---- --password hunter2 ----"),
+            std::string("---- --password ") + kMasked + " ----");
+  EXPECT_EQ(
+      maskSecretsInText("\xff\xfe --api-key=abc ----\nDB_PASSWORD=x ----"),
+      std::string("\xff\xfe --api-key=") + kMasked + " ----\nDB_PASSWORD=" + kMasked + " ----");
+  EXPECT_EQ(maskSecretsInText("---- https://u:pw@host/x ----"),
+            std::string("---- https://u:") + kMasked + "@host/x ----");
+}
+
+// `launch manifest-diff` reads manifests from elsewhere: one nested 200,000 deep was flattened
+// recursively and overflowed the stack (a segfault); now it is not a manifest, said so.
+TEST(Manifest, AManifestNestedDeepIsRefusedNotFlattened) {
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  try {
+    diffManifests(R"({"gpus": )" + deep + "}", "{}");
+    ADD_FAILURE() << "took it for a manifest";
+  } catch (const ddpl::InvalidArgument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("nested deeper than"));
+  }
+}
+
+// fuzz_manifest: JSON that is not an object flattened to the key "", and the name of the
+// difference was substr(1) of it: std::out_of_range, not the documented InvalidArgument.
+TEST(Manifest, JsonThatIsNotAnObjectIsNotAManifest) {
+  for (const char* text : {"12", "\"text\"", "[1, 2]", "null", "true"}) {
+    try {
+      diffManifests(text, "13");
+      ADD_FAILURE() << "took " << text << " for a manifest";
+    } catch (const ddpl::InvalidArgument& e) {
+      EXPECT_THAT(e.what(), HasSubstr("not a manifest")) << text;
+    }
+  }
+  EXPECT_THROW(diffManifests("{}", "[]"), ddpl::InvalidArgument);
+}
+
+// The manifest holds the command line and the environment as given: neither is necessarily
+// UTF-8, and a manifest of either must still be written (strict JSON output threw).
+TEST(Manifest, ACommandLineOfDashesAndBytesThatAreNotUtf8StillMakeAManifest) {
+  ManifestFacts f;
+  f.command_line = {"launch", "----", "train.py", "--name=caf\xe9"};
+  f.env = {{"LATIN1_DIR", "/data/caf\xe9"}, {"SEP", "----"}};
+  const std::string text = manifestJson(f);
+  auto j = nlohmann::json::parse(text);
+  EXPECT_EQ(j["command_line"][1], "----");
+  EXPECT_EQ(j["command_line"][3], "--name=caf\xef\xbf\xbd");  // U+FFFD for the lone byte
+  EXPECT_EQ(j["environment"]["LATIN1_DIR"], "/data/caf\xef\xbf\xbd");
+  EXPECT_EQ(j["environment"]["SEP"], "----");
+}
+
+// Worker text can be a line of 64 KiB: masking it costs its length, not its length squared (a
+// search of the whole line from each "://", a copy of the rest of a word at each "TOKENS_").
+// 512 KiB of each took about 20 s before; well under a second now, even under a sanitizer.
+TEST(Manifest, MaskingALongLineOfSchemesOrTokenWordsTakesLinearTime) {
+  std::string schemes, tokens = "--";
+  while (schemes.size() < (512u << 10)) schemes += "a://b/";
+  while (tokens.size() < (512u << 10)) tokens += "TOKENS_";
+  tokens += "=1";
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(maskSecretsInText(schemes), schemes);
+  EXPECT_EQ(maskCommandLine({tokens}).front(), tokens);
+  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(took, 3.0);
 }
 
 }  // namespace

@@ -241,6 +241,30 @@ TEST(ErrorReport, ReadsTorchrunErrorFile) {
   EXPECT_NE(readErrorFile(path)->message.find("not json"), std::string::npos);
 }
 
+// Issue 44: a worker's error file whose message is a list nested 200,000 deep (400 KB) parsed,
+// then printing the message recursed once per level and overflowed launch's stack, killing it.
+// Now it reads as a file that cannot be parsed: its first bytes, and the report is made.
+TEST(ErrorReport, AnErrorFileNestedDeepReadsAsUnparseable) {
+  std::string dir = ddpl::testing::makeTempDir("error_deep");
+  std::string path = dir + "/error.json";
+  FILE* f = fopen(path.c_str(), "w");
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  fputs(("{\"message\": {\"message\": " + deep + "}}").c_str(), f);
+  fclose(f);
+  auto c = readErrorFile(path);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->message.rfind("(unparseable error file) {\"message\": {\"message\": [[[", 0), 0u)
+      << c->message.substr(0, 100);
+  FailureDetail d;
+  d.error = c;
+  EXPECT_NE(formatFailureReport("train.py", {d}, d).find("unparseable"), std::string::npos);
+  // What torchrun writes, a few levels deep, is read as before.
+  f = fopen(path.c_str(), "w");
+  fputs(R"({"message": {"message": {"a": [[["b"]]]}, "extraInfo": {"timestamp": "1"}}})", f);
+  fclose(f);
+  EXPECT_EQ(readErrorFile(path)->message, R"({"a":[[["b"]]]})");
+}
+
 TEST(ErrorReport, FormatsRootCauseAndOthers) {
   FailureDetail root;
   root.exit = {1, 4242, {false, 3}, 1700000000.0, false};

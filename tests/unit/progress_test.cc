@@ -405,6 +405,23 @@ TEST(Progress, AShortRunIsJudgedOnItsStepsAtTheEnd) {
   EXPECT_TRUE(tiny.newStragglers().empty());
 }
 
+// Issue 44 (fuzz_heartbeat): the step is whatever 64-bit number a worker writes. Ranks that
+// jumped by nearly 2^64 steps in a tenth of a second asked for a window of 9e20 steps, and its
+// conversion to size_t was undefined (clang's -fsanitize=float-cast-overflow stops there; gcc's
+// x86 code happened to give 0). The window is capped: nothing is named, nothing overflows.
+TEST(Progress, HeartbeatsThatJumpByNearly2To64StepsAreJudgedWithoutOverflow) {
+  ProgressTracker t;
+  t.start(3, 0, 0);
+  for (int r = 0; r < 3; ++r) {
+    t.onStep(r, 1, 0.0, 0);
+    t.onStep(r, UINT64_MAX - static_cast<uint64_t>(r), 0.1, UINT64_MAX);
+  }
+  EXPECT_TRUE(t.newStragglers().empty());
+  for (int r = 0; r < 3; ++r) t.onExit(r, 0.2, 1, 1024);
+  for (const auto& s : t.newStragglers()) EXPECT_GT(s.steps, 0) << s.describe();
+  EXPECT_NE(t.summary(0.2, 2, 1).find("18446744073709551615"), std::string::npos);
+}
+
 // With GPU figures, the summary shows each rank's mean GPU% and peak GPU memory, and advises on
 // a GPU left waiting by a rank whose CPU is saturated (the input pipeline).
 TEST(Progress, GpuColumnsAndTheInputPipelineAdvice) {
