@@ -50,6 +50,24 @@ function(ddpl_torch_cxx_runtime dir out)
   set(${out} "${libs}" PARENT_SCOPE)
 endfunction()
 
+# ddpl_torch_cxx_standard(<torch dir> <out var>): the C++ standard LibTorch's headers require,
+# read from the check they make (torch/all.h: C++17 up to torch 2.14, C++20 from 2.15), so that
+# the build follows the LibTorch it found instead of the user choosing. The project itself stays
+# C++17; only targets that link LibTorch compile under a newer standard when it asks for one.
+function(ddpl_torch_cxx_standard dir out)
+  set(standard 17)
+  set(header "${dir}/include/torch/csrc/api/include/torch/all.h")
+  if(EXISTS "${header}")
+    file(READ "${header}" text)
+    if(text MATCHES "__cplusplus < (20[0-9][0-9])[0-9][0-9]L")
+      # 2017 -> 17 (201703L), 2020 -> 20 (202002L), 2023 -> 23 (202302L): the year's last two
+      # digits, where the check names the value of the standard it requires.
+      math(EXPR standard "${CMAKE_MATCH_1} % 100")
+    endif()
+  endif()
+  set(${out} "${standard}" PARENT_SCOPE)
+endfunction()
+
 # ddpl_torch_target(<name> <torch dir> [IMPORTED] [CUDA])
 #   <torch dir>  the torch package directory (TORCH_INSTALL_PREFIX: .../site-packages/torch)
 #   CUDA         also link libtorch_cuda and libc10_cuda (the NCCL backend lives there)
@@ -64,7 +82,8 @@ function(ddpl_torch_target name dir)
     "${dir}/include" "${dir}/include/torch/csrc/api/include")
   # The wheel is built with the C++11 ABI; Gloo's backend is declared only under USE_C10D_GLOO.
   target_compile_definitions(${name} INTERFACE _GLIBCXX_USE_CXX11_ABI=1 USE_C10D_GLOO)
-  target_compile_features(${name} INTERFACE cxx_std_17)
+  ddpl_torch_cxx_standard("${dir}" standard)
+  target_compile_features(${name} INTERFACE cxx_std_${standard})
   # One C++ runtime in the process: LibTorch's (ddpl_torch_cxx_runtime below), named before
   # anything else that could bring one.
   ddpl_torch_cxx_runtime("${dir}" runtime)
