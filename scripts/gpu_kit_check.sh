@@ -13,15 +13,19 @@
 # Then, with what that build made: the throw-site check (a C++ rank's exception named where it
 # was thrown), worker_rank's DDP equivalence on 2 CPU ranks (Gloo) under the kit's launch, and
 # one C++ runtime in worker_rank (LibTorch's shared libstdc++.so.6, no static copy).
-# Needs root (unshare -m); 10-20 minutes on 2 cores the first time (ccache after).
-#   bash scripts/gpu_kit_check.sh [OUT_DIR]     (default build-gpu-kit/out)
+# Needs root (unshare -m); 10-20 minutes on 2 cores the first time (ccache after). It builds in
+# ~/.cache/ddplaunch/gpu-kit-check (private to the user; outside the source tree, where CMake
+# refuses the kit's include directories for exported targets).
+#   bash scripts/gpu_kit_check.sh [OUT_DIR]     (default <that directory>/out)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 bash scripts/gpu_kit.sh
-WORK=$ROOT/build-gpu-kit
+WORK=${XDG_CACHE_HOME:-$HOME/.cache}/ddplaunch/gpu-kit-check
+mkdir -p "$WORK"
+chmod 700 "$WORK"
 OUT=${1:-$WORK/out}
-mkdir -p "$WORK" "$OUT"
+mkdir -p "$OUT"
 TORCH=${DDPL_KIT_TORCH:-2.11.0}
 VENV=$ROOT/.venv-torch-$TORCH
 if ! "$VENV/bin/python" -c "import torch,sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH')" 2>/dev/null; then
@@ -51,7 +55,7 @@ for d in "${HIDE_DIRS[@]}"; do [ -d "$d" ] && script+="; mount --bind $empty $d"
 for f in "${HIDE_FILES[@]}"; do [ -e "$f" ] && script+="; mount --bind /dev/null $f"; done
 script+="; test ! -e /usr/include/spdlog/spdlog.h"
 # The kit-check's own run has no lent machine's clock: the steps get the time a 2-core build needs.
-script+="; CXX=$CXX_STATIC DDPL_GPU_DEADLINE=7200 DDPL_GPU_BUILD_ONLY=1 DDPL_PYTHON=$VENV/bin/python"
+script+="; CXX=$CXX_STATIC DDPL_GPU_DEADLINE=7200 DDPL_GPU_LIMIT_SCALE=8 DDPL_GPU_BUILD_ONLY=1 DDPL_PYTHON=$VENV/bin/python"
 script+=" bash tests/gpu/run_gpu_checks.sh $OUT"
 unshare -m --propagation private bash -c "$script"
 BUILD=$DDPL_GPU_BUILD
