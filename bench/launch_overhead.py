@@ -29,6 +29,9 @@ def main():
     ap.add_argument("--program", default="/bin/true")
     ap.add_argument("--no-cgroup-too", action="store_true",
                     help="also time launch --cgroup=off (what the run's cgroup costs)")
+    ap.add_argument("--no-tier-too", action="store_true",
+                    help="also time launch --checkpoint-memory=0 (what the checkpoint memory "
+                         "tier costs a job that never checkpoints)")
     args = ap.parse_args()
 
     venv_bin = os.path.dirname(sys.executable)
@@ -43,6 +46,9 @@ def main():
     }
     if args.no_cgroup_too:
         cmds["launch-nocg"] = cmds["launch"][:1] + ["--cgroup=off"] + cmds["launch"][1:]
+    if args.no_tier_too:
+        cmds["launch-notier"] = (cmds["launch"][:1] + ["--checkpoint-memory=0"]
+                                 + cmds["launch"][1:])
     env = dict(os.environ, OMP_NUM_THREADS="1")
     for name, cmd in cmds.items():  # warm caches once, untimed
         timed(cmd, env)
@@ -56,12 +62,15 @@ def main():
     print(f"launch overhead, {args.nproc} workers of {args.program}, {args.rounds} interleaved rounds")
     for k in names:
         v = times[k]
-        print(f"  {k:9s} median {med[k]*1e3:8.2f} ms   min {min(v)*1e3:8.2f} ms   max {max(v)*1e3:8.2f} ms")
+        print(f"  {k:13s} median {med[k]*1e3:8.2f} ms   min {min(v)*1e3:8.2f} ms   max {max(v)*1e3:8.2f} ms")
     print(f"  torchrun / launch = {med['torchrun']/med['launch']:.1f}x  (target >= 50x)")
     print(f"  launch / floor    = {med['launch']/med['floor']:.2f}x  (target <= 2x)")
     if "launch-nocg" in med:
         print(f"  the run's cgroup costs {(med['launch'] - med['launch-nocg'])*1e3:.2f} ms "
               f"(launch against launch --cgroup=off)")
+    if "launch-notier" in med:
+        print(f"  the checkpoint tier costs {(med['launch'] - med['launch-notier'])*1e3:.2f} ms "
+              f"(launch against launch --checkpoint-memory=0)")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 
@@ -264,6 +265,29 @@ void removePartials(const std::string& rank_dir, long pid) {
     auto p = parsePartialDirName(e.name);
     if (p && (pid == 0 || p->pid == pid)) removeTree(rank_dir + "/" + e.name);
   }
+}
+
+void makePrivateDir(const std::string& dir) {
+  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) fail("create", dir, errno);
+  struct stat st {};
+  if (lstat(dir.c_str(), &st) != 0) fail("inspect", dir, errno);
+  if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077) != 0) {
+    char mode[8];
+    snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    throw Error("refusing to keep checkpoints in " + dir + ": it is " +
+                (S_ISLNK(st.st_mode)   ? "a symlink"
+                 : S_ISDIR(st.st_mode) ? "a directory"
+                                       : "not a directory") +
+                " of uid " + std::to_string(st.st_uid) + " with mode " + mode + ", not a 0700 " +
+                "directory of uid " + std::to_string(geteuid()));
+  }
+}
+
+std::string makeRankDir(const std::string& root, int64_t rank) {
+  makePrivateDir(root);
+  std::string dir = root + "/" + rankDirName(rank);
+  makePrivateDir(dir);
+  return dir;
 }
 
 std::string beginStep(const std::string& rank_dir, int64_t step) {

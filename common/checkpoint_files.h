@@ -57,6 +57,15 @@ struct RankUsage {
 };
 RankUsage rankUsage(const std::string& rank_dir);
 
+// The memory root and a rank's directory in it are made by the first write (the worker's
+// begin), not by launch, so that a job that never checkpoints has none (docs/checkpoints.md).
+// Creates `dir` (0700) unless it exists; either way it must then be a real directory (not a
+// symlink) of this user that nobody else can enter: a root another user made first under the
+// name is refused (ddpl::Error naming its owner and mode), never written into.
+void makePrivateDir(const std::string& dir);
+// makePrivateDir of `root`, then of `root`/rank-<rank>; returns the latter.
+std::string makeRankDir(const std::string& root, int64_t rank);
+
 // Removes this process's partial directories and makes partial-<step>-<pid>; returns its path.
 std::string beginStep(const std::string& rank_dir, int64_t step);
 

@@ -43,6 +43,11 @@ std::optional<int64_t> parseStepDirName(const std::string& name) {
   return parseCount(name.substr(5));
 }
 
+std::optional<int64_t> parseRankDirName(const std::string& name) {
+  if (!startsWith(name, "rank-")) return std::nullopt;
+  return parseCount(name.substr(5));
+}
+
 std::optional<PartialName> parsePartialDirName(const std::string& name) {
   if (!startsWith(name, "partial-")) return std::nullopt;
   std::string rest = name.substr(8);

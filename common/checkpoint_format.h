@@ -71,6 +71,7 @@ std::string stepDirName(int64_t step);               // "step-40"
 std::string partialDirName(int64_t step, long pid);  // "partial-40-1234"
 std::string markerName(int64_t step, int64_t rank);  // ".ddpl-step-40.rank-3.json"
 std::optional<int64_t> parseStepDirName(const std::string& name);
+std::optional<int64_t> parseRankDirName(const std::string& name);  // "rank-3" -> 3
 struct PartialName {
   int64_t step = 0;
   long pid = 0;

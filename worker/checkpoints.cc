@@ -225,10 +225,8 @@ CheckpointManager::CheckpointManager(Session& session, CheckpointPolicy policy)
     : session_(session), policy_(std::move(policy)), dir_(policy_.dir, policy_.keep) {
   const std::string& root = session_.options().checkpointMemory;
   if (!policy_.memory || !enabled() || root.empty()) return;
-  std::string rankDir = root + "/" + ckpt::rankDirName(session_.rank());
-  struct stat st {};
-  // launch makes the directory of each of its ranks; without it this rank has no memory tier.
-  if (::lstat(rankDir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) rankDir_ = rankDir;
+  // The first save makes the directory (launch does not: a job that never saves has none).
+  rankDir_ = root + "/" + ckpt::rankDirName(session_.rank());
 }
 
 namespace {
@@ -390,6 +388,7 @@ void CheckpointManager::resumeAgreed(const CheckpointRefs& refs, ResumePoint& po
 std::string CheckpointManager::saveInMemory(const CheckpointRefs& refs, bool durable) {
   const int64_t step = refs.progress->step;
   const auto& o = session_.options();
+  ckpt::makeRankDir(o.checkpointMemory, session_.rank());
   const uint64_t held = ckpt::rankUsage(rankDir_).committed;
   const uint64_t allowance = ckpt::writeAllowance(o.checkpointBudget, held);
   const std::string partial = ckpt::beginStep(rankDir_, step);

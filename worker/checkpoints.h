@@ -139,7 +139,8 @@ class CheckpointManager {
   Session& session_;
   CheckpointPolicy policy_;
   CheckpointDirectory dir_;
-  std::string rankDir_;  // this rank's directory in launch's checkpoint memory; empty: none
+  std::string
+      rankDir_;  // this rank's directory in launch's memory (made by the first save); empty: none
   bool warnedBudget_ = false;
   mutable std::mutex mu_;
   std::string latest_, latestDurable_;

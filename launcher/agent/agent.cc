@@ -489,6 +489,7 @@ struct Agent::Impl {
 
   void onMonitorTick() {
     double now = unixNow();
+    if (ckpt_tier) ckpt_tier->tick();  // starts watching once a worker wrote a checkpoint
     if (ckpt_tier && now >= next_ckpt_status) {
       ckpt_status = ckpt_tier->status();
       next_ckpt_status = now + 1;

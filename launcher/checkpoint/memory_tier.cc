@@ -3,8 +3,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <sys/inotify.h>
+#include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -58,6 +60,31 @@ double monotonicSeconds() {
 
 }  // namespace
 
+namespace {
+
+// Roots of launches that died with their watchdog (a whole tree SIGKILLed at once) and held no
+// checkpoint: nothing in them to keep. A root with a file in it stays, whoever left it (the
+// drain keeps unpersisted checkpoints on purpose); a root whose pid lives stays.
+void sweepEmptyStaleRoots(const std::string& base) {
+  std::error_code ec;
+  for (fs::directory_iterator it(base, ec), end; !ec && it != end; it.increment(ec)) {
+    std::string name = it->path().filename().string();
+    long pid = 0;
+    if (std::sscanf(name.c_str(), "ddpl-ckpt-%ld-", &pid) != 1 || pid <= 0) continue;
+    struct stat st {};
+    if (lstat(it->path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid())
+      continue;
+    if (kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    bool empty = true;
+    for (fs::recursive_directory_iterator f(it->path(), ec), fend; !ec && f != fend;
+         f.increment(ec))
+      if (!f->is_directory(ec) || f->is_symlink(ec)) empty = false;
+    if (empty && !ec) fs::remove_all(it->path(), ec);
+  }
+}
+
+}  // namespace
+
 struct MemoryTier::Impl {
   struct Rank {
     std::string dir;
@@ -75,12 +102,19 @@ struct MemoryTier::Impl {
 
   MemoryTierOptions opt;
   std::string root;
+  // Loop thread: whether the watching runs (inotify, the persister), since a worker first wrote;
+  // why it could not start; whether a group started before (its workers may have written).
+  bool active = false;
+  std::string broken;
+  bool group_started = false;
   int inotify_fd = -1;
   int wake_fd = -1;
+  int root_wd = -1;  // set before the persister starts, constant after
   std::thread thread;
   mutable std::mutex mu;
   std::condition_variable idle_cv;
-  std::map<int64_t, Rank> ranks;
+  std::set<int64_t> wanted;       // the running group's ranks on this node
+  std::map<int64_t, Rank> ranks;  // those with a directory, since the watching started
   std::map<int, int64_t> wd_rank;
   bool stopping = false;
   bool draining = false;
@@ -94,7 +128,89 @@ struct MemoryTier::Impl {
 
   void wake() {
     uint64_t one = 1;
-    (void)!write(wake_fd, &one, sizeof(one));
+    if (wake_fd >= 0) (void)!write(wake_fd, &one, sizeof(one));
+  }
+
+  // Whether some worker made a rank directory in the root (the first write's doing).
+  bool anyRankDir() const {
+    std::error_code ec;
+    for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec))
+      if (ckpt::parseRankDirName(it->path().filename().string()) && it->is_directory(ec) &&
+          !it->is_symlink(ec))
+        return true;
+    return false;
+  }
+
+  // Loop thread: whether the tier watches; it starts when a worker has written.
+  bool watching() {
+    if (active) return true;
+    if (!broken.empty() || !anyRankDir()) return false;
+    try {
+      startWatching();
+    } catch (const std::exception& e) {
+      broken = e.what();
+      log::warn("checkpoints in memory will not be persisted: {}; they stay in {}", broken, root);
+      return false;
+    }
+    return true;
+  }
+
+  void startWatching() {
+    ckpt::makePrivateDir(root);  // a worker made it: of this user, private, no symlink
+    inotify_fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (inotify_fd >= 0 && wake_fd >= 0)
+      root_wd = inotify_add_watch(inotify_fd, root.c_str(),
+                                  IN_CREATE | IN_MOVED_TO | IN_ONLYDIR | IN_DONT_FOLLOW);
+    if (inotify_fd < 0 || wake_fd < 0 || root_wd < 0) {
+      int e = errno;
+      if (inotify_fd >= 0) close(inotify_fd);
+      if (wake_fd >= 0) close(wake_fd);
+      inotify_fd = wake_fd = root_wd = -1;
+      throw Error("cannot watch the checkpoint memory root " + root + ": " + strerror(e) +
+                  " (fs.inotify.max_user_instances or max_user_watches?)");
+    }
+    active = true;
+    adoptAll();
+    thread = std::thread([this] { run(); });
+    pthread_setname_np(thread.native_handle(), "ckpt-persister");  // top and /proc say whose
+  }
+
+  // A rank directory its worker made: watched from now on, then read for what was committed
+  // before the watch. Either thread; once per directory.
+  void adopt(int64_t rank) {
+    std::string dir = root + "/" + ckpt::rankDirName(rank);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (ranks.count(rank)) return;
+      int wd = inotify_add_watch(inotify_fd, dir.c_str(),
+                                 IN_MOVED_TO | IN_CREATE | IN_ONLYDIR | IN_DONT_FOLLOW);
+      if (wd < 0) {
+        if (errno != ENOENT && errno != ENOTDIR)
+          log::warn("cannot watch {}: {} (fs.inotify.max_user_watches?)", dir, strerror(errno));
+        return;
+      }
+      Rank& r = ranks[rank];
+      r.dir = dir;
+      r.wd = wd;
+      r.current = wanted.count(rank) > 0;
+      wd_rank[wd] = rank;
+    }
+    scanRank(rank);
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = ranks.find(rank);
+    // A rank this node no longer runs (its worker wrote before the group changed): persisted,
+    // then its directory goes.
+    if (it != ranks.end() && !it->second.current) persistNewest(it->second, rank, false);
+  }
+
+  void adoptAll() {
+    std::vector<int64_t> found;
+    std::error_code ec;
+    for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec))
+      if (auto rank = ckpt::parseRankDirName(it->path().filename().string()))
+        found.push_back(*rank);
+    for (int64_t rank : found) adopt(rank);
   }
 
   // The record of rank's step-<step> when it is committed and valid, else none.
@@ -138,6 +254,7 @@ struct MemoryTier::Impl {
         auto* ev = reinterpret_cast<inotify_event*>(p);
         p += sizeof(inotify_event) + ev->len;
         if (ev->mask & IN_Q_OVERFLOW) {
+          adoptAll();
           std::vector<int64_t> all;
           {
             std::lock_guard<std::mutex> lock(mu);
@@ -147,6 +264,10 @@ struct MemoryTier::Impl {
           continue;
         }
         if (ev->len == 0 || !(ev->mask & IN_ISDIR)) continue;
+        if (ev->wd == root_wd) {
+          if (auto rank = ckpt::parseRankDirName(ev->name)) adopt(*rank);
+          continue;
+        }
         auto step = ckpt::parseStepDirName(ev->name);
         if (!step) continue;
         int64_t rank;
@@ -252,6 +373,7 @@ struct MemoryTier::Impl {
 
   void run() {
     setThreadPriority(true);
+    sweepEmptyStaleRoots(opt.base);
     bool background = true;
     for (;;) {
       bool have_job;
@@ -366,6 +488,7 @@ struct MemoryTier::Impl {
 std::string MemoryTier::startReplicas(const std::string& advertised_host, int nproc) {
   Impl& m = *impl_;
   if (!m.replica_server) {
+    ckpt::makePrivateDir(m.root);
     // Its predecessor's ranks, about as many as this node's; one more step each while one is
     // being received.
     uint64_t total = m.opt.budget_per_rank * static_cast<uint64_t>(std::max(nproc, 1)) *
@@ -453,66 +576,39 @@ uint64_t MemoryTier::autoBudget(const std::string& base, int nproc) {
   return size / 4 / static_cast<uint64_t>(nproc);
 }
 
-namespace {
-
-// Roots of launches that died with their watchdog (a whole tree SIGKILLed at once) and held no
-// checkpoint: nothing in them to keep. A root with a file in it stays, whoever left it (the
-// drain keeps unpersisted checkpoints on purpose); a root whose pid lives stays.
-void sweepEmptyStaleRoots(const std::string& base) {
-  std::error_code ec;
-  for (fs::directory_iterator it(base, ec), end; !ec && it != end; it.increment(ec)) {
-    std::string name = it->path().filename().string();
-    long pid = 0;
-    if (std::sscanf(name.c_str(), "ddpl-ckpt-%ld-", &pid) != 1 || pid <= 0) continue;
-    struct stat st {};
-    if (lstat(it->path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid())
-      continue;
-    if (kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
-    bool empty = true;
-    for (fs::recursive_directory_iterator f(it->path(), ec), fend; !ec && f != fend;
-         f.increment(ec))
-      if (!f->is_directory(ec) || f->is_symlink(ec)) empty = false;
-    if (empty && !ec) fs::remove_all(it->path(), ec);
-  }
-}
-
-}  // namespace
-
 MemoryTier::MemoryTier(MemoryTierOptions options) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.opt = std::move(options);
-  sweepEmptyStaleRoots(m.opt.base);
-  // The pid in the name tells a later launch whose root it was.
-  std::string tmpl = m.opt.base + "/ddpl-ckpt-" + std::to_string(getpid()) + "-XXXXXX";
-  if (!mkdtemp(tmpl.data()))
+  if (access(m.opt.base.c_str(), W_OK | X_OK) != 0)
     throw Error("cannot create the checkpoint memory root in " + m.opt.base + ": " +
                 strerror(errno) + " (--checkpoint-memory=0 turns checkpoints in memory off)");
-  m.root = tmpl;
-  m.inotify_fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
-  m.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (m.inotify_fd < 0 || m.wake_fd < 0) {
-    int e = errno;
-    if (m.inotify_fd >= 0) close(m.inotify_fd);
-    if (m.wake_fd >= 0) close(m.wake_fd);
-    rmdir(m.root.c_str());
-    throw Error(std::string("cannot watch the checkpoint memory root: ") + strerror(e));
-  }
-  m.thread = std::thread([&m] { m.run(); });
+  // The workers make the root under this name, which only they (by their environment) know
+  // before it exists; makePrivateDir refuses one another user made first. The pid in the name
+  // tells a later launch whose root it was (sweepEmptyStaleRoots).
+  static const char kChars[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  unsigned char raw[12];
+  if (getrandom(raw, sizeof(raw), 0) != static_cast<ssize_t>(sizeof(raw)))
+    throw Error(std::string("cannot name the checkpoint memory root: getrandom: ") +
+                strerror(errno));
+  m.root = m.opt.base + "/ddpl-ckpt-" + std::to_string(getpid()) + "-";
+  for (unsigned char b : raw) m.root.push_back(kChars[b % (sizeof(kChars) - 1)]);
 }
 
 MemoryTier::~MemoryTier() {
   Impl& m = *impl_;
   m.replica_server.reset();
-  {
-    std::lock_guard<std::mutex> lock(m.mu);
-    m.stopping = true;
+  if (m.active) {
+    {
+      std::lock_guard<std::mutex> lock(m.mu);
+      m.stopping = true;
+    }
+    m.wake();
+    if (m.thread.joinable()) m.thread.join();
+    close(m.inotify_fd);
+    close(m.wake_fd);
   }
-  m.wake();
-  if (m.thread.joinable()) m.thread.join();
-  close(m.inotify_fd);
-  close(m.wake_fd);
   std::error_code ec;
-  if (!m.keep_root) fs::remove_all(m.root, ec);
+  if (!m.keep_root) fs::remove_all(m.root, ec);  // none, where no worker wrote
 }
 
 const std::string& MemoryTier::root() const { return impl_->root; }
@@ -521,29 +617,17 @@ uint64_t MemoryTier::budgetPerRank() const { return impl_->opt.budget_per_rank; 
 std::map<std::string, std::string> MemoryTier::startGroup(
     const std::vector<int64_t>& global_ranks) {
   Impl& m = *impl_;
-  std::set<int64_t> wanted(global_ranks.begin(), global_ranks.end());
-  std::vector<int64_t> fresh;
+  // The last group's workers may have written since the last tick: what they left is known
+  // before their ranks change. Before the first group no worker ran.
+  if (m.group_started) m.watching();
+  m.group_started = true;
   {
     std::lock_guard<std::mutex> lock(m.mu);
+    m.wanted = std::set<int64_t>(global_ranks.begin(), global_ranks.end());
     for (auto& [rank, r] : m.ranks) {
-      bool now = wanted.count(rank) > 0;
+      bool now = m.wanted.count(rank) > 0;
       if (r.current && !now) m.persistNewest(r, rank, /*urgent=*/false);
       r.current = now;
-    }
-    for (int64_t rank : wanted) {
-      if (m.ranks.count(rank)) continue;
-      Impl::Rank r;
-      r.dir = m.root + "/" + ckpt::rankDirName(rank);
-      if (mkdir(r.dir.c_str(), 0700) != 0 && errno != EEXIST)
-        throw Error("cannot create " + r.dir + ": " + strerror(errno));
-      r.wd = inotify_add_watch(m.inotify_fd, r.dir.c_str(),
-                               IN_MOVED_TO | IN_CREATE | IN_ONLYDIR | IN_DONT_FOLLOW);
-      if (r.wd < 0)
-        throw Error("cannot watch " + r.dir + ": " + strerror(errno) +
-                    " (fs.inotify.max_user_watches?)");
-      m.wd_rank[r.wd] = rank;
-      m.ranks[rank] = std::move(r);
-      fresh.push_back(rank);
     }
   }
   m.wake();
@@ -555,8 +639,12 @@ std::map<std::string, std::string> MemoryTier::startGroup(
   return env;
 }
 
+void MemoryTier::tick() { impl_->watching(); }
+
 void MemoryTier::onWorkerExit(int64_t global_rank, pid_t pid) {
   Impl& m = *impl_;
+  if (!m.watching()) return;  // no worker wrote (or drain says where it stays)
+  m.adopt(global_rank);       // made since the persister last looked
   std::string dir;
   {
     std::lock_guard<std::mutex> lock(m.mu);
@@ -600,6 +688,14 @@ std::vector<RankCheckpointStatus> MemoryTier::status() const {
 
 std::string MemoryTier::drain(double timeout_sec) {
   Impl& m = *impl_;
+  if (!m.watching()) {
+    if (m.broken.empty()) return "";  // no worker wrote: nothing to wait for
+    m.keep_root = true;
+    return fmt::format(
+        "checkpoints not persisted: {}; kept in memory at {} (remove it when copied)", m.broken,
+        m.root);
+  }
+  m.adoptAll();  // rank directories made since the persister last looked
   std::unique_lock<std::mutex> lock(m.mu);
   m.draining = true;
   for (auto& [rank, r] : m.ranks) m.persistNewest(r, rank, /*urgent=*/false);

@@ -6,8 +6,16 @@
 // and commit themselves (common/checkpoint_files.h); launch only watches (inotify), copies,
 // reports the memory each rank holds, and removes the root at exit.
 //
-// Threading: the agent's loop thread calls every public function; the persister thread owns
-// the inotify descriptor and the queue, and shares the per-rank status under a mutex.
+// Nothing of it runs for a job that never checkpoints: launch only names the root; the first
+// worker to write makes it and its rank's directory (ckpt::makeRankDir), and launch starts
+// watching (the inotify descriptor, the persister thread) when it finds one, at its next tick,
+// a worker's exit or the end of the run. Until then a job pays one opendir a tick, and its
+// exit waits for nothing: closing an inotify descriptor that held watches waits for an SRCU
+// grace period, ~12 ms on the machines of issue 44, and the persister runs at nice 19.
+//
+// Threading: the agent's loop thread calls every public function; the persister thread
+// ("ckpt-persister", started with the watching) owns the queue and shares the per-rank status
+// and the watches under a mutex.
 #include <sys/types.h>
 
 #include <cstdint>
@@ -45,21 +53,27 @@ class MemoryTier {
   // cannot be read.
   static uint64_t autoBudget(const std::string& base, int nproc);
 
-  // Creates the root (mkdtemp under options.base: exclusive, 0700) and starts the persister.
-  // Throws ddpl::Error naming the directory when it cannot.
+  // Names the root (options.base/ddpl-ckpt-<pid>-<12 random characters>) without making it.
+  // Throws ddpl::Error naming options.base when this user cannot make directories there.
   explicit MemoryTier(MemoryTierOptions options);
-  ~MemoryTier();  // stops the thread (without waiting for persistence: see drain) and removes the
-                  // root
+  ~MemoryTier();  // stops the thread, if started (without waiting for persistence: see drain),
+                  // and removes the root
   MemoryTier(const MemoryTier&) = delete;
   MemoryTier& operator=(const MemoryTier&) = delete;
 
   const std::string& root() const;
   uint64_t budgetPerRank() const;
 
-  // Before a group starts: the rank directories of its global ranks exist and are watched.
-  // Directories of ranks no longer on this node are persisted (newest step) and removed.
-  // Returns the variables to add to the workers' environment.
+  // Before a group starts: its global ranks are this node's (their workers make their
+  // directories when they first write). Directories of ranks no longer on this node are
+  // persisted (newest step) and removed. Returns the variables to add to the workers'
+  // environment.
   std::map<std::string, std::string> startGroup(const std::vector<int64_t>& global_ranks);
+
+  // Every monitor tick: until the tier watches, whether a worker has made a rank directory
+  // (one opendir); the watching starts then. A failure to watch is logged once; what the
+  // workers committed then stays in memory and drain says where.
+  void tick();
 
   // A worker exited: its half-written steps go, and its newest committed step is persisted
   // before anything else.
@@ -69,7 +83,8 @@ class MemoryTier {
 
   // ---- Peer replicas (several nodes): this node keeps its predecessor's newest steps in a
   // ReplicaServer and pushes its own to its successor (launcher/checkpoint/replica.h).
-  // Starts the server once; returns the endpoint to publish ("host port secret").
+  // Starts the server once (it makes the root, to keep the replicas in); returns the endpoint
+  // to publish ("host port secret").
   std::string startReplicas(const std::string& advertised_host, int nproc);
   // A new round: the successor is unknown until `lookup` (called on the persister thread, at
   // most every 2 s while a commit waits to be sent; it may block on the job's store) finds it.

@@ -6,8 +6,9 @@
         state = ckpt.load(found)
     ckpt.save(model.state_dict(), step, dir="ckpt", replicated=True)
 
-Under launch with the memory tier (DDPL_CHECKPOINT_MEMORY names a root holding rank-<RANK>/),
-a checkpoint is a directory on tmpfs that launch owns and persists to `dir` in the background.
+Under launch with the memory tier (DDPL_CHECKPOINT_MEMORY names a root for rank-<RANK>/, which
+the first write makes), a checkpoint is a directory on tmpfs that launch persists to `dir` in
+the background.
 Without it (torchrun, plain python) the same calls write to `dir` directly, with the same
 durable layout and markers, so a run may move between the two.
 
@@ -164,16 +165,41 @@ def _rank_world():
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def _memory_dir(rank):
-    """<root>/rank-<R>, or None where launch gave this rank no memory tier."""
+def _memory_dir(rank, create=False):
+    """<root>/rank-<R>, or None where launch gave this rank no memory tier. Readers (create
+    False) find None until the rank's first write, which makes the root and the directory:
+    launch names the root but makes nothing, so that a job that never checkpoints costs it
+    nothing (docs/checkpoints.md)."""
     root = os.environ.get(_MEMORY_ENV)
     if not root:
         return None
     path = os.path.join(root, f"rank-{rank}")
+    if create:
+        _make_private_dir(root)
+        _make_private_dir(path)
+        return path
     try:
         return path if stat.S_ISDIR(os.lstat(path).st_mode) else None
     except FileNotFoundError:
         return None
+
+
+def _make_private_dir(path):
+    """mkdir 0700 unless there; either way a real directory of this user that nobody else can
+    enter (common/checkpoint_files.h makePrivateDir): one another user made first under the
+    root's name is refused, never written into."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if (not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid()
+            or stat.S_IMODE(st.st_mode) & 0o077):
+        kind = ("a symlink" if stat.S_ISLNK(st.st_mode) else
+                "a directory" if stat.S_ISDIR(st.st_mode) else "not a directory")
+        raise PermissionError(
+            f"refusing to keep checkpoints in {path}: it is {kind} of uid {st.st_uid} with mode "
+            f"{stat.S_IMODE(st.st_mode):04o}, not a 0700 directory of uid {os.geteuid()}")
 
 
 def _durable_dir(dir, required):
@@ -347,7 +373,7 @@ def begin(step, dir=None):
     step = _check_step(step)
     rank, _ = _rank_world()
     pid = os.getpid()
-    mem = _memory_dir(rank)
+    mem = _memory_dir(rank, create=True)
     if mem is not None:
         for name in os.listdir(mem):
             if name.startswith("partial-") and name.endswith(f"-{pid}"):
@@ -744,7 +770,7 @@ def save(obj, step, dir=None, replicated=False, persist=True, keep=2, flat=False
     """torch.save(obj) as step `step` (begin, torch.save, commit); returns the Checkpoint."""
     step = _check_step(step)
     rank, _ = _rank_world()
-    mem = _memory_dir(rank)
+    mem = _memory_dir(rank, create=True)
     if mem is None and replicated and rank != 0:
         d = _durable_dir(dir, True)
         return Checkpoint(step, _durable_path(d, step, flat), "disk", rank)  # rank 0 writes it

@@ -495,8 +495,7 @@ int checkpointedTraining(dw::Session& session, const std::string& arg) {
     if (progress.step % every != 0) continue;
     if (killHere && step + 1 == killStep && killWhere == "checkpoint" && ckpts.inMemory()) {
       // Half of this step's checkpoint written into launch's memory, then the crash.
-      std::string rankDir =
-          session.options().checkpointMemory + "/" + ddpl::ckpt::rankDirName(rank);
+      std::string rankDir = ddpl::ckpt::makeRankDir(session.options().checkpointMemory, rank);
       std::string partial = ddpl::ckpt::beginStep(rankDir, progress.step);
       std::ofstream(partial + "/half.pt") << std::string(4096, 'x');
       ::kill(::getpid(), SIGKILL);

@@ -291,15 +291,18 @@ TEST_F(Tier, PersistsCommitsInTheBackgroundAndRemovesItsRootAtTheEnd) {
   {
     MemoryTier tier(options());
     root = tier.root();
-    struct stat st {};
-    ASSERT_EQ(lstat(root.c_str(), &st), 0);
-    EXPECT_EQ(st.st_mode & 0777, 0700u);
     auto env = tier.startGroup({2, 3});
     EXPECT_EQ(env[ck::kMemoryEnv], root);
     EXPECT_EQ(env[ck::kBudgetEnv], std::to_string(1 << 20));
     EXPECT_EQ(env[ck::kDirEnv], durable_);
+    // The worker's first write makes the root and its rank's directory; the next tick watches.
+    ck::makeRankDir(root, 3);
+    struct stat st {};
+    ASSERT_EQ(lstat(root.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0700u);
     auto r = recordFor(3, 4, durable_ + "/step-5");
     commit(root + "/rank-3", 3, 5, {{"w.pt", "weights"}}, r);
+    tier.tick();
     ASSERT_TRUE(
         eventually([&] { return fs::exists(durable_ + "/step-5/" + ck::markerName(5, 3)); }));
     EXPECT_EQ(readFile(durable_ + "/step-5/w.pt"), "weights");
@@ -307,8 +310,7 @@ TEST_F(Tier, PersistsCommitsInTheBackgroundAndRemovesItsRootAtTheEnd) {
     r = recordFor(3, 4, durable_ + "/step-6");
     r.persist = false;
     commit(root + "/rank-3", 3, 6, {{"w.pt", "newer"}}, r);
-    auto status = tier.status();
-    ASSERT_EQ(status.size(), 2u);
+    ASSERT_EQ(tier.status().size(), 1u);  // rank 2 never wrote
     EXPECT_TRUE(eventually([&] {
       for (const auto& s : tier.status())
         if (s.rank == 3) return s.newest_step == 6 && s.persisted_step == 5;
@@ -343,7 +345,8 @@ TEST_F(Tier, DrainPersistsTheNewestAndADiskThatRefusesKeepsTheMemory) {
     // Its durable place is under a regular file: every write there fails (ENOTDIR).
     writeFile(dir_ + "/not-a-dir", "x");
     auto r = recordFor(0, 1, dir_ + "/not-a-dir/step-3");
-    commit(root + "/rank-0", 0, 3, {{"w.pt", "w"}}, r);
+    commit(ck::makeRankDir(root, 0), 0, 3, {{"w.pt", "w"}}, r);
+    tier.tick();
     ASSERT_TRUE(eventually([&] { return !tier.status()[0].error.empty(); }));
     std::string line = tier.drain(5);
     EXPECT_NE(line.find("not persisted"), std::string::npos) << line;
@@ -360,7 +363,8 @@ TEST_F(Tier, RanksThatLeaveTheNodeArePersistedThenRemoved) {
   tier.startGroup({0, 1});
   auto r = recordFor(1, 2, durable_ + "/step-2");
   r.persist = false;
-  commit(tier.root() + "/rank-1", 1, 2, {{"w.pt", "w1"}}, r);
+  // Committed after the last tick: the next group's start finds it.
+  commit(ck::makeRankDir(tier.root(), 1), 1, 2, {{"w.pt", "w1"}}, r);
   tier.startGroup({0});  // re-formed: rank 1 is elsewhere now
   ASSERT_TRUE(eventually([&] { return !fs::exists(tier.root() + "/rank-1"); }));
   EXPECT_EQ(readFile(durable_ + "/step-2/w.pt"), "w1");
@@ -528,10 +532,108 @@ TEST_F(Tier, EmptyRootsOfDeadLaunchesAreSweptOthersStay) {
   writeFile(kept + "/rank-0/step-4/w.pt", "unpersisted");
   {
     MemoryTier tier(options());
-    EXPECT_FALSE(fs::exists(dead));
+    EXPECT_NE(tier.root().find("/ddpl-ckpt-" + std::to_string(getpid()) + "-"), std::string::npos);
+    tier.startGroup({0});
+    tier.tick();
+    EXPECT_TRUE(fs::exists(dead));  // nothing runs before a worker writes
+    ck::makeRankDir(tier.root(), 0);
+    tier.tick();  // the persister sweeps when it starts
+    EXPECT_TRUE(eventually([&] { return !fs::exists(dead); }));
     EXPECT_TRUE(fs::exists(kept + "/rank-0/step-4/w.pt"));
     EXPECT_TRUE(fs::exists(live));
-    EXPECT_NE(tier.root().find("/ddpl-ckpt-" + std::to_string(getpid()) + "-"), std::string::npos);
+  }
+}
+
+int countTasks(const std::string& comm = "") {
+  int n = 0;
+  for (const auto& t : fs::directory_iterator("/proc/self/task"))
+    if (comm.empty() || readFile(t.path().string() + "/comm") == comm + "\n") ++n;
+  return n;
+}
+
+int countInotifyFds() {
+  int n = 0;
+  std::error_code ec;
+  for (const auto& fd : fs::directory_iterator("/proc/self/fd"))
+    if (fs::read_symlink(fd.path(), ec) == "anon_inode:inotify") ++n;
+  return n;
+}
+
+// Issue 44: the root, its inotify watches and the persister thread made every start ~16 ms
+// slower, most of it at the exit, where closing an inotify descriptor that held watches waits
+// for an SRCU grace period. A job that never writes now has none of them: no directory, no
+// descriptor, no thread, nothing for the drain or the destructor to wait on. The first write
+// starts them all (checked here as well, so that the looks above could see them).
+TEST_F(Tier, NothingRunsUntilAWorkerWritesAndThenAllOfIt) {
+  const int tasks = countTasks(), inotify = countInotifyFds();
+  std::string root;
+  {
+    MemoryTier tier(options());
+    root = tier.root();
+    tier.startGroup({0, 1});
+    for (int i = 0; i < 3; ++i) tier.tick();
+    tier.onWorkerExit(1, 4242);
+    tier.startGroup({0, 1});  // a restart
+    EXPECT_FALSE(fs::exists(root));
+    EXPECT_EQ(countTasks(), tasks);
+    EXPECT_EQ(countInotifyFds(), inotify);
+    EXPECT_TRUE(tier.status().empty());
+    EXPECT_EQ(tier.drain(10), "");
+    EXPECT_FALSE(fs::exists(root));
+  }
+  {
+    MemoryTier tier(options());
+    root = tier.root();
+    tier.startGroup({0});
+    commit(ck::makeRankDir(root, 0), 0, 1, {{"w.pt", "w"}}, recordFor(0, 1, durable_ + "/step-1"));
+    tier.tick();
+    EXPECT_EQ(countTasks("ckpt-persister"), 1);
+    EXPECT_EQ(countInotifyFds(), inotify + 1);
+    ASSERT_TRUE(
+        eventually([&] { return fs::exists(durable_ + "/step-1/" + ck::markerName(1, 0)); }));
+  }
+  EXPECT_FALSE(fs::exists(root));
+  EXPECT_EQ(countTasks(), tasks);
+}
+
+// A rank's worker commits and dies between two ticks: its exit finds the step (its partial of
+// the next goes), and a commit right before the end is persisted by the drain.
+TEST_F(Tier, ACommitBetweenTicksIsFoundAtTheWorkersExitAndAtTheEnd) {
+  MemoryTier tier(options());
+  tier.startGroup({0, 1});
+  const std::string rank0 = ck::makeRankDir(tier.root(), 0);
+  commit(rank0, 0, 2, {{"w.pt", "w2"}}, recordFor(0, 2, durable_ + "/step-2"));
+  std::string partial = rank0 + "/" + ck::partialDirName(3, 4242);
+  fs::create_directories(partial);
+  tier.onWorkerExit(0, 4242);
+  EXPECT_FALSE(fs::exists(partial));
+  ASSERT_TRUE(eventually([&] { return fs::exists(durable_ + "/step-2/" + ck::markerName(2, 0)); }));
+  // Rank 1 writes its first step after the watching started and just before the end.
+  commit(ck::makeRankDir(tier.root(), 1), 1, 5, {{"w.pt", "w5"}},
+         recordFor(1, 2, durable_ + "/step-5"));
+  std::string line = tier.drain(10);
+  EXPECT_EQ(line.find("not persisted"), std::string::npos) << line;
+  EXPECT_EQ(readFile(durable_ + "/step-5/w.pt"), "w5");
+}
+
+TEST_F(Tier, ARootAnotherUserMadeFirstIsNeverWrittenInto) {
+  MemoryTier tier(options());
+  fs::create_directories(tier.root());
+  fs::permissions(tier.root(),
+                  fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec);
+  EXPECT_THROW(ck::makeRankDir(tier.root(), 0), ddpl::Error);
+  ASSERT_EQ(chmod(tier.root().c_str(), 0700), 0);
+  const std::string elsewhere = dir_ + "/elsewhere";
+  fs::create_directories(elsewhere);
+  const std::string link = dir_ + "/link-root";
+  fs::create_symlink(elsewhere, link);
+  EXPECT_THROW(ck::makePrivateDir(link), ddpl::Error);
+  if (geteuid() == 0) {  // a directory of nobody's under the name
+    const std::string foreign = dir_ + "/foreign";
+    fs::create_directories(foreign);
+    ASSERT_EQ(chmod(foreign.c_str(), 0700), 0);
+    ASSERT_EQ(chown(foreign.c_str(), 65534, 65534), 0);
+    EXPECT_THROW(ck::makeRankDir(foreign, 0), ddpl::Error);
   }
 }
 

@@ -33,7 +33,8 @@ ENV_KEYS = ("DDPL_CHECKPOINT_MEMORY", "DDPL_CHECKPOINT_MEMORY_BUDGET",
 
 
 def memory_root(ranks):
-    """A memory root as launch makes it: 0700 on /dev/shm, rank-<R>/ for each rank."""
+    """A memory root as the workers' first writes leave it: 0700 on /dev/shm, rank-<R>/ for
+    each rank."""
     root = tempfile.mkdtemp(prefix="ddpl-ckpt-test-", dir="/dev/shm")
     os.chmod(root, 0o700)
     for r in ranks:
@@ -266,6 +267,46 @@ class CommitProtocol(Base):
         os.environ["DDPL_CHECKPOINT_MEMORY_KEEP"] = "1"
         self.commit_bytes(3)
         self.assertIn(3, self.steps_in(os.path.join(root, "rank-0")))
+
+
+class LazyRoot(Base):
+    """Issue 44: launch names the root but makes nothing (a job that never checkpoints costs it
+    nothing); the first write makes the root and the rank's directory, 0700, and a reader
+    makes neither."""
+
+    def fresh_root(self):
+        root = os.path.join("/dev/shm", f"ddpl-ckpt-test-lazy-{os.getpid()}-{id(self)}")
+        self.addCleanup(shutil.rmtree, root, True)
+        os.environ.update(DDPL_CHECKPOINT_MEMORY=root, RANK="0", WORLD_SIZE="1")
+        return root
+
+    def test_readers_make_nothing_and_the_first_write_makes_the_root(self):
+        root = self.fresh_root()
+        self.assertIsNone(ckpt.latest(dir=self.durable))
+        self.assertFalse(os.path.lexists(root))
+        cp = self.commit_bytes(1)
+        self.assertEqual(cp.source, "memory")
+        self.assertEqual(cp.path, os.path.join(root, "rank-0", "step-1"))
+        for d in (root, os.path.join(root, "rank-0")):
+            self.assertEqual(os.stat(d).st_mode & 0o777, 0o700, d)
+        self.assertEqual(ckpt.latest(dir=self.durable).source, "memory")
+
+    def test_a_replicated_save_of_another_rank_is_in_memory_from_the_first(self):
+        root = self.fresh_root()
+        os.environ.update(RANK="1", WORLD_SIZE="2")
+        cp = ckpt.save({"w": torch.ones(2)}, 2, dir=self.durable, replicated=True)
+        self.assertEqual(cp.source, "memory")
+        self.assertTrue(os.path.isdir(os.path.join(root, "rank-1", "step-2")))
+
+    def test_a_root_others_can_enter_is_refused_not_written_into(self):
+        root = self.fresh_root()
+        os.mkdir(root, 0o700)
+        os.chmod(root, 0o755)
+        with self.assertRaises(PermissionError) as cm:
+            ckpt.begin(1, dir=self.durable)
+        self.assertIn(f"refusing to keep checkpoints in {root}", str(cm.exception))
+        self.assertIn("mode 0755", str(cm.exception))
+        self.assertEqual(os.listdir(root), [])
 
 
 class SaveAsync(Base):
