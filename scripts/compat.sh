@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `make compat TORCH="2.6.0 2.8.0 2.9.1 2.11.0 2.15.0"`: the torch version matrix
 # (docs/compat.md). For each version:
-#  - a venv with that torch from PyPI, made once and kept (.venv-torch-<version> beside .venv;
-#    pip's cache makes a second one quick); the pinned version is .venv itself;
+#  - a venv with that torch from PyPI, made once and kept (.venv-torch-<version> beside .venv,
+#    about 5 GB: PyPI's wheels are CUDA builds); the pinned version is .venv itself;
 #  - the Python checks of scripts/compat.py under launch, with that torch's interpreter, client,
 #    server and torchrun (the agent store's conformance, 2- and 4-rank Gloo jobs killed and
 #    restarted, --prewarm=torch, the memory checkpoint and its DCP writer/reader, the @record

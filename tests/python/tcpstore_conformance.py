@@ -37,7 +37,7 @@ def scenarios(mk):
     out = []
 
     def rec(name, fn, needs=()):
-        # A call this torch's client lacks (queues came in 2.7) is no call of its to compare.
+        # A call this torch's client lacks (2.6's has no queues) is no call of its to compare.
         lacking = [n for n in needs if not hasattr(dist.TCPStore, n)]
         out.append((name, ("skipped", lacking) if lacking else outcome(fn)))
 
