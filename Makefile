@@ -1,5 +1,5 @@
 # Thin front over scripts/ and CMake. `make demo` and `make test` both set up first.
-.PHONY: setup build test test-asan test-tsan fuzz demo bench clean format wheel install package gpu-kit gpu-kit-check
+.PHONY: setup build test compat test-asan test-tsan fuzz demo bench clean format wheel install package gpu-kit gpu-kit-check
 
 BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
@@ -14,6 +14,13 @@ build: setup
 
 test: build
 	@bash scripts/test.sh $(BUILD_DIR)
+
+# The torch version matrix (docs/compat.md, scripts/compat.sh): per version a venv from PyPI
+# (.venv-torch-<version>, made once; the pinned one is .venv), the Python checks under launch,
+# and the worker library built against that LibTorch in build-torch-<version>. Not in CI.
+TORCH ?= 2.6.0 2.8.0 2.9.1 2.11.0 2.15.0
+compat: setup
+	@bash scripts/compat.sh $(TORCH)
 
 # The rendezvous and launcher suites under ASan + UBSan (build-asan) or TSan (build-tsan), built
 # without LibTorch. `make test` runs the ASan one too.

@@ -11,6 +11,7 @@
 
 #include "common/errors.h"
 #include "worker/log_bridge.h"
+#include "worker/torch_compat.h"
 
 namespace ddpl::worker {
 namespace {
@@ -117,7 +118,7 @@ struct DdpReducer::Impl {
   std::vector<at::Tensor> buffers;
   std::vector<TensorPack> bufferPacks;  // kept: the buffers travel before every forward
   std::vector<Bucket> buckets;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+  std::vector<torch_compat::GradAccumulatorPtr> accumulators;
   std::vector<uintptr_t> hookKeys;
 
   mutable std::mutex mu;
