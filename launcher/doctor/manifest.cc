@@ -22,8 +22,8 @@
 #include "common/errors.h"
 #include "common/file_io.h"
 #include "common/log.h"
-#include "launcher/agent/child_process.h"
 #include "launcher/doctor/doctor.h"
+#include "launcher/process/child_process.h"
 
 namespace ddpl::launcher {
 namespace {
