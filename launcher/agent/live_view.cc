@@ -12,8 +12,8 @@
 #include "common/errors.h"
 #include "common/file_io.h"
 #include "common/log.h"
+#include "common/secrets.h"
 #include "launcher/agent/containment.h"
-#include "launcher/doctor/manifest.h"
 #include "launcher/health/metrics_plugin.h"
 
 namespace ddpl::launcher {

@@ -4,7 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "launcher/doctor/manifest.h"
+#include "common/secrets.h"
 
 namespace ddpl::launcher {
 namespace {

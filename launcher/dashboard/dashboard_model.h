@@ -4,7 +4,7 @@
 // changes on that time axis, the end-of-run summary and the last stacks. Pure: the agent feeds
 // it and takes the text; the HTTP server only hands the text out, so a page polling it costs
 // the agent nothing. Everything it keeps is bounded (samples, events, text sizes) whatever the
-// job does, and every text is masked as a manifest is (launcher/doctor/manifest.h): a page
+// job does, and every text is masked as a manifest is (common/secrets.h): a page
 // readable from loopback shows no command-line or environment secret.
 #include <cstdint>
 #include <deque>

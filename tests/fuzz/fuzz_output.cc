@@ -11,15 +11,16 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
+#include "common/secrets.h"
 #include "launcher/agent/output.h"
 #include "launcher/dashboard/dashboard_model.h"
-#include "launcher/doctor/manifest.h"
 
+using namespace ddpl;
 using namespace ddpl::launcher;
 
 namespace {
