@@ -66,8 +66,8 @@ struct RdzvConf {
   std::optional<bool> agent_store;  // unset: on unless TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
   std::string token_file;
   std::string tls_ca_file;
-  // Keys only the etcd backend reads (launcher/membership/etcd/etcd_config.h checks them), as
-  // given.
+  // Keys only the etcd backend reads, as given (launcher/membership/etcd/etcd_config.h checks
+  // their values).
   std::map<std::string, std::string> etcd;
 };
 
