@@ -102,7 +102,7 @@ struct LaunchOptions {
   double monitor_log_interval_sec = 60;
   std::optional<int> metrics_port;  // --metrics-port: the Prometheus endpoint
   std::string metrics_host = "0.0.0.0";
-  // --dashboard[=HOST:PORT]: the job's web page (launcher/dashboard/dashboard.h); loopback
+  // --dashboard[=HOST:PORT]: the job's web page (web/dashboard.h); loopback
   // unless told otherwise.
   std::optional<int> dashboard_port;
   std::string dashboard_host = "127.0.0.1";

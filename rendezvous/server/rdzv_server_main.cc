@@ -23,12 +23,12 @@
 #include "common/log.h"
 #include "common/parse.h"
 #include "ddpl/config.h"
-#ifdef DDPL_WITH_DASHBOARD
-#include "launcher/dashboard/dashboard.h"
-#include "launcher/dashboard/dashboard_model.h"
-#endif
 #include "rendezvous/server/server.h"
 #include "rendezvous/store/token.h"
+#ifdef DDPL_WITH_DASHBOARD
+#include "web/dashboard.h"
+#include "web/dashboard_model.h"
+#endif
 
 namespace {
 
@@ -122,7 +122,7 @@ class JobPages {
 
   JobPages(ddpl::rdzv::RendezvousServer& server, const DashboardFlag& flag, std::string token)
       : server_(server) {
-    using namespace ddpl::launcher;
+    using namespace ddpl::web;
     DashboardOptions o;
     o.host = flag.host;
     o.port = flag.port;
@@ -151,7 +151,7 @@ class JobPages {
 
  private:
   void run() {
-    using namespace ddpl::launcher;
+    using namespace ddpl::web;
     std::unique_lock<std::mutex> lock(mu_);
     while (!cv_.wait_for(lock, std::chrono::seconds(1), [this] { return stop_; })) {
       lock.unlock();
@@ -195,8 +195,8 @@ class JobPages {
   }
 
   ddpl::rdzv::RendezvousServer& server_;
-  std::unique_ptr<ddpl::launcher::JobsDashboardEndpoint> endpoint_;
-  std::map<std::string, ddpl::launcher::DashboardModel> models_;  // the sampling thread's
+  std::unique_ptr<ddpl::web::JobsDashboardEndpoint> endpoint_;
+  std::map<std::string, ddpl::web::DashboardModel> models_;  // the sampling thread's
   std::thread thread_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -12,11 +12,12 @@
 #include <vector>
 
 #include "common/secrets.h"
-#include "launcher/dashboard/dashboard_model.h"
 #include "launcher/health/job_view.h"
+#include "web/dashboard_model.h"
 
 using namespace ddpl;
 using namespace ddpl::launcher;
+using namespace ddpl::web;
 
 namespace {
 

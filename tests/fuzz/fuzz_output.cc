@@ -18,10 +18,11 @@
 
 #include "common/secrets.h"
 #include "launcher/agent/output.h"
-#include "launcher/dashboard/dashboard_model.h"
+#include "web/dashboard_model.h"
 
 using namespace ddpl;
 using namespace ddpl::launcher;
+using namespace ddpl::web;
 
 namespace {
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-namespace ddpl::launcher {
+namespace ddpl::web {
 
 struct DashboardRank {
   std::string node;  // host name
@@ -94,4 +94,4 @@ std::vector<DashboardRank> decodeRanks(const std::string& text);
 // Cuts `text` to at most `bytes` on a UTF-8 boundary, with "…" when cut.
 std::string cutUtf8(const std::string& text, size_t bytes);
 
-}  // namespace ddpl::launcher
+}  // namespace ddpl::web
