@@ -124,15 +124,15 @@ target_compile_definitions(launcher_nvml_test PRIVATE
 
 # The metrics endpoint, scraped over HTTP on loopback.
 ddpl_add_test(NAME launcher_metrics_test
-  SOURCES integration/metrics_test.cc LIBS ddpl_metrics ddpl_launcher ddpl_test_util LABELS integration TIMEOUT 90)
+  SOURCES integration/metrics_test.cc LIBS ddpl_web_server ddpl_launcher ddpl_test_util LABELS integration TIMEOUT 90)
 add_dependencies(launcher_metrics_test fake_nvml launch)
 target_compile_definitions(launcher_metrics_test PRIVATE FAKE_NVML="$<TARGET_FILE:fake_nvml>")
 
 # The dashboard's model and server (launch --dashboard); a real job in a browser:
 # tests/dashboard/dashboard_test.py.
-if(TARGET ddpl_dashboard_server)
+if(TARGET ddpl_web_server)
   ddpl_add_test(NAME launcher_dashboard_test
-    SOURCES unit/dashboard_test.cc LIBS ddpl_dashboard_server ddpl_launcher ddpl_test_util
+    SOURCES unit/dashboard_test.cc LIBS ddpl_web_server ddpl_web ddpl_test_util
     LABELS unit TIMEOUT 60)
   add_test(NAME dashboard_test
     COMMAND ${DDPL_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/dashboard/dashboard_test.py

@@ -20,6 +20,7 @@
 #include <thread>
 #include <utility>
 
+#include "common/bytes.h"
 #include "common/errors.h"
 #include "common/event_loop.h"
 #include "common/heartbeat.h"

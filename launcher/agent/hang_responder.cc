@@ -17,7 +17,7 @@ int HangResponder::globalRank(int local_rank) const {
 std::string HangResponder::begin(const std::vector<Hang>& hangs, double now,
                                  std::vector<WorkerState> workers, std::string attempt_dir,
                                  int group_rank, const ProgressTracker& progress,
-                                 MetricsEndpoint* metrics) {
+                                 web::MetricsEndpoint* metrics) {
   busy_ = true;
   hangs_ = hangs;
   now_ = now;

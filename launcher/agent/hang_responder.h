@@ -12,8 +12,8 @@
 #include "launcher/agent/error_report.h"
 #include "launcher/agent/stacks_service.h"
 #include "launcher/agent/worker_state.h"
-#include "launcher/health/metrics.h"
 #include "launcher/health/progress.h"
+#include "web/metrics.h"
 
 namespace ddpl::launcher {
 
@@ -27,7 +27,7 @@ class HangResponder {
   // other nodes are told when asked for their stacks.
   std::string begin(const std::vector<Hang>& hangs, double now, std::vector<WorkerState> workers,
                     std::string attempt_dir, int group_rank, const ProgressTracker& progress,
-                    MetricsEndpoint* metrics);
+                    web::MetricsEndpoint* metrics);
   // This node's stacks are saved: logs the likely culprit and each rank's innermost frames.
   void onStacksSaved(const HangStacks& stacks);
   // Every node's stacks are in: logs the other nodes' answers and returns the failures to

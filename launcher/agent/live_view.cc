@@ -12,9 +12,9 @@
 #include "common/errors.h"
 #include "common/file_io.h"
 #include "common/log.h"
+#include "common/secrets.h"
 #include "launcher/agent/containment.h"
-#include "launcher/doctor/manifest.h"
-#include "launcher/health/metrics_plugin.h"
+#include "web/plugin.h"
 
 namespace ddpl::launcher {
 
@@ -43,15 +43,15 @@ void LiveView::readPeers() {
                              [this] { return peers_stop_; })) {
     const int nodes = nodes_.load(), me = node_rank_.load();
     lock.unlock();
-    std::map<int, std::vector<DashboardRank>> got;
-    for (int n = 0; n < nodes && n < static_cast<int>(kMaxPeerRanks); ++n) {
+    std::map<int, std::vector<web::DashboardRank>> got;
+    for (int n = 0; n < nodes && n < static_cast<int>(web::kMaxPeerRanks); ++n) {
       if (n == me) continue;
       try {
         if (auto v = rdzv_.nodeValue("dashboard", n)) {
-          auto rows = decodeRanks(*v);
+          auto rows = web::decodeRanks(*v);
           // Another node's word for its own rows only.
           rows.erase(std::remove_if(rows.begin(), rows.end(),
-                                    [n](const DashboardRank& r) { return r.node_rank != n; }),
+                                    [n](const web::DashboardRank& r) { return r.node_rank != n; }),
                      rows.end());
           got[n] = std::move(rows);
         }
@@ -66,11 +66,11 @@ void LiveView::readPeers() {
 
 void LiveView::startMetrics() {
   if (!options_.metrics_port) return;
-  MetricsOptions mo;
+  web::MetricsOptions mo;
   mo.host = options_.metrics_host;
   mo.port = *options_.metrics_port;
   mo.node = host_;
-  metrics_ = startMetricsEndpoint(mo);
+  metrics_ = web::startMetricsEndpoint(mo);
   const bool v6 = mo.host.find(':') != std::string::npos;
   log::info("metrics of this node's ranks on http://{}{}{}:{}/metrics", v6 ? "[" : "", mo.host,
             v6 ? "]" : "", metrics_->port());
@@ -113,13 +113,13 @@ void LiveView::startDashboard(const std::string& run_dir, const std::string& run
   int rc = writeAll(fd, line.data(), line.size());
   ::close(fd);
   if (rc != 0) throw Error("cannot write " + path + ": " + strerror(rc));
-  DashboardOptions o;
+  web::DashboardOptions o;
   o.host = options_.dashboard_host;
   o.port = *options_.dashboard_port;
   o.token = token;
   router_.keepRecentLines(true);
   // On the server's threads: what throws there is this part's too.
-  dashboard_ = ddpl::launcher::startDashboard(o, [this](int global_rank) {
+  dashboard_ = web::startDashboard(o, [this](int global_rank) {
     return dashboard_part_.contain(
         [&] {
           std::vector<std::string> lines = router_.recentLines(global_rank - rank_offset_.load());
@@ -210,11 +210,11 @@ void LiveView::publishDashboard(double now) {
 void LiveView::updateDashboard(const std::vector<RankReading>& ranks,
                                const std::vector<RankUsage>& usage, const JobFigures& f,
                                const ProgressTracker& progress, double now) {
-  std::vector<DashboardRank> rows;
+  std::vector<web::DashboardRank> rows;
   for (size_t i = 0; i < usage.size(); ++i) {
     const RankUsage& u = usage[i];
     rank_offset_ = u.global_rank - u.local_rank;
-    DashboardRank r;
+    web::DashboardRank r;
     r.node = host_;
     r.node_rank = node_rank_;
     r.global_rank = u.global_rank;
@@ -266,14 +266,15 @@ void LiveView::updateDashboard(const std::vector<RankReading>& ranks,
     // pages (only theirs: a job without the flag writes nothing there, an etcd one included).
     if (now >= next_peer_publish_) {
       next_peer_publish_ = now + kPeerInterval;
-      rdzv_.publishNodeValue("dashboard", encodeRanks(rows));
+      rdzv_.publishNodeValue("dashboard", web::encodeRanks(rows));
     }
     std::lock_guard<std::mutex> lock(peers_mu_);
     for (const auto& [n, theirs] : peers_)
       if (n < nodes_.load()) rows.insert(rows.end(), theirs.begin(), theirs.end());
-    std::sort(rows.begin(), rows.end(), [](const DashboardRank& a, const DashboardRank& b) {
-      return a.global_rank < b.global_rank;
-    });
+    std::sort(rows.begin(), rows.end(),
+              [](const web::DashboardRank& a, const web::DashboardRank& b) {
+                return a.global_rank < b.global_rank;
+              });
   }
   if (job_.state == "starting" && f.stepping) job_.state = "training";
   job_.step = f.step;
@@ -319,7 +320,7 @@ void LiveView::update(const std::vector<RankReading>& ranks, ProgressTracker& pr
     dashboard_part_.contain([&] { updateDashboard(ranks, usage, figures, progress, now); });
   if (metrics_)
     metrics_part_.contain([&] {
-      std::vector<RankMetrics> rank_metrics = rankMetrics(usage, progress);
+      std::vector<web::RankMetrics> rank_metrics = rankMetrics(usage, progress);
       for (size_t i = 0; i < rank_metrics.size() && i < figures.cpu_percent.size(); ++i)
         rank_metrics[i].cpu_percent = figures.cpu_percent[i];
       metrics_->update(rank_metrics);
@@ -398,11 +399,11 @@ void LiveView::addGpuFigures(std::vector<RankUsage>& usage, const std::vector<Ra
   }
 }
 
-std::vector<RankMetrics> LiveView::rankMetrics(const std::vector<RankUsage>& usage,
-                                               const ProgressTracker& progress) const {
-  std::vector<RankMetrics> out;
+std::vector<web::RankMetrics> LiveView::rankMetrics(const std::vector<RankUsage>& usage,
+                                                    const ProgressTracker& progress) const {
+  std::vector<web::RankMetrics> out;
   for (const auto& u : usage) {
-    RankMetrics m;
+    web::RankMetrics m;
     m.rank = u.global_rank;
     m.local_rank = u.local_rank;
     m.alive = u.alive;

@@ -23,13 +23,13 @@
 #include "launcher/agent/reporting_part.h"
 #include "launcher/agent/worker_state.h"
 #include "launcher/cli/options.h"
-#include "launcher/dashboard/dashboard.h"
-#include "launcher/dashboard/dashboard_model.h"
 #include "launcher/gpu/nvml.h"
 #include "launcher/health/job_view.h"
-#include "launcher/health/metrics.h"
 #include "launcher/health/progress.h"
 #include "launcher/membership/rendezvous_handler.h"
+#include "web/dashboard.h"
+#include "web/dashboard_model.h"
+#include "web/metrics.h"
 
 namespace ddpl::launcher {
 
@@ -51,7 +51,7 @@ class LiveView {
   // --metrics-port: starts the endpoint (throws as startMetricsEndpoint does). Null without.
   void startMetrics();
   // For the hang responder's counts; the agent's own calls go through countRestart().
-  MetricsEndpoint* metrics() const { return metrics_.get(); }
+  web::MetricsEndpoint* metrics() const { return metrics_.get(); }
 
   // --dashboard: starts the page's server (throws as startDashboard does) with a new token in
   // RUN_DIR/dashboard-token (private to the user). Nothing without the flag.
@@ -94,8 +94,8 @@ class LiveView {
                        const JobFigures& figures, const ProgressTracker& progress, double now);
   void publishDashboard(double now);
   void addGpuFigures(std::vector<RankUsage>& usage, const std::vector<RankReading>& ranks);
-  std::vector<RankMetrics> rankMetrics(const std::vector<RankUsage>& usage,
-                                       const ProgressTracker& progress) const;
+  std::vector<web::RankMetrics> rankMetrics(const std::vector<RankUsage>& usage,
+                                            const ProgressTracker& progress) const;
 
   // One per part, each failure logged once (reporting_part.h). First: the dashboard's server
   // threads use its part until dashboard_ is gone.
@@ -108,14 +108,14 @@ class LiveView {
   OutputRouter& router_;
   RendezvousHandler& rdzv_;
   JobView view_;
-  std::unique_ptr<MetricsEndpoint> metrics_;
+  std::unique_ptr<web::MetricsEndpoint> metrics_;
   std::unique_ptr<Nvml> nvml_;  // null when the machine has no driver
   bool nvml_tried_ = false;
   double next_view_ = 0, next_view_log_ = 0, next_straggler_check_ = 0;
   // --dashboard: the server, what it shows, and what the agent told it of this attempt.
-  std::unique_ptr<DashboardEndpoint> dashboard_;
-  DashboardModel model_;
-  DashboardJob job_;
+  std::unique_ptr<web::DashboardEndpoint> dashboard_;
+  web::DashboardModel model_;
+  web::DashboardJob job_;
   std::map<int, int> exited_;  // local rank -> exit code
   std::string summary_;
   std::map<int, bool> hung_;
@@ -129,7 +129,7 @@ class LiveView {
   std::mutex peers_mu_;
   std::condition_variable peers_cv_;
   bool peers_stop_ = false;                          // guarded by peers_mu_
-  std::map<int, std::vector<DashboardRank>> peers_;  // by node rank; guarded by peers_mu_
+  std::map<int, std::vector<web::DashboardRank>> peers_;  // by node rank; guarded by peers_mu_
   void readPeers();
 };
 

@@ -16,7 +16,7 @@
 #include <cstring>
 
 #include "common/errors.h"
-#include "launcher/agent/child_process.h"
+#include "launcher/process/child_process.h"
 #include "launcher/warm/worker_template.h"
 
 namespace ddpl::launcher {

@@ -13,8 +13,8 @@
 #include <set>
 #include <vector>
 
-#include "launcher/agent/child_process.h"
 #include "launcher/agent/containment.h"
+#include "launcher/process/child_process.h"
 
 namespace ddpl::launcher {
 namespace {

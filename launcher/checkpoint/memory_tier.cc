@@ -25,11 +25,11 @@
 #include <set>
 #include <thread>
 
+#include "common/bytes.h"
 #include "common/checkpoint_files.h"
 #include "common/errors.h"
 #include "common/log.h"
 #include "launcher/checkpoint/replica.h"
-#include "launcher/health/job_view.h"
 
 namespace fs = std::filesystem;
 

@@ -7,7 +7,6 @@
 #include <csignal>
 #include <cstring>
 #include <set>
-#include <sstream>
 
 #include "common/parse.h"
 #include "common/torchrun_env.h"
@@ -233,23 +232,6 @@ ParseResult parseCommandLine(const std::vector<std::string>& args,
   return result;
 }
 
-namespace {
-// Word-wraps `text` for a column starting at `indent`, lines at most `width` wide.
-std::string wrap(const std::string& text, size_t indent, size_t width) {
-  std::string out, line;
-  std::istringstream words(text);
-  std::string w;
-  while (words >> w) {
-    if (!line.empty() && indent + line.size() + 1 + w.size() > width) {
-      out += line + "\n" + std::string(indent, ' ');
-      line.clear();
-    }
-    line += (line.empty() ? "" : " ") + w;
-  }
-  return out + line + "\n";
-}
-}  // namespace
-
 std::string helpText() {
   std::string out =
       "usage: launch [options] PROGRAM [ARGS...]\n\n"
@@ -260,15 +242,11 @@ std::string helpText() {
       "${local_rank} in ARGS is replaced per worker. Every option also accepts the\n"
       "underscore spelling (--nproc_per_node) and falls back to PET_<NAME> from the\n"
       "environment (PET_NPROC_PER_NODE=4); the command line wins.\n\noptions:\n";
-  for (const auto& f : flags()) {
-    std::string names;
-    for (auto it = f.names.rbegin(); it != f.names.rend(); ++it)
-      names += (names.empty() ? "" : ", ") + *it;
-    if (f.takes_value) names += " " + f.metavar;
-    out += fmt::format("  {:<34} {}", names, wrap(f.help, 37, 100));
-  }
-  out += fmt::format("  {:<34} {}\n", "-h, --help", "show this help");
-  out += fmt::format("  {:<34} {}\n", "--version", "print the version");
+  // Names in 34 columns, the text wrapped at 100 (flag_table::HelpLayout's defaults).
+  const flag_table::HelpLayout layout;
+  out += flag_table::helpRows(flags(), layout);
+  out += flag_table::helpRow("-h, --help", "show this help", layout);
+  out += flag_table::helpRow("--version", "print the version", layout);
   out +=
       "\nexit status: 0 when every worker succeeds; otherwise the root-cause worker's exit\n"
       "code (128+N when it died of signal N), 124 when a hung rank ended the job\n"

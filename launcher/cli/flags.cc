@@ -497,32 +497,8 @@ const std::vector<Flag>& flags() {
   return kFlags;
 }
 
-namespace {
-// torchrun accepts both spellings; we compare in the dashed form.
-std::string canonical(const std::string& name) {
-  if (name.size() < 3 || name[0] != '-' || name[1] != '-') return name;
-  std::string c = name;
-  std::replace(c.begin() + 2, c.end(), '_', '-');
-  return c;
-}
-}  // namespace
-
 const Flag* findFlag(const std::string& name) {
-  std::string c = canonical(name);
-  for (const auto& f : flags())
-    for (const auto& n : f.names)
-      if (n == c) return &f;
-  if (c.rfind("--", 0) != 0 || c.size() < 3) return nullptr;
-  std::vector<const Flag*> matches;
-  for (const auto& f : flags())
-    if (f.names[0].rfind(c, 0) == 0) matches.push_back(&f);
-  if (matches.size() == 1) return matches[0];
-  if (matches.size() > 1) {
-    std::string names;
-    for (const Flag* f : matches) names += (names.empty() ? "" : ", ") + f->names[0];
-    throw UsageError(fmt::format("ambiguous option '{}' could match {}", name, names));
-  }
-  return nullptr;
+  return flag_table::find(flags(), name, flag_table::Prefixes::kAccept);
 }
 
 UsageError unknownOption(const std::string& name) {
@@ -530,7 +506,7 @@ UsageError unknownOption(const std::string& name) {
   for (const auto& f : flags()) all.push_back(f.names[0]);
   all.push_back("--help");
   all.push_back("--version");
-  std::string near = closestMatch(canonical(name), all);
+  std::string near = closestMatch(flag_table::canonical(name), all);
   return UsageError(
       fmt::format("unknown option '{}'{} (see launch --help); options go before "
                   "PROGRAM, the program's own options after it",
@@ -538,18 +514,9 @@ UsageError unknownOption(const std::string& name) {
 }
 
 void applyFlag(const Flag& f, const std::string& name, const std::string& value, LaunchOptions& o) {
-  try {
-    f.apply(name, value, o);
-  } catch (const InvalidArgument& e) {
-    throw UsageError(e.what());
-  }
+  flag_table::apply(f, name, value, o);
 }
 
-std::string petName(const Flag& f) {
-  std::string n = f.names[0].substr(2);
-  std::transform(n.begin(), n.end(), n.begin(),
-                 [](char ch) { return ch == '-' ? '_' : static_cast<char>(::toupper(ch)); });
-  return "PET_" + n;
-}
+std::string petName(const Flag& f) { return flag_table::envName("PET_", f.names[0]); }
 
 }  // namespace ddpl::launcher::cli

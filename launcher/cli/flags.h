@@ -1,22 +1,17 @@
 #pragma once
 // launch's flag table: every option's names, --help text and how its value lands in
-// LaunchOptions. Internal to launcher/cli/ (parseCommandLine and helpText read it).
-#include <functional>
+// LaunchOptions, over the table machinery rdzv-server uses too (common/flag_table.h). Internal
+// to launcher/cli/ (parseCommandLine, helpText and the completion scripts read it).
 #include <string>
 #include <vector>
 
 #include "common/errors.h"
+#include "common/flag_table.h"
 #include "launcher/cli/options.h"
 
 namespace ddpl::launcher::cli {
 
-struct Flag {
-  std::vector<std::string> names;  // canonical spelling with dashes; first is the main one
-  bool takes_value;
-  std::string metavar;
-  std::string help;
-  std::function<void(const std::string& flag, const std::string& value, LaunchOptions&)> apply;
-};
+using Flag = flag_table::Flag<LaunchOptions>;
 
 const std::vector<Flag>& flags();
 

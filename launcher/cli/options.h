@@ -66,8 +66,8 @@ struct RdzvConf {
   std::optional<bool> agent_store;  // unset: on unless TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
   std::string token_file;
   std::string tls_ca_file;
-  // Keys only the etcd backend reads (launcher/membership/etcd/etcd_config.h checks them), as
-  // given.
+  // Keys only the etcd backend reads, as given (launcher/membership/etcd/etcd_config.h checks
+  // their values).
   std::map<std::string, std::string> etcd;
 };
 
@@ -102,7 +102,7 @@ struct LaunchOptions {
   double monitor_log_interval_sec = 60;
   std::optional<int> metrics_port;  // --metrics-port: the Prometheus endpoint
   std::string metrics_host = "0.0.0.0";
-  // --dashboard[=HOST:PORT]: the job's web page (launcher/dashboard/dashboard.h); loopback
+  // --dashboard[=HOST:PORT]: the job's web page (web/dashboard.h); loopback
   // unless told otherwise.
   std::optional<int> dashboard_port;
   std::string dashboard_host = "127.0.0.1";

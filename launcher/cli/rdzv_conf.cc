@@ -5,12 +5,28 @@
 #include "common/parse.h"
 #include "launcher/cli/cli.h"
 #include "launcher/cli/values.h"
-#include "launcher/membership/etcd/etcd_config.h"
 
 namespace ddpl::launcher {
 using cli::parseSeconds;
 using cli::split;
 using cli::trim;
+
+namespace {
+
+// The keys only the etcd backend reads: torchrun's (protocol, cacert, cert, key, etcd_prefix),
+// the spellings its c10d backend uses for the same files, and ours. Their values are the etcd
+// backend's to check (launcher/membership/etcd/etcd_config.h).
+const char* const kEtcdKeys[] = {"protocol",    "cacert",        "cert",      "key",
+                                 "etcd_prefix", "ca_cert",       "ssl_cert",  "ssl_cert_key",
+                                 "user",        "password_file", "lease_ttl", "connect_timeout"};
+
+bool isEtcdConfKey(const std::string& key) {
+  for (const char* k : kEtcdKeys)
+    if (key == k) return true;
+  return false;
+}
+
+}  // namespace
 
 RdzvConf parseRdzvConf(const std::string& v, std::vector<std::string>* warnings) {
   RdzvConf c;

@@ -8,8 +8,8 @@
 
 #include "common/parse.h"
 #include "common/torchrun_env.h"
-#include "launcher/agent/child_process.h"
 #include "launcher/doctor/check_util.h"
+#include "launcher/process/child_process.h"
 
 namespace ddpl::launcher {
 using checks::getEnv;

@@ -18,28 +18,12 @@ namespace ddpl::launcher {
 
 inline constexpr const char* kManifestProbeFlag = "__manifest-probe";
 inline constexpr const char* kNotProbed = "not probed";
-inline constexpr const char* kMasked = "<masked>";
-
-// What a manifest never shows (docs/doctor.md says the rule to users):
-// - the value of a variable whose name, in any case, contains TOKEN (not TOKENS or TOKENIZER),
-//   SECRET, PASSWORD, PASSWD,
-//   PASSPHRASE, CREDENTIAL, AUTH, KEY, COOKIE or PRIVATE, or has PAT, PWD, PW, PASS, CRED, CREDS
-//   as a whole word between '_', '-' or '.' (GITHUB_PAT, DB_PWD; not PATH or PWD itself);
-// - the password of any URL with one (scheme://user:password@host), in any value.
-Environment maskEnvironment(const Environment& env);
-// The same rules for a command line: `--db-password X`, `--api-key=X` and URL passwords.
-std::vector<std::string> maskCommandLine(const std::vector<std::string>& args);
-// The same rules for free text (a log line, a stack dump with its process's command line),
-// word by word on each line: `--api-key=X`, `--password X`, `DB_PASSWORD=X`, URL passwords.
-std::string maskSecretsInText(const std::string& text);
-// scheme://user:password@host -> scheme://user:<masked>@host, anywhere in `text`.
-std::string maskUrlPasswords(const std::string& text);
 
 struct ManifestFacts {
   std::string version;  // launch's
   std::vector<std::string> command_line;
   LaunchOptions options;
-  Environment env;  // masked here, whatever the caller passes
+  Environment env;  // masked here (common/secrets.h), whatever the caller passes
   std::string run_id;
   std::string host;
   int nproc = 1;

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/bytes.h"
+
 namespace ddpl::launcher {
 namespace {
 
@@ -19,18 +21,6 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   size_t n = v.size();
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-// "13M", "1.2G": a status line has no room for "MiB".
-std::string shortBytes(int64_t bytes) {
-  double b = static_cast<double>(bytes);
-  if (bytes < 1024) return fmt::format("{}B", bytes);
-  if (bytes < (int64_t{1} << 20)) return fmt::format("{:.0f}K", b / 1024);
-  if (bytes < (int64_t{10} << 30)) {
-    if (bytes < (int64_t{1} << 30)) return fmt::format("{:.0f}M", b / 1048576);
-    return fmt::format("{:.1f}G", b / 1073741824);
-  }
-  return fmt::format("{:.0f}G", b / 1073741824);
 }
 
 // Per-rank figures in one word each: every rank when there are few, else the range and the
@@ -80,14 +70,6 @@ std::string render(const JobFigures& f, size_t list_up_to, const char* sep, bool
 }
 
 }  // namespace
-
-std::string humanBytes(int64_t bytes) {
-  double b = static_cast<double>(bytes);
-  if (bytes < 1024) return fmt::format("{}B", bytes);
-  if (bytes < (int64_t{1} << 20)) return fmt::format("{:.0f}KiB", b / 1024);
-  if (bytes < (int64_t{1} << 30)) return fmt::format("{:.0f}MiB", b / 1048576);
-  return fmt::format("{:.1f}GiB", b / 1073741824);
-}
 
 std::string fitColumns(const std::string& text, size_t columns) {
   size_t cols = 0, i = 0;

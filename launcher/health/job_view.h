@@ -71,7 +71,4 @@ class JobView {
 // never split; ANSI escape sequences count as none and a cut line ends with a reset.
 std::string fitColumns(const std::string& text, size_t columns);
 
-// "1.2 GiB", "340 MiB", "12 KiB".
-std::string humanBytes(int64_t bytes);
-
 }  // namespace ddpl::launcher

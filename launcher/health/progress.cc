@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "launcher/health/job_view.h"
+#include "common/bytes.h"
 
 namespace ddpl::launcher {
 

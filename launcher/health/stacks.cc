@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "common/parse.h"
-#include "launcher/agent/child_process.h"
+#include "launcher/process/child_process.h"
 
 namespace ddpl::launcher {
 namespace {

@@ -1,11 +1,13 @@
 #pragma once
-// Loads libddpl_launch_grpc.so (next to the launcher, in ../lib) on first use. Everything in
-// `launch` that needs gRPC goes through here, so runs that need none pay nothing for it.
+// Loads libddpl_launch_grpc.so (next to the launcher, in ../lib: common/plugin.h) on first use.
+// Everything in `launch` that needs gRPC goes through here, so runs that need none pay nothing
+// for it.
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 
+#include "common/plugin.h"
 #include "launcher/membership/etcd/etcd_rendezvous.h"
 #include "launcher/membership/grpc_rendezvous.h"
 
@@ -31,9 +33,8 @@ class GrpcPlugin {
   static std::string defaultPath();
 
  private:
-  explicit GrpcPlugin(void* handle) : handle_(handle) {}
-  void* symbol(const char* name);
-  void* handle_;
+  explicit GrpcPlugin(const Plugin& plugin) : plugin_(plugin) {}
+  const Plugin& plugin_;
 };
 
 }  // namespace ddpl::launcher

@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/errors.h"
-#include "launcher/agent/child_process.h"
+#include "launcher/process/child_process.h"
 
 namespace ddpl::launcher::warm {
 namespace {

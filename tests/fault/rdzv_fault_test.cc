@@ -238,6 +238,47 @@ TEST_F(ServerBinaryTest, BadCommandLinesExitTwoNamingTheFlag) {
   EXPECT_THAT(out, HasSubstr("--token-file"));
 }
 
+// rdzv-server's grammar (rendezvous/server/server_flags.h), message for message: whole names
+// only, underscores for dashes, a switch refuses a value unless its help shows one that may
+// follow it, values checked in order before the log level, --help and --version ending the
+// parse where they stand, and the two layouts of a --help row.
+TEST_F(ServerBinaryTest, CommandLineGrammarAndMessagesAreExact) {
+  const std::pair<std::vector<std::string>, std::string> refused[] = {
+      {{"--dash"}, "unknown flag '--dash'"},
+      {{"x_y"}, "unknown flag 'x_y'"},
+      {{"--=x"}, "unknown flag '--=x'"},
+      {{"--heartbeat_window"}, "--heartbeat-window needs a value"},
+      {{"--port=1", "--port"}, "--port needs a value"},
+      {{"--no-store-socket=1"}, "--no-store-socket takes no value"},
+      {{"--version=1"}, "--version takes no value"},
+      {{"--dashboard=:5"}, "--dashboard=:5: HOST:PORT, e.g. 127.0.0.1:8265"},
+      {{"--dashboard=127.0.0.1:99999"},
+       "--dashboard: 99999 is out of range: use a whole number from 0 to 65535"},
+      {{"--max_parked=0"},
+       "--max-parked: 0 is out of range: use a whole number from 1 to 1073741824"},
+      {{"--bogus", "--help"}, "unknown flag '--bogus'"},
+      {{"--log-level=zz", "--bogus"}, "unknown flag '--bogus'"},
+      {{"--log-level=zz"},
+       "unknown log level 'zz': use trace, debug, info, warn, error, critical or off"},
+  };
+  std::string out;
+  for (const auto& [args, message] : refused) {
+    EXPECT_EQ(runServer(args, &out), 2) << args[0];
+    EXPECT_EQ(out, "rdzv-server: " + message + " (see --help)\n");
+  }
+  EXPECT_EQ(runServer({"--help", "--bogus"}, &out), 0);
+  EXPECT_EQ(out.rfind("usage: rdzv-server [options]\n\n", 0), 0u) << out;
+  EXPECT_THAT(out, HasSubstr("\n  --heartbeat-window SECS  evict members silent this long "
+                             "(default 30)\n  --run-retention SECS     forget a run"));
+  EXPECT_THAT(out, HasSubstr("\n  --max-stream-queued-bytes N\n                           answer "
+                             "bytes queued per store stream before the server\n"));
+  EXPECT_THAT(out, HasSubstr("\n  --dashboard[=HOST:PORT]  serve a page for every job"));
+  EXPECT_THAT(out, HasSubstr("\n  -h, --help               this text\n\nEvery flag also"));
+  EXPECT_EQ(runServer({"-h"}, &out), 0);
+  EXPECT_EQ(runServer({"--version", "--bogus"}, &out), 0);
+  EXPECT_EQ(out.rfind("rdzv-server ", 0), 0u) << out;
+}
+
 TEST_F(ServerBinaryTest, UnreadableOrEmptyTokenFileIsFatal) {
   std::string out;
   EXPECT_EQ(runServer({"--token-file", path("missing")}, &out), 1);

@@ -1,18 +1,18 @@
-// libFuzzer target: the dashboard's model (launcher/dashboard/dashboard_model.h) fed what other
+// libFuzzer target: the dashboard's model (web/dashboard_model.h) fed what other
 // machines and workers control: another node's rows as they come from the job's store
 // (decodeRanks: the input up to its first \0), and text (the rest) as a rank's last line, an
 // event, the summary (the failure report goes there) and stacks. Findings besides a crash or
 // a sanitizer report: an exception, a row past its bounds, a page whose JSON does not parse,
 // rows that do not come back from their own encoding (each traps).
 #include <cstddef>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "launcher/dashboard/dashboard_model.h"
+#include "web/dashboard_model.h"
 
-using namespace ddpl::launcher;
+using namespace ddpl::web;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string input(reinterpret_cast<const char*>(data), size);

@@ -17,9 +17,10 @@
 #include <string>
 
 #include "launcher/agent/error_report.h"
-#include "launcher/dashboard/dashboard_model.h"
+#include "web/dashboard_model.h"
 
 using namespace ddpl::launcher;
+using namespace ddpl::web;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static int fd = memfd_create("error_file", MFD_CLOEXEC);

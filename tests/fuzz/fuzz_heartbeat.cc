@@ -7,18 +7,19 @@
 // 2 bytes][step][waited][restore] (little-endian). Findings: a crash, a sanitizer report (an
 // overflowing conversion included), an exception (each traps).
 #include <cstddef>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
-#include "launcher/dashboard/dashboard_model.h"
 #include "launcher/health/job_view.h"
 #include "launcher/health/progress.h"
 #include "launcher/warm/restart_phases.h"
+#include "web/dashboard_model.h"
 
 using namespace ddpl::launcher;
+using namespace ddpl::web;
 
 namespace {
 

@@ -1,4 +1,4 @@
-// libFuzzer target: the masking of secrets (launcher/doctor/manifest.h) in what a worker or the
+// libFuzzer target: the masking of secrets (common/secrets.h) in what a worker or the
 // user controls: a rank's lines on the dashboard, its stacks, the failure report (text), the
 // command line (the input's \0-separated words) and the environment (its NAME=VALUE lines),
 // then what the dashboard and the status line do with the result (cutUtf8, fitColumns). Every
@@ -6,16 +6,18 @@
 // masked text with another number of lines, a word list of another length, a cut longer than
 // asked (each traps).
 #include <cstddef>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <vector>
 
-#include "launcher/dashboard/dashboard_model.h"
-#include "launcher/doctor/manifest.h"
+#include "common/secrets.h"
 #include "launcher/health/job_view.h"
+#include "web/dashboard_model.h"
 
+using namespace ddpl;
 using namespace ddpl::launcher;
+using namespace ddpl::web;
 
 namespace {
 

@@ -11,16 +11,18 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
+#include "common/secrets.h"
 #include "launcher/agent/output.h"
-#include "launcher/dashboard/dashboard_model.h"
-#include "launcher/doctor/manifest.h"
+#include "web/dashboard_model.h"
 
+using namespace ddpl;
 using namespace ddpl::launcher;
+using namespace ddpl::web;
 
 namespace {
 

@@ -1,6 +1,6 @@
-// launcher/health/metrics.h: the Prometheus endpoint, scraped over real HTTP on loopback with a
+// web/metrics.h: the Prometheus endpoint, scraped over real HTTP on loopback with a
 // plain socket, against the names and labels that docs/monitoring.md documents.
-#include "launcher/health/metrics.h"
+#include "web/metrics.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -28,7 +28,7 @@
 #include "common/log.h"
 #include "tests/common/subprocess.h"
 
-using namespace ddpl::launcher;
+using namespace ddpl::web;
 using ::testing::HasSubstr;
 
 namespace {

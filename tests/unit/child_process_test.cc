@@ -1,7 +1,7 @@
-// launcher/agent/child_process.h: what runChild promises (captured streams, the output bound,
+// launcher/process/child_process.h: what runChild promises (captured streams, the output bound,
 // the deadline that kills a child deaf to SIGTERM and what it started, exit codes and signals,
 // no descriptor left open and none of ours handed to the child), and the detached start.
-#include "launcher/agent/child_process.h"
+#include "launcher/process/child_process.h"
 
 #include <dirent.h>
 #include <fcntl.h>

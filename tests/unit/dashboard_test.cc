@@ -1,6 +1,6 @@
 // The dashboard's model (what GET /api/job says, within its bounds) and its server's access
 // rules, over HTTP on loopback. The page in a browser and a real job: tests/dashboard/.
-#include "launcher/dashboard/dashboard.h"
+#include "web/dashboard.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -11,9 +11,9 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "launcher/dashboard/dashboard_model.h"
+#include "web/dashboard_model.h"
 
-using namespace ddpl::launcher;
+using namespace ddpl::web;
 using nlohmann::json;
 
 namespace {

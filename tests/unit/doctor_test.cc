@@ -16,10 +16,15 @@
 #include <set>
 
 #include "common/errors.h"
+#include "common/secrets.h"
 #include "launcher/doctor/manifest.h"
 #include "tests/common/subprocess.h"
 
 using namespace ddpl::launcher;
+using ddpl::kMasked;
+using ddpl::maskCommandLine;
+using ddpl::maskEnvironment;
+using ddpl::maskSecretsInText;
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 

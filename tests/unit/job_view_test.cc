@@ -3,7 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include "common/bytes.h"
+
 using namespace ddpl::launcher;
+using ddpl::humanBytes;
 
 namespace {
 RankUsage rank(int lr, uint64_t step, double cpu, int64_t rss) {

@@ -12,19 +12,7 @@ namespace {
 
 constexpr int kEtcdDefaultPort = 2379;
 
-// torchrun's etcd keys (protocol, cacert, cert, key, etcd_prefix), the spellings its c10d
-// backend uses for the same files, and ours.
-const char* const kEtcdKeys[] = {"protocol",    "cacert",        "cert",      "key",
-                                 "etcd_prefix", "ca_cert",       "ssl_cert",  "ssl_cert_key",
-                                 "user",        "password_file", "lease_ttl", "connect_timeout"};
-
 }  // namespace
-
-bool isEtcdConfKey(const std::string& key) {
-  for (const char* k : kEtcdKeys)
-    if (key == k) return true;
-  return false;
-}
 
 EtcdRendezvousConfig etcdRendezvousConfig(const LaunchOptions& o, const RoundsConfig& rounds,
                                           const Environment& env) {

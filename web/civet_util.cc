@@ -1,4 +1,4 @@
-#include "launcher/health/civet_util.h"
+#include "web/civet_util.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -11,7 +11,7 @@
 #include "common/errors.h"
 #include "common/log.h"
 
-namespace ddpl::launcher {
+namespace ddpl::web {
 namespace {
 
 // What civetweb logs while a server starts, on the starting thread (for its exception).
@@ -80,4 +80,4 @@ void wakeCivetListener(int port) {
   }
 }
 
-}  // namespace ddpl::launcher
+}  // namespace ddpl::web

@@ -1,4 +1,4 @@
-#include "launcher/agent/child_process.h"
+#include "launcher/process/child_process.h"
 
 #include <fcntl.h>
 #include <poll.h>

@@ -4,7 +4,7 @@
 // changes on that time axis, the end-of-run summary and the last stacks. Pure: the agent feeds
 // it and takes the text; the HTTP server only hands the text out, so a page polling it costs
 // the agent nothing. Everything it keeps is bounded (samples, events, text sizes) whatever the
-// job does, and every text is masked as a manifest is (launcher/doctor/manifest.h): a page
+// job does, and every text is masked as a manifest is (common/secrets.h): a page
 // readable from loopback shows no command-line or environment secret.
 #include <cstdint>
 #include <deque>
@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-namespace ddpl::launcher {
+namespace ddpl::web {
 
 struct DashboardRank {
   std::string node;  // host name
@@ -94,4 +94,4 @@ std::vector<DashboardRank> decodeRanks(const std::string& text);
 // Cuts `text` to at most `bytes` on a UTF-8 boundary, with "…" when cut.
 std::string cutUtf8(const std::string& text, size_t bytes);
 
-}  // namespace ddpl::launcher
+}  // namespace ddpl::web

@@ -17,10 +17,10 @@
 #include "common/errors.h"
 #include "common/log.h"
 #include "common/peer_uid.h"
-#include "launcher/dashboard/dashboard.h"
-#include "launcher/health/civet_util.h"
+#include "web/civet_util.h"
+#include "web/dashboard.h"
 
-namespace ddpl::launcher {
+namespace ddpl::web {
 
 bool isLoopbackAddress(const std::string& address) {
   if (address == "::1") return true;
@@ -439,4 +439,4 @@ DashboardEndpoint* newDashboard(const DashboardOptions& options, DashboardLogs l
   return new Dashboard(options, std::move(logs));
 }
 
-}  // namespace ddpl::launcher
+}  // namespace ddpl::web

@@ -3,20 +3,20 @@
 // (inside the binary: no internet needed), GET /api/job its data as JSON (DashboardModel),
 // GET /api/logs?rank=N a rank's last lines, POST /api/stacks asks for every rank's stack.
 //
-// Served by civetweb from launch's metrics plugin (libddpl_launch_metrics.so), so that jobs
-// without it load no HTTP server. Access: the job's user (launch's euid, told by the kernel's
-// socket diagnostics: common/peer_uid.h) may read from loopback without the token; other users,
-// other machines, and POST from anyone must carry the job's dashboard token as `Authorization:
-// Bearer TOKEN` or `?token=TOKEN`. Bounded: a few server threads, a short request timeout, and
-// answers that are copies of text the agent made at most twice a second, so many open pages or
-// a hostile client cost the server's threads, never the agent's loop.
+// Served by civetweb from launch's metrics plugin (libddpl_launch_metrics.so; web/plugin.h starts
+// it), so that jobs without it load no HTTP server. Access: the job's user (launch's euid, told by
+// the kernel's socket diagnostics: common/peer_uid.h) may read from loopback without the token;
+// other users, other machines, and POST from anyone must carry the job's dashboard token as
+// `Authorization: Bearer TOKEN` or `?token=TOKEN`. Bounded: a few server threads, a short request
+// timeout, and answers that are copies of text the agent made at most twice a second, so many open
+// pages or a hostile client cost the server's threads, never the agent's loop.
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
-namespace ddpl::launcher {
+namespace ddpl::web {
 
 struct DashboardOptions {
   std::string host = "127.0.0.1";  // IPv4 address or name; loopback unless told otherwise
@@ -41,11 +41,6 @@ class DashboardEndpoint {
   virtual void waitForOpenPages(double seconds) = 0;
 };
 
-// Loads the plugin and starts the server. Throws ddpl::NetworkError naming the address and why
-// it cannot listen, ddpl::Error when the plugin is missing.
-std::unique_ptr<DashboardEndpoint> startDashboard(const DashboardOptions& options,
-                                                  DashboardLogs logs);
-
 // rdzv-server --dashboard: a page for every job it hosts. GET / lists them; /job/RUN/ is the
 // same page as launch's and /job/RUN/api/job its data, from the rows the job's agents publish
 // (launch --dashboard on its nodes); a job's logs and stacks stay on its nodes' pages. Access:
@@ -60,10 +55,10 @@ class JobsDashboardEndpoint {
 };
 JobsDashboardEndpoint* newJobsDashboard(const DashboardOptions& options);
 
-// The plugin's side: the server itself (dashboard_server.cc).
+// The server itself (dashboard_server.cc): the plugin's side of startDashboard.
 DashboardEndpoint* newDashboard(const DashboardOptions& options, DashboardLogs logs);
 
-// The page, from launcher/dashboard/page.html (generated into the plugin).
+// The page, from web/page.html (generated into the server's library).
 extern const char* const kDashboardPage;
 
 // Whether `address` (as civetweb gives a peer: "127.0.0.1", "::1") is a loopback one.
@@ -71,4 +66,4 @@ bool isLoopbackAddress(const std::string& address);
 // "Bearer TOKEN" against the token, in time independent of where they differ.
 bool bearerMatches(const char* header, const std::string& token);
 
-}  // namespace ddpl::launcher
+}  // namespace ddpl::web

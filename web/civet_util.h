@@ -1,12 +1,12 @@
 #pragma once
 // What the servers on civetweb (the metrics endpoint, the dashboard) share about starting and
-// stopping it. Internal to launch's metrics plugin.
+// stopping it. Internal to web/'s servers.
 #include <CivetServer.h>
 
 #include <functional>
 #include <string>
 
-namespace ddpl::launcher {
+namespace ddpl::web {
 
 // `host` ("" or null: every interface) as the numeric IPv4 address civetweb listens on; civetweb
 // would call a name it cannot resolve an "invalid port spec". Throws ddpl::NetworkError
@@ -25,4 +25,4 @@ void startCivet(const std::string& who, const std::string& address,
 // milliseconds (measured on the metrics endpoint: 1.7 s -> 13 ms).
 void wakeCivetListener(int port);
 
-}  // namespace ddpl::launcher
+}  // namespace ddpl::web

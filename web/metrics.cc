@@ -1,4 +1,4 @@
-#include "launcher/health/metrics.h"
+#include "web/metrics.h"
 
 #include <CivetServer.h>
 #include <arpa/inet.h>
@@ -28,9 +28,9 @@
 
 #include "common/errors.h"
 #include "common/log.h"
-#include "launcher/health/civet_util.h"
+#include "web/civet_util.h"
 
-namespace ddpl::launcher {
+namespace ddpl::web {
 
 namespace {
 
@@ -383,4 +383,4 @@ void MetricsExporter::onStraggler(int rank, int local_rank) {
   impl_->stragglers.Add(rankLabels(rank, local_rank)).Increment();
 }
 
-}  // namespace ddpl::launcher
+}  // namespace ddpl::web

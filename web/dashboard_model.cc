@@ -1,12 +1,12 @@
-#include "launcher/dashboard/dashboard_model.h"
+#include "web/dashboard_model.h"
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "launcher/doctor/manifest.h"
+#include "common/secrets.h"
 
-namespace ddpl::launcher {
+namespace ddpl::web {
 namespace {
 
 using Json = nlohmann::json;
@@ -203,4 +203,4 @@ std::string DashboardModel::json(double now) const {
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
-}  // namespace ddpl::launcher
+}  // namespace ddpl::web

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-namespace ddpl::launcher {
+namespace ddpl::web {
 
 // Every interface: a Prometheus server scrapes the agent from another machine.
 inline constexpr const char* kDefaultMetricsHost = "0.0.0.0";
@@ -54,7 +54,7 @@ struct JobMetrics {
 //
 // Thread safety: every method may be called from any thread; calls are serialised inside, and
 // scrapes (on the server's threads) read a consistent snapshot of each series.
-// What the agent uses: the exporter, loaded from launch's metrics plugin (metrics_plugin.h), so
+// What the agent uses: the exporter, loaded from launch's metrics plugin (web/plugin.h), so
 // runs without --metrics-port load no prometheus-cpp.
 class MetricsEndpoint {
  public:
@@ -90,4 +90,4 @@ class MetricsExporter : public MetricsEndpoint {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace ddpl::launcher
+}  // namespace ddpl::web

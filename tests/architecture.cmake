@@ -1,0 +1,5 @@
+# The shape of the code itself (docs/architecture.md): the product folders' include graph against
+# the one the document draws. Python standard library only; no build product needed.
+add_test(NAME include_graph_test
+  COMMAND ${DDPL_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/unit/include_graph_test.py)
+set_tests_properties(include_graph_test PROPERTIES TIMEOUT 60 LABELS unit SKIP_RETURN_CODE 77)
