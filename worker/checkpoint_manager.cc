@@ -1,4 +1,4 @@
-#include "worker/checkpoints.h"
+#include "worker/checkpoint_manager.h"
 
 #include <signal.h>
 #include <sys/stat.h>
