@@ -9,7 +9,7 @@ from .. import _env
 from .. import progress as _progress
 from . import _job
 from ._disk import disk_steps
-from ._format import ORIGIN
+from ._format import ORIGIN, agree_on_step
 from ._memory import memory_dir, memory_steps
 from ._types import Checkpoint, api
 
@@ -53,13 +53,15 @@ def _latest(dir, store, timeout):
     if d is not None:
         for step, path in disk_steps(d, rank).items():
             offers.setdefault(step, Checkpoint(step, path, "disk", rank))
-    common = set(offers)
-    if world > 1:
-        common = _agree(sorted(offers), rank, world, call, store, timeout)
-    return offers[max(common)] if common else None
+    steps = sorted(offers)
+    everyone = [steps] if world == 1 else _offers(steps, rank, world, call, store, timeout)
+    agreed = agree_on_step(everyone)
+    return None if agreed is None else offers[agreed]
 
 
-def _agree(steps, rank, world, call, store, timeout):
+def _offers(steps, rank, world, call, store, timeout):
+    """Every rank's offer, by rank, through the store (docs/checkpoints.md: the key is
+    ddpl/ckpt/offer/<call>/<rank>, the value a JSON list of steps)."""
     from datetime import timedelta
 
     store = _store(store, timeout)
@@ -72,11 +74,7 @@ def _agree(steps, rank, world, call, store, timeout):
         raise RuntimeError(f"ddplaunch.checkpoint.latest(): not every rank offered its steps "
                            f"within {timeout} s ({e}); every rank must call latest(), the same "
                            "number of times") from e
-    common = None
-    for key in keys:
-        theirs = set(json.loads(store.get(key)))
-        common = theirs if common is None else common & theirs
-    return common
+    return [json.loads(store.get(key)) for key in keys]
 
 
 def _store(store, timeout):

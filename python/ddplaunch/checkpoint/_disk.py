@@ -5,9 +5,10 @@ common/checkpoint_files.h (persistStep, listDurable, retireDurable)."""
 import os
 
 from ._fence import fence
-from ._files import (files_intact, fsync_dir, makedirs, place, read_record, rmtree, safe_rel,
-                     write_record_atomic)
-from ._format import MARKER, STEP_DIR, disk_partial_name, marker_name, step_dir_name
+from ._files import (entries, files_present, fsync_dir, is_real_dir, makedirs, place,
+                     read_record, rmtree, write_record)
+from ._format import (disk_partial_name, marker_name, parse_marker_name, parse_step_dir_name,
+                      step_dir_name, steps_to_retire)
 from ._types import Checkpoint, StaleRoundError
 
 
@@ -68,75 +69,98 @@ def place_disk(partial, record, durable):
         place(os.path.join(partial, f["path"]), dst)
     for path in dirs:
         fsync_dir(path)
-    write_record_atomic(marker, record)
+    write_record(marker, record, durable=True)
     rmtree(partial)
 
 
-def markers(d, rank):
-    """{step: marker path} of `rank` in d (flat) and d/step-*/."""
-    found = {}
-    try:
-        names = os.listdir(d)
-    except FileNotFoundError:
-        return found
-    for name in names:
-        m = MARKER.match(name)
-        if m and int(m.group(2)) == rank:
-            found.setdefault(int(m.group(1)), os.path.join(d, name))
-        m = STEP_DIR.match(name)
-        if m:
-            path = os.path.join(d, name, f".ddpl-step-{m.group(1)}.rank-{rank}.json")
-            if os.path.isfile(path):
-                found[int(m.group(1))] = path
-    return found
+class Marker:
+    """A marker file's place: step and rank by its name, the directory its step's files are in."""
+    __slots__ = ("step", "rank", "dir", "path")
+
+    def __init__(self, step, rank, dir, path):
+        self.step, self.rank, self.dir, self.path = step, rank, dir, path
+
+
+def markers_under(d):
+    """The markers in d (flat) and in each d/step-<N>/ (step N's only), any rank."""
+    out = []
+
+    def scan(top, only_step):
+        for name, _ in entries(top):
+            m = parse_marker_name(name)
+            if m is not None and only_step in (None, m[0]):
+                out.append(Marker(m[0], m[1], top, os.path.join(top, name)))
+
+    scan(d, None)
+    for name, st in entries(d):
+        step = parse_step_dir_name(name)
+        if step is not None and is_real_dir(st):
+            scan(os.path.join(d, name), step)
+    return out
+
+
+def read_marker(m):
+    """The marker's record when it is one and matches its name, else None."""
+    record = read_record(m.path)
+    if record is None or record["step"] != m.step or record["rank"] != m.rank:
+        return None
+    return record
 
 
 def retention(d, rank, keep):
-    if keep <= 0:
-        return
-    found = markers(d, rank)
-    steps = sorted(found, reverse=True)
-    old = steps[keep:]
-    if not old:
-        return
-    # A file a kept step lists stays (flat layouts may reuse a name).
+    """Removes the markers and then the files of `rank`'s persisted steps beyond the newest
+    `keep` (0: keeps all); a file that a kept step of the rank lists stays (flat layouts may
+    reuse a name). Returns how many markers went."""
+    if keep <= 0 or not d:
+        return 0
+    mine = [m for m in markers_under(d) if m.rank == rank]
+    doomed = set(steps_to_retire([m.step for m in mine], keep))
+    if not doomed:
+        return 0
     kept = set()
-    for s in steps[:keep]:
-        top = os.path.dirname(found[s])
-        kept.update(os.path.join(top, f["path"]) for f in (read_record(found[s]) or {})
-                    .get("files", []) if safe_rel(f.get("path")))
-    for s in old:
-        top = os.path.dirname(found[s])
-        for f in (read_record(found[s]) or {}).get("files", []):
-            path = os.path.join(top, f.get("path", ""))
-            if safe_rel(f.get("path")) and path not in kept:
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
-                    pass
+    for m in mine:
+        record = read_marker(m) if m.step not in doomed else None
+        if record is not None:
+            kept.update(os.path.join(m.dir, f["path"]) for f in record["files"])
+    removed = 0
+    for m in mine:
+        if m.step not in doomed:
+            continue
+        record = read_marker(m)
         try:
-            os.unlink(found[s])
+            os.unlink(m.path)  # first: a step whose files are being removed is never offered
         except FileNotFoundError:
             pass
-        if top != d:
+        except OSError:
+            continue
+        for f in record["files"] if record is not None else ():
+            path = os.path.join(m.dir, f["path"])
+            if path not in kept:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+        if m.dir != d:
             try:
-                os.rmdir(top)  # the last rank to trim the step removes its directory
+                os.rmdir(m.dir)  # only when empty: other ranks' files stay
             except OSError:
                 pass
+        removed += 1
+    return removed
 
 
 def disk_steps(d, rank):
-    """{step: directory} of the durable steps `rank` can read: its own, or rank 0's replicated
-    ones."""
+    """{step: directory} of the durable steps `rank` can read (common/checkpoint_files.h
+    listDurable): a marker of its own, else rank 0's of a replicated step, whose files are
+    there with their sizes. A step's own directory before the flat one."""
     found = {}
-    for r in (rank, 0):
-        for step, marker in markers(d, r).items():
-            if step in found:
-                continue
-            record = read_record(marker)
-            if (record and record.get("step") == step and record.get("rank") == r
-                    and (r == rank or record.get("replicated") is True)
-                    and isinstance(record.get("files"), list)
-                    and files_intact(os.path.dirname(marker), record["files"])):
-                found[step] = os.path.dirname(marker)
+    candidates = [m for m in markers_under(d) if m.rank in (rank, 0)]
+    candidates.sort(key=lambda m: (m.rank != rank, m.dir == d))
+    for m in candidates:
+        if m.step in found:
+            continue
+        record = read_marker(m)
+        if (record is not None and (m.rank == rank or record["replicated"])
+                and files_present(m.dir, record["files"])):
+            found[m.step] = m.dir
     return found

@@ -2,7 +2,6 @@
 step's partial directory and its commit by rename, keep, the budget, and the steps a rank can
 read back. The C++ side of the same is common/checkpoint_files.h."""
 import errno
-import json
 import os
 import stat
 import sys
@@ -10,8 +9,9 @@ import warnings
 
 from . import _job
 from ._fence import fence
-from ._files import NEW_FILE, files_intact, read_record, rmtree, tree_bytes
-from ._format import RECORD, STEP_DIR, partial_dir_name, rank_dir_name, step_dir_name
+from ._files import entries, is_real_dir, read_committed, rmtree, tree_bytes, write_record
+from ._format import (RECORD, parse_partial_dir_name, parse_step_dir_name, partial_dir_name,
+                      rank_dir_name, step_dir_name)
 from ._types import StaleRoundError
 
 
@@ -58,8 +58,9 @@ def partial_path(mem, step, pid):
 
 def begin_memory(mem, step, pid):
     """Removes this process's partial directories; returns the new one's path (not made)."""
-    for name in os.listdir(mem):
-        if name.startswith("partial-") and name.endswith(f"-{pid}"):
+    for name, _ in entries(mem):
+        p = parse_partial_dir_name(name)
+        if p is not None and p[1] == pid:
             rmtree(os.path.join(mem, name))
     return partial_path(mem, step, pid)
 
@@ -68,8 +69,8 @@ def commit_memory(mem, partial, record, pid):
     """Writes the record into `partial` and renames it to step-<N> (the commit point), under the
     rank directory's fence; then keep. Returns the committed directory."""
     step, rank = record["step"], record["rank"]
-    with os.fdopen(os.open(os.path.join(partial, RECORD), NEW_FILE, 0o600), "w") as f:
-        json.dump(record, f, indent=1)
+    # Memory is not durable: no fsync (the rename alone orders it for readers on this machine).
+    write_record(os.path.join(partial, RECORD), record, durable=False)
     target = os.path.join(mem, step_dir_name(step))
     try:
         with fence(mem, f"checkpoint step {step} of rank {rank}"):
@@ -94,17 +95,17 @@ def commit_memory(mem, partial, record, pid):
 def held_bytes(mem, step):
     """Bytes of this rank's committed steps other than `step` (which a commit replaces)."""
     total = 0
-    for name in os.listdir(mem):
-        m = STEP_DIR.match(name)
-        if m and int(m.group(1)) != step:
+    for name, st in entries(mem):
+        s = parse_step_dir_name(name)
+        if s is not None and s != step and is_real_dir(st):
             total += tree_bytes(os.path.join(mem, name))
     return total
 
 
 def trim_memory(mem, just_committed):
     keep = _job.memory_keep()
-    steps = sorted((int(m.group(1)) for m in map(STEP_DIR.match, os.listdir(mem)) if m),
-                   reverse=True)
+    steps = sorted((s for s in (parse_step_dir_name(name) for name, _ in entries(mem))
+                    if s is not None), reverse=True)
     kept = set(steps[:keep]) | {just_committed}
     for s in steps:
         if s not in kept:
@@ -123,16 +124,14 @@ def over_budget(step, size, budget, held, durable):
 
 
 def memory_steps(mem, rank, world, replicated_only=False):
-    """(step, directory) of the valid committed steps of `rank` in `mem` for this world size."""
-    for name in os.listdir(mem):
-        m = STEP_DIR.match(name)
-        if not m:
+    """(step, directory) of the valid committed steps of `rank` in `mem` (common/checkpoint_files.h
+    listCommitted) for this world size."""
+    for name, st in entries(mem):
+        step = parse_step_dir_name(name)
+        if step is None or not is_real_dir(st):
             continue
         path = os.path.join(mem, name)
-        record = read_record(os.path.join(path, RECORD))
-        if (record and record.get("step") == int(m.group(1)) and record.get("rank") == rank
-                and record.get("world_size") == world
-                and (record.get("replicated") is True or not replicated_only)
-                and isinstance(record.get("files"), list)
-                and files_intact(path, record["files"])):
-            yield record["step"], path
+        record = read_committed(path, step, rank)
+        if (record is not None and record["world_size"] == world
+                and (record["replicated"] or not replicated_only)):
+            yield step, path
