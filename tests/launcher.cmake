@@ -64,7 +64,7 @@ if(NOT DDPL_SANITIZED_SUBSET)
     COST 25)
   add_dependencies(etcd_rendezvous_test launch)
 
-  # ddplaunch.checkpoint (python/ddplaunch/checkpoint.py) against the memory tier's contract
+  # ddplaunch.checkpoint (python/ddplaunch/checkpoint/) against the memory tier's contract
   # (docs/checkpoints.md): the commit protocol, keep, budget, disk layout, agreement over a real
   # TCPStore, DCP on gloo. launch's side is in checkpoint_tier_test.cc.
   add_test(NAME python_checkpoint_test
