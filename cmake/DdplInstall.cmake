@@ -47,7 +47,7 @@ install(TARGETS ${DDPL_EXPORTED_LIBS} EXPORT ddplaunchTargets
 # (tests/integration/consumer_test.sh) includes every one of them from the installed prefix
 # alone, so a header that needs one not listed here fails it.
 install(FILES
-  worker/amp.h worker/auto_batch.h worker/checkpoint.h worker/checkpoints.h worker/ddp.h
+  worker/amp.h worker/auto_batch.h worker/checkpoint_archive.h worker/checkpoint_manager.h worker/ddp.h
   worker/error_report.h worker/heartbeat.h
   worker/log_bridge.h worker/native_trace.h worker/sampler.h worker/session.h
   worker/store_adapter.h

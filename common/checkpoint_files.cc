@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <set>
 
 #include "common/errors.h"
 #include "common/file_io.h"
@@ -159,7 +160,8 @@ void makeDirs(const std::string& dir) {
   }
   std::string parent = parentOf(dir);
   if (parent != dir) makeDirs(parent);
-  if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) fail("create", dir, errno);
+  // Private, as every writer of the format makes them (docs/checkpoints.md): the files are 0600.
+  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) fail("create", dir, errno);
 }
 
 }  // namespace
@@ -393,6 +395,13 @@ uint64_t persistStep(const std::string& step_dir, const CommitRecord& r, bool mo
                    "persisting checkpoint step " + std::to_string(r.step) + " of rank " +
                        std::to_string(r.rank));
   makeDirs(r.durable_path);
+  // An earlier attempt's marker of this step goes first: its files are about to be replaced one
+  // by one, and until the new marker the step is not on disk.
+  const std::string marker = r.durable_path + "/" + markerName(r.step, r.rank);
+  if (unlink(marker.c_str()) == 0)
+    syncDirectory(r.durable_path);
+  else if (errno != ENOENT)
+    fail("remove", marker, errno);
   uint64_t written = 0;
   std::vector<char> buf;
   for (size_t i = 0; i < r.files.size(); ++i) {
@@ -431,8 +440,7 @@ uint64_t persistStep(const std::string& step_dir, const CommitRecord& r, bool mo
     written += f.size;
   }
   // Last: the marker says the files above are all there.
-  writeFileAtomically(r.durable_path + "/" + markerName(r.step, r.rank), encodeRecord(r),
-                      AtomicWriteOptions{0600, true});
+  writeFileAtomically(marker, encodeRecord(r), AtomicWriteOptions{0600, true});
   return written;
 }
 
@@ -445,15 +453,19 @@ struct Marker {
   std::string path;
 };
 
+// The markers in `dir` (flat) and in each `dir`/step-<N>/ (step N's only), any rank.
 std::vector<Marker> markersUnder(const std::string& dir) {
   std::vector<Marker> out;
-  auto scan = [&](const std::string& d) {
-    for (const auto& e : listDir(d))
-      if (auto m = parseMarkerName(e.name)) out.push_back({m->step, m->rank, d, d + "/" + e.name});
+  auto scan = [&](const std::string& d, std::optional<int64_t> only_step) {
+    for (const auto& e : listDir(d)) {
+      auto m = parseMarkerName(e.name);
+      if (m && (!only_step || *only_step == m->step))
+        out.push_back({m->step, m->rank, d, d + "/" + e.name});
+    }
   };
-  scan(dir);
+  scan(dir, std::nullopt);
   for (const auto& e : listDir(dir))
-    if (e.dir && parseStepDirName(e.name)) scan(dir + "/" + e.name);
+    if (auto step = parseStepDirName(e.name); step && e.dir) scan(dir + "/" + e.name, step);
   return out;
 }
 
@@ -474,8 +486,15 @@ std::optional<CommitRecord> readMarker(const Marker& m) {
 std::vector<StoredStep> listDurable(const std::string& dir, int64_t rank) {
   std::vector<StoredStep> out;
   if (dir.empty()) return out;
-  for (const auto& m : markersUnder(dir)) {
-    if (m.rank != rank && m.rank != 0) continue;
+  std::vector<Marker> candidates;
+  for (auto& m : markersUnder(dir))
+    if (m.rank == rank || m.rank == 0) candidates.push_back(std::move(m));
+  // Per step, the rank's own marker before rank 0's, a step's own directory before the flat one.
+  std::stable_sort(candidates.begin(), candidates.end(), [&](const Marker& a, const Marker& b) {
+    return std::make_pair(a.rank != rank, a.dir == dir) <
+           std::make_pair(b.rank != rank, b.dir == dir);
+  });
+  for (const auto& m : candidates) {
     auto r = readMarker(m);
     if (!r || (m.rank != rank && !r->replicated) || !filesPresent(m.dir, *r, nullptr)) continue;
     if (std::any_of(out.begin(), out.end(), [&](const StoredStep& s) { return s.step == m.step; }))
@@ -497,16 +516,24 @@ size_t retireDurable(const std::string& dir, int64_t rank, int64_t keep) {
       mine.push_back(std::move(m));
     }
   auto doomed = stepsToRetire(steps, keep);
+  auto retired = [&](int64_t step) {
+    return std::binary_search(doomed.begin(), doomed.end(), step);
+  };
+  // A file a kept step lists stays (a flat layout may reuse a name).
+  std::set<std::string> kept;
+  for (const auto& m : mine)
+    if (!retired(m.step))
+      if (auto r = readMarker(m))
+        for (const auto& f : r->files) kept.insert(m.dir + "/" + f.path);
   size_t removed = 0;
   for (const auto& m : mine) {
-    if (!std::binary_search(doomed.begin(), doomed.end(), m.step)) continue;
-    if (auto r = readMarker(m)) {
-      // The marker goes first: a step whose files are being removed is never offered.
-      if (unlink(m.path.c_str()) != 0 && errno != ENOENT) continue;
-      for (const auto& f : r->files) unlink((m.dir + "/" + f.path).c_str());
-    } else {
-      unlink(m.path.c_str());
-    }
+    if (!retired(m.step)) continue;
+    auto r = readMarker(m);
+    // The marker goes first: a step whose files are being removed is never offered.
+    if (unlink(m.path.c_str()) != 0 && errno != ENOENT) continue;
+    if (r)
+      for (const auto& f : r->files)
+        if (!kept.count(m.dir + "/" + f.path)) unlink((m.dir + "/" + f.path).c_str());
     if (m.dir != dir) rmdir(m.dir.c_str());  // only when empty: other ranks' files stay
     ++removed;
   }

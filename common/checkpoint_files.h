@@ -82,18 +82,22 @@ void trimCommitted(const std::string& rank_dir, int64_t keep, int64_t just_commi
 // Removes partial directories whose writer `pid` is given, or all when pid is 0.
 void removePartials(const std::string& rank_dir, long pid = 0);
 
-// Persists a committed step: each file to record.durable_path/<rel> (temporary, fsync, rename),
-// then the marker. `move`: rename the files instead of copying them (the step directory is on
-// the same file system: the worker's path without launch). Returns the bytes written.
+// Persists a committed step: removes an earlier marker of the step and rank, copies each file to
+// record.durable_path/<rel> (temporary, fsync, rename), then writes the marker. `move`: rename the
+// files instead of copying them (the step directory is on the same file system: the worker's path
+// without launch). Returns the bytes written.
 uint64_t persistStep(const std::string& step_dir, const CommitRecord& record, bool move);
 
 // The directory that holds a durable path's steps: <dir> for <dir>/step-<N>, else itself.
 std::string durableRoot(const CommitRecord& record);
 // Steps persisted under `dir` that `rank` can read (its own marker, or rank 0's for a
-// replicated step), their files present with their sizes; newest first.
+// replicated step), their files present with their sizes; newest first. Markers count in `dir`
+// (flat) and in `dir`/step-<N>/ (step N's only); per step, the rank's own before rank 0's, a
+// step's directory before the flat one.
 std::vector<StoredStep> listDurable(const std::string& dir, int64_t rank);
-// Durable retention for `rank` under `dir`: removes the files and markers of its persisted
-// steps older than the newest `keep` (0: keeps all). Returns how many steps went.
+// Durable retention for `rank` under `dir`: removes the markers and then the files of its
+// persisted steps older than the newest `keep` (0: keeps all), but a file that a kept step of the
+// rank lists. Returns how many markers went.
 size_t retireDurable(const std::string& dir, int64_t rank, int64_t keep);
 
 }  // namespace ddpl::ckpt

@@ -87,6 +87,8 @@ bool safeRelativePath(const std::string& path) {
   return true;
 }
 
+// nlohmann's json keeps an object's keys in a std::map, so dump() writes them in byte order:
+// the order the format fixes (a change to ordered_json would change every record's bytes).
 std::string encodeRecord(const CommitRecord& r) {
   json files = json::array();
   for (const auto& f : r.files) files.push_back({{"path", f.path}, {"size", f.size}});

@@ -15,6 +15,9 @@ namespace ddpl::ckpt {
 
 inline constexpr int kFormatVersion = 1;
 inline constexpr const char* kRecordName = ".ddpl-commit.json";
+// In a committed step launch fetched from another node's replica (launcher/checkpoint/replica.h):
+// the worker reports such a step as "peer" (Python) or "peer replica" (C++).
+inline constexpr const char* kOriginName = ".ddpl-origin";
 // Variables launch sets for each worker when the tier is on (the one list: common/defaults.h).
 inline constexpr const char* kMemoryEnv = envvar::kCheckpointMemory;
 inline constexpr const char* kBudgetEnv = envvar::kCheckpointBudget;
@@ -45,6 +48,7 @@ inline constexpr size_t kMaxFenceBytes = 4096;
 // run, and an older (epoch, round). Another run's fence says nothing of this one (a new job into
 // the same directory starts its own count).
 bool fenceRefuses(const FenceToken& newest, const FenceToken& mine);
+// The encoding of encodeRecord, then a newline.
 std::string encodeFence(const FenceToken& t);
 // None when the text is not a fence (empty, or written by something else): no refusal on it.
 std::optional<FenceToken> decodeFence(const std::string& text);
@@ -86,6 +90,9 @@ std::optional<MarkerName> parseMarkerName(const std::string& name);
 // A relative path that stays inside its directory: no "..", no leading "/", no empty part.
 bool safeRelativePath(const std::string& path);
 
+// The one encoding every writer of the format uses (docs/checkpoints.md; Python:
+// ddplaunch.checkpoint._format): a JSON object, keys in byte order, no whitespace, strings as
+// UTF-8 with only '"', '\\' and control characters escaped, no newline at the end.
 std::string encodeRecord(const CommitRecord& r);
 // Throws ddpl::InvalidArgument naming the field that is missing, of the wrong type or out of
 // range (a negative size, an unsafe path, more than kMaxFiles files, a sum that is not `bytes`).

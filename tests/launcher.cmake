@@ -64,7 +64,7 @@ if(NOT DDPL_SANITIZED_SUBSET)
     COST 25)
   add_dependencies(etcd_rendezvous_test launch)
 
-  # ddplaunch.checkpoint (python/ddplaunch/checkpoint.py) against the memory tier's contract
+  # ddplaunch.checkpoint (python/ddplaunch/checkpoint/) against the memory tier's contract
   # (docs/checkpoints.md): the commit protocol, keep, budget, disk layout, agreement over a real
   # TCPStore, DCP on gloo. launch's side is in checkpoint_tier_test.cc.
   add_test(NAME python_checkpoint_test
@@ -72,6 +72,21 @@ if(NOT DDPL_SANITIZED_SUBSET)
   set_tests_properties(python_checkpoint_test PROPERTIES TIMEOUT 180 LABELS "unit;python" PROCESSORS 2
     COST 25 SKIP_RETURN_CODE 77)
 endif()
+# Issue 46: checkpoint format 1 byte for byte (docs/checkpoints.md). The C++ side against the
+# golden vectors in tests/golden/checkpoint; the Python module against the same vectors, and each
+# side reading what the other wrote through checkpoint_tool (common/checkpoint_files.h as a
+# command line).
+ddpl_add_test(NAME checkpoint_golden_test SOURCES unit/checkpoint_golden_test.cc
+  LIBS ddpl_common ddpl_test_util nlohmann_json::nlohmann_json LABELS unit TIMEOUT 60)
+add_executable(checkpoint_tool integration/programs/checkpoint_tool.cc)
+target_link_libraries(checkpoint_tool PRIVATE ddpl_common nlohmann_json::nlohmann_json)
+set_target_properties(checkpoint_tool PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+add_test(NAME python_checkpoint_golden_test
+  COMMAND ${DDPL_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/unit/python_checkpoint_golden_test.py
+    $<TARGET_FILE:checkpoint_tool>)
+set_tests_properties(python_checkpoint_golden_test PROPERTIES TIMEOUT 120 LABELS "unit;python"
+  SKIP_RETURN_CODE 77)
+
 ddpl_add_test(NAME etcd_client_test
   SOURCES integration/etcd_client_test.cc LIBS ddpl_etcd_client ddpl_test_util LABELS integration TIMEOUT 120)
 

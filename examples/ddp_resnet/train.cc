@@ -19,7 +19,7 @@
 #include "examples/ddp_resnet/resnet.h"
 #include "worker/amp.h"
 #include "worker/auto_batch.h"
-#include "worker/checkpoints.h"
+#include "worker/checkpoint_manager.h"
 #include "worker/ddp.h"
 #include "worker/error_report.h"
 #include "worker/log_bridge.h"

@@ -20,9 +20,11 @@ import stat
 import sys
 import time
 
+from . import _env
+
 __all__ = ["step", "current", "done", "add_wait", "waiting", "enabled"]
 
-_FD_ENV = "DDPL_HEARTBEAT_FD"
+_FD_ENV = _env.HEARTBEAT_FD
 # Slots of 8 bytes in the shared file (common/heartbeat.h: kHeartbeatStepOffset, ...WaitOffset).
 _STEP_SLOT = 0
 _WAIT_SLOT = 1

@@ -165,8 +165,9 @@ TEST_F(ExampleErrorFile, FailureInTrainingNamesItsThrowSite) {
   EXPECT_EQ(named[0].function,
             "ddpl::worker::CheckpointManager::resume(ddpl::worker::CheckpointRefs const&)")
       << trace;
-  EXPECT_TRUE(endsWith(named[0].file, "/worker/checkpoints.cc")) << trace;
-  EXPECT_EQ(named[0].line, lineOf("worker/checkpoints.cc", "fs::create_directories(dir_.dir())"))
+  EXPECT_TRUE(endsWith(named[0].file, "/worker/checkpoint_manager.cc")) << trace;
+  EXPECT_EQ(named[0].line,
+            lineOf("worker/checkpoint_manager.cc", "fs::create_directories(dir_.dir())"))
       << trace;
   EXPECT_EQ(trace.find("describeImpl"), std::string::npos) << trace;
 }

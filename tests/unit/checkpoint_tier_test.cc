@@ -57,6 +57,12 @@ std::string commit(const std::string& rank_dir, int64_t rank, int64_t step,
   return ck::commitStep(rank_dir, partial, r);
 }
 
+std::vector<int64_t> steps(const std::vector<ck::StoredStep>& stored) {
+  std::vector<int64_t> out;
+  for (const auto& s : stored) out.push_back(s.step);
+  return out;
+}
+
 // Polls `ok` for up to 20 s (the persister runs on its own thread).
 template <typename F>
 bool eventually(F ok) {
@@ -260,6 +266,24 @@ TEST_F(CheckpointFiles, PersistedStepsAreReadableByTheirRankAndRetired) {
   on_disk = ck::listDurable(durable_, 1);
   ASSERT_EQ(on_disk.size(), 1u);
   EXPECT_EQ(on_disk[0].step, 8);
+}
+
+// Issue 46: persisting a step again (a restarted attempt committed it anew) removes the earlier
+// attempt's marker before it replaces the files, as the Python module's disk writer does: a copy
+// that stops halfway leaves no marker over a mixture of the two attempts' files.
+TEST_F(CheckpointFiles, APersistThatStopsHalfwayLeavesNoMarkerOverMixedFiles) {
+  const std::string target = durable_ + "/step-5";
+  auto r = recordFor(0, 1, target);
+  std::string first = commit(rank_dir_, 0, 5, {{"a.pt", "AAAA"}, {"z.pt", "ZZZZ"}}, r);
+  ck::persistStep(first, *ck::readCommitted(first, 5, 0), false);
+  ASSERT_EQ(steps(ck::listDurable(durable_, 0)), std::vector<int64_t>{5});
+  // The second attempt's files: a.pt of the same size, then sub/b.pt, which cannot be placed (a
+  // file stands where its directory goes): the copy stops after a.pt.
+  std::string second = commit(rank_dir_, 0, 5, {{"a.pt", "aaaa"}, {"sub/b.pt", "b"}}, r);
+  writeFile(target + "/sub", "in the way");
+  EXPECT_THROW(ck::persistStep(second, *ck::readCommitted(second, 5, 0), false), ddpl::Error);
+  EXPECT_EQ(readFile(target + "/a.pt"), "aaaa");
+  EXPECT_TRUE(ck::listDurable(durable_, 0).empty());  // not the first attempt's marker over it
 }
 
 TEST_F(CheckpointFiles, AReplicatedStepOfRankZeroServesEveryRank) {

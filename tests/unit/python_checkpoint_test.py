@@ -1,4 +1,4 @@
-"""ddplaunch.checkpoint (python/ddplaunch/checkpoint.py) against the contract in
+"""ddplaunch.checkpoint (python/ddplaunch/checkpoint/) against the contract in
 docs/checkpoints.md: the commit protocol in a memory root made as launch makes it (a private
 directory on /dev/shm with rank-<R>/ directories), keep, the budget and its fallback to disk,
 the durable layout without launch, replicated states, the resume agreement across processes

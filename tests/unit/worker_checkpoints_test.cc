@@ -1,4 +1,4 @@
-// The checkpoint directory and its resume rule (worker/checkpoints.h), and the micro-batch
+// The checkpoint directory and its resume rule (worker/checkpoint_manager.h), and the micro-batch
 // arithmetic of OOM recovery (worker/auto_batch.h): the parts that need no process group.
 //
 // libtorch.so exports std::filesystem functions of its own build; its remove_all crashes when
@@ -16,8 +16,8 @@
 #include <sstream>
 
 #include "worker/auto_batch.h"
-#include "worker/checkpoint.h"
-#include "worker/checkpoints.h"
+#include "worker/checkpoint_archive.h"
+#include "worker/checkpoint_manager.h"
 
 namespace dw = ddpl::worker;
 namespace fs = std::filesystem;

@@ -24,7 +24,7 @@
 #include "rendezvous/store/memory_store.h"
 #include "worker/amp.h"
 #include "worker/backends.h"
-#include "worker/checkpoint.h"
+#include "worker/checkpoint_archive.h"
 #include "worker/error_report.h"
 #include "worker/sampler.h"
 #include "worker/session.h"

@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "common/checkpoint_format.h"
-#include "worker/checkpoint.h"
+#include "worker/checkpoint_archive.h"
 
 namespace ddpl::worker {
 

@@ -1,4 +1,4 @@
-#include "worker/checkpoints.h"
+#include "worker/checkpoint_manager.h"
 
 #include <signal.h>
 #include <sys/stat.h>
@@ -376,7 +376,7 @@ void CheckpointManager::resumeAgreed(const CheckpointRefs& refs, ResumePoint& po
   point.path = path;
   // launch fetched it from another node's replica (launcher/checkpoint/replica.h).
   struct stat st {};
-  const std::string origin = path.substr(0, path.find_last_of('/')) + "/.ddpl-origin";
+  const std::string origin = path.substr(0, path.find_last_of('/')) + "/" + ckpt::kOriginName;
   point.source = !fromMemory                         ? "disk"
                  : ::lstat(origin.c_str(), &st) == 0 ? "peer replica"
                                                      : "memory";

@@ -1,7 +1,9 @@
 #pragma once
-// Checkpoints that elastic restarts resume from: written atomically (temporary file in the same
-// directory, fsync, rename, fsync of the directory), so a process killed mid-write never
-// replaces the last good checkpoint.
+// One checkpoint file: a LibTorch archive of the model, and optionally the optimizer, the grad
+// scaler and the training progress (worker/checkpoint_manager.h decides where such files go and
+// which one a start resumes from). Written atomically (temporary file in the same directory,
+// fsync, rename, fsync of the directory), so a process killed mid-write never replaces the last
+// good checkpoint.
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 

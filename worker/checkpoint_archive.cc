@@ -1,17 +1,17 @@
-#include "worker/checkpoint.h"
+#include "worker/checkpoint_archive.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 
 #include "common/errors.h"
 #include "common/file_io.h"
-#include "worker/log_bridge.h"
 #include "worker/amp.h"
+#include "worker/log_bridge.h"
 #include "worker/session.h"
 
 namespace ddpl::worker {
