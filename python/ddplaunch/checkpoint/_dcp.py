@@ -37,8 +37,10 @@ def classes():
             future = super().write_data(plan, planner)
             # DCP calls finish() only on the coordinator, which writes .metadata there: the
             # other ranks are done once their files are written. A step some rank did not
-            # commit is never agreed on by latest().
-            if not self._coordinator and self.use_collectives:
+            # commit is never agreed on by latest(). FileSystemWriter has use_collectives
+            # (False: every rank finishes alone) only from torch 2.9; before, DCP always used
+            # collectives (docs/compat.md: DCP failed on 2.6 and 2.8 without this default).
+            if not self._coordinator and getattr(self, "use_collectives", True):
                 future.wait()
                 self._commit()
             return future
