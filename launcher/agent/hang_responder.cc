@@ -1,8 +1,10 @@
 #include "launcher/agent/hang_responder.h"
 
 #include <algorithm>
+#include <memory>
 
 #include "common/log.h"
+#include "launcher/agent/containment.h"
 
 namespace ddpl::launcher {
 
@@ -83,6 +85,58 @@ std::vector<FailureDetail> HangResponder::finish(const HangStacks& stacks) {
     out.push_back(std::move(d));
   }
   return out;
+}
+
+}  // namespace ddpl::launcher
+
+namespace ddpl::launcher {
+
+HangWatch::HangWatch(HangOptions options, std::string host)
+    : options_(options), detector_(options), responder_(std::move(host)) {}
+
+bool HangWatch::watching() const {
+  bool on = !options_.timeout_sec || *options_.timeout_sec > 0;
+  return on && !responder_.busy();
+}
+
+void HangWatch::startGroup(int nproc, double now) {
+  detector_.start(nproc, now);
+  output_seen_.assign(static_cast<size_t>(nproc), 0);
+}
+
+void HangWatch::onExit(int local_rank) { detector_.onExit(local_rank); }
+
+std::vector<Hang> HangWatch::check(const std::vector<Sample>& live, double now) {
+  bool want_cpu = options_.timeout_sec.has_value();
+  for (const auto& r : live) {
+    auto& seen = output_seen_[static_cast<size_t>(r.local_rank)];
+    bool wrote = r.output_bytes != seen;
+    seen = r.output_bytes;
+    detector_.observe(r.local_rank, r.step, want_cpu ? processTreeCpuSeconds(r.pid) : 0, wrote,
+                      now);
+    if (r.finished_stepping) detector_.onFinished(r.local_rank, now);
+  }
+  return detector_.check(now);
+}
+
+void HangWatch::respond(const std::vector<Hang>& hangs, double now,
+                        std::vector<WorkerState> workers, std::string attempt_dir, int group_rank,
+                        const ProgressTracker& progress, web::MetricsEndpoint* metrics,
+                        StacksService& stacks, Hooks hooks) {
+  std::string why = responder_.begin(hangs, now, std::move(workers), std::move(attempt_dir),
+                                     group_rank, progress, metrics);
+  auto shared = std::make_shared<Hooks>(std::move(hooks));
+  stacks.takeHangStacks(
+      why,
+      [this, shared](const HangStacks& h) {
+        if (shared->ended()) return;
+        responder_.onStacksSaved(h);
+        shared->saved(h.text);
+      },
+      [this, shared](HangStacks h) {
+        if (shared->ended()) return;
+        shared->found(responder_.finish(h));
+      });
 }
 
 }  // namespace ddpl::launcher

@@ -1,11 +1,15 @@
 #pragma once
-// What the agent does when ranks of this node make no progress past their limits: says which
-// ones and where every rank stands, has every node's stacks saved (StacksService), names the
-// likely culprit (a rank not inside a collective while the others wait in one), and hands the
-// loop the failures to record, culprits first. It changes nothing of the loop's: the loop
-// records the failures and asks the supervisor to stop the group.
+// The agent's hang handling: HangWatch (below) finds ranks of this node that make no progress
+// past their limits; HangResponder is what the agent then does: says which ones and where every
+// rank stands, has every node's stacks saved (StacksService), names the likely culprit (a rank
+// not inside a collective while the others wait in one), and hands the loop the failures to
+// record, culprits first. It changes nothing of the loop's: the loop records the failures and
+// asks the supervisor to stop the group.
 //
-// Threads: the agent's loop thread only.
+// Threads: the agent's loop thread only (both classes).
+#include <sys/types.h>
+
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -45,6 +49,54 @@ class HangResponder {
   std::vector<WorkerState> workers_;  // by local rank, as they were when the hang was found
   std::string attempt_dir_;
   std::vector<int> outside_;  // local ranks outside any collective while others wait in one
+};
+
+// The agent's hang handling (issue 18), beside the responder it starts: each monitor tick it
+// feeds the HangDetector (health/progress.h) what the loop read of every live rank; when ranks
+// pass their limits, the loop marks them and calls respond(), which has every node's stacks
+// saved (StacksService, on its own thread) and hands the loop the failures to record. It asks
+// the supervisor nothing: the loop does, with what found() gives it.
+//
+// Threads: the agent's loop thread only; the stacks' results come back on it (EventLoop::post).
+class HangWatch {
+ public:
+  // One live rank as a monitor tick reads it.
+  struct Sample {
+    int local_rank = 0;
+    pid_t pid = -1;
+    uint64_t step = 0;               // its heartbeat's (0: none yet, or no heartbeat)
+    uint64_t output_bytes = 0;       // written so far (OutputRouter::bytesFrom)
+    bool finished_stepping = false;  // HeartbeatChannel::finishedStepping
+  };
+  // What the loop is told of a response, on the loop thread. Neither call comes once `ended`
+  // says the run is over: what the stacks thread still hands back changes nothing then.
+  struct Hooks {
+    std::function<bool()> ended;
+    std::function<void(const std::string& text)> saved;     // this node's stacks, saved
+    std::function<void(std::vector<FailureDetail>)> found;  // culprits first
+  };
+
+  HangWatch(HangOptions options, std::string host);
+
+  // Hang detection is on (not --hang-timeout=0) and no response is waiting for stacks (the
+  // group is about to stop then: no second response).
+  bool watching() const;
+  void startGroup(int nproc, double now);
+  void onExit(int local_rank);
+  // The ranks past their limits at `now`, from this tick's samples of the live ranks; CPU time
+  // is read only with --hang-timeout (it counts for ranks without steps).
+  std::vector<Hang> check(const std::vector<Sample>& live, double now);
+  // Starts the response to `hangs` (HangResponder::begin's arguments), the stacks taken by
+  // `stacks`.
+  void respond(const std::vector<Hang>& hangs, double now, std::vector<WorkerState> workers,
+               std::string attempt_dir, int group_rank, const ProgressTracker& progress,
+               web::MetricsEndpoint* metrics, StacksService& stacks, Hooks hooks);
+
+ private:
+  HangOptions options_;
+  HangDetector detector_;
+  HangResponder responder_;
+  std::vector<uint64_t> output_seen_;  // bytes of each local rank's output at the last tick
 };
 
 }  // namespace ddpl::launcher

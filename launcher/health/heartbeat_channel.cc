@@ -4,6 +4,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "common/heartbeat.h"
 
 namespace ddpl::launcher {
@@ -47,6 +49,46 @@ bool HeartbeatChannel::finishedStepping() const {
   uint64_t step = this->step();
   uint64_t mark = map_[kHeartbeatFinishedOffset / sizeof(uint64_t)];
   return mark != 0 && mark - 1 == step;
+}
+
+void HeartbeatChannels::startGroup(int nproc) {
+  closeAll();
+  channels_.resize(static_cast<size_t>(nproc));
+}
+
+const HeartbeatChannel* HeartbeatChannels::open(int local_rank) {
+  auto& slot = channels_.at(static_cast<size_t>(local_rank));
+  slot = HeartbeatChannel::open();
+  return slot.get();
+}
+
+void HeartbeatChannels::closeAll() { channels_.clear(); }
+
+const HeartbeatChannel* HeartbeatChannels::at(int local_rank) const {
+  if (local_rank < 0 || static_cast<size_t>(local_rank) >= channels_.size()) return nullptr;
+  return channels_[static_cast<size_t>(local_rank)].get();
+}
+
+uint64_t HeartbeatChannels::step(int local_rank) const {
+  const HeartbeatChannel* c = at(local_rank);
+  return c ? c->step() : 0;
+}
+
+uint64_t HeartbeatChannels::waitedMicros(int local_rank) const {
+  const HeartbeatChannel* c = at(local_rank);
+  return c ? c->waitedMicros() : 0;
+}
+
+bool HeartbeatChannels::finishedStepping(int local_rank) const {
+  const HeartbeatChannel* c = at(local_rank);
+  return c && c->finishedStepping();
+}
+
+uint64_t HeartbeatChannels::longestRestoreMicros() const {
+  uint64_t longest = 0;
+  for (const auto& c : channels_)
+    if (c) longest = std::max<uint64_t>(longest, c->restoreMicros());
+  return longest;
 }
 
 }  // namespace ddpl::launcher

@@ -1,8 +1,12 @@
 #pragma once
 // launch's end of a worker's heartbeat (the layout is common/heartbeat.h): the sealed memfd the
-// worker inherits and writes its step to, and launch's read-only mapping of it.
+// worker inherits and writes its step to, and launch's read-only mapping of it; and the
+// channels of one group's workers, which the agent holds.
+//
+// Threads: the agent's loop thread (the worker writes from its own process).
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 namespace ddpl::launcher {
 
@@ -27,6 +31,27 @@ class HeartbeatChannel {
   HeartbeatChannel(int fd, const volatile uint64_t* map) : fd_(fd), map_(map) {}
   int fd_;
   const volatile uint64_t* map_;
+};
+
+// The heartbeats of the current group's workers, by local rank: each opened as its worker
+// starts, all closed when the next group starts and when the agent ends.
+class HeartbeatChannels {
+ public:
+  // Closes the previous group's channels; `nproc` places, none open.
+  void startGroup(int nproc);
+  // Opens local rank's channel: null when the kernel refuses (its worker gets none).
+  const HeartbeatChannel* open(int local_rank);
+  void closeAll();
+  // Local rank's readings; 0 (false) where it has no channel.
+  uint64_t step(int local_rank) const;
+  uint64_t waitedMicros(int local_rank) const;
+  bool finishedStepping(int local_rank) const;
+  // The longest time a rank of the group spent reading its checkpoint.
+  uint64_t longestRestoreMicros() const;
+
+ private:
+  const HeartbeatChannel* at(int local_rank) const;
+  std::vector<std::unique_ptr<HeartbeatChannel>> channels_;
 };
 
 }  // namespace ddpl::launcher
