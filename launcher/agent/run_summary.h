@@ -1,0 +1,41 @@
+#pragma once
+// What the agent says when a run ends and when a group fails: the end-of-run summary (the
+// stragglers judged once more on the final steps, where each restart's time went, the per-rank
+// table for the log and the dashboard), the root cause among the attempt's failures and the one
+// paragraph the other nodes' reports quote, and the hint for workers that could not import
+// torch. Functions of what the loop hands them: they log and return text, and change nothing
+// of the loop's but the judgements they are handed (ProgressTracker, RestartClock).
+//
+// Threads: the agent's loop thread.
+#include <string>
+#include <vector>
+
+#include "common/environment.h"
+#include "launcher/agent/error_report.h"
+#include "launcher/agent/supervisor.h"
+#include "launcher/health/progress.h"
+#include "launcher/warm/restart_phases.h"
+
+namespace ddpl::launcher {
+
+// The OMP_NUM_THREADS the workers ran with, for the table: launch's own when set, else 1 where
+// launch set it (several workers), else 0 (unknown).
+int workerThreads(const Environment& base_env, int nproc);
+
+// Logs the end-of-run summary of attempt `attempt` on `host` and returns it for the dashboard;
+// "" where the log shows no table (no ranks, or a level above info).
+std::string logRunSummary(ProgressTracker& progress, warm::RestartClock& restarts,
+                          const std::string& host, int attempt, int threads, double now);
+
+// The failure that the supervisor names the root cause (`root`), among `failures`; null when
+// none is.
+const FailureDetail* rootDetail(const WorkerExit* root, const std::vector<FailureDetail>& failures);
+
+// One paragraph for the other nodes' reports: the root cause, or only the host without one.
+std::string failureSummary(const FailureDetail* root, const std::string& host);
+
+// When the root cause is Python's "No module named 'torch'" and launch chose the interpreter
+// (`python_origin`: "/path/python3 (why)"), says which interpreter and what to do.
+void hintAtMissingTorch(const FailureDetail& root, const std::string& python_origin);
+
+}  // namespace ddpl::launcher
