@@ -3,9 +3,11 @@
 // (common/event_loop.h) over a signalfd (SIGCHLD and the handled signals), the workers' output
 // pipes and the control socket, with timers for the shutdown grace period, the monitor tick
 // (--monitor-interval: heartbeats, the live view, hang detection) and, without a cgroup, the
-// scan for orphaned descendants. Its parts: the workers' heartbeat channels
-// (health/heartbeat_channel.h), the live view and metrics (live_view.h), the hang responder
-// (hang_responder.h) and the stacks service (stacks_service.h).
+// scan for orphaned descendants. The loop dispatches; its parts decide: the workers' heartbeat
+// channels (health/heartbeat_channel.h), the live view and metrics (live_view.h), the hang watch
+// and responder (hang_responder.h), the stacks service (stacks_service.h), the warm workers
+// (warm_workers.h), the checkpoint keeper (checkpoint/checkpoint_keeper.h), the run's leftovers
+// (containment.h) and the end-of-run summary (run_summary.h).
 //
 // Threading contract:
 // - The loop thread (the one that calls run()) owns the supervisor, the workers' records, the
@@ -18,6 +20,9 @@
 //   loop never blocks on stacks.
 // - The rendezvous's threads (joiner, watch, health: multi_node_rendezvous.h) only post to the
 //   loop: the world found, the round ended, another node's request for stacks.
+// - The checkpoint tier's persister thread ("ckpt-persister", started at the first checkpoint)
+//   copies to disk and sends replicas; it reads the successor's endpoint from the job's store
+//   itself (CheckpointKeeper's NodeValues::read).
 // - after_start hooks and the metrics endpoint's updates run on the loop thread (the endpoint
 //   serves scrapes on threads of its own).
 #include <functional>

@@ -8,6 +8,7 @@
 
 #include "common/defaults.h"
 #include "common/log.h"
+#include "launcher/health/stacks.h"
 
 namespace ddpl::launcher {
 
@@ -40,6 +41,20 @@ ConsoleOptions consoleOptions(const LaunchOptions& o) {
   return c;
 }
 
+sigset_t agentSignals(const std::vector<int>& handled) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGCHLD);
+  for (int s : handled) sigaddset(&set, s);
+  return set;
+}
+
+void blockSignals(const std::vector<int>& signals) {
+  signal(SIGPIPE, SIG_IGN);
+  sigset_t set = agentSignals(signals);
+  sigprocmask(SIG_BLOCK, &set, nullptr);
+}
+
 std::vector<int> stopSignals(const LaunchOptions& o) {
   std::vector<int> out;
   for (int s : o.signals_to_handle)
@@ -64,6 +79,65 @@ std::unique_ptr<RunCgroup> makeCgroup(const AgentConfig& c) {
         "environment are found as launch's orphaned children instead",
         why);
   return cg;
+}
+
+SpawnOptions workerSpawnOptions(const AgentConfig& c, int local_rank, int global_rank,
+                                const RankStreams& streams, const RunCgroup* cgroup,
+                                int heartbeat_fd, const std::optional<winsize>& console) {
+  SpawnOptions so;
+  so.cgroup_dir_fd = cgroup ? cgroup->dirFd() : -1;
+  so.cgroup_procs_fd = cgroup ? cgroup->procsFd() : -1;
+  so.inherit_fd = heartbeat_fd;
+  if (local_rank < static_cast<int>(c.numa.size())) {
+    so.cpus = c.numa[local_rank].cpus;
+    so.mem_nodes = c.numa[local_rank].mem_nodes;
+  }
+  // On a terminal console, the streams that reach it are terminals too (progress bars,
+  // colours and line buffering behave as under torchrun); narrower by the prefix.
+  if (console) {
+    const auto& o = c.options;
+    so.stdout_terminal = streams.out_console;
+    so.stderr_terminal = streams.err_console;
+    std::string prefix =
+        o.prefix_output ? expandPrefix(o.log_line_prefix_template, o.role, local_rank, global_rank)
+                        : "";
+    so.columns = static_cast<unsigned short>(
+        std::max<int>(20, console->ws_col - static_cast<int>(prefix.size())));
+    so.rows = console->ws_row;
+  }
+  return so;
+}
+
+StacksService::Config stacksConfig(const AgentConfig& c, const std::string& run_dir) {
+  StacksService::Config sc;
+  sc.run_dir = run_dir;
+  sc.host = c.host;
+  // launch added the interpreter, or the command names one (`launch --no-python python3 x.py`).
+  sc.python = !c.python_origin.empty() || runsPython(c.command);
+  sc.interpreter = c.command[0];
+  auto path = c.base_env.find("PATH");
+  sc.path_env = path == c.base_env.end() ? "" : path->second;
+  sc.hang_timeout_sec = hangOptions(c.options).soonestLimitSec();
+  return sc;
+}
+
+CheckpointKeeperOptions checkpointOptions(const AgentConfig& c) {
+  const auto& o = c.options;
+  CheckpointKeeperOptions co;
+  co.memory = o.checkpoint_memory;
+  co.keep = o.checkpoint_memory_keep;
+  co.durable_dir = o.checkpoint_dir;
+  co.nproc = c.nproc;
+  co.advertised_host = o.local_addr.empty() ? c.host : o.local_addr;
+  co.drain_timeout_sec = o.checkpoint_drain_timeout_sec;
+  return co;
+}
+
+NodeValues nodeValuesOf(RendezvousHandler& rdzv) {
+  NodeValues nv;
+  nv.publish = [&rdzv](const std::string& k, const std::string& v) { rdzv.publishNodeValue(k, v); };
+  nv.read = [&rdzv](const std::string& k, int node) { return rdzv.nodeValue(k, node); };
+  return nv;
 }
 
 }  // namespace ddpl::launcher

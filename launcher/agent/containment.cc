@@ -4,14 +4,19 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
+
+#include "common/log.h"
 
 namespace ddpl::launcher {
 namespace {
@@ -256,6 +261,59 @@ int64_t processRssBytes(pid_t pid) {
   if (!(in >> size >> resident)) return -1;
   static const long page = sysconf(_SC_PAGESIZE);
   return static_cast<int64_t>(resident) * page;
+}
+
+std::vector<pid_t> Leftovers::strays(const std::vector<pid_t>& ours) const {
+  std::vector<pid_t> out;
+  for (pid_t p : childrenOf(getpid()))
+    if (p != watchdog_.pid() && std::find(ours.begin(), ours.end(), p) == ours.end())
+      out.push_back(p);
+  return out;
+}
+
+void Leftovers::scan(const std::vector<pid_t>& ours) {
+  for (pid_t p : strays(ours)) {
+    if (!told_.insert(p).second) continue;
+    if (auto start = processStartTime(p)) watchdog_.watchStray(p, start);
+  }
+}
+
+void Leftovers::kill(RunCgroup* cgroup, bool whole_run, pid_t spare,
+                     const std::vector<pid_t>& ours) {
+  if (cgroup) {
+    if (whole_run)
+      cgroup->killAll();
+    else
+      cgroup->killAttempt();
+  }
+  killMarkedProcesses(watchdog_.marker(), spare);
+  for (pid_t p : strays(ours)) ::kill(p, SIGKILL);
+}
+
+void Leftovers::reapAll(RunCgroup* cgroup, pid_t spare, const std::vector<pid_t>& ours,
+                        const std::function<void(int ms)>& await_child) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (true) {
+    int wstatus;
+    pid_t pid = waitpid(-1, &wstatus, WNOHANG);
+    if (pid > 0) continue;
+    if (pid < 0) break;  // ECHILD: nothing left
+    kill(cgroup, /*whole_run=*/true, spare, ours);
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      log::warn("some processes did not exit within 5s of SIGKILL (stuck in the kernel?)");
+      break;
+    }
+    await_child(static_cast<int>(std::min<int64_t>(left.count(), 50)));
+  }
+}
+
+void retireRunCgroup(std::unique_ptr<RunCgroup> cgroup) {
+  const std::string own = std::filesystem::path(cgroup->path()).filename().string();
+  cgroup.reset();
+  if (int n = removeStaleRunCgroups(own))
+    log::info("removed {} stale run cgroup(s) of launches that were killed", n);
 }
 
 }  // namespace ddpl::launcher

@@ -8,9 +8,13 @@
 //   child; childrenOf() finds them for the final sweep and for the watchdog.
 #include <sys/types.h>
 
+#include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
+
+#include "launcher/agent/watchdog.h"
 
 namespace ddpl::launcher {
 
@@ -67,6 +71,10 @@ inline constexpr const char* kRunCgroupPrefix = "ddpl-";
 // most `max_remove` of them; never `keep` (the caller's own). Returns how many went.
 int removeStaleRunCgroups(const std::string& keep, int max_remove = 4096);
 
+// Removes the run's cgroup (killing what is left in it), then those that launches killed whole
+// left (SIGKILL to launch, workers and watchdog at once: nothing else ever removes them).
+void retireRunCgroup(std::unique_ptr<RunCgroup> cgroup);
+
 // Live processes whose parent is `parent` (from /proc/<pid>/stat), zombies excluded.
 std::vector<pid_t> childrenOf(pid_t parent);
 
@@ -83,5 +91,39 @@ double processCpuSeconds(pid_t pid);
 double processTreeCpuSeconds(pid_t root, int max_processes = 256);
 // Resident memory of a process in bytes; -1 when it is gone.
 int64_t processRssBytes(pid_t pid);
+
+// The run's leftovers for the agent: what it started besides its workers, found and killed.
+// Without a cgroup, a periodic scan finds the orphaned descendants that became launch's
+// children (strays) and tells the watchdog of each; at the end of an attempt or of the run,
+// kill() ends every leftover, wherever it went.
+//
+// Threads: the agent's loop thread.
+class Leftovers {
+ public:
+  explicit Leftovers(Watchdog& watchdog) : watchdog_(watchdog) {}
+
+  // launch's children but the watchdog and `ours` (the live workers, the warm template).
+  std::vector<pid_t> strays(const std::vector<pid_t>& ours) const;
+  // Tells the watchdog of each stray not told before.
+  void scan(const std::vector<pid_t>& ours);
+  // SIGKILLs the run's processes but `ours`: those in `cgroup` (null: none; the current
+  // attempt's leaf, or with `whole_run` the whole run), those carrying the watchdog's marker
+  // but `spare` (the template, which carries it for the workers it forks), and the strays.
+  // Between attempts only the finished attempt's leaf goes (the next starts in a new one).
+  void kill(RunCgroup* cgroup, bool whole_run, pid_t spare, const std::vector<pid_t>& ours);
+  // A new attempt: the strays told so far were killed with the last one.
+  void forget() { told_.clear(); }
+  // At the end of the run, after the workers' groups were killed: reaps every child of launch,
+  // as its subreaper. While anything is left it is killed (kill(), whole run): a process that
+  // escaped the workers' groups (setsid) and its environment (no marker) is in the cgroup, or
+  // became launch's child when its parent died; again on every round, as double forks hand
+  // launch new orphans. Bounded: 5 s, each wait for a child (`await_child(ms)`) 50 ms at most.
+  void reapAll(RunCgroup* cgroup, pid_t spare, const std::vector<pid_t>& ours,
+               const std::function<void(int ms)>& await_child);
+
+ private:
+  Watchdog& watchdog_;
+  std::set<pid_t> told_;  // strays the watchdog knows (a pid each: bounded by the processes)
+};
 
 }  // namespace ddpl::launcher

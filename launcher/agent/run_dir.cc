@@ -1,5 +1,6 @@
 #include "launcher/agent/run_dir.h"
 
+#include <stdlib.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -12,6 +13,37 @@
 namespace fs = std::filesystem;
 
 namespace ddpl::launcher {
+
+LogBase makeLogBase(const std::string& log_dir) {
+  if (log_dir.empty()) {
+    std::string tmpl = (fs::temp_directory_path() / "ddpl-launch-XXXXXX").string();
+    if (!mkdtemp(tmpl.data()))
+      throw Error(std::string("cannot create a temporary log directory: ") + strerror(errno));
+    return {tmpl, true};
+  }
+  std::error_code ec;
+  fs::create_directories(log_dir, ec);
+  if (ec) throw InvalidArgument("--log-dir '" + log_dir + "' cannot be created: " + ec.message());
+  return {log_dir, false};
+}
+
+void removeAfterFailedStart(const LogBase& base, const std::string& run_dir) {
+  std::error_code ec;
+  if (base.temporary)
+    fs::remove_all(base.path, ec);
+  else if (!run_dir.empty())
+    fs::remove_all(run_dir, ec);
+}
+
+void removeTemporaryBase(const LogBase& base, const std::string& run_dir,
+                         const std::vector<std::string>& evidence) {
+  if (!base.temporary) return;
+  std::error_code ec;
+  if (evidence.empty())
+    fs::remove_all(base.path, ec);
+  else
+    keepOnlyEvidence(base.path, run_dir, evidence);
+}
 
 // Never an earlier run's logs: a reused run id gets a numbered sibling. Created by this mkdir,
 // exclusively and private (0700): a --log-dir may be a shared directory, where a name planted in

@@ -6,6 +6,23 @@
 
 namespace ddpl::launcher {
 
+// Where runs' folders go: --log-dir (made when missing; InvalidArgument when it cannot be), or
+// without it a new private temporary folder, which launch removes at exit.
+struct LogBase {
+  std::string path;
+  bool temporary = false;
+};
+LogBase makeLogBase(const std::string& log_dir);
+
+// The agent could not start: nothing of the run stays (the temporary folder, or the run's in
+// --log-dir; `run_dir` empty when it was not made yet).
+void removeAfterFailedStart(const LogBase& base, const std::string& run_dir);
+
+// At exit: the temporary folder goes, but for the `evidence` (keepOnlyEvidence); --log-dir's
+// run stays whole.
+void removeTemporaryBase(const LogBase& base, const std::string& run_dir,
+                         const std::vector<std::string>& evidence);
+
 // Creates BASE/RUN_ID (or a numbered sibling when that exists) and returns it.
 std::string makeRunDir(const std::string& base, const std::string& run_id);
 

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <sstream>
@@ -228,6 +229,16 @@ std::vector<std::string> toEnvp(const Environment& env) {
   out.reserve(env.size());
   for (const auto& [k, v] : env) out.push_back(k + "=" + v);
   return out;
+}
+
+RankStreams rankStreams(const LaunchOptions& options, int local_rank) {
+  RankStreams r{options.redirects.forRank(local_rank), options.tee.forRank(local_rank)};
+  const auto& filter = options.local_ranks_filter;
+  bool shown =
+      filter.empty() || std::find(filter.begin(), filter.end(), local_rank) != filter.end();
+  r.out_console = shown && !(r.redirect.stdout_ && !r.tee.stdout_);
+  r.err_console = shown && !(r.redirect.stderr_ && !r.tee.stderr_);
+  return r;
 }
 
 }  // namespace ddpl::launcher

@@ -60,4 +60,14 @@ Environment buildWorkerEnv(const Environment& base, const WorldAssignment& world
 
 std::vector<std::string> toEnvp(const Environment& env);
 
+// Where local rank `local_rank`'s output goes: its files (--redirects, --tee) and the console
+// (what is not redirected, or is teed, of the ranks --local-ranks-filter shows).
+struct RankStreams {
+  StreamSelection redirect, tee;
+  bool out_console = false, err_console = false;
+  bool outFile() const { return redirect.stdout_ || tee.stdout_; }
+  bool errFile() const { return redirect.stderr_ || tee.stderr_; }
+};
+RankStreams rankStreams(const LaunchOptions& options, int local_rank);
+
 }  // namespace ddpl::launcher
