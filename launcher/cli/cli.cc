@@ -105,14 +105,11 @@ void warnAboutDuplicateFilters(LaunchOptions& o) {
   }
 }
 
-}  // namespace
-
-ParseResult parseCommandLine(const std::vector<std::string>& args,
-                             const std::map<std::string, std::string>& env) {
-  ParseResult result;
+// What the environment sets (torchrun's PET_* variables and the few it reads itself), before
+// the command line, which overrides it. A wrong value names the variable: the user never typed
+// the flag.
+void applyEnvironment(const std::map<std::string, std::string>& env, ParseResult& result) {
   LaunchOptions& o = result.options;
-  std::set<std::string> target_flags;  // --module / --no-python given on the command line
-
   // torchrun 2.15 reads TORCH_ELASTIC_SHUTDOWN_TIMEOUT when --shutdown-timeout is not given;
   // PET_SHUTDOWN_TIMEOUT and the flag win over it.
   if (auto it = env.find(kShutdownTimeoutEnv); it != env.end() && !it->second.empty()) {
@@ -122,8 +119,6 @@ ParseResult parseCommandLine(const std::vector<std::string>& args,
       throw UsageError(fmt::format("environment variable {}: {}", kShutdownTimeoutEnv, e.what()));
     }
   }
-  // Environment first, so that the command line overrides it. A wrong value names the
-  // variable: the user never typed the flag.
   for (const auto& f : flags()) {
     const std::string var = petName(f);
     auto it = env.find(var);
@@ -158,6 +153,17 @@ ParseResult parseCommandLine(const std::vector<std::string>& args,
   if (auto it = env.find(torchrun_env::kLogLinePrefixTemplate);
       it != env.end() && !it->second.empty())
     o.log_line_prefix_template = it->second;
+}
+
+}  // namespace
+
+ParseResult parseCommandLine(const std::vector<std::string>& args,
+                             const std::map<std::string, std::string>& env) {
+  ParseResult result;
+  LaunchOptions& o = result.options;
+  std::set<std::string> target_flags;  // --module / --no-python given on the command line
+
+  applyEnvironment(env, result);
 
   size_t i = 0;
   for (; i < args.size(); ++i) {
