@@ -169,37 +169,41 @@ std::optional<WorldAssignment> EtcdRendezvous::joinUntil(Clock::time_point deadl
       if (!takePlace(s.round, srev)) backoff(rng);
       continue;
     }
-    EtcdRange oldest;
-    oldest.key = joinsPrefix(s.round);
-    oldest.range_end = etcdPrefixEnd(oldest.key);
-    oldest.oldest_first = true;
-    oldest.limit = 1;
-    oldest.keys_only = true;
-    auto first = etcd_->range(oldest);
-    noteJoined(s.round, first.count);  // the whole range's, whatever the limit
-    if (first.kvs.empty()) {  // even this node's place is gone (its lease expired): re-join
-      place_round_ = -1;
-      continue;
-    }
-    if (first.kvs.front().key == place_) {
-      if (auto w = closeRound(s, srev, deadline)) return w;
-      continue;
-    }
-    // This node's place may be gone already with its lease (expired while etcd was too
-    // slow to renew it): then it takes a place again before it waits.
-    EtcdRange mine;
-    mine.key = place_;
-    mine.keys_only = true;
-    auto own = etcd_->range(mine);
-    if (own.kvs.empty() || own.kvs.front().lease != place_lease_) {
-      place_round_ = -1;
-      continue;
-    }
-    // Woken when the state changes (the round completes), the counting node goes, or this
-    // node's place does (the wait is not cut into slices that would notice it otherwise).
-    waitOrTimeout(deadline, {{key("state"), ""}, {first.kvs.front().key, ""}, {place_, ""}}, rev,
-                  s);
+    if (auto w = inFormingRound(s, srev, rev, deadline)) return w;
   }
+}
+
+std::optional<WorldAssignment> EtcdRendezvous::inFormingRound(const RoundState& s, int64_t srev,
+                                                              int64_t rev,
+                                                              Clock::time_point deadline) {
+  EtcdRange oldest;
+  oldest.key = joinsPrefix(s.round);
+  oldest.range_end = etcdPrefixEnd(oldest.key);
+  oldest.oldest_first = true;
+  oldest.limit = 1;
+  oldest.keys_only = true;
+  auto first = etcd_->range(oldest);
+  noteJoined(s.round, first.count);  // the whole range's, whatever the limit
+  // Even this node's place is gone (its lease expired): re-join.
+  if (first.kvs.empty()) {
+    place_round_ = -1;
+    return std::nullopt;
+  }
+  if (first.kvs.front().key == place_) return closeRound(s, srev, deadline);
+  // This node's place may be gone already with its lease (expired while etcd was too
+  // slow to renew it): then it takes a place again before it waits.
+  EtcdRange mine;
+  mine.key = place_;
+  mine.keys_only = true;
+  auto own = etcd_->range(mine);
+  if (own.kvs.empty() || own.kvs.front().lease != place_lease_) {
+    place_round_ = -1;
+    return std::nullopt;
+  }
+  // Woken when the state changes (the round completes), the counting node goes, or this
+  // node's place does (the wait is not cut into slices that would notice it otherwise).
+  waitOrTimeout(deadline, {{key("state"), ""}, {first.kvs.front().key, ""}, {place_, ""}}, rev, s);
+  return std::nullopt;
 }
 
 bool EtcdRendezvous::waitedOnEnded(const RoundState& s) {
@@ -307,51 +311,12 @@ std::optional<WorldAssignment> EtcdRendezvous::closeRound(const RoundState& s, i
     if (n < c_.min_nodes) last_call_at.reset();
     bool closing = now || (last_call_at && Clock::now() >= *last_call_at);
     bool waited = false;
-    if (closing) {
-      // A member of the ended round that has neither re-joined nor left still holds its place
-      // there, kept by its lease: it may be cut off from etcd with its workers training on.
-      // The round closes without it only once that place is gone (the node re-joined, left,
-      // or its lease expired: by then its agent fenced and its workers are gone).
-      int64_t held_rev = 0;
-      std::vector<std::string> holding = stillHolding(s, in, &held_rev);
-      if (!holding.empty()) {
-        if (!told_holding) {
-          told_holding = true;
-          log::info(
-              "round {} waits up to {}s for node(s) {} of round {} to re-join or lose their "
-              "place (their workers may still train, cut off from etcd)",
-              s.round, lease_ttl_.count(), fmt::join(holding, ", "), s.round - 1);
-        }
-        std::vector<std::pair<std::string, std::string>> ranges = {
-            {key("state"), ""}, {prefix, etcdPrefixEnd(prefix)}};
-        for (const auto& h : holding) ranges.push_back({joinKey(s.round - 1, h), ""});
-        waitOrTimeout(deadline, ranges, held_rev, s,
-                      Clock::now() + lease_ttl_ + milliseconds(100));
-        closing = false;
-        waited = true;  // catch up below at once
-      }
+    if (closing && waitForHolders(s, in, deadline, &told_holding)) {
+      closing = false;
+      waited = true;  // catch up below at once
     }
     if (closing) {
-      RoundState done = s;
-      done.complete = true;
-      done.stopped.clear();  // they concerned the forming round only
-      done.stopped_until = 0;
-      done.nodes.clear();
-      for (const auto* kv : order)
-        done.nodes.push_back(decodeJoin(kv->key, kv->key.substr(prefix.size()), kv->value));
-      std::sort(done.nodes.begin(), done.nodes.end(),
-                [](const NodeEntry& a, const NodeEntry& b) { return a.id < b.id; });
-      // Only if the state is the one read and no node took or gave up a place since the
-      // count (a node's lease expiring is the one change that does not touch seq: see below).
-      auto r = etcd_->txn(
-          {{key("state"), EtcdCompare::Target::kMod, srev},
-           {seqKey(s.round), EtcdCompare::Target::kMod, seen + 1, "", EtcdCompare::Result::kLess}},
-          {{EtcdOp::Kind::kPut, key("state"), done.encode()}});
-      if (r.succeeded) {
-        log::debug("closed round {} with {} of {} node(s) that took a place", s.round, n,
-                   places.size());
-        return assigned(done, r.revision, true);
-      }
+      if (auto w = writeClosed(s, srev, seen, order, places.size())) return w;
       if (stateRevision() != srev) return std::nullopt;
       // Places changed since the count: catch up below, without waiting.
     } else if (!waited) {
@@ -370,6 +335,57 @@ std::optional<WorldAssignment> EtcdRendezvous::closeRound(const RoundState& s, i
     if (got.count != static_cast<int64_t>(places.size())) readAll();
     if (stateRevision() != srev) return std::nullopt;
   }
+}
+
+// A member of the ended round that has neither re-joined nor left still holds its place
+// there, kept by its lease: it may be cut off from etcd with its workers training on. The round
+// closes without it only once that place is gone (the node re-joined, left, or its lease
+// expired: by then its agent fenced and its workers are gone). True: it waited for such places.
+bool EtcdRendezvous::waitForHolders(const RoundState& s, const std::set<std::string>& in,
+                                    Clock::time_point deadline, bool* told) {
+  const std::string prefix = joinsPrefix(s.round);
+  int64_t held_rev = 0;
+  std::vector<std::string> holding = stillHolding(s, in, &held_rev);
+  if (holding.empty()) return false;
+  if (!*told) {
+    *told = true;
+    log::info(
+        "round {} waits up to {}s for node(s) {} of round {} to re-join or lose their "
+        "place (their workers may still train, cut off from etcd)",
+        s.round, lease_ttl_.count(), fmt::join(holding, ", "), s.round - 1);
+  }
+  std::vector<std::pair<std::string, std::string>> ranges = {{key("state"), ""},
+                                                             {prefix, etcdPrefixEnd(prefix)}};
+  for (const auto& h : holding) ranges.push_back({joinKey(s.round - 1, h), ""});
+  waitOrTimeout(deadline, ranges, held_rev, s, Clock::now() + lease_ttl_ + milliseconds(100));
+  return true;
+}
+
+// Closes forming round `s` with the places in `order` (of `taken`), only if the state is the
+// one read (`srev`) and no node took or gave up a place since the count (`seen`; a node's lease
+// expiring is the one change that does not touch seq: closeRound catches up with it).
+std::optional<WorldAssignment> EtcdRendezvous::writeClosed(const RoundState& s, int64_t srev,
+                                                           int64_t seen,
+                                                           const std::vector<const EtcdKv*>& order,
+                                                           size_t taken) {
+  const std::string prefix = joinsPrefix(s.round);
+  RoundState done = s;
+  done.complete = true;
+  done.stopped.clear();  // they concerned the forming round only
+  done.stopped_until = 0;
+  done.nodes.clear();
+  for (const auto* kv : order)
+    done.nodes.push_back(decodeJoin(kv->key, kv->key.substr(prefix.size()), kv->value));
+  std::sort(done.nodes.begin(), done.nodes.end(),
+            [](const NodeEntry& a, const NodeEntry& b) { return a.id < b.id; });
+  auto r = etcd_->txn(
+      {{key("state"), EtcdCompare::Target::kMod, srev},
+       {seqKey(s.round), EtcdCompare::Target::kMod, seen + 1, "", EtcdCompare::Result::kLess}},
+      {{EtcdOp::Kind::kPut, key("state"), done.encode()}});
+  if (!r.succeeded) return std::nullopt;
+  log::debug("closed round {} with {} of {} node(s) that took a place", s.round, order.size(),
+             taken);
+  return assigned(done, r.revision, true);
 }
 
 std::vector<std::string> EtcdRendezvous::stillHolding(const RoundState& s,

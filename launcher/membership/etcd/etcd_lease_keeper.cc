@@ -188,8 +188,7 @@ class LeaseStream
 class LeaseKeeperImpl : public EtcdLeaseKeeper {
  public:
   LeaseKeeperImpl(EtcdClient::Impl* impl, int64_t id, std::chrono::seconds ttl,
-                  std::function<int64_t(int64_t)> expired,
-                  std::function<void(milliseconds)> fence)
+                  std::function<int64_t(int64_t)> expired, std::function<void(milliseconds)> fence)
       : impl_(impl),
         expired_(std::move(expired)),
         fence_(std::move(fence)),
@@ -239,129 +238,148 @@ class LeaseKeeperImpl : public EtcdLeaseKeeper {
     Clock::time_point alive_until, send_at;
   };
 
-  void run() {
-    std::shared_ptr<KeeperSignal> signal = signal_;  // outlives us when detached
+  // What run() carries from one wake-up to the next (its thread's own).
+  struct KeepState {
     Lease l;
     std::shared_ptr<LeaseStream> stream;
-    size_t ep = impl_->current.load();
-    const size_t n = impl_->eps.size();
+    size_t ep = 0;                // the endpoint the next stream opens on (modulo their number)
     milliseconds backoff{100};    // between reopenings of streams that broke, up to 1 s
     Clock::time_point reopen_at;  // no stream opened before it
     bool due = false;             // a keep-alive is due and not answered yet
     bool warned = false;          // that the lease may have expired, once per outage
     bool fenced = false;          // fence_ ran, once per outage
     std::string last_error = "no answer yet";
-    bool stopped = false;
-    while (!stopped) {
+  };
+
+  void run() {
+    std::shared_ptr<KeeperSignal> signal = signal_;  // outlives us when detached
+    KeepState st;
+    st.ep = impl_->current.load();
+    const size_t n = impl_->eps.size();
+    while (true) {
+      if (!sleepUntilDue(st, *signal)) break;
       auto now = Clock::now();
-      // When something is next to do: send, give up a silent stream, reopen one, warn.
-      Clock::time_point wake = due ? now + std::chrono::seconds(1) : l.send_at;
-      if (due && stream) {
-        if (auto oldest = stream->oldestUnanswered())
-          wake = std::min(wake, *oldest + stuckAfter(l));
-      }
-      if (due && !stream) wake = std::min(wake, reopen_at);
-      if (!warned) wake = std::min(wake, l.alive_until);
-      if (!fenced && fence_) wake = std::min(wake, fenceAt(l));
-      {
-        std::unique_lock<std::mutex> lock(signal->mu);
-        signal->cv.wait_until(lock, std::max(wake, now),
-                              [&] { return signal->stop || signal->poked; });
-        if (signal->stop) break;
-        signal->poked = false;
-        if (changed_) {
-          l = next_;
-          changed_ = false;
-          due = false;
-          warned = false;
-          fenced = false;
-        }
-      }
-      now = Clock::now();
-      if (stream) {
-        for (const auto& a : stream->takeAnswers()) {
-          if (a.id != l.id) continue;  // for the lease before the last keep()
-          if (a.ttl <= 0) {
-            due = false;
-            int64_t fresh = expire(l.id);
-            // Stopped meanwhile (perhaps destroyed by the callback): touch no member.
-            std::lock_guard<std::mutex> lock(signal->mu);
-            stopped = signal->stop;
-            if (stopped || changed_) break;  // keep() came meanwhile: the loop takes it
-            if (fresh != 0 && fresh != l.id) {
-              setLease(fresh, l.ttl);
-              l = next_;
-              changed_ = false;
-              warned = false;
-              fenced = false;
-            } else {
-              // Not replaced (etcd refused a new one): ask again in a second.
-              l.send_at = Clock::now() + std::chrono::seconds(1);
-            }
-            break;
-          }
-          l.ttl = std::chrono::seconds(a.ttl);
-          l.alive_until = std::max(l.alive_until, a.sent + l.ttl);
-          l.send_at = now + interval(l);
-          due = false;
-          backoff = milliseconds(100);
-          if (warned || fenced)
-            log::info("etcd keep-alive: lease {:x} renewed again ({}s left)", l.id, a.ttl);
-          warned = false;
-          fenced = false;
-        }
-        if (stopped) break;
-        if (stream->broken()) {
-          last_error = stream->why();
-          log::debug("etcd keep-alive stream broke ({}): reopening on the next endpoint",
-                     last_error);
-          stream.reset();
-          ++ep;
-          reopen_at = now + backoff;
-          backoff = std::min(backoff * 2, milliseconds(1000));
-        }
-      }
-      if (!due && now >= l.send_at) due = true;
-      if (due && stream) {
-        auto oldest = stream->oldestUnanswered();
-        if (oldest && now - *oldest >= stuckAfter(l)) {
-          last_error =
-              fmt::format("{}: no answer for {}", impl_->eps[ep % n].name,
+      // Stopped meanwhile (perhaps destroyed by the `expired` callback): touch no member.
+      if (st.stream && !takeAnswers(st, *signal, now)) break;
+      if (!st.due && now >= st.l.send_at) st.due = true;
+      if (st.due && st.stream) {
+        auto oldest = st.stream->oldestUnanswered();
+        if (oldest && now - *oldest >= stuckAfter(st.l)) {
+          st.last_error =
+              fmt::format("{}: no answer for {}", impl_->eps[st.ep % n].name,
                           describe(std::chrono::duration_cast<milliseconds>(now - *oldest)));
-          log::debug("etcd keep-alive: {}; moving on to the next endpoint", last_error);
-          stream->cancel();
-          stream.reset();
-          ++ep;
-          reopen_at = now;
+          log::debug("etcd keep-alive: {}; moving on to the next endpoint", st.last_error);
+          st.stream->cancel();
+          st.stream.reset();
+          ++st.ep;
+          st.reopen_at = now;
         }
       }
-      if (due && !stream && now >= reopen_at)
-        stream = LeaseStream::start(impl_->eps[ep % n], impl_->tokenNow(), signal);
+      if (st.due && !st.stream && now >= st.reopen_at)
+        st.stream = LeaseStream::start(impl_->eps[st.ep % n], impl_->tokenNow(), signal);
       // One request in flight per stream: a later one would be answered after it anyway.
-      if (due && stream && !stream->oldestUnanswered()) stream->send(l.id);
-      if (!fenced && fence_ && now >= fenceAt(l)) {
-        fenced = true;
+      if (st.due && st.stream && !st.stream->oldestUnanswered()) st.stream->send(st.l.id);
+      if (!st.fenced && fence_ && now >= fenceAt(st.l)) {
+        st.fenced = true;
         // The lease was renewed after the send of the last answered keep-alive, at
         // alive_until - TTL: the silence counts from there.
-        fence_(std::chrono::duration_cast<milliseconds>(now - (l.alive_until - l.ttl)));
+        fence_(std::chrono::duration_cast<milliseconds>(now - (st.l.alive_until - st.l.ttl)));
         std::lock_guard<std::mutex> lock(signal->mu);
         if (signal->stop) break;  // destroyed meanwhile (as after expire())
       }
-      if (!warned && now >= l.alive_until) {
-        warned = true;
+      if (!st.warned && now >= st.l.alive_until) {
+        st.warned = true;
         log::warn(
             "etcd keep-alive: lease {:x} not renewed within its TTL of {}s (last: {}); it "
             "may have expired, still trying",
-            l.id, l.ttl.count(), last_error);
+            st.l.id, st.l.ttl.count(), st.last_error);
       }
     }
+    closeStreams(st.stream, *signal);
+  }
+
+  // Waits until something is next to do (send, give up a silent stream, reopen one, warn,
+  // fence) or keep() or stop pokes; takes a new lease from keep(). False when stopped.
+  bool sleepUntilDue(KeepState& st, KeeperSignal& signal) {
+    auto now = Clock::now();
+    Clock::time_point wake = st.due ? now + std::chrono::seconds(1) : st.l.send_at;
+    if (st.due && st.stream) {
+      if (auto oldest = st.stream->oldestUnanswered())
+        wake = std::min(wake, *oldest + stuckAfter(st.l));
+    }
+    if (st.due && !st.stream) wake = std::min(wake, st.reopen_at);
+    if (!st.warned) wake = std::min(wake, st.l.alive_until);
+    if (!st.fenced && fence_) wake = std::min(wake, fenceAt(st.l));
+    std::unique_lock<std::mutex> lock(signal.mu);
+    signal.cv.wait_until(lock, std::max(wake, now), [&] { return signal.stop || signal.poked; });
+    if (signal.stop) return false;
+    signal.poked = false;
+    if (changed_) {
+      st.l = next_;
+      changed_ = false;
+      st.due = false;
+      st.warned = false;
+      st.fenced = false;
+    }
+    return true;
+  }
+
+  // The answers to the keep-alives sent on the stream, and the stream given up when it broke.
+  // An answer that the lease expired calls `expired` for a new one. False when the keeper was
+  // stopped meanwhile: perhaps destroyed by that callback, when nothing of ours may be touched.
+  bool takeAnswers(KeepState& st, KeeperSignal& signal, Clock::time_point now) {
+    bool stopped = false;
+    for (const auto& a : st.stream->takeAnswers()) {
+      if (a.id != st.l.id) continue;  // for the lease before the last keep()
+      if (a.ttl <= 0) {
+        st.due = false;
+        int64_t fresh = expire(st.l.id);
+        std::lock_guard<std::mutex> lock(signal.mu);
+        stopped = signal.stop;
+        if (stopped || changed_) break;  // keep() came meanwhile: the loop takes it
+        if (fresh != 0 && fresh != st.l.id) {
+          setLease(fresh, st.l.ttl);
+          st.l = next_;
+          changed_ = false;
+          st.warned = false;
+          st.fenced = false;
+        } else {
+          // Not replaced (etcd refused a new one): ask again in a second.
+          st.l.send_at = Clock::now() + std::chrono::seconds(1);
+        }
+        break;
+      }
+      st.l.ttl = std::chrono::seconds(a.ttl);
+      st.l.alive_until = std::max(st.l.alive_until, a.sent + st.l.ttl);
+      st.l.send_at = now + interval(st.l);
+      st.due = false;
+      st.backoff = milliseconds(100);
+      if (st.warned || st.fenced)
+        log::info("etcd keep-alive: lease {:x} renewed again ({}s left)", st.l.id, a.ttl);
+      st.warned = false;
+      st.fenced = false;
+    }
+    if (stopped) return false;
+    if (st.stream->broken()) {
+      st.last_error = st.stream->why();
+      log::debug("etcd keep-alive stream broke ({}): reopening on the next endpoint",
+                 st.last_error);
+      st.stream.reset();
+      ++st.ep;
+      st.reopen_at = now + st.backoff;
+      st.backoff = std::min(st.backoff * 2, milliseconds(1000));
+    }
+    return true;
+  }
+
+  // Every stream holds the client's channel: gRPC must be done with them before the client
+  // may go. Cancelled, they end within milliseconds. Static: the keeper may be gone by now.
+  static void closeStreams(std::shared_ptr<LeaseStream>& stream, KeeperSignal& signal) {
     if (stream) stream->cancel();
     stream.reset();
-    // Every stream holds the client's channel: gRPC must be done with them before the client
-    // may go. Cancelled, they end within milliseconds.
-    std::unique_lock<std::mutex> lock(signal->mu);
-    if (!signal->cv.wait_for(lock, std::chrono::seconds(10), [&] { return signal->live == 0; }))
-      log::warn("etcd keep-alive: {} stream(s) not finished 10s after cancelling", signal->live);
+    std::unique_lock<std::mutex> lock(signal.mu);
+    if (!signal.cv.wait_for(lock, std::chrono::seconds(10), [&] { return signal.live == 0; }))
+      log::warn("etcd keep-alive: {} stream(s) not finished 10s after cancelling", signal.live);
   }
 
   // How long an unanswered keep-alive waits on a stream that has not broken before the keeper
@@ -405,9 +423,9 @@ class LeaseKeeperImpl : public EtcdLeaseKeeper {
 
 }  // namespace
 
-std::unique_ptr<EtcdLeaseKeeper> EtcdClient::keepAlive(
-    int64_t id, std::chrono::seconds ttl, std::function<int64_t(int64_t)> expired,
-    std::function<void(milliseconds)> fence) {
+std::unique_ptr<EtcdLeaseKeeper> EtcdClient::keepAlive(int64_t id, std::chrono::seconds ttl,
+                                                       std::function<int64_t(int64_t)> expired,
+                                                       std::function<void(milliseconds)> fence) {
   return std::make_unique<LeaseKeeperImpl>(impl_.get(), id, ttl, std::move(expired),
                                            std::move(fence));
 }

@@ -108,6 +108,11 @@ class EtcdRendezvous : public MultiNodeRendezvous {
   std::optional<WorldAssignment> joinOnce() override;
 
   std::optional<WorldAssignment> joinUntil(Clock::time_point deadline, std::mt19937_64& rng);
+  // joinUntil's step in a forming round where this node holds a place: closes the round when
+  // its place is the oldest (it counts), else waits for a change (`rev`: the state's read).
+  // Nothing: read the state again.
+  std::optional<WorldAssignment> inFormingRound(const RoundState& s, int64_t srev, int64_t rev,
+                                                Clock::time_point deadline);
 
   // A complete round that this node saw end but whose state nobody moved on yet: the node that
   // ended it (a leaving node, or the first member to see a death) writes the next state in
@@ -139,6 +144,12 @@ class EtcdRendezvous : public MultiNodeRendezvous {
   // the round; nothing when the state moved on (or the counting moved to another node).
   std::optional<WorldAssignment> closeRound(const RoundState& s, int64_t srev,
                                             Clock::time_point deadline);
+  // closeRound's steps: the wait for members of the ended round that still hold their places
+  // (true: it waited), and the transaction that closes the round with `order`.
+  bool waitForHolders(const RoundState& s, const std::set<std::string>& in,
+                      Clock::time_point deadline, bool* told);
+  std::optional<WorldAssignment> writeClosed(const RoundState& s, int64_t srev, int64_t seen,
+                                             const std::vector<const EtcdKv*>& order, size_t taken);
 
   // The members of the round before forming round `s` that it expects back (s.expected), are
   // not among `in` (the places it would close with), and still hold their place in that round:
