@@ -8,6 +8,7 @@ ddpl_add_test(NAME launcher_unit_test
     unit/child_process_test.cc
     unit/event_loop_test.cc unit/hang_responder_test.cc unit/stacks_service_test.cc
     unit/checkpoint_tier_test.cc unit/warm_plan_test.cc unit/restart_phases_test.cc
+    unit/agent_parts_test.cc
   LIBS ddpl_launcher ddpl_test_util LABELS unit TIMEOUT 60)
 
 # Integration and fault tests run the real `launch` binary.
