@@ -6,7 +6,8 @@ ddpl_add_test(NAME launcher_unit_test
     unit/parse_test.cc unit/numa_test.cc unit/progress_test.cc unit/job_view_test.cc
     unit/etcd_config_test.cc unit/file_io_test.cc unit/rdzv_token_test.cc unit/containment_test.cc
     unit/child_process_test.cc
-    unit/event_loop_test.cc unit/hang_responder_test.cc unit/stacks_service_test.cc
+    unit/event_loop_test.cc unit/hang_responder_test.cc unit/hang_report_test.cc
+    unit/stacks_service_test.cc
     unit/checkpoint_tier_test.cc unit/warm_plan_test.cc unit/restart_phases_test.cc
   LIBS ddpl_launcher ddpl_test_util LABELS unit TIMEOUT 60)
 

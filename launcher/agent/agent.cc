@@ -40,6 +40,7 @@
 #include "launcher/agent/supervisor.h"
 #include "launcher/agent/watchdog.h"
 #include "launcher/checkpoint/memory_tier.h"
+#include "launcher/health/flight_recorder.h"
 #include "launcher/health/heartbeat_channel.h"
 #include "launcher/health/progress.h"
 #include "launcher/health/stacks.h"
@@ -760,6 +761,7 @@ struct Agent::Impl {
       for (const auto& [k, v] : world.worker_env) extra[k] = v;
       for (const auto& [k, v] : ckpt_env) extra[k] = v;
       extra[kMarkerEnv] = watchdog.marker();
+      if (hangDetectionOn()) addFlightRecorderEnv(extra, cfg.base_env, dir);  // for hang reports
       w.heartbeat = HeartbeatChannel::open();
       if (w.heartbeat) extra[kHeartbeatFdEnv] = std::to_string(w.heartbeat->fd());
       auto env = buildWorkerEnv(cfg.base_env, world, ctx, extra);
@@ -865,7 +867,12 @@ struct Agent::Impl {
   }
 
   void killGroups(int sig) {
-    for (pid_t g : pgids) kill(-g, sig);
+    for (pid_t g : pgids) {
+      kill(-g, sig);
+      // A stopped worker (SIGSTOP, a debugger) takes the signal only once continued: without
+      // this it would wait out the whole --shutdown-timeout for SIGKILL.
+      if (sig != SIGKILL) kill(-g, SIGCONT);
+    }
   }
 
   void execute(const std::vector<Action>& actions) {
