@@ -173,6 +173,12 @@ ddpl_add_test(NAME launcher_idle_hang_test
   SOURCES integration/idle_hang_test.cc LIBS ddpl_test_util LABELS python TIMEOUT 180 SERIAL)
 add_dependencies(launcher_idle_hang_test launch)
 
+# Issue 48: the hang report names the culprit and the collective, for six injected hangs of a
+# 3-rank Gloo job (tests/python/hang_kinds.py), one test each (about 10 s each here).
+ddpl_add_test(NAME launcher_hang_report_test
+  SOURCES integration/hang_report_test.cc LIBS ddpl_test_util LABELS python TIMEOUT 150 SERIAL)
+add_dependencies(launcher_hang_report_test launch)
+
 # The job-outcome protocol of both multi-node backends (membership/multi_node_rendezvous.cc,
 # which lives in the gRPC plugin) over an in-memory JobKv.
 ddpl_add_test(NAME job_outcome_test

@@ -213,6 +213,7 @@ struct Agent::Impl {
   }
 
   void setUp() {
+    if (hangDetectionOn()) addFlightRecorderBuffer(cfg.extra_env, cfg.base_env);  // all workers
     run_dir = makeRunDir(log_base, cfg.run_id);
     if (loop.error())
       throw Error(std::string("cannot set up the event loop: ") + strerror(loop.error()));
@@ -761,7 +762,7 @@ struct Agent::Impl {
       for (const auto& [k, v] : world.worker_env) extra[k] = v;
       for (const auto& [k, v] : ckpt_env) extra[k] = v;
       extra[kMarkerEnv] = watchdog.marker();
-      if (hangDetectionOn()) addFlightRecorderEnv(extra, cfg.base_env, dir);  // for hang reports
+      if (hangDetectionOn()) addFlightRecorderSocket(extra, dir);  // for a hang's report
       w.heartbeat = HeartbeatChannel::open();
       if (w.heartbeat) extra[kHeartbeatFdEnv] = std::to_string(w.heartbeat->fd());
       auto env = buildWorkerEnv(cfg.base_env, world, ctx, extra);

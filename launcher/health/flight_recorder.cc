@@ -201,12 +201,15 @@ std::map<int, FlightRecord> askFlightRecorders(const std::map<int, std::string>&
 
 std::string flightRecorderSocket(const std::string& rank_dir) { return rank_dir + "/fr.sock"; }
 
-bool addFlightRecorderEnv(Environment& env, const Environment& base, const std::string& rank_dir) {
+void addFlightRecorderBuffer(Environment& env, const Environment& base) {
+  if (!base.count(kBufferEnv) && !base.count(kOldBufferEnv))
+    env[kBufferEnv] = std::to_string(kFlightRecorderEntries);
+}
+
+bool addFlightRecorderSocket(Environment& env, const std::string& rank_dir) {
   std::string path = flightRecorderSocket(rank_dir);
   if (path.size() >= sizeof(sockaddr_un{}.sun_path)) return false;
   env[kSocketEnv] = path;
-  if (!base.count(kBufferEnv) && !base.count(kOldBufferEnv))
-    env[kBufferEnv] = std::to_string(kFlightRecorderEntries);
   return true;
 }
 

@@ -57,10 +57,13 @@ std::string flightRecorderSocket(const std::string& rank_dir);
 // several buckets. Costs 2.7-3.2 us of CPU per collective (docs/benchmarks.md).
 inline constexpr int kFlightRecorderEntries = 64;
 
-// Adds what a worker needs to serve its record to `env`: TORCH_FR_BUFFER_SIZE unless the
-// user's environment `base` sets it or its older name (TORCH_NCCL_TRACE_BUFFER_SIZE; 0 turns
-// the recorder off), and DDPL_FLIGHT_RECORDER_SOCKET. False, and nothing added, when the
-// socket's path is too long for a Unix socket.
-bool addFlightRecorderEnv(Environment& env, const Environment& base, const std::string& rank_dir);
+// What a worker needs to serve its record, in its environment: TORCH_FR_BUFFER_SIZE for every
+// worker (read once at torch's start, so the same for the warm template), unless the user's
+// environment `base` sets it or its older name (TORCH_NCCL_TRACE_BUFFER_SIZE; 0 turns the
+// recorder off)...
+void addFlightRecorderBuffer(Environment& env, const Environment& base);
+// ...and DDPL_FLIGHT_RECORDER_SOCKET for each rank. False, and nothing added, when the socket's
+// path is too long for a Unix socket.
+bool addFlightRecorderSocket(Environment& env, const std::string& rank_dir);
 
 }  // namespace ddpl::launcher
