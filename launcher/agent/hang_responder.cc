@@ -1,6 +1,7 @@
 #include "launcher/agent/hang_responder.h"
 
 #include <algorithm>
+#include <map>
 
 #include "common/log.h"
 #include "launcher/health/hang_report.h"
@@ -52,8 +53,14 @@ void HangResponder::onStacksSaved(const HangStacks& stacks) {
   }
   HangReport report = analyzeHang(ranks);
   for (const auto& g : report.groups) log::error("hang report: {}", g);
+  std::map<std::string, std::string> unanswered;  // ranks by what their recorder said
   for (const auto& [lr, fr] : stacks.recorders)
-    if (!fr.error.empty()) log::info("rank {}'s flight recorder: {}", globalRank(lr), fr.error);
+    if (!fr.error.empty()) {
+      std::string& names = unanswered[fr.error];
+      names += (names.empty() ? "" : ", ") + std::to_string(globalRank(lr));
+    }
+  for (const auto& [error, names] : unanswered)
+    log::info("flight recorder of rank(s) {}: {}", names, error);
   for (const auto& r : ranks)
     if (std::find(report.culprits.begin(), report.culprits.end(), r.global_rank) !=
         report.culprits.end())

@@ -13,12 +13,14 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "common/defaults.h"
+
 namespace ddpl::launcher {
 namespace {
 
 using nlohmann::json;
 
-constexpr const char kSocketEnv[] = "DDPL_FLIGHT_RECORDER_SOCKET";
+constexpr const char* kSocketEnv = envvar::kFlightRecorderSocket;
 constexpr const char kBufferEnv[] = "TORCH_FR_BUFFER_SIZE";
 constexpr const char kOldBufferEnv[] = "TORCH_NCCL_TRACE_BUFFER_SIZE";
 // torch's dump nests five levels (entries, an entry, its sizes, a size list); more is not its.

@@ -54,7 +54,7 @@ std::string flightRecorderSocket(const std::string& rank_dir);
 
 // The entries of a recorder torch keeps when launch sets TORCH_FR_BUFFER_SIZE: the newest
 // collectives of every group are what a report needs; 64 keep a few steps of a DDP job with
-// several buckets. Costs 2.7-3.2 us of CPU per collective (docs/benchmarks.md).
+// several buckets. Costs 2.9-3.7 us of CPU per collective (docs/benchmarks.md).
 inline constexpr int kFlightRecorderEntries = 64;
 
 // What a worker needs to serve its record, in its environment: TORCH_FR_BUFFER_SIZE for every

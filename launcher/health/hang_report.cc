@@ -325,9 +325,10 @@ HangReport analyzeHang(const std::vector<RankEvidence>& ranks) {
     if (fresh) groups.push_back({places[i].text, {}});
     groups[it->second].second.push_back(ranks[i].global_rank);
   }
-  for (const auto& [text, members] : groups) {
-    bool plural = members.size() > 1 && text.rfind("waits ", 0) == 0;
-    report.groups.push_back(ranksWord(members) + (plural ? " wait " + text.substr(6) : " " + text));
+  for (auto [text, members] : groups) {
+    auto verb = text.find("waits in ");
+    if (members.size() > 1 && verb != std::string::npos) text.erase(verb + 4, 1);  // "wait in"
+    report.groups.push_back(ranksWord(members) + " " + text);
   }
 
   // What the others wait in, in words: numbered by the flight recorder where it can.
