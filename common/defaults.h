@@ -50,6 +50,9 @@ inline constexpr const char kStorePrefix[] = "DDPL_STORE_PREFIX";
 inline constexpr const char kStoreSocket[] = "DDPL_STORE_SOCKET";
 // Set by launch for each worker: the pipe its step heartbeats go to (common/heartbeat.h).
 inline constexpr const char kHeartbeatFd[] = "DDPL_HEARTBEAT_FD";
+// Set by launch for each worker while hangs are looked for: the socket where the worker's
+// ddplaunch module answers with torch's flight recorder (launcher/health/flight_recorder.h).
+inline constexpr const char kFlightRecorderSocket[] = "DDPL_FLIGHT_RECORDER_SOCKET";
 // Set by launch for each worker: the round its group belongs to and the epoch that numbers it
 // (round_rules.h NodePlace): the checkpoint fence refuses writes from an older (epoch, round)
 // than the newest that committed to a directory. No epoch (0): nothing to fence.

@@ -6,7 +6,8 @@ ddpl_add_test(NAME launcher_unit_test
     unit/parse_test.cc unit/numa_test.cc unit/progress_test.cc unit/job_view_test.cc
     unit/etcd_config_test.cc unit/file_io_test.cc unit/rdzv_token_test.cc unit/containment_test.cc
     unit/child_process_test.cc
-    unit/event_loop_test.cc unit/hang_responder_test.cc unit/stacks_service_test.cc
+    unit/event_loop_test.cc unit/hang_responder_test.cc unit/hang_report_test.cc
+    unit/stacks_service_test.cc
     unit/checkpoint_tier_test.cc unit/warm_plan_test.cc unit/restart_phases_test.cc
     unit/agent_parts_test.cc
   LIBS ddpl_launcher ddpl_test_util LABELS unit TIMEOUT 60)
@@ -172,6 +173,12 @@ add_dependencies(launcher_hardening_test launch rdzv-server)
 ddpl_add_test(NAME launcher_idle_hang_test
   SOURCES integration/idle_hang_test.cc LIBS ddpl_test_util LABELS python TIMEOUT 180 SERIAL)
 add_dependencies(launcher_idle_hang_test launch)
+
+# Issue 48: the hang report names the culprit and the collective, for six injected hangs of a
+# 3-rank Gloo job (tests/python/hang_kinds.py), one test each (about 10 s each here).
+ddpl_add_test(NAME launcher_hang_report_test
+  SOURCES integration/hang_report_test.cc LIBS ddpl_test_util LABELS python TIMEOUT 150 SERIAL)
+add_dependencies(launcher_hang_report_test launch)
 
 # The job-outcome protocol of both multi-node backends (membership/multi_node_rendezvous.cc,
 # which lives in the gRPC plugin) over an in-memory JobKv.

@@ -39,6 +39,7 @@
 #include "launcher/agent/warm_workers.h"
 #include "launcher/agent/watchdog.h"
 #include "launcher/checkpoint/checkpoint_keeper.h"
+#include "launcher/health/flight_recorder.h"
 #include "launcher/health/heartbeat_channel.h"
 #include "launcher/health/progress.h"
 #include "launcher/warm/restart_phases.h"
@@ -147,6 +148,7 @@ struct Agent::Impl {
   }
 
   void setUp() {
+    if (hangOptions(cfg.options).on()) addFlightRecorderBuffer(cfg.extra_env, cfg.base_env);
     run_dir = makeRunDir(log_base.path, cfg.run_id);
     if (loop.error())
       throw Error(std::string("cannot set up the event loop: ") + strerror(loop.error()));
@@ -429,6 +431,7 @@ struct Agent::Impl {
     for (const auto& [k, v] : world.worker_env) extra[k] = v;
     for (const auto& [k, v] : ckpt_env) extra[k] = v;
     extra[kMarkerEnv] = watchdog.marker();
+    if (hangOptions(cfg.options).on()) addFlightRecorderSocket(extra, dir);  // for a hang's report
     const HeartbeatChannel* heartbeat = heartbeats.open(lr);
     if (heartbeat) extra[kHeartbeatFdEnv] = std::to_string(heartbeat->fd());
     auto env = buildWorkerEnv(cfg.base_env, world, ctx, extra);
@@ -487,7 +490,12 @@ struct Agent::Impl {
   }
 
   void killGroups(int sig) {
-    for (pid_t g : pgids) kill(-g, sig);
+    for (pid_t g : pgids) {
+      kill(-g, sig);
+      // A stopped worker (SIGSTOP, a debugger) takes the signal only once continued: without
+      // this it would wait out the whole --shutdown-timeout for SIGKILL.
+      if (sig != SIGKILL) kill(-g, SIGCONT);
+    }
   }
 
   // Carries out the supervisor's decisions, in order.

@@ -1,10 +1,12 @@
 #include "launcher/agent/hang_responder.h"
 
 #include <algorithm>
+#include <map>
 #include <memory>
 
 #include "common/log.h"
 #include "launcher/agent/containment.h"
+#include "launcher/health/hang_report.h"
 
 namespace ddpl::launcher {
 
@@ -44,15 +46,33 @@ std::string HangResponder::begin(const std::vector<Hang>& hangs, double now,
 
 void HangResponder::onStacksSaved(const HangStacks& stacks) {
   const auto& summary = stacks.summaries;
-  for (const auto& [lr, st] : summary)
-    if (!st.in_collective && !st.innermost.empty()) outside_.push_back(lr);
-  if (!outside_.empty() && outside_.size() < summary.size()) {
+  std::vector<RankEvidence> ranks;
+  for (const auto& [lr, st] : summary) {
+    auto fr = stacks.recorders.find(lr);
+    ranks.push_back(
+        {globalRank(lr), lr, st,
+         fr == stacks.recorders.end() ? std::nullopt : std::optional<FlightRecord>(fr->second)});
+  }
+  HangReport report = analyzeHang(ranks);
+  for (const auto& g : report.groups) log::error("hang report: {}", g);
+  std::map<std::string, std::string> unanswered;  // ranks by what their recorder said
+  for (const auto& [lr, fr] : stacks.recorders)
+    if (!fr.error.empty()) {
+      std::string& names = unanswered[fr.error];
+      names += (names.empty() ? "" : ", ") + std::to_string(globalRank(lr));
+    }
+  for (const auto& [error, names] : unanswered)
+    log::info("flight recorder of rank(s) {}: {}", names, error);
+  for (const auto& r : ranks)
+    if (std::find(report.culprits.begin(), report.culprits.end(), r.global_rank) !=
+        report.culprits.end())
+      outside_.push_back(r.local_rank);
+  if (!report.culprits.empty()) {
     std::string names;
-    for (int lr : outside_) names += (names.empty() ? "" : ", ") + std::to_string(globalRank(lr));
-    log::error(
-        "likely culprit: rank(s) {} (not inside a collective while the others wait in "
-        "one)",
-        names);
+    for (int g : report.culprits) names += (names.empty() ? "" : ", ") + std::to_string(g);
+    log::error("likely culprit: rank(s) {} ({})", names, report.why);
+  } else if (!report.note.empty()) {
+    log::error("no likely culprit among these ranks: {}", report.note);
   }
   for (const auto& [lr, st] : summary) {
     std::string frames;
@@ -95,8 +115,7 @@ HangWatch::HangWatch(HangOptions options, std::string host)
     : options_(options), detector_(options), responder_(std::move(host)) {}
 
 bool HangWatch::watching() const {
-  bool on = !options_.timeout_sec || *options_.timeout_sec > 0;
-  return on && !responder_.busy();
+  return options_.on() && !responder_.busy();
 }
 
 void HangWatch::startGroup(int nproc, double now) {

@@ -1,8 +1,8 @@
 #pragma once
 // The agent's hang handling: HangWatch (below) finds ranks of this node that make no progress
 // past their limits; HangResponder is what the agent then does: says which ones and where every
-// rank stands, has every node's stacks saved (StacksService), names the likely culprit (a rank
-// not inside a collective while the others wait in one), and hands the loop the failures to
+// rank stands, has every node's stacks saved (StacksService), names the likely culprit
+// (hang_report.h: from the stacks and torch's flight recorder), and hands the loop the failures to
 // record, culprits first. It changes nothing of the loop's: the loop records the failures and
 // asks the supervisor to stop the group.
 //
@@ -48,7 +48,7 @@ class HangResponder {
   double now_ = 0;
   std::vector<WorkerState> workers_;  // by local rank, as they were when the hang was found
   std::string attempt_dir_;
-  std::vector<int> outside_;  // local ranks outside any collective while others wait in one
+  std::vector<int> outside_;  // local ranks the report names as likely culprits (hang_report.h)
 };
 
 // The agent's hang handling (issue 18), beside the responder it starts: each monitor tick it

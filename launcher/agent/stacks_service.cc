@@ -12,6 +12,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -41,12 +42,19 @@ constexpr auto kRequestWait = std::chrono::seconds(1);
 struct SaveJob {
   std::vector<WorkerState> alive;
   std::map<int, std::string> path_of;  // by local rank
+  // A hang's: the ranks' flight recorder sockets, asked while the stacks are taken.
+  std::map<int, std::string> recorder_of;
 };
 struct Saved {
   std::vector<std::string> lines;
   std::map<int, StackSummary> summaries;
   std::string text;  // every rank's whole stack, each cut to kShownStackBytes (the dashboard)
+  std::map<int, FlightRecord> recorders;
 };
+// How long the ranks' flight recorders are awaited, at the same time as their stacks are taken
+// (py-spy: 20-600 ms for 4 ranks here): a rank that holds the GIL in native code never answers,
+// and the report waits this long for it.
+constexpr double kRecorderSeconds = 1.0;
 constexpr size_t kShownStackBytes = 64 * 1024;
 
 std::string snapshotDir(const std::string& run_dir) {
@@ -141,6 +149,18 @@ struct StacksService::Impl {
     }
     auto tools = findStackTools(cfg.python ? cfg.interpreter : "", cfg.path_env);
     Saved out;
+    // A stopped rank cannot answer: not asked (it would cost the whole wait).
+    std::map<int, std::string> ask;
+    for (const auto& [lr, path] : job.recorder_of) {
+      auto w = std::find_if(job.alive.begin(), job.alive.end(),
+                            [lr = lr](const WorkerState& x) { return x.local_rank == lr; });
+      if (w != job.alive.end() && !processStopped(w->pid))
+        ask[lr] = path;
+      else
+        out.recorders[lr].error = "stopped: it cannot answer";
+    }
+    auto recorders =
+        std::async(std::launch::async, [ask] { return askFlightRecorders(ask, kRecorderSeconds); });
     for (const auto& s : snapshotStacks(alive, cfg.python, tools, kStackSeconds)) {
       const std::string& path = job.path_of.at(s.local_rank);
       {
@@ -149,6 +169,8 @@ struct StacksService::Impl {
       }
       std::ofstream(path) << "# " << (s.tool.empty() ? "no tool" : s.tool) << "\n" << s.text;
       auto st = summarizeStack(s.text, s.pid);
+      st.stopped = s.stopped;
+      if (cfg.python) markProgramFrames(st, scriptDirOf(s.pid));
       out.lines.push_back(fmt::format("rank {} (local rank {}, pid {}){}: {}",
                                       global_rank[s.local_rank], s.local_rank, s.pid,
                                       st.in_collective ? "" : " outside any collective",
@@ -159,6 +181,7 @@ struct StacksService::Impl {
           s.text.substr(0, kShownStackBytes), s.text.size() > kShownStackBytes ? "\n[cut]" : "");
       out.summaries[s.local_rank] = std::move(st);
     }
+    for (auto& [lr, r] : recorders.get()) out.recorders[lr] = std::move(r);
     return out;
   }
 
@@ -319,6 +342,8 @@ struct StacksService::Impl {
     const std::string node = fmt::format("node {} ({})", group.group_rank, cfg.host);
     auto job =
         jobFor([&](int lr) { return attempt_dir + "/" + std::to_string(lr) + "/stacks.txt"; });
+    for (const auto& [lr, path] : job.path_of)
+      job.recorder_of[lr] = flightRecorderSocket(attempt_dir + "/" + std::to_string(lr));
     submit(std::move(job), [=](Saved saved) {
       own_hang_attempt = attempt;
       own_hang_saved = EventLoop::Clock::now();
@@ -328,6 +353,7 @@ struct StacksService::Impl {
       hang_in_flight = false;
       HangStacks h{
           attempt, std::move(saved.lines), std::move(saved.summaries), {}, std::move(saved.text)};
+      h.recorders = std::move(saved.recorders);
       on_saved(h);
       for (auto& [id, why] : std::exchange(deferred, {})) onRemoteRequest(id, std::move(why));
       gather(remote, [h = std::move(h), done](std::vector<std::string> answers) mutable {

@@ -19,6 +19,7 @@
 
 #include "common/event_loop.h"
 #include "launcher/agent/worker_state.h"
+#include "launcher/health/flight_recorder.h"
 #include "launcher/health/stacks.h"
 #include "launcher/membership/rendezvous_handler.h"
 
@@ -42,6 +43,7 @@ struct HangStacks {
   std::map<int, StackSummary> summaries;  // by local rank
   std::vector<std::string> remote;        // each other node's answer, or why there is none
   std::string text;                       // every rank's whole stack (cut), for the dashboard
+  std::map<int, FlightRecord> recorders;  // by local rank: what each rank's recorder said
 };
 
 class StacksService {

@@ -77,6 +77,7 @@ struct HangOptions {
   // the one that works). Unset: only ranks that report steps are watched, with an automatic
   // limit.
   std::optional<double> timeout_sec;
+  bool on() const { return !timeout_sec || *timeout_sec > 0; }  // not --hang-timeout=0
   // A rank idles while it uses less than this fraction of one core. An idle rank is not silent
   // to the kernel: idle Python+Gloo ranks (asleep, or waiting in an all-reduce) measured here
   // used 0.13-0.23% of a core over 30-90 s, and at most 0.51% over any 6 s, from interpreter

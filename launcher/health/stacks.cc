@@ -1,11 +1,15 @@
 #include "launcher/health/stacks.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <fstream>
+#include <map>
 #include <sstream>
 
 #include "common/parse.h"
+#include "launcher/health/hang_report.h"
 #include "launcher/process/child_process.h"
 
 namespace ddpl::launcher {
@@ -19,7 +23,40 @@ std::string findExecutable(const std::string& name, const std::string& path_env)
   return "";
 }
 
+// The process's state letter in /proc/PID/stat ('T': stopped, 't': stopped by a tracer).
+char processState(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto close = stat.rfind(')');  // the command's name may hold spaces and parentheses
+  return close != std::string::npos && close + 2 < stat.size() ? stat[close + 2] : '?';
+}
+
+std::string trim(const std::string& s) {
+  auto b = s.find_first_not_of(" \t\r");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t\r") - b + 1);
+}
+
+// Line `line` (from 1) of `path`, trimmed; "" past kMaxSourceBytes or the end.
+std::string sourceLine(const std::string& path, int line) {
+  std::ifstream in(path);
+  std::string text;
+  size_t read = 0;
+  for (int n = 1; std::getline(in, text); ++n) {
+    read += text.size() + 1;
+    if (read > kMaxSourceBytes) return "";
+    // A comment after the code ("  # ..."; PEP 8's inline form) says nothing of where it is.
+    if (n == line) return trim(text.substr(0, text.find("  # ")));
+  }
+  return "";
+}
+
 }  // namespace
+
+bool processStopped(pid_t pid) {
+  char state = processState(pid);
+  return state == 'T' || state == 't';
+}
 
 StackTools findStackTools(const std::string& python, const std::string& path_env) {
   StackTools t;
@@ -46,8 +83,10 @@ std::vector<StackSnapshot> snapshotStacks(const std::vector<std::pair<int, pid_t
     s.pid = pid;
     std::vector<std::string> argv;
     std::string p = std::to_string(pid);
+    s.stopped = processStopped(pid);
     if (python && !tools.py_spy.empty())
-      argv = {tools.py_spy, "dump", "--pid", p};
+      argv = s.stopped ? std::vector<std::string>{tools.py_spy, "dump", "--nonblocking", "--pid", p}
+                       : std::vector<std::string>{tools.py_spy, "dump", "--pid", p};
     else if (!tools.eu_stack.empty())
       argv = {tools.eu_stack, "-p", p};
     else if (!tools.gdb.empty())
@@ -110,13 +149,58 @@ StackSummary summarizeStack(const std::string& text, pid_t pid, size_t frames) {
       if (line.rfind("#", 0) == 0) all.push_back(line);
   }
   for (const auto& f : all) {
-    if (f.find("torch/distributed/") != std::string::npos ||
-        f.find("c10d::") != std::string::npos || f.find("gloo::") != std::string::npos ||
-        f.find("ProcessGroup") != std::string::npos || f.find("ncclGroup") != std::string::npos)
-      s.in_collective = true;
     if (s.innermost.size() < frames) s.innermost.push_back(f);
+    s.frames.push_back(StackFrame{f, false, ""});
   }
+  s.in_collective = collectiveOf(s.frames).has_value();
   return s;
+}
+
+void markProgramFrames(StackSummary& summary, const std::string& script_dir) {
+  if (script_dir.empty()) return;
+  std::map<std::string, bool> own;  // by the file as py-spy names it
+  for (auto& f : summary.frames) {
+    ReadFrame r = readFrame(f);
+    if (r.native || r.file.empty() || r.line < 0 || r.file[0] == '<') continue;
+    std::string path = r.file[0] == '/' ? r.file : script_dir + "/" + r.file;
+    auto it = own.find(r.file);
+    if (it == own.end()) {
+      struct stat st {};
+      // An absolute name is py-spy's for a file outside any package: the program's, unless it
+      // lies in an interpreter's library folders.
+      bool lib = r.file[0] == '/' && (r.file.find("/site-packages/") != std::string::npos ||
+                                      r.file.find("/dist-packages/") != std::string::npos ||
+                                      r.file.find("/lib/python") != std::string::npos);
+      it = own.emplace(r.file, !lib && stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)).first;
+    }
+    f.user = it->second;
+    if (f.user) f.source = sourceLine(path, r.line);
+  }
+}
+
+std::string scriptDirOf(pid_t pid) {
+  const std::string proc = "/proc/" + std::to_string(pid);
+  char buf[4096];
+  ssize_t n = readlink((proc + "/cwd").c_str(), buf, sizeof(buf) - 1);
+  if (n <= 0) return "";
+  std::string cwd(buf, static_cast<size_t>(n));
+  std::ifstream in(proc + "/cmdline");
+  std::vector<std::string> argv;
+  for (std::string a; std::getline(in, a, '\0') && argv.size() < 64;) argv.push_back(a);
+  // python [options] script.py ...: the options that take a value hide the script behind it;
+  // -c and -m run no file (Python looks in the working directory first).
+  for (size_t i = argv.empty() ? 0 : 1; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    if (a == "-c" || a == "-m" || a == "-") return cwd;
+    if (a == "-W" || a == "-X" || a == "--check-hash-based-pycs") {
+      ++i;
+      continue;
+    }
+    if (!a.empty() && a[0] == '-') continue;
+    std::string script = a[0] == '/' ? a : cwd + "/" + a;
+    return script.substr(0, script.rfind('/'));
+  }
+  return cwd;
 }
 
 bool runsPython(const std::vector<std::string>& command) {

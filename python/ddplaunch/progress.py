@@ -52,6 +52,12 @@ class _LittleEndianSlots:
 def _open():
     global _slots
     _slots = False
+    # The flight recorder's answer to launch on a hang (ddplaunch/_flight_recorder.py): started
+    # here, at the first call, when torch.distributed is usually set up and importing ddplaunch
+    # stays free. Nothing happens without launch.
+    from ddplaunch import _flight_recorder
+
+    _flight_recorder.start()
     try:
         fd = int(os.environ[_FD_ENV])
         if fd < 0:

@@ -33,7 +33,8 @@ def field(fd, offset):
 def worker(code, fd_value=None, pass_fds=()):
     """Runs `code` in a child with ddplaunch importable and DDPL_HEARTBEAT_FD=fd_value (unset
     when None); returns its stdout, failing the test on its exit status."""
-    env = {k: v for k, v in os.environ.items() if k != "DDPL_HEARTBEAT_FD"}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DDPL_HEARTBEAT_FD", "DDPL_FLIGHT_RECORDER_SOCKET")}
     env["PYTHONPATH"] = PYTHON_DIR
     if fd_value is not None:
         env["DDPL_HEARTBEAT_FD"] = str(fd_value)
@@ -268,6 +269,66 @@ class WithoutLaunch(unittest.TestCase):
             print((time.perf_counter() - t) / n * 1e9)
         """)
         self.assertLess(float(out), 3000, "ns per no-op step()")
+
+class FlightRecorderAnswer(unittest.TestCase):
+    """The first call serves torch's flight recorder where launch names a socket
+    (DDPL_FLIGHT_RECORDER_SOCKET, python/ddplaunch/_flight_recorder.py): one JSON object per
+    connection, from a thread, while the main thread does something else."""
+
+    def start(self, sock, code="ddplaunch.step()"):
+        env = {k: v for k, v in os.environ.items() if k != "DDPL_HEARTBEAT_FD"}
+        env["PYTHONPATH"] = PYTHON_DIR
+        env["DDPL_FLIGHT_RECORDER_SOCKET"] = sock
+        p = subprocess.Popen(
+            [sys.executable, "-c", "import sys, time\nimport ddplaunch\n" + code +
+             "\nprint('ready', flush=True)\ntime.sleep(60)"],
+            env=env, stdout=subprocess.PIPE, text=True)
+        self.addCleanup(p.wait)
+        self.addCleanup(p.kill)
+        self.assertEqual(p.stdout.readline().strip(), "ready")
+        return p
+
+    def ask(self, sock):
+        import json
+        import socket
+
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(10)
+            s.connect(sock)
+            data = b""
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    return json.loads(data)
+                data += chunk
+
+    def test_answers_each_connection_and_says_why_there_is_no_record(self):
+        d = tempfile.mkdtemp()
+        sock = os.path.join(d, "fr.sock")
+        p = self.start(sock)
+        for _ in range(2):
+            self.assertEqual(self.ask(sock), {"pid": p.pid, "fr": None, "nccl": None,
+                                              "error": "torch.distributed is not loaded"})
+
+    def test_an_inheriting_child_leaves_the_ranks_socket_alone(self):
+        d = tempfile.mkdtemp()
+        sock = os.path.join(d, "fr.sock")
+        rank = self.start(sock)
+        self.start(sock)  # the same variable, as a helper process of the rank inherits it
+        self.assertEqual(self.ask(sock)["pid"], rank.pid)
+
+    def test_nothing_without_the_variable_or_before_the_first_call(self):
+        d = tempfile.mkdtemp()
+        sock = os.path.join(d, "fr.sock")
+        self.start(sock, code="")  # imported only
+        self.assertEqual(os.listdir(d), [])
+        out = worker("""
+            ddplaunch.step()
+            import threading
+            print(sorted(t.name for t in threading.enumerate()))
+        """)
+        self.assertEqual(out.strip(), "['MainThread']")
+
 
 if __name__ == "__main__":
     # Exit 77 when a test was skipped (SKIP_RETURN_CODE): never counted as passed.

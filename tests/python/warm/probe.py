@@ -45,7 +45,7 @@ seen = {
     "env": {k: v for k, v in os.environ.items()
             if k not in ("DDPL_HEARTBEAT_FD", "MASTER_PORT", "TORCHELASTIC_ERROR_FILE",
                          "DDPL_CHECKPOINT_MEMORY", "DDPL_LAUNCH_ID", "DDPL_LAUNCH_MARKER",
-                         "DDPL_ROUND_EPOCH")},  # each launch's own
+                         "DDPL_ROUND_EPOCH", "DDPL_FLIGHT_RECORDER_SOCKET")},  # each launch's own
     "signals": {n: handler(getattr(signal, n))
                 for n in ("SIGINT", "SIGTERM", "SIGPIPE", "SIGCHLD", "SIGUSR1", "SIGHUP")},
     "blocked": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
