@@ -317,13 +317,15 @@ TEST_F(MemoryCheckpoints, ANodeLostWholeResumesFromThePeersReplica) {
   for (int i = 0; i < 300 && !hosted(); ++i) std::this_thread::sleep_for(100ms);
   ASSERT_TRUE(hosted()) << n0->outputSoFar();
   auto n1 = node(dir_ + "/unused.pt");
-  // Node 0 holds node 1's step 9 or later: node 1 goes, agent and worker at once.
+  // Node 0 holds node 1's step 9 or later: node 1 goes, agent and worker at once. Only node 0's
+  // own tier counts (named by its agent's pid): another job's on this machine is no evidence.
+  const std::string n0_tier = "ddpl-ckpt-" + std::to_string(n0->pid()) + "-";
   auto replicaStep = [&] {
     int best = -1;
     std::error_code ec;
     for (const auto& root : fs::directory_iterator("/dev/shm", ec)) {
       std::string rank1 = root.path().string() + "/replicas/rank-1";
-      if (root.path().filename().string().rfind("ddpl-ckpt-", 0) != 0 || !fs::exists(rank1))
+      if (root.path().filename().string().rfind(n0_tier, 0) != 0 || !fs::exists(rank1))
         continue;
       for (const auto& s : fs::directory_iterator(rank1, ec)) {
         std::string name = s.path().filename().string();
