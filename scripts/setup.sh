@@ -14,7 +14,7 @@ PKGS=(build-essential cmake ninja-build ccache pkg-config file
       prometheus-cpp-dev
       libopenmpi-dev openmpi-bin
       libgtest-dev libgmock-dev libbenchmark-dev
-      openssl procps iproute2 nftables psmisc elfutils tmux chromium chromium-driver
+      openssl procps iproute2 nftables psmisc elfutils tmux universal-ctags chromium chromium-driver
       slurmctld slurmd slurm-client munge
       etcd-server etcd-client)
 

@@ -3,3 +3,9 @@
 add_test(NAME include_graph_test
   COMMAND ${DDPL_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/unit/include_graph_test.py)
 set_tests_properties(include_graph_test PROPERTIES TIMEOUT 60 LABELS unit SKIP_RETURN_CODE 77)
+
+# The size limits (issue 46): no product file over 800 lines, no function over 150 (100 in
+# launcher/agent/) but the flag tables. Needs ctags (universal-ctags) for C++; skips without.
+add_test(NAME code_shape_test
+  COMMAND ${DDPL_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/unit/code_shape_test.py)
+set_tests_properties(code_shape_test PROPERTIES TIMEOUT 60 LABELS unit SKIP_RETURN_CODE 77)
