@@ -131,7 +131,8 @@ struct Agent::Impl {
         status_line(consoleOptions(cfg.options).status_line),
         view(cfg.options, cfg.host, status_line, router, rdzv),
         hang(hangOptions(cfg.options), cfg.host) {
-    log_base = makeLogBase(cfg.options.log_dir);
+    log_base = makeLogBase(cfg.options.log_dir, temporaryLogParent(cfg.base_env,
+                                                                   writesOnlySmallFiles(cfg.options)));
     if (log_base.temporary) watchdog.removeOnDeath(log_base.path);
     try {
       setUp();

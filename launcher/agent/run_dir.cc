@@ -1,7 +1,10 @@
 #include "launcher/agent/run_dir.h"
 
+#include <linux/magic.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -14,11 +17,57 @@ namespace fs = std::filesystem;
 
 namespace ddpl::launcher {
 
-LogBase makeLogBase(const std::string& log_dir) {
+namespace {
+
+bool onTmpfs(const std::string& dir) {
+  struct statfs st{};
+  return statfs(dir.c_str(), &st) == 0 && st.f_type == TMPFS_MAGIC;
+}
+
+// A folder we may create our private folder in: a directory we can write, either ours alone
+// (XDG_RUNTIME_DIR: 0700, our uid) or sticky like /tmp (nobody else can remove what we make).
+bool usableParent(const std::string& dir, bool must_be_ours) {
+  struct stat st{};
+  if (dir.empty() || dir[0] != '/' || stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
+      access(dir.c_str(), W_OK | X_OK) != 0)
+    return false;
+  if (must_be_ours) return st.st_uid == geteuid() && (st.st_mode & 077) == 0;
+  return (st.st_mode & S_ISVTX) != 0 || (st.st_mode & 022) == 0;
+}
+
+}  // namespace
+
+std::string temporaryLogParent(const Environment& env, bool small_files_only,
+                               const std::function<bool(const std::string&)>& is_tmpfs) {
+  auto tmpdir = env.find("TMPDIR");
+  if (tmpdir != env.end() && !tmpdir->second.empty()) return tmpdir->second;
+  if (small_files_only) {
+    const auto& memory = is_tmpfs ? is_tmpfs : onTmpfs;
+    auto xdg = env.find("XDG_RUNTIME_DIR");
+    if (xdg != env.end() && usableParent(xdg->second, true) && memory(xdg->second))
+      return xdg->second;
+    if (usableParent("/dev/shm", false) && memory("/dev/shm")) return "/dev/shm";
+  }
+  return "/tmp";
+}
+
+bool writesOnlySmallFiles(const LaunchOptions& o) {
+  auto none = [](const StreamSpec& spec) {
+    if (spec.all.stdout_ || spec.all.stderr_) return false;
+    for (const auto& [rank, sel] : spec.per_rank)
+      if (sel.stdout_ || sel.stderr_) return false;
+    return true;
+  };
+  return none(o.redirects) && none(o.tee) && o.duplicate_stdout_filters.empty() &&
+         o.duplicate_stderr_filters.empty();
+}
+
+LogBase makeLogBase(const std::string& log_dir, const std::string& temp_parent) {
   if (log_dir.empty()) {
-    std::string tmpl = (fs::temp_directory_path() / "ddpl-launch-XXXXXX").string();
+    std::string tmpl = (fs::path(temp_parent) / "ddpl-launch-XXXXXX").string();
     if (!mkdtemp(tmpl.data()))
-      throw Error(std::string("cannot create a temporary log directory: ") + strerror(errno));
+      throw Error("cannot create a temporary log directory in " + temp_parent + ": " +
+                  strerror(errno) + " (set TMPDIR to a writable folder, or pass --log-dir)");
     return {tmpl, true};
   }
   std::error_code ec;

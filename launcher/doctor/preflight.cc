@@ -2,9 +2,8 @@
 
 #include <fmt/format.h>
 
-#include <filesystem>
-
 #include "launcher/agent/numa.h"
+#include "launcher/agent/run_dir.h"
 
 namespace ddpl::launcher {
 
@@ -16,7 +15,7 @@ std::vector<Finding> runPreflight(const LaunchOptions& o, const Environment& env
   d.nproc = nproc;
   d.fast = true;
   d.rdzv_endpoint = o.rdzv_endpoint;
-  d.data_paths = {o.log_dir.empty() ? std::filesystem::temp_directory_path().string() : o.log_dir};
+  d.data_paths = {o.log_dir.empty() ? temporaryLogParent(env, writesOnlySmallFiles(o)) : o.log_dir};
   return runDoctor(d);
 }
 

@@ -112,7 +112,7 @@ TEST(Leftovers, AChildThatIsNotOursIsAStray) {
 }
 
 TEST(LogBase, WithoutLogDirAPrivateTemporaryOneThatGoesAtExit) {
-  LogBase base = makeLogBase("");
+  LogBase base = makeLogBase("", "/tmp");
   EXPECT_TRUE(base.temporary);
   struct stat st {};
   ASSERT_EQ(stat(base.path.c_str(), &st), 0);
@@ -123,8 +123,8 @@ TEST(LogBase, WithoutLogDirAPrivateTemporaryOneThatGoesAtExit) {
 }
 
 TEST(LogBase, ALogDirIsMadeAndItsRunStays) {
-  LogBase tmp = makeLogBase("");
-  LogBase base = makeLogBase(tmp.path + "/a/b");
+  LogBase tmp = makeLogBase("", "/tmp");
+  LogBase base = makeLogBase(tmp.path + "/a/b", "/tmp");
   EXPECT_FALSE(base.temporary);
   std::string run_dir = makeRunDir(base.path, "job");
   removeTemporaryBase(base, run_dir, {});
@@ -173,6 +173,41 @@ TEST(RankStreams, RedirectedStreamsLeaveTheConsoleUnlessTeedAndTheFilterHidesRan
   EXPECT_TRUE(r1.out_console);
   EXPECT_FALSE(r1.err_console);
   EXPECT_FALSE(r2.out_console || r2.err_console);  // not in --local-ranks-filter
+}
+
+// Issue 44: a run's folders on a disk file system cost launch more than the rest of its start
+// and exit; when they hold only small files they go to the user's memory file system.
+TEST(LogBase, SmallFilesGoToTheUsersMemoryFileSystemLogsAndTmpdirDoNot) {
+  LogBase own = makeLogBase("", "/tmp");
+  chmod(own.path.c_str(), 0700);
+  auto tmpfs = [](const std::string&) { return true; };
+  auto disk = [](const std::string&) { return false; };
+  Environment env{{"XDG_RUNTIME_DIR", own.path}};
+  EXPECT_EQ(temporaryLogParent(env, true, tmpfs), own.path);
+  EXPECT_EQ(temporaryLogParent(env, false, tmpfs), "/tmp");  // logs never go to memory
+  EXPECT_EQ(temporaryLogParent(env, true, disk), "/tmp");
+  env["TMPDIR"] = "/var/tmp";  // the user's choice wins
+  EXPECT_EQ(temporaryLogParent(env, true, tmpfs), "/var/tmp");
+  EXPECT_EQ(temporaryLogParent(env, false, tmpfs), "/var/tmp");
+  // A runtime folder others can enter, or that is not there, is not used: /dev/shm then.
+  chmod(own.path.c_str(), 0755);
+  EXPECT_EQ(temporaryLogParent({{"XDG_RUNTIME_DIR", own.path}}, true, tmpfs), "/dev/shm");
+  EXPECT_EQ(temporaryLogParent({{"XDG_RUNTIME_DIR", "/nonexistent"}}, true, tmpfs), "/dev/shm");
+  EXPECT_EQ(temporaryLogParent({{"XDG_RUNTIME_DIR", "relative"}}, true, tmpfs), "/dev/shm");
+  removeTemporaryBase(own, "", {});
+}
+
+TEST(LogBase, OnlyARunWithoutOutputFilesWritesOnlySmallFiles) {
+  LaunchOptions o;
+  EXPECT_TRUE(writesOnlySmallFiles(o));
+  o.tee.per_rank[1].stderr_ = true;
+  EXPECT_FALSE(writesOnlySmallFiles(o));
+  o = {};
+  o.redirects.all.stdout_ = true;
+  EXPECT_FALSE(writesOnlySmallFiles(o));
+  o = {};
+  o.duplicate_stderr_filters = {"loss"};
+  EXPECT_FALSE(writesOnlySmallFiles(o));
 }
 
 }  // namespace
