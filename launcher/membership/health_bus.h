@@ -2,8 +2,9 @@
 // The job's health across nodes (issue 18), one of the roles a rendezvous backend plays
 // (rendezvous_handler.h): each node's status line, and every node's stacks on demand. The live
 // view publishes and the stacks service (`launch status`, `launch stacks`, a hang's stacks)
-// asks and answers; neither needs the rest of membership, so each holds this role only (and a
-// test gives them a fake of it). One node has nobody to tell or ask: LocalRendezvous's bus
+// asks and answers (the agent sets the callback that posts the other nodes' requests to its
+// loop); neither part needs the rest of membership, so each holds this role only (and a test
+// gives them a fake of it). One node has nobody to tell or ask: LocalRendezvous's bus
 // does nothing, which is the truth there, so that its callers never test for a bus.
 #include <cstdint>
 #include <functional>

@@ -6,7 +6,7 @@
 // - JobOutcome (job_outcome.h): the job-wide failure count, the root cause found elsewhere,
 //   the end of the run. The agent.
 // - HealthBus (health_bus.h): the nodes' status lines and stacks on demand. The live view and
-//   the stacks service.
+//   the stacks service (and the agent, which posts the other nodes' requests to its loop).
 // - NodeValues (node_values.h): a small value per node and round. The checkpoint keeper and
 //   the live view.
 // Each part takes only the role it uses, so that a reader (and a test's fake) sees what it can
