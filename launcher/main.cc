@@ -275,7 +275,7 @@ PreflightOutcome preflightBeforeJoining(const LaunchOptions& o, const Environmen
 // Several nodes: every node's findings reach group rank 0's job-wide table, a stopped node's
 // too. False: this node stops here (--preflight=strict), and the others have been told.
 bool sharePreflight(const LaunchOptions& o, const std::string& host, const PreflightOutcome& pre,
-                    RendezvousHandler& rdzv) {
+                    Membership& membership) {
   if (o.preflight != "off") {
     int failed = 0, warned = 0;
     for (const auto& f : pre.findings) {
@@ -287,7 +287,7 @@ bool sharePreflight(const LaunchOptions& o, const std::string& host, const Prefl
                     getpid(), pre.findings.size(), warned, failed,
                     pre.fatal ? "; STOPPED before joining (--preflight=strict)" : "");
     for (const auto& p : pre.problems) report += "\n" + p;
-    rdzv.publishPreflight(report);
+    membership.publishPreflight(report);
   }
   if (!pre.fatal) return true;
   ddpl::log::error(
@@ -299,7 +299,7 @@ bool sharePreflight(const LaunchOptions& o, const std::string& host, const Prefl
   std::string failed;
   for (const auto& p : pre.problems)
     if (p.rfind("fail", 0) == 0) failed += (failed.empty() ? "" : "; ") + p;
-  rdzv.stopBeforeJoining(
+  membership.stopBeforeJoining(
       fmt::format("preflight on {} failed (--preflight=strict): {}", host, failed));
   return false;
 }
@@ -400,11 +400,11 @@ int main(int argc, char** argv) {
     cfg.base_env = std::move(env);
     cfg.options = o;
     becomeSubreaper();
-    Membership membership = makeMembership({o, cfg.base_env, cfg.run_id, cfg.nproc, cfg.host});
+    MembershipBackend backend = makeMembership({o, cfg.base_env, cfg.run_id, cfg.nproc, cfg.host});
     // Several nodes, c10d or etcd.
-    if (o.elastic() && !sharePreflight(o, cfg.host, pre, *membership.rdzv)) return 1;
-    int code = runAgent(std::move(cfg), *membership.rdzv, manifest);
-    if (membership.store || o.elastic()) exitNow(code);
+    if (o.elastic() && !sharePreflight(o, cfg.host, pre, *backend.rdzv)) return 1;
+    int code = runAgent(std::move(cfg), *backend.rdzv, manifest);
+    if (backend.store || o.elastic()) exitNow(code);
     return code;
   } catch (const UsageError& e) {
     return usage(e.what());

@@ -81,7 +81,7 @@ struct Agent::Impl {
   };
 
   AgentConfig cfg;
-  RendezvousHandler& rdzv;
+  RendezvousHandler& rdzv;  // every role: each part gets only its own (rendezvous_handler.h)
   Supervisor sup;
   OutputRouter router;
   std::optional<winsize> console_size;  // set when the console is a terminal (live mode)
@@ -129,7 +129,7 @@ struct Agent::Impl {
         watchdog(cfg.run_id + "-" + std::to_string(getpid()), cgroup ? cgroup->path() : ""),
         leftovers(watchdog),
         status_line(consoleOptions(cfg.options).status_line),
-        view(cfg.options, cfg.host, status_line, router, rdzv),
+        view(cfg.options, cfg.host, status_line, router, rdzv, rdzv),
         hang(hangOptions(cfg.options), cfg.host) {
     log_base = makeLogBase(cfg.options.log_dir, temporaryLogParent(cfg.base_env,
                                                                    writesOnlySmallFiles(cfg.options)));
@@ -196,7 +196,7 @@ struct Agent::Impl {
     view.startMetrics();
     view.startDashboard(run_dir, cfg.run_id);
     // Checkpoints in memory (docs/checkpoints.md): on unless --checkpoint-memory=0.
-    ckpt = std::make_unique<CheckpointKeeper>(checkpointOptions(cfg), nodeValuesOf(rdzv));
+    ckpt = std::make_unique<CheckpointKeeper>(checkpointOptions(cfg), rdzv);
     if (ckpt->on()) watchdog.removeOnDeath(ckpt->root());
     // --prewarm: the template starts now, so that its imports overlap the rendezvous.
     if (!cfg.options.prewarm.empty()) {

@@ -11,7 +11,7 @@
 //
 // Threading contract:
 // - The loop thread (the one that calls run()) owns the supervisor, the workers' records, the
-//   output router, the parts above and every call to the RendezvousHandler. The parts are
+//   output router, the parts above and every call to the rendezvous backend's roles. The parts are
 //   handed copies of what they need (WorkerState, the attempt's folder) and tell the loop what
 //   happened (the hang responder returns the failures to record); none acts on the loop's state.
 // - The stacks thread (StacksService's own, started at the first request) runs the stack tools
@@ -22,7 +22,7 @@
 //   loop: the world found, the round ended, another node's request for stacks.
 // - The checkpoint tier's persister thread ("ckpt-persister", started at the first checkpoint)
 //   copies to disk and sends replicas; it reads the successor's endpoint from the job's store
-//   itself (CheckpointKeeper's NodeValues::read).
+//   itself (NodeValues::nodeValue, which any thread may call).
 // - after_start hooks and the metrics endpoint's updates run on the loop thread (the endpoint
 //   serves scrapes on threads of its own).
 #include <functional>
@@ -56,6 +56,10 @@ struct AgentConfig {
 
 class Agent {
  public:
+  // `rendezvous`: the backend, every role of it (rendezvous_handler.h). The agent alone uses
+  // membership and the job's outcome; it hands each part the one role that part uses (the
+  // live view the health bus and node values, the stacks service the bus, the checkpoint keeper
+  // the node values).
   Agent(AgentConfig config, RendezvousHandler& rendezvous);
   ~Agent();
   // Runs the job to the end and returns the launcher's exit code. The caller must have blocked

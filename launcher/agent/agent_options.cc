@@ -133,11 +133,4 @@ CheckpointKeeperOptions checkpointOptions(const AgentConfig& c) {
   return co;
 }
 
-NodeValues nodeValuesOf(RendezvousHandler& rdzv) {
-  NodeValues nv;
-  nv.publish = [&rdzv](const std::string& k, const std::string& v) { rdzv.publishNodeValue(k, v); };
-  nv.read = [&rdzv](const std::string& k, int node) { return rdzv.nodeValue(k, node); };
-  return nv;
-}
-
 }  // namespace ddpl::launcher

@@ -40,7 +40,5 @@ SpawnOptions workerSpawnOptions(const AgentConfig& c, int local_rank, int global
 StacksService::Config stacksConfig(const AgentConfig& c, const std::string& run_dir);
 // The checkpoint keeper's settings: --checkpoint-memory and its kin, where peers reach us.
 CheckpointKeeperOptions checkpointOptions(const AgentConfig& c);
-// The keeper's access to the job's per-node values, through `rdzv`.
-NodeValues nodeValuesOf(RendezvousHandler& rdzv);
 
 }  // namespace ddpl::launcher

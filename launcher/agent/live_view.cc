@@ -19,14 +19,15 @@
 namespace ddpl::launcher {
 
 LiveView::LiveView(const LaunchOptions& options, std::string host, bool status_line,
-                   OutputRouter& router, RendezvousHandler& rdzv)
+                   OutputRouter& router, HealthBus& bus, NodeValues& values)
     : options_(options),
       host_(std::move(host)),
       status_line_(status_line),
       view_log_(options.monitor == MonitorMode::kLog ||
                 (options.monitor == MonitorMode::kAuto && !status_line)),
       router_(router),
-      rdzv_(rdzv) {}
+      bus_(bus),
+      values_(values) {}
 
 LiveView::~LiveView() {
   {
@@ -47,7 +48,7 @@ void LiveView::readPeers() {
     for (int n = 0; n < nodes && n < static_cast<int>(web::kMaxPeerRanks); ++n) {
       if (n == me) continue;
       try {
-        if (auto v = rdzv_.nodeValue("dashboard", n)) {
+        if (auto v = values_.nodeValue("dashboard", n)) {
           auto rows = web::decodeRanks(*v);
           // Another node's word for its own rows only.
           rows.erase(std::remove_if(rows.begin(), rows.end(),
@@ -266,7 +267,7 @@ void LiveView::updateDashboard(const std::vector<RankReading>& ranks,
     // pages (only theirs: a job without the flag writes nothing there, an etcd one included).
     if (now >= next_peer_publish_) {
       next_peer_publish_ = now + kPeerInterval;
-      rdzv_.publishNodeValue("dashboard", web::encodeRanks(rows));
+      values_.publishNodeValue("dashboard", web::encodeRanks(rows));
     }
     std::lock_guard<std::mutex> lock(peers_mu_);
     for (const auto& [n, theirs] : peers_)
@@ -332,7 +333,7 @@ void LiveView::update(const std::vector<RankReading>& ranks, ProgressTracker& pr
       if (next_view_log_ > 0) log::info("ranks: {}", line);
       next_view_log_ = now + options_.monitor_log_interval_sec;
     }
-    rdzv_.publishStatus(line);
+    bus_.publishStatus(line);
   });
 }
 

@@ -1,7 +1,7 @@
 #pragma once
 // The agent's glue between its ranks and what shows them: the live view (a status line kept at
 // the bottom of a terminal, or a log line every --monitor-log-interval), this node's status
-// for the job (RendezvousHandler::publishStatus), the metrics endpoint (--metrics-port) and the
+// for the job (HealthBus::publishStatus), the metrics endpoint (--metrics-port) and the
 // GPU figures from NVML, loaded at the first update (off the start-up path).
 //
 // The live view, the dashboard and the metrics are three reporting parts (reporting_part.h):
@@ -26,7 +26,8 @@
 #include "launcher/gpu/nvml.h"
 #include "launcher/health/job_view.h"
 #include "launcher/health/progress.h"
-#include "launcher/membership/rendezvous_handler.h"
+#include "launcher/membership/health_bus.h"
+#include "launcher/membership/node_values.h"
 #include "web/dashboard.h"
 #include "web/dashboard_model.h"
 #include "web/metrics.h"
@@ -44,8 +45,10 @@ struct RankReading {
 class LiveView {
  public:
   // `status_line`: keep the view at the bottom of the console (the router draws it there).
+  // `bus`: where this node's status goes; `values`: where its rows go for the other nodes'
+  // dashboards, and theirs come from.
   LiveView(const LaunchOptions& options, std::string host, bool status_line, OutputRouter& router,
-           RendezvousHandler& rdzv);
+           HealthBus& bus, NodeValues& values);
   ~LiveView();  // stops the thread that reads the other nodes' rows
 
   // --metrics-port: starts the endpoint (throws as startMetricsEndpoint does). Null without.
@@ -106,7 +109,8 @@ class LiveView {
   std::string host_;
   bool status_line_, view_log_;
   OutputRouter& router_;
-  RendezvousHandler& rdzv_;
+  HealthBus& bus_;
+  NodeValues& values_;
   JobView view_;
   std::unique_ptr<web::MetricsEndpoint> metrics_;
   std::unique_ptr<Nvml> nvml_;  // null when the machine has no driver

@@ -76,7 +76,7 @@ void reply(int conn, const std::string& text) {
 struct StacksService::Impl {
   Config cfg;
   EventLoop& loop;
-  RendezvousHandler& rdzv;
+  HealthBus& bus;
   StacksGroup group;
   int listen_fd = -1;
   bool watching = false;
@@ -109,7 +109,7 @@ struct StacksService::Impl {
   bool hang_in_flight = false;
   std::vector<std::pair<int64_t, std::string>> deferred;
 
-  Impl(Config c, EventLoop& l, RendezvousHandler& r) : cfg(std::move(c)), loop(l), rdzv(r) {}
+  Impl(Config c, EventLoop& l, HealthBus& b) : cfg(std::move(c)), loop(l), bus(b) {}
 
   // ---- the stacks thread
 
@@ -227,7 +227,7 @@ struct StacksService::Impl {
     auto it = gathers.find(key);
     if (it == gathers.end()) return;
     Gather& g = it->second;
-    auto got = rdzv.stacksAnswers(g.id);
+    auto got = bus.stacksAnswers(g.id);
     bool over = shut || EventLoop::Clock::now() >= g.deadline;
     if (!got.missing.empty() && !over) {
       g.timer =
@@ -252,7 +252,7 @@ struct StacksService::Impl {
       reply(conn, "error: no worker is running now\n");
       return;
     }
-    int64_t remote = rdzv.requestStacks(
+    int64_t remote = bus.requestStacks(
         fmt::format("snapshot asked on node {} ({})", group.group_rank, cfg.host));
     std::string dir = snapshotDir(cfg.run_dir);
     auto job = jobFor([&](int lr) { return dir + "/" + std::to_string(lr) + ".txt"; });
@@ -274,7 +274,7 @@ struct StacksService::Impl {
       done("no worker is running now");
       return;
     }
-    int64_t remote = rdzv.requestStacks(fmt::format(
+    int64_t remote = bus.requestStacks(fmt::format(
         "snapshot asked on node {} ({}) from the dashboard", group.group_rank, cfg.host));
     std::string dir = snapshotDir(cfg.run_dir);
     auto job = jobFor([&](int lr) { return dir + "/" + std::to_string(lr) + ".txt"; });
@@ -310,7 +310,7 @@ struct StacksService::Impl {
                                         std::chrono::duration<double>(cfg.hang_timeout_sec);
     if (hang && !own_hang_answer.empty() &&
         (own_hang_attempt == group.attempt || own_hang_recent)) {
-      rdzv.answerStacks(id, own_hang_answer);
+      bus.answerStacks(id, own_hang_answer);
       return;
     }
     std::string dir = hang ? "" : snapshotDir(cfg.run_dir);
@@ -327,7 +327,7 @@ struct StacksService::Impl {
           saved.lines.empty() ? "no worker running"
                               : fmt::format("{} stack(s) saved in {}", saved.lines.size(), where));
       for (const auto& l : saved.lines) answer += "\n  " + l;
-      rdzv.answerStacks(id, answer);
+      bus.answerStacks(id, answer);
       log::info("{}", answer);
     });
   }
@@ -335,7 +335,7 @@ struct StacksService::Impl {
   void takeHangStacks(const std::string& why, std::function<void(const HangStacks&)> on_saved,
                       std::function<void(HangStacks)> done) {
     // The other nodes save theirs at the same time, before anything is stopped here.
-    int64_t remote = rdzv.requestStacks(why);
+    int64_t remote = bus.requestStacks(why);
     hang_in_flight = true;
     const int attempt = group.attempt;
     const std::string attempt_dir = group.attempt_dir;
@@ -393,7 +393,7 @@ struct StacksService::Impl {
       onStacksRequest(c);
     } else if (request.rfind("status", 0) == 0) {
       std::string text = "ok\n" + cfg.status_line() + "\n";
-      for (const auto& line : rdzv.otherNodesStatus()) text += line + "\n";
+      for (const auto& line : bus.otherNodesStatus()) text += line + "\n";
       reply(c, text);
     } else {
       reply(c, "error: unknown request (launch stacks|status RUN_DIR send 'stacks' or 'status')\n");
@@ -426,8 +426,8 @@ struct StacksService::Impl {
   }
 };
 
-StacksService::StacksService(Config config, EventLoop& loop, RendezvousHandler& rdzv)
-    : impl_(std::make_unique<Impl>(std::move(config), loop, rdzv)) {}
+StacksService::StacksService(Config config, EventLoop& loop, HealthBus& bus)
+    : impl_(std::make_unique<Impl>(std::move(config), loop, bus)) {}
 
 StacksService::~StacksService() {
   impl_->shutdown();

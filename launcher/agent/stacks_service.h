@@ -7,7 +7,9 @@
 //
 // Threads: every method on the agent's loop thread. The stacks thread only takes stacks and
 // writes their files; its results come back to the loop through EventLoop::post. Every call to
-// the RendezvousHandler stays on the loop thread (its threading contract).
+// the health bus stays on the loop thread (the backends' threading contract,
+// multi_node_rendezvous.h). Of membership it holds only the bus (health_bus.h): it asks the other
+// nodes and answers them, and can neither join, leave nor count a failure.
 #include <sys/types.h>
 
 #include <cstdint>
@@ -21,7 +23,7 @@
 #include "launcher/agent/worker_state.h"
 #include "launcher/health/flight_recorder.h"
 #include "launcher/health/stacks.h"
-#include "launcher/membership/rendezvous_handler.h"
+#include "launcher/membership/health_bus.h"
 
 namespace ddpl::launcher {
 
@@ -62,7 +64,7 @@ class StacksService {
     // group restarted since.
     double hang_timeout_sec = 0;
   };
-  StacksService(Config config, EventLoop& loop, RendezvousHandler& rdzv);
+  StacksService(Config config, EventLoop& loop, HealthBus& bus);
   ~StacksService();  // waits for the stacks thread; removes the control socket
   StacksService(const StacksService&) = delete;
   StacksService& operator=(const StacksService&) = delete;

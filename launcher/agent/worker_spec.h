@@ -7,7 +7,7 @@
 
 #include "common/environment.h"
 #include "launcher/cli/options.h"
-#include "launcher/membership/rendezvous_handler.h"
+#include "launcher/membership/membership.h"
 
 namespace ddpl::launcher {
 

@@ -22,8 +22,8 @@ constexpr const char* kBase = "/dev/shm";
 
 }  // namespace
 
-CheckpointKeeper::CheckpointKeeper(CheckpointKeeperOptions options, NodeValues node_values)
-    : options_(std::move(options)), node_values_(std::move(node_values)) {
+CheckpointKeeper::CheckpointKeeper(CheckpointKeeperOptions options, NodeValues& node_values)
+    : options_(std::move(options)), node_values_(node_values) {
   const std::string base = kBase;
   const auto& o = options_;
   uint64_t budget = o.memory ? *o.memory : MemoryTier::autoBudget(base, o.nproc);
@@ -70,15 +70,15 @@ std::map<std::string, std::string> CheckpointKeeper::startGroup(
 void CheckpointKeeper::startReplicas(const std::vector<int64_t>& ranks,
                                      const rdzv::round_rules::NodePlace& place, int restart_count) {
   try {
-    node_values_.publish(kReplicaKey,
-                         tier_->startReplicas(options_.advertised_host, options_.nproc));
+    node_values_.publishNodeValue(kReplicaKey,
+                                  tier_->startReplicas(options_.advertised_host, options_.nproc));
   } catch (const std::exception& e) {
     log::warn("checkpoint replicas off for this round: {}", e.what());
     return;
   }
   const int next = (place.group_rank + 1) % place.group_world_size;
-  tier_->setSuccessorLookup([read = node_values_.read, next]() -> std::optional<ReplicaEndpoint> {
-    if (auto v = read(kReplicaKey, next)) return parseEndpoint(*v);
+  tier_->setSuccessorLookup([values = &node_values_, next]() -> std::optional<ReplicaEndpoint> {
+    if (auto v = values->nodeValue(kReplicaKey, next)) return parseEndpoint(*v);
     return std::nullopt;
   });
   if ((place.round == 0 && restart_count == 0) || !tier_->missing(ranks, place.world_size)) return;
@@ -91,7 +91,7 @@ void CheckpointKeeper::startReplicas(const std::vector<int64_t>& ranks,
     for (int n = 0; n < place.group_world_size; ++n) {
       if (found[static_cast<size_t>(n)]) continue;
       try {
-        if (auto v = node_values_.read(kReplicaKey, n))
+        if (auto v = node_values_.nodeValue(kReplicaKey, n))
           if (auto e = parseEndpoint(*v)) {
             peers.push_back(*e);
             found[static_cast<size_t>(n)] = true;

@@ -10,14 +10,13 @@
 // makes it (memory_tier.h); this part adds nothing to that.
 //
 // Threads: the agent's loop thread calls every public function. The tier's persister thread
-// ("ckpt-persister") calls NodeValues::read to find the successor. One wait on the loop
+// ("ckpt-persister") calls NodeValues::nodeValue to find the successor. One wait on the loop
 // thread, kept from before this part: a node that joins a running job with nothing in memory
 // for its ranks fetches their newest steps before its workers start (10 s at most for the peers'
 // endpoints, 60 s per fetch).
 #include <sys/types.h>
 
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -25,6 +24,7 @@
 #include <vector>
 
 #include "launcher/checkpoint/memory_tier.h"
+#include "launcher/membership/node_values.h"
 #include "rendezvous/state/round_rules.h"
 
 namespace ddpl::launcher {
@@ -38,18 +38,14 @@ struct CheckpointKeeperOptions {
   double drain_timeout_sec = 0;    // --checkpoint-drain-timeout
 };
 
-// A small value per node and round through the job's store (RendezvousHandler's
-// publishNodeValue / nodeValue): one node has no other, and both do nothing there.
-struct NodeValues {
-  std::function<void(const std::string& key, const std::string& value)> publish;
-  std::function<std::optional<std::string>(const std::string& key, int node)> read;
-};
-
 class CheckpointKeeper {
  public:
-  // Checkpoints in memory are on unless options.memory is 0. An automatic budget that cannot
-  // be had (no /dev/shm) turns them off with a warning; an explicit one throws ddpl::Error.
-  CheckpointKeeper(CheckpointKeeperOptions options, NodeValues node_values);
+  // `node_values`: the job's value per node (membership/node_values.h), where the replicas'
+  // endpoints are published and found; of membership the keeper needs nothing else. It must
+  // outlive the keeper. Checkpoints in memory are on unless options.memory is 0. An automatic
+  // budget that cannot be had (no /dev/shm) turns them off with a warning; an explicit one throws
+  // ddpl::Error.
+  CheckpointKeeper(CheckpointKeeperOptions options, NodeValues& node_values);
   ~CheckpointKeeper();
   CheckpointKeeper(const CheckpointKeeper&) = delete;
   CheckpointKeeper& operator=(const CheckpointKeeper&) = delete;
@@ -82,7 +78,7 @@ class CheckpointKeeper {
                      int restart_count);
 
   CheckpointKeeperOptions options_;
-  NodeValues node_values_;
+  NodeValues& node_values_;
   std::unique_ptr<MemoryTier> tier_;          // null: checkpoints in memory are off
   std::vector<RankCheckpointStatus> status_;  // refreshed once a second
   double next_status_ = 0;

@@ -52,9 +52,9 @@ GrpcRendezvousConfig grpcConfig(const MembershipRequest& r) {
 // torchrun's agent does; --rdzv-conf agent_store=0 or TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 // leave it to rank 0. Several static nodes know nothing of each other's addresses, so rank 0
 // hosts it there. --standalone also hands workers our gRPC store (DDPL_STORE_ADDR and token).
-Membership staticBackend(const MembershipRequest& r) {
+MembershipBackend staticBackend(const MembershipRequest& r) {
   const LaunchOptions& o = r.options;
-  Membership m;
+  MembershipBackend m;
   bool agent_store = o.agent_store && o.nnodes_max == 1;
   // A build without gRPC (the GPU kit's) has no plugin to serve it: workers that were told the
   // agent hosts the store would wait on a port nobody serves (a lent GPU host's first warm
@@ -72,18 +72,18 @@ Membership staticBackend(const MembershipRequest& r) {
   return m;
 }
 
-Membership grpcBackend(const MembershipRequest& r) {
+MembershipBackend grpcBackend(const MembershipRequest& r) {
   const LaunchOptions& o = r.options;
   if (!o.rdzv_conf.etcd.empty())
     log::warn("--rdzv-conf {}...: etcd keys, ignored by --rdzv-backend={}",
               o.rdzv_conf.etcd.begin()->first, o.rdzv_backend);
-  Membership m;
+  MembershipBackend m;
   m.rdzv = GrpcPlugin::get().makeGrpc(grpcConfig(r));
   return m;
 }
 
-Membership etcdBackend(const MembershipRequest& r) {
-  Membership m;
+MembershipBackend etcdBackend(const MembershipRequest& r) {
+  MembershipBackend m;
   m.rdzv = GrpcPlugin::get().makeEtcd(etcdRendezvousConfig(r.options, roundsConfig(r), r.env));
   return m;
 }
@@ -101,7 +101,7 @@ const std::map<std::string, MembershipFactory>& membershipBackends() {
   return kBackends;
 }
 
-Membership makeMembership(const MembershipRequest& request) {
+MembershipBackend makeMembership(const MembershipRequest& request) {
   const auto& backends = membershipBackends();
   auto it = backends.find(request.options.rdzv_backend);
   if (it == backends.end())

@@ -22,18 +22,20 @@ struct MembershipRequest {
   std::string host;
 };
 
-struct Membership {
+// What a backend's factory makes: the whole backend (every role, rendezvous_handler.h), which
+// main() hands to the agent, and the store it may serve.
+struct MembershipBackend {
   std::unique_ptr<EmbeddedStore> store;  // --standalone's store for the workers; else null
   std::unique_ptr<RendezvousHandler> rdzv;
 };
 
-using MembershipFactory = std::function<Membership(const MembershipRequest&)>;
+using MembershipFactory = std::function<MembershipBackend(const MembershipRequest&)>;
 
 // Every backend, by name.
 const std::map<std::string, MembershipFactory>& membershipBackends();
 
 // The backend that options.rdzv_backend names; throws ddpl::UsageError for an unknown name,
 // and what the backend throws (an unreachable service, wrong credentials).
-Membership makeMembership(const MembershipRequest& request);
+MembershipBackend makeMembership(const MembershipRequest& request);
 
 }  // namespace ddpl::launcher

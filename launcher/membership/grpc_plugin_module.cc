@@ -73,8 +73,9 @@ __attribute__((visibility("default"))) int ddpl_embedded_store_begin_attempt(voi
   }
 }
 
-// Returns a heap RendezvousHandler the caller owns (same build, same C++ ABI), or null with the
-// reason in `error`.
+// Returns a heap RendezvousHandler (the whole backend, every role: rendezvous_handler.h) the
+// caller owns (same build, same C++ ABI), or null with the reason in `error`. The boundary
+// carries the whole backend, not its roles: one pointer, one owner, one delete.
 __attribute__((visibility("default"))) ddpl::launcher::RendezvousHandler* ddpl_make_grpc_rendezvous(
     const ddpl::launcher::GrpcRendezvousConfig* config, int log_level, char* error,
     size_t error_len) {

@@ -1,5 +1,8 @@
 #pragma once
+#include <cstdint>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "launcher/membership/embedded_store.h"
 #include "launcher/membership/ports.h"
@@ -21,14 +24,34 @@ class LocalRendezvous : public RendezvousHandler {
   LocalRendezvous(std::string run_id, int local_world_size, std::string master_addr,
                   std::optional<int> master_port, EmbeddedStore* store = nullptr, int node_rank = 0,
                   int nnodes = 1, bool store_env = true);
+  // Membership. Static rounds never end under us, no node is fenced or evicted, and no other
+  // node waits for this one: nothing to leave early, nobody to tell of a preflight or of a
+  // stop before joining (static nodes never meet).
   void startRendezvous(Done done) override;
-  void setRoundEndedCallback(RoundEnded) override {}  // one node: rounds never end under us
-  int recordFailure(const std::string&) override { return ++failures_; }
+  void setRoundEndedCallback(RoundEnded) override {}
+  std::optional<double> fencedStopWithin(int64_t) override { return std::nullopt; }
   bool roundStillCurrent() override { return true; }
+  void leaveEarly() override {}
+  void workersStarted() override;
+  void publishPreflight(const std::string&) override {}
+  void stopBeforeJoining(const std::string&) override {}
+  std::string describe() const override;
+
+  // JobOutcome: this node's own count; no other node fails or waits at the end.
+  int recordFailure(const std::string&) override { return ++failures_; }
   std::string jobFailure() override { return ""; }
   bool finish(bool) override { return true; }
-  void workersStarted() override;
-  std::string describe() const override;
+
+  // HealthBus and NodeValues: no other node to tell or ask (a request for every node's stacks
+  // has id 0: none).
+  void publishStatus(const std::string&) override {}
+  std::vector<std::string> otherNodesStatus() override { return {}; }
+  void setStacksRequestedCallback(StacksRequested) override {}
+  int64_t requestStacks(const std::string&) override { return 0; }
+  void answerStacks(int64_t, const std::string&) override {}
+  StacksAnswers stacksAnswers(int64_t) override { return {}; }
+  void publishNodeValue(const std::string&, const std::string&) override {}
+  std::optional<std::string> nodeValue(const std::string&, int) override { return std::nullopt; }
 
   // The world of the next attempt, synchronously (what startRendezvous reports).
   WorldAssignment nextWorld();

@@ -339,7 +339,7 @@ void MultiNodeRendezvous::answerStacks(int64_t id, const std::string& answer) {
   }
 }
 
-RendezvousHandler::StacksAnswers MultiNodeRendezvous::stacksAnswers(int64_t id) {
+HealthBus::StacksAnswers MultiNodeRendezvous::stacksAnswers(int64_t id) {
   auto [me, nodes, round] = position();
   StacksAnswers out;
   if (id <= 0) return out;

@@ -7,8 +7,9 @@
 // implements it on its own store, and keeps only its rounds. No gRPC or etcd in this header.
 //
 // Threading contract (both backends):
-// - The agent's event loop calls every RendezvousHandler method, one at a time, never two at
-//   once; main() calls publishPreflight() before the first startRendezvous() (or, when this
+// - The agent's event loop calls every method of the roles (rendezvous_handler.h), one at a
+//   time, never two at once, except nodeValue(), which any thread may call (node_values.h);
+//   main() calls publishPreflight() before the first startRendezvous() (or, when this
 //   node's preflight stops it, before stopBeforeJoining() instead). None of them is
 //   called from the callbacks below.
 // - startRendezvous() returns at once. The join runs on the joiner thread (one at a time: a
@@ -110,6 +111,8 @@ class MultiNodeRendezvous : public RendezvousHandler {
   std::optional<std::string> nodeValue(const std::string& key, int node) override;
   // What markFenced() recorded for `round`.
   std::optional<double> fencedStopWithin(int64_t round) override;
+  // Nothing waits for the workers' start here: a hosting agent's service serves before the join.
+  void workersStarted() override {}
 
  protected:
   // `node_id`: this agent's id, unique in the job.

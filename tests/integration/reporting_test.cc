@@ -76,7 +76,7 @@ TEST(DashboardJob, AFailingWorkersCodeAndReportSurviveTheDashboard) {
 // ---- The agent in this process, so that a reporting part can be made to throw.
 
 // A rendezvous of one node whose publication of the node's status (the live view's line for
-// the job, RendezvousHandler::publishStatus) fails, as a store that cannot be reached would.
+// the job, HealthBus::publishStatus) fails, as a store that cannot be reached would.
 class StatusUnpublishable : public LocalRendezvous {
  public:
   using LocalRendezvous::LocalRendezvous;

@@ -69,13 +69,15 @@ TEST(CheckpointKeeper, OffItAddsNothingToAGroupAndHasNothingToSay) {
   CheckpointKeeperOptions o;
   o.memory = 0;  // --checkpoint-memory=0
   o.nproc = 2;
-  bool store_used = false;
-  NodeValues nv;
-  nv.publish = [&](const std::string&, const std::string&) { store_used = true; };
-  nv.read = [&](const std::string&, int) -> std::optional<std::string> {
-    store_used = true;
-    return std::nullopt;
-  };
+  // The job's store, as the keeper sees it: it must not be used.
+  struct Values : NodeValues {
+    void publishNodeValue(const std::string&, const std::string&) override { used = true; }
+    std::optional<std::string> nodeValue(const std::string&, int) override {
+      used = true;
+      return std::nullopt;
+    }
+    bool used = false;
+  } nv;
   CheckpointKeeper keeper(o, nv);
   EXPECT_FALSE(keeper.on());
   rdzv::round_rules::NodePlace place;
@@ -87,7 +89,7 @@ TEST(CheckpointKeeper, OffItAddsNothingToAGroupAndHasNothingToSay) {
   keeper.onWorkerExit(0, 1234);
   EXPECT_FALSE(keeper.bytesOf(0));
   EXPECT_EQ(keeper.drain(), "");
-  EXPECT_FALSE(store_used);
+  EXPECT_FALSE(nv.used);
 }
 
 TEST(Leftovers, AChildThatIsNotOursIsAStray) {

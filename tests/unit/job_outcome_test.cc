@@ -57,7 +57,8 @@ class MemoryJobKv : public JobKv {
 // A node of the job in `round`, whose backend only says where it is and that it left.
 class Node : public MultiNodeRendezvous {
  public:
-  Node(const std::string& id, SharedKv& kv, int64_t round) : MultiNodeRendezvous(id), round_(round) {
+  Node(const std::string& id, SharedKv& kv, int64_t round)
+      : MultiNodeRendezvous(id), round_(round) {
     setKv(std::make_unique<MemoryJobKv>(kv));
   }
   ~Node() override { stopThreads(); }
@@ -68,6 +69,7 @@ class Node : public MultiNodeRendezvous {
   bool finish(bool) override { return true; }
   std::string describe() const override { return "test"; }
   void leaveEarly() override {}
+  void stopBeforeJoining(const std::string&) override {}
 
  protected:
   std::optional<WorldAssignment> joinOnce() override { return std::nullopt; }

@@ -19,16 +19,12 @@ namespace {
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
-// Another node's side of the rendezvous, as the stacks service sees it.
-class FakeRendezvous : public RendezvousHandler {
+// Another node's side of the rendezvous, as the stacks service sees it: the health bus.
+class FakeRendezvous : public HealthBus {
  public:
-  void startRendezvous(Done) override {}
-  void setRoundEndedCallback(RoundEnded) override {}
-  bool roundStillCurrent() override { return true; }
-  int recordFailure(const std::string&) override { return 0; }
-  std::string jobFailure() override { return ""; }
-  bool finish(bool) override { return true; }
-  std::string describe() const override { return "fake"; }
+  void publishStatus(const std::string&) override {}
+  std::vector<std::string> otherNodesStatus() override { return {}; }
+  void setStacksRequestedCallback(StacksRequested) override {}
 
   int64_t requestStacks(const std::string& why) override {
     asked.push_back(why);
