@@ -10,6 +10,10 @@ on the same Python Gloo DDP job (bench/warm_train.py).
   first      time from the launcher's start until every rank has imported torch and entered main.
 
     warm_restart_bench.py --build build [--rounds 3] [--ranks 2 4] [--parts resume first goodput]
+    warm_restart_bench.py --build build --ab OLD/build --parts resume [--rounds 5]
+
+--ab judges a change against the code before it: launch --prewarm=torch of OLD/build (A) and of
+--build (B) in the resume part, interleaved round by round; prints B/A (below 1: B resumes faster).
 
 Prints one line per figure (medians and spreads over the rounds) and the ratios.
 """
@@ -28,6 +32,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = os.path.join(ROOT, ".venv", "bin", "python")
 TRAIN = os.path.join(ROOT, "bench", "warm_train.py")
+OLD_BUILD = None  # --ab: the build of the code before, for the kinds ending in "-A"
 
 
 def read_events(d):
@@ -47,9 +52,10 @@ def command(kind, nproc, args, tmp, max_restarts=1):
         return [os.path.join(ROOT, ".venv", "bin", "torchrun"), "--standalone",
                 f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
                 "--monitor-interval=0.1", TRAIN] + args
-    cmd = [os.path.join(BUILD, "bin", "launch"), "--standalone", f"--nproc-per-node={nproc}",
+    build = OLD_BUILD if kind.endswith("-A") else BUILD
+    cmd = [os.path.join(build, "bin", "launch"), "--standalone", f"--nproc-per-node={nproc}",
            f"--max-restarts={max_restarts}", "--log-dir", os.path.join(tmp, "logs")]
-    if kind == "warm":
+    if kind.startswith("warm"):
         cmd.append("--prewarm=torch")
     return cmd + [TRAIN] + args
 
@@ -156,8 +162,20 @@ def spread(v, fmt="{:.2f}"):
     return f"{fmt.format(statistics.median(v))} ({fmt.format(min(v))}-{fmt.format(max(v))})"
 
 
+def resume_ab(a, tmp):
+    for nproc in a.ranks:
+        got = {"warm-A": [], "warm": []}
+        for i in range(a.rounds):
+            order = ["warm-A", "warm"] if i % 2 == 0 else ["warm", "warm-A"]
+            for k in order:
+                got[k].append(resume_round(k, nproc, tmp)[0])
+        pairs = [b / old for b, old in zip(got["warm"], got["warm-A"])]
+        print(f"resume_ab ranks={nproc} A_s={spread(got['warm-A'])} B_s={spread(got['warm'])} "
+              f"B/A={spread(pairs)} (median (range) of {a.rounds} pairs)", flush=True)
+
+
 def main():
-    global BUILD
+    global BUILD, OLD_BUILD
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default="build")
     ap.add_argument("--rounds", type=int, default=3)
@@ -167,8 +185,18 @@ def main():
     ap.add_argument("--kill-every", type=float, default=30)
     ap.add_argument("--disk-every", type=int, default=20)
     ap.add_argument("--goodput-ranks", type=int, default=4)
+    ap.add_argument("--ab", metavar="OLD_BUILD",
+                    help="the resume part only, launch warm of OLD_BUILD against --build")
     a = ap.parse_args()
     BUILD = os.path.abspath(a.build)
+    if a.ab:
+        OLD_BUILD = os.path.abspath(a.ab)
+        tmp = tempfile.mkdtemp(prefix="ddpl-warm-bench-")
+        try:
+            resume_ab(a, tmp)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return
     kinds = ["torchrun", "cold", "warm"]
     tmp = tempfile.mkdtemp(prefix="ddpl-warm-bench-")
     try:
