@@ -4,8 +4,8 @@
 // For looking into that overhead:
 //   --phases                         per-step milliseconds of each phase, every rank
 //   --probe                          latency of one all-reduce by size, then exit
-//   --sync-buffers-before-forward    DdpOptions::overlapBufferBroadcast = false
-//   --no-broadcast                   DdpOptions::broadcastBuffers = false
+//   --sync-buffers-before-forward    DdpOptions::overlap_buffer_broadcast = false
+//   --no-broadcast                   DdpOptions::broadcast_buffers = false
 //   --first-bucket-kb=N --bucket-kb=N
 //   --steps=N --batch=N
 #include <torch/torch.h>
@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
     }
   }
   auto options = dw::SessionOptions::fromEnvironment();
-  return dw::recordErrors(options.errorFile, [&] {
+  return dw::recordErrors(options.error_file, [&] {
     dw::Session session(options);
     if (probe) {
       for (int64_t n : {1, 256, 4096, 44000, 175000, 1000000}) {
@@ -76,7 +76,8 @@ int main(int argc, char** argv) {
         const auto p0 = std::chrono::steady_clock::now();
         for (int i = 0; i < 200; ++i) session.backend()->allreduce(t)->wait();
         const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - p0).count() / 200;
-        if (session.rank() == 0) std::printf("allreduce %ld floats: %.0f us\n", static_cast<long>(n), us);
+        if (session.rank() == 0)
+          std::printf("allreduce %ld floats: %.0f us\n", static_cast<long>(n), us);
       }
       return 0;
     }
@@ -84,10 +85,10 @@ int main(int argc, char** argv) {
     auto model = ddpl::bench::SmallResNet();
     dw::DdpOptions ddpOptions;
     ddpOptions.communicate = comm;
-    ddpOptions.broadcastBuffers = comm && bcast;
-    if (firstBucketKb) ddpOptions.firstBucketBytes = firstBucketKb << 10;
-    if (bucketKb) ddpOptions.bucketBytes = bucketKb << 10;
-    ddpOptions.overlapBufferBroadcast = overlapBuffers;
+    ddpOptions.broadcast_buffers = comm && bcast;
+    if (firstBucketKb) ddpOptions.first_bucket_bytes = firstBucketKb << 10;
+    if (bucketKb) ddpOptions.bucket_bytes = bucketKb << 10;
+    ddpOptions.overlap_buffer_broadcast = overlapBuffers;
     dw::DistributedDataParallel<ddpl::bench::SmallResNetImpl> ddp(model.ptr(), session.backend(), ddpOptions);
     torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
     auto gen = at::make_generator<at::CPUGeneratorImpl>(1 + session.rank());
@@ -122,7 +123,8 @@ int main(int argc, char** argv) {
       stp += ms(t2, t3);
       if (phases && step >= warmup) {  // the trace is a locked copy: only when asked for
         const auto trace = ddp.reducer().lastIteration();
-        if (trace.finishedUs >= 0) tails.push_back((trace.finishedUs - trace.lastGradReadyUs) / 1000);
+        if (trace.finished_us >= 0)
+          tails.push_back((trace.finished_us - trace.last_grad_ready_us) / 1000);
       }
     }
     session.barrier();

@@ -9,3 +9,9 @@ set_tests_properties(include_graph_test PROPERTIES TIMEOUT 60 LABELS unit SKIP_R
 add_test(NAME code_shape_test
   COMMAND ${DDPL_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/unit/code_shape_test.py)
 set_tests_properties(code_shape_test PROPERTIES TIMEOUT 60 LABELS unit SKIP_RETURN_CODE 77)
+
+# One naming style for data members (snake_case, members_ with a trailing _): a camelCase field
+# declared in a product folder fails, naming its file and line.
+add_test(NAME field_naming_test
+  COMMAND ${DDPL_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/unit/field_naming_test.py)
+set_tests_properties(field_naming_test PROPERTIES TIMEOUT 60 LABELS unit SKIP_RETURN_CODE 77)

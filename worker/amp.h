@@ -28,15 +28,15 @@ class AutocastScope {
 
  private:
   c10::DeviceType device_;
-  bool previousEnabled_;
-  c10::ScalarType previousDtype_;
+  bool previous_enabled_;
+  c10::ScalarType previous_dtype_;
 };
 
 struct GradScalerOptions {
-  double initScale = 65536.0;
-  double growthFactor = 2.0;
-  double backoffFactor = 0.5;
-  int64_t growthInterval = 2000;
+  double init_scale = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
   bool enabled = true;
 };
 
@@ -52,7 +52,7 @@ class GradScaler {
   void unscale(torch::optim::Optimizer& optimizer);
   // Steps unless a gradient was inf/NaN (on any rank). Returns whether it stepped.
   bool step(torch::optim::Optimizer& optimizer);
-  // Backs off on overflow, grows after growthInterval clean steps.
+  // Backs off on overflow, grows after growth_interval clean steps.
   void update();
 
   double currentScale() const;
@@ -68,24 +68,24 @@ class GradScaler {
   struct OptimizerState {
     bool unscaled = false;
     bool stepped = false;
-    at::Tensor foundInf;
+    at::Tensor found_inf;
   };
 
   GradScalerOptions options_;
   c10::intrusive_ptr<c10d::Backend> backend_;
   at::Tensor scale_;          // float32, one element, on the loss's device
-  at::Tensor growthTracker_;  // int32, one element
-  std::map<const torch::optim::Optimizer*, OptimizerState> perOptimizer_;
+  at::Tensor growth_tracker_;  // int32, one element
+  std::map<const torch::optim::Optimizer*, OptimizerState> per_optimizer_;
   // Restored from a checkpoint before the first scale(): applied at lazyInit.
-  std::optional<double> pendingScale_;
-  std::optional<int64_t> pendingTracker_;
+  std::optional<double> pending_scale_;
+  std::optional<int64_t> pending_tracker_;
 };
 
 struct PerformanceOptions {
-  std::optional<bool> cudnnBenchmark;
+  std::optional<bool> cudnn_benchmark;
   std::optional<bool> deterministic;  // deterministic algorithms (and cuDNN)
-  std::optional<std::string> float32MatmulPrecision;  // "highest", "high" (TF32), "medium"
-  std::optional<bool> allowTf32Cudnn;
+  std::optional<std::string> float32_matmul_precision;  // "highest", "high" (TF32), "medium"
+  std::optional<bool> allow_tf32_cudnn;
 };
 
 void applyPerformanceOptions(const PerformanceOptions& options);

@@ -20,7 +20,7 @@ namespace {
 std::string firstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
 
 std::string describe(const MicroBatching& m) {
-  return std::to_string(m.microBatch) + " x " + std::to_string(m.accumulation) + " accumulated";
+  return std::to_string(m.micro_batch) + " x " + std::to_string(m.accumulation) + " accumulated";
 }
 
 [[noreturn]] void throwInjected(int64_t step, int rank) {
@@ -31,17 +31,17 @@ std::string describe(const MicroBatching& m) {
 
 }  // namespace
 
-bool shrinkMicroBatching(const MicroBatching& from, int64_t minMicroBatch, MicroBatching& to) {
-  if (from.microBatch <= 1) return false;
-  int64_t factor = from.microBatch;
-  for (int64_t f = 2; f * f <= from.microBatch; ++f) {
-    if (from.microBatch % f == 0) {
+bool shrinkMicroBatching(const MicroBatching& from, int64_t min_micro_batch, MicroBatching& to) {
+  if (from.micro_batch <= 1) return false;
+  int64_t factor = from.micro_batch;
+  for (int64_t f = 2; f * f <= from.micro_batch; ++f) {
+    if (from.micro_batch % f == 0) {
       factor = f;
       break;
     }
   }
-  const int64_t next = from.microBatch / factor;
-  if (next < std::max<int64_t>(1, minMicroBatch)) return false;
+  const int64_t next = from.micro_batch / factor;
+  if (next < std::max<int64_t>(1, min_micro_batch)) return false;
   to = {next, from.accumulation * factor};
   return true;
 }
@@ -53,8 +53,8 @@ AutoBatch::AutoBatch(Session& session, DdpReducer& reducer, torch::nn::Module& m
       module_(module),
       current_(initial),
       options_(std::move(options)) {
-  if (initial.microBatch < 1 || initial.accumulation < 1) {
-    throw InvalidArgument("AutoBatch: micro-batch " + std::to_string(initial.microBatch) +
+  if (initial.micro_batch < 1 || initial.accumulation < 1) {
+    throw InvalidArgument("AutoBatch: micro-batch " + std::to_string(initial.micro_batch) +
                           " and accumulation " + std::to_string(initial.accumulation) +
                           " must both be at least 1");
   }
@@ -71,7 +71,7 @@ void AutoBatch::runMicro(int64_t step, int64_t micro, bool sync,
     return;
   }
   injected_ = true;
-  if (!inj.inBackward) throwInjected(step, session_.rank());
+  if (!inj.in_backward) throwInjected(step, session_.rank());
   // The middle parameter in registration order: buckets go in reverse registration order, so
   // with several buckets the first ones are already launched when its gradient arrives.
   std::vector<at::Tensor> params;
@@ -151,16 +151,16 @@ bool AutoBatch::step(int64_t step, const std::function<void(int64_t micro)>& mic
       " ran out of device memory at step " + std::to_string(step) + " with micro-batch " +
       describe(current_);
   MicroBatching next;
-  if (!shrinkMicroBatching(current_, options_.minMicroBatch, next)) {
+  if (!shrinkMicroBatching(current_, options_.min_micro_batch, next)) {
     throw Error(where + ", and the micro-batch cannot be smaller (minimum " +
-                std::to_string(std::max<int64_t>(1, options_.minMicroBatch)) +
+                std::to_string(std::max<int64_t>(1, options_.min_micro_batch)) +
                 "): the model itself does not fit; use a smaller model, activation "
                 "checkpointing, bf16, or more devices" +
                 (failed ? " (" + what + ")" : ""));
   }
   if (session_.rank() == 0) {
     wlog::warn(where + ": every rank continues with micro-batch " + describe(next) +
-               ", global batch " + std::to_string(next.microBatch * next.accumulation * world) +
+               ", global batch " + std::to_string(next.micro_batch * next.accumulation * world) +
                " unchanged; step " + std::to_string(step) + " runs again");
   }
   current_ = next;

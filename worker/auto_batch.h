@@ -28,14 +28,14 @@ namespace ddpl::worker {
 class Session;
 
 struct MicroBatching {
-  int64_t microBatch = 1;    // samples per forward on each rank
+  int64_t micro_batch = 1;   // samples per forward on each rank
   int64_t accumulation = 1;  // forwards per optimizer step
 };
 
 // The next smaller micro-batching with the same samples per step: the micro-batch divided by
 // its smallest prime factor (8 -> 4, 6 -> 3, 9 -> 3, 7 -> 1), accumulation multiplied by it.
-// Returns false when the micro-batch is already 1 or would fall below `minMicroBatch`.
-bool shrinkMicroBatching(const MicroBatching& from, int64_t minMicroBatch, MicroBatching& to);
+// Returns false when the micro-batch is already 1 or would fall below `min_micro_batch`.
+bool shrinkMicroBatching(const MicroBatching& from, int64_t min_micro_batch, MicroBatching& to);
 
 // A fault-injection point for tests: raises the same c10::OutOfMemoryError a device allocator
 // raises, once per process.
@@ -43,15 +43,15 @@ struct OomInjection {
   int64_t step = -1;       // optimizer step index (as passed to AutoBatch::step); -1: never
   int rank = 0;            // on this rank only; -1: every rank
   int64_t micro = -1;      // micro-batch index within the step; -1: the last (the synchronised one)
-  bool inBackward = true;  // true: from a gradient hook midway through backward (some buckets
-                           // already launched); false: just before the micro-batch's forward
+  bool in_backward = true;  // true: from a gradient hook midway through backward (some buckets
+                            // already launched); false: just before the micro-batch's forward
 };
 
 struct AutoBatchOptions {
   // false: step() runs the micro-batches as plain gradient accumulation, with no all-reduce of
   // its own, and an out-of-memory error propagates.
   bool enabled = true;
-  int64_t minMicroBatch = 1;
+  int64_t min_micro_batch = 1;
   OomInjection inject;
 };
 

@@ -12,15 +12,15 @@ namespace ddpl::worker::detail {
 struct BackendSpec {
   c10::intrusive_ptr<c10d::Store> store;
   int rank = 0;
-  int worldSize = 1;
-  int localRank = 0;
+  int world_size = 1;
+  int local_rank = 0;
   std::chrono::milliseconds timeout{};
-  std::string glooInterface;
+  std::string gloo_interface;
 };
 
 c10::intrusive_ptr<c10d::Backend> makeGlooBackend(const BackendSpec& spec);
 
-// Binds cuda:localRank and creates ProcessGroupNCCL (its async error handling comes from the
+// Binds cuda:local_rank and creates ProcessGroupNCCL (its async error handling comes from the
 // environment; see SessionOptions::fromEnvironment). Throws
 // BackendError when this build or machine has no NCCL/CUDA.
 c10::intrusive_ptr<c10d::Backend> makeNcclBackend(const BackendSpec& spec);

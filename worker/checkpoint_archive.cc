@@ -50,7 +50,7 @@ void saveCheckpoint(const std::string& path, const CheckpointRefs& parts,
   if (parts.progress) {
     archive.write("progress/epoch", c10::IValue(parts.progress->epoch));
     archive.write("progress/step", c10::IValue(parts.progress->step));
-    archive.write("progress/samples_seen", c10::IValue(parts.progress->samplesSeen));
+    archive.write("progress/samples_seen", c10::IValue(parts.progress->samples_seen));
   }
 
   // The archive's writer is called from inside miniz (C code): an exception must not cross it.
@@ -65,8 +65,8 @@ void saveCheckpoint(const std::string& path, const CheckpointRefs& parts,
       if (writeError) return size;
       try {
         // Stopped as soon as it is over: a state larger than memory allows never fills it.
-        if (written + size > limits.maxBytes)
-          throw CheckpointTooLarge(path + ": over " + std::to_string(limits.maxBytes) +
+        if (written + size > limits.max_bytes)
+          throw CheckpointTooLarge(path + ": over " + std::to_string(limits.max_bytes) +
                                        " bytes after " + std::to_string(written + size),
                                    written + size);
         written += size;
@@ -134,7 +134,7 @@ bool loadCheckpoint(const std::string& path, const CheckpointRefs& parts) {
     archive.read("progress/step", v);
     parts.progress->step = v.toInt();
     archive.read("progress/samples_seen", v);
-    parts.progress->samplesSeen = v.toInt();
+    parts.progress->samples_seen = v.toInt();
   }
   return true;
 }

@@ -20,7 +20,7 @@ class Session;
 struct TrainingProgress {
   int64_t epoch = 0;
   int64_t step = 0;
-  int64_t samplesSeen = 0;
+  int64_t samples_seen = 0;
 };
 
 struct CheckpointRefs {
@@ -34,7 +34,7 @@ struct CheckpointRefs {
 // no temporary file behind.
 void saveCheckpoint(const std::string& path, const CheckpointRefs& parts);
 
-// A write that would pass SaveLimits::maxBytes: stopped there, nothing left behind.
+// A write that would pass SaveLimits::max_bytes: stopped there, nothing left behind.
 class CheckpointTooLarge : public Error {
  public:
   CheckpointTooLarge(const std::string& what, uint64_t bytes) : Error(what), bytes_(bytes) {}
@@ -45,7 +45,7 @@ class CheckpointTooLarge : public Error {
 };
 
 struct SaveLimits {
-  uint64_t maxBytes = UINT64_MAX;  // throws CheckpointTooLarge past it
+  uint64_t max_bytes = UINT64_MAX;  // throws CheckpointTooLarge past it
   bool log = true;                 // the "checkpoint written" line
 };
 void saveCheckpoint(const std::string& path, const CheckpointRefs& parts, const SaveLimits& limits);

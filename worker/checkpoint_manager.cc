@@ -50,9 +50,9 @@ std::string reasonText(ResumeReason reason, const Session& session) {
     case ResumeReason::kResumeFlag:
       return "resume requested";
     case ResumeReason::kRestart:
-      return "restart " + std::to_string(session.options().restartCount);
+      return "restart " + std::to_string(session.options().restart_count);
     case ResumeReason::kSameRun:
-      return "run " + session.options().runId + " started again";
+      return "run " + session.options().run_id + " started again";
   }
   return "";
 }
@@ -213,20 +213,20 @@ void CheckpointDirectory::storeRunId(const std::string& id) const {
   writeFileAtomically(dir_ + "/" + kRunIdFile, id + "\n");
 }
 
-ResumeReason chooseResume(int restartCount, const std::string& runId,
+ResumeReason chooseResume(int restart_count, const std::string& run_id,
                           const std::string& storedRunId, bool resumeFlag) {
-  if (restartCount > 0) return ResumeReason::kRestart;
-  if (!runId.empty() && storedRunId == runId) return ResumeReason::kSameRun;
+  if (restart_count > 0) return ResumeReason::kRestart;
+  if (!run_id.empty() && storedRunId == run_id) return ResumeReason::kSameRun;
   if (resumeFlag) return ResumeReason::kResumeFlag;
   return ResumeReason::kFresh;
 }
 
 CheckpointManager::CheckpointManager(Session& session, CheckpointPolicy policy)
     : session_(session), policy_(std::move(policy)), dir_(policy_.dir, policy_.keep) {
-  const std::string& root = session_.options().checkpointMemory;
+  const std::string& root = session_.options().checkpoint_memory;
   if (!policy_.memory || !enabled() || root.empty()) return;
   // The first save makes the directory (launch does not: a job that never saves has none).
-  rankDir_ = root + "/" + ckpt::rankDirName(session_.rank());
+  rank_dir_ = root + "/" + ckpt::rankDirName(session_.rank());
 }
 
 namespace {
@@ -261,23 +261,23 @@ ResumePoint CheckpointManager::resume(const CheckpointRefs& refs) {
   if (leader) {
     fs::create_directories(dir_.dir());
     dir_.removeTemporaries();
-    decision =
-        static_cast<int64_t>(chooseResume(session_.options().restartCount, session_.options().runId,
-                                          dir_.storedRunId(), policy_.resume));
+    decision = static_cast<int64_t>(chooseResume(session_.options().restart_count,
+                                                 session_.options().run_id, dir_.storedRunId(),
+                                                 policy_.resume));
   }
   point.reason = static_cast<ResumeReason>(
       detail::allReduceInts(session_, {decision}, c10d::ReduceOp::MAX)[0]);
-  point.reasonText = reasonText(point.reason, session_);
+  point.reason_text = reasonText(point.reason, session_);
 
   if (point.reason == ResumeReason::kFresh) {
-    if (leader) point.removedStale = dir_.removeAll();
+    if (leader) point.removed_stale = dir_.removeAll();
   } else if (inMemory()) {
     resumeAgreed(refs, point);
   } else {
     CheckpointFile file;
-    const bool found = dir_.newestComplete(file, &point.skippedTruncated);
+    const bool found = dir_.newestComplete(file, &point.skipped_truncated);
     if (found) {
-      loadChecked(file.path, refs, point.reasonText);
+      loadChecked(file.path, refs, point.reason_text);
       point.path = file.path;
       point.source = "disk";
       if (refs.progress) point.progress = *refs.progress;
@@ -285,7 +285,7 @@ ResumePoint CheckpointManager::resume(const CheckpointRefs& refs) {
       latest_ = file.path;
     }
   }
-  if (leader) dir_.storeRunId(session_.options().runId);
+  if (leader) dir_.storeRunId(session_.options().run_id);
 
   // Rule 4: differing answers mean the directory is not one shared directory.
   const int64_t step = point.progress.step;
@@ -338,10 +338,10 @@ void CheckpointManager::resumeAgreed(const CheckpointRefs& refs, ResumePoint& po
   // Every rank holds the same state (replicated), so any local rank's copy serves: ranks may
   // be one checkpoint apart when one dies, and with --checkpoint-memory-keep=1 the rank ahead
   // kept only the newer.
-  const std::string& root = session_.options().checkpointMemory;
-  std::vector<std::pair<std::string, int64_t>> rankDirs{{rankDir_, rank}};
-  const int64_t first = rank - session_.options().localRank;  // launch numbers a node's ranks
-  for (int64_t r = first; r < first + session_.options().localWorldSize; ++r)  // contiguously
+  const std::string& root = session_.options().checkpoint_memory;
+  std::vector<std::pair<std::string, int64_t>> rankDirs{{rank_dir_, rank}};
+  const int64_t first = rank - session_.options().local_rank;  // launch numbers a node's ranks
+  for (int64_t r = first; r < first + session_.options().local_world_size; ++r)  // contiguously
     if (r != rank && r >= 0) rankDirs.emplace_back(root + "/" + ckpt::rankDirName(r), r);
   for (const auto& [dir, owner] : rankDirs) {
     for (const auto& s : ckpt::listCommitted(dir, owner)) {
@@ -368,11 +368,11 @@ void CheckpointManager::resumeAgreed(const CheckpointRefs& refs, ResumePoint& po
   }
   const auto agreed = agreeOverGroup(session_, offer);
   for (const auto& [step, why] : truncated)
-    if (!agreed || step > *agreed) point.skippedTruncated.push_back(why);
+    if (!agreed || step > *agreed) point.skipped_truncated.push_back(why);
   if (!agreed) return;
   const bool fromMemory = inMemory.count(*agreed) > 0;
   const std::string path = fromMemory ? inMemory[*agreed] : onDisk[*agreed];
-  loadChecked(path, refs, point.reasonText);
+  loadChecked(path, refs, point.reason_text);
   point.path = path;
   // launch fetched it from another node's replica (launcher/checkpoint/replica.h).
   struct stat st {};
@@ -388,23 +388,23 @@ void CheckpointManager::resumeAgreed(const CheckpointRefs& refs, ResumePoint& po
 std::string CheckpointManager::saveInMemory(const CheckpointRefs& refs, bool durable) {
   const int64_t step = refs.progress->step;
   const auto& o = session_.options();
-  ckpt::makeRankDir(o.checkpointMemory, session_.rank());
-  const uint64_t held = ckpt::rankUsage(rankDir_).committed;
-  const uint64_t allowance = ckpt::writeAllowance(o.checkpointBudget, held);
-  const std::string partial = ckpt::beginStep(rankDir_, step);
+  ckpt::makeRankDir(o.checkpoint_memory, session_.rank());
+  const uint64_t held = ckpt::rankUsage(rank_dir_).committed;
+  const uint64_t allowance = ckpt::writeAllowance(o.checkpoint_budget, held);
+  const std::string partial = ckpt::beginStep(rank_dir_, step);
   const std::string file = partial + "/" + memoryFileName(step);
   try {
     saveCheckpoint(file, refs, SaveLimits{allowance, /*log=*/false});
   } catch (const CheckpointTooLarge& e) {
-    ckpt::removePartials(rankDir_, static_cast<long>(::getpid()));
+    ckpt::removePartials(rank_dir_, static_cast<long>(::getpid()));
     // Every rank holds the same state, so every rank is over: rank 0's disk copy serves all.
-    if (!warnedBudget_)
+    if (!warned_budget_)
       wlog::warn("checkpoint step " + std::to_string(step) + " does not fit this rank's memory " +
                  "budget: more than " + std::to_string(e.bytesSoFar()) + " bytes, budget " +
-                 std::to_string(o.checkpointBudget) + " bytes of which " + std::to_string(held) +
+                 std::to_string(o.checkpoint_budget) + " bytes of which " + std::to_string(held) +
                  " hold committed checkpoints; written to " + dir_.dir() +
                  " instead (raise launch --checkpoint-memory, or lower --checkpoint-memory-keep)");
-    warnedBudget_ = true;
+    warned_budget_ = true;
     const std::string path = dir_.pathFor(step);
     if (session_.rank() == 0) {
       fs::create_directories(path.substr(0, path.find_last_of('/')));
@@ -415,7 +415,7 @@ std::string CheckpointManager::saveInMemory(const CheckpointRefs& refs, bool dur
     latest_ = path;
     return path;
   } catch (...) {
-    ckpt::removePartials(rankDir_, static_cast<long>(::getpid()));
+    ckpt::removePartials(rank_dir_, static_cast<long>(::getpid()));
     throw;
   }
   ckpt::CommitRecord record;
@@ -432,20 +432,20 @@ std::string CheckpointManager::saveInMemory(const CheckpointRefs& refs, bool dur
   record.replicated = true;
   record.keep = policy_.keep;
   record.writer = fenceToken();
-  const std::string committed = ckpt::commitStep(rankDir_, partial, record);
-  ckpt::trimCommitted(rankDir_, o.checkpointKeep, step);
+  const std::string committed = ckpt::commitStep(rank_dir_, partial, record);
+  ckpt::trimCommitted(rank_dir_, o.checkpoint_keep, step);
   // Readable now: the memory copy. A durable one is also where launch puts it, by the time
   // launch exits (latestDurable()).
   const std::string path = committed + "/" + memoryFileName(step);
   std::lock_guard<std::mutex> lock(mu_);
   latest_ = path;
-  if (durable) latestDurable_ = dir_.pathFor(step);
+  if (durable) latest_durable_ = dir_.pathFor(step);
   return path;
 }
 
 ckpt::FenceToken CheckpointManager::fenceToken() const {
   const auto& o = session_.options();
-  return ckpt::FenceToken{o.runId, o.roundEpoch, o.round};
+  return ckpt::FenceToken{o.run_id, o.round_epoch, o.round};
 }
 
 std::string CheckpointManager::latest() const {
@@ -455,7 +455,7 @@ std::string CheckpointManager::latest() const {
 
 std::string CheckpointManager::latestDurable() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return inMemory() ? latestDurable_ : latest_;
+  return inMemory() ? latest_durable_ : latest_;
 }
 
 }  // namespace ddpl::worker

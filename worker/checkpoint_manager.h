@@ -6,7 +6,7 @@
 // pointer file that could itself be half-written) and DIR/run_id (the job they belong to).
 //
 // The resume rule, in full:
-//  1. Whether to resume: after a restart (SessionOptions::restartCount > 0), when the job is the
+//  1. Whether to resume: after a restart (SessionOptions::restart_count > 0), when the job is the
 //     one that wrote the directory (same run id: the group re-formed around a node that left or
 //     joined), or when the caller asks (CheckpointPolicy::resume). Otherwise it is a new job and
 //     the earlier run's checkpoints are removed, so that no later restart can pick one up.
@@ -20,7 +20,7 @@
 //  4. Every rank must resume from the same step; if they do not, the directory is not shared
 //     between the nodes, and the error says so.
 //
-// Under launch with checkpoints in memory (SessionOptions::checkpointMemory, docs/checkpoints.md)
+// Under launch with checkpoints in memory (SessionOptions::checkpoint_memory, docs/checkpoints.md)
 // every rank also keeps its own copy in launch's memory: save() is a memory copy on each rank
 // (no collective), launch persists rank 0's copy to DIR in the background when the save is
 // durable, and resume() takes the newest step every rank can read, from memory or from DIR,
@@ -90,12 +90,12 @@ ResumeReason chooseResume(int restartCount, const std::string& runId,
 
 struct ResumePoint {
   ResumeReason reason = ResumeReason::kFresh;
-  std::string reasonText;  // "restart 2", "run JOB started again", "--resume"; empty when fresh
+  std::string reason_text;  // "restart 2", "run JOB started again", "--resume"; empty when fresh
   std::string path;        // the checkpoint loaded; empty: none (starts at step 0)
   std::string source;      // "memory", "peer replica" (another node's copy) or "disk"; empty: none
   TrainingProgress progress;                  // as saved in it (zeros when none)
-  std::vector<std::string> skippedTruncated;  // "PATH: why", newest first (every rank)
-  size_t removedStale = 0;  // a new job: the earlier run's checkpoints removed (rank 0's count)
+  std::vector<std::string> skipped_truncated;  // "PATH: why", newest first (every rank)
+  size_t removed_stale = 0;  // a new job: the earlier run's checkpoints removed (rank 0's count)
 };
 
 // The policy over a Session: collective calls (every rank calls them, in the same order).
@@ -106,7 +106,7 @@ class CheckpointManager {
   bool enabled() const { return dir_.enabled(); }
   const CheckpointDirectory& directory() const { return dir_; }
   // Saves go to launch's checkpoint memory (this rank's directory in it).
-  bool inMemory() const { return !rankDir_.empty(); }
+  bool inMemory() const { return !rank_dir_.empty(); }
 
   // Decides (rank 0, then shared by an all-reduce), finds the newest complete checkpoint and
   // loads it into `refs` on every rank, checks that every rank resumes at the same step.
@@ -140,10 +140,10 @@ class CheckpointManager {
   CheckpointPolicy policy_;
   CheckpointDirectory dir_;
   std::string
-      rankDir_;  // this rank's directory in launch's memory (made by the first save); empty: none
-  bool warnedBudget_ = false;
+      rank_dir_;  // this rank's directory in launch's memory (made by the first save); empty: none
+  bool warned_budget_ = false;
   mutable std::mutex mu_;
-  std::string latest_, latestDurable_;
+  std::string latest_, latest_durable_;
 };
 
 }  // namespace ddpl::worker

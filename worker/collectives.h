@@ -16,7 +16,7 @@ inline std::vector<int64_t> allReduceInts(Session& session, const std::vector<in
       torch::tensor(values, torch::TensorOptions().dtype(torch::kLong).device(session.device()))};
   c10d::AllreduceOptions opts;
   opts.reduceOp = op;
-  opts.timeout = session.options().collectiveTimeout;
+  opts.timeout = session.options().collective_timeout;
   session.backend()->allreduce(t, opts)->wait(opts.timeout);
   const at::Tensor cpu = t[0].cpu();
   return {cpu.data_ptr<int64_t>(), cpu.data_ptr<int64_t>() + cpu.numel()};

@@ -109,27 +109,27 @@ struct DdpReducer::Impl {
   std::shared_ptr<torch::nn::Module> module;
   c10::intrusive_ptr<c10d::Backend> backend;
   DdpOptions options;
-  int worldSize = 1;
+  int world_size = 1;
   int rank = 0;
 
   std::vector<at::Tensor> params;
   std::vector<std::string> names;
-  std::vector<size_t> bucketOf;
+  std::vector<size_t> bucket_of;
   std::vector<at::Tensor> buffers;
-  std::vector<TensorPack> bufferPacks;  // kept: the buffers travel before every forward
+  std::vector<TensorPack> buffer_packs;  // kept: the buffers travel before every forward
   std::vector<Bucket> buckets;
   std::vector<torch_compat::GradAccumulatorPtr> accumulators;
-  std::vector<uintptr_t> hookKeys;
+  std::vector<uintptr_t> hook_keys;
 
   mutable std::mutex mu;
-  bool requireSync = true;
-  uint64_t forwardsBegun = 0;
-  uint64_t forwardsEnded = 0;
+  bool require_sync = true;
+  uint64_t forwards_begun = 0;
+  uint64_t forwards_ended = 0;
   // Per backward:
-  bool inBackward = false;
+  bool in_backward = false;
   std::vector<bool> ready;
-  size_t readyCount = 0;
-  size_t nextToLaunch = 0;
+  size_t ready_count = 0;
+  size_t next_to_launch = 0;
   Clock::time_point start;
   IterationTrace current;
   IterationTrace last;
@@ -225,11 +225,13 @@ void DdpReducer::Impl::buildBuckets() {
     for (size_t i : bucket.params) {
       bucket.offsets.push_back(numel);
       numel += params[i].numel();
-      bucketOf[i] = buckets.size();
+      bucket_of[i] = buckets.size();
     }
     bucket.flat = at::zeros({numel}, first.options().requires_grad(false));
-    if (options.commHook == CommHook::kFp16Compress) bucket.wire = at::empty({numel}, bucket.flat.options().dtype(at::kHalf));
-    else if (options.commHook == CommHook::kBf16Compress) bucket.wire = at::empty({numel}, bucket.flat.options().dtype(at::kBFloat16));
+    if (options.comm_hook == CommHook::kFp16Compress)
+      bucket.wire = at::empty({numel}, bucket.flat.options().dtype(at::kHalf));
+    else if (options.comm_hook == CommHook::kBf16Compress)
+      bucket.wire = at::empty({numel}, bucket.flat.options().dtype(at::kBFloat16));
     else bucket.wire = bucket.flat;
     buckets.push_back(std::move(bucket));
     bucket = Bucket{};
@@ -239,12 +241,12 @@ void DdpReducer::Impl::buildBuckets() {
   // A model smaller than two first buckets would sit in one bucket that can only be launched
   // when backward ends, overlapping nothing (the small ResNet of bench/ddp_bench: 8.7% overhead
   // as one bucket, 3.8% as two). Its later half goes first instead.
-  size_t firstCap = options.firstBucketBytes;
+  size_t firstCap = options.first_bucket_bytes;
   if (total < 2 * firstCap && total >= kMinBytesToSplit) firstCap = total / 2;
   for (size_t k = params.size(); k-- > 0;) {
     const auto& p = params[k];
     const size_t bytes = p.numel() * p.element_size();
-    const size_t cap = buckets.empty() ? firstCap : options.bucketBytes;
+    const size_t cap = buckets.empty() ? firstCap : options.bucket_bytes;
     if (!bucket.params.empty()) {
       const auto& head = params[bucket.params.front()];
       if (bucket.bytes + bytes > cap || head.scalar_type() != p.scalar_type() || head.device() != p.device()) {
@@ -258,17 +260,17 @@ void DdpReducer::Impl::buildBuckets() {
 }
 
 void DdpReducer::Impl::startBufferBroadcast() {
-  for (auto& pack : bufferPacks) startBroadcast(*backend, pack, buffers, options.timeout);
+  for (auto& pack : buffer_packs) startBroadcast(*backend, pack, buffers, options.timeout);
 }
 
 void DdpReducer::Impl::finishBufferBroadcast() {
-  for (auto& pack : bufferPacks) finishBroadcast(*backend, pack, buffers, options.timeout);
+  for (auto& pack : buffer_packs) finishBroadcast(*backend, pack, buffers, options.timeout);
 }
 
 void DdpReducer::Impl::onGradReady(size_t index) {
   std::lock_guard<std::mutex> lock(mu);
-  if (!requireSync || !options.communicate || worldSize == 1) return;
-  if (!inBackward) {
+  if (!require_sync || !options.communicate || world_size == 1) return;
+  if (!in_backward) {
     beginBackward();
     // Runs when this backward has finished: nothing may reach the optimizer unreduced.
     std::weak_ptr<bool> weak = alive;
@@ -278,29 +280,29 @@ void DdpReducer::Impl::onGradReady(size_t index) {
   }
   if (ready[index]) return;  // reentrant backward of the same parameter: already counted
   ready[index] = true;
-  ++readyCount;
-  current.lastGradReadyUs = sinceStartUs();
-  Bucket& bucket = buckets[bucketOf[index]];
+  ++ready_count;
+  current.last_grad_ready_us = sinceStartUs();
+  Bucket& bucket = buckets[bucket_of[index]];
   --bucket.pending;
   // Collectives must be issued in the same order on every rank: launch strictly in bucket order.
-  while (nextToLaunch < buckets.size() && buckets[nextToLaunch].pending == 0) {
-    launch(buckets[nextToLaunch++]);
+  while (next_to_launch < buckets.size() && buckets[next_to_launch].pending == 0) {
+    launch(buckets[next_to_launch++]);
   }
 }
 
 void DdpReducer::Impl::beginBackward() {
-  inBackward = true;
+  in_backward = true;
   start = Clock::now();
   std::fill(ready.begin(), ready.end(), false);
-  readyCount = 0;
-  nextToLaunch = 0;
+  ready_count = 0;
+  next_to_launch = 0;
   for (auto& b : buckets) {
     b.pending = b.params.size();
     b.launched = false;
     b.work.reset();
   }
   current = IterationTrace{};
-  current.numGrads = params.size();
+  current.num_grads = params.size();
   current.buckets.resize(buckets.size());
 }
 
@@ -325,7 +327,7 @@ void DdpReducer::Impl::launch(Bucket& bucket) {
   }
   // Divide before summing, as PyTorch does: the sum of averages cannot overflow where the sum
   // of gradients might (fp16).
-  bucket.flat.div_(worldSize);
+  bucket.flat.div_(world_size);
   if (!bucket.wire.is_same(bucket.flat)) bucket.wire.copy_(bucket.flat);
   std::vector<at::Tensor> tensors{bucket.wire};
   c10d::AllreduceOptions opts;
@@ -333,18 +335,18 @@ void DdpReducer::Impl::launch(Bucket& bucket) {
   bucket.work = backend->allreduce(tensors, opts);
   bucket.launched = true;
   auto& trace = current.buckets[&bucket - buckets.data()];
-  trace.numParams = bucket.params.size();
+  trace.num_params = bucket.params.size();
   trace.bytes = bucket.bytes;
-  trace.gradsReadyAtLaunch = readyCount;
-  trace.launchedUs = sinceStartUs();
+  trace.grads_ready_at_launch = ready_count;
+  trace.launched_us = sinceStartUs();
 }
 
 void DdpReducer::Impl::finalize() {
   std::lock_guard<std::mutex> lock(mu);
-  if (!inBackward) return;
-  inBackward = false;
-  if (readyCount < params.size()) {
-    if (!options.findUnusedParameters) {
+  if (!in_backward) return;
+  in_backward = false;
+  if (ready_count < params.size()) {
+    if (!options.find_unused_parameters) {
       std::string missing;
       size_t count = 0;
       for (size_t i = 0; i < params.size(); ++i) {
@@ -357,14 +359,15 @@ void DdpReducer::Impl::finalize() {
           try { b.work->wait(options.timeout); } catch (...) {}
         }
       }
-      throw InvalidArgument("DistributedDataParallel: " + std::to_string(count) +
-                            " parameter(s) received no gradient in this backward: " + missing +
-                            (count > 8 ? ", ..." : "") +
-                            ". Construct with DdpOptions::findUnusedParameters = true if the model "
-                            "legitimately skips them (or call backward on a loss that uses them)");
+      throw InvalidArgument(
+          "DistributedDataParallel: " + std::to_string(count) +
+          " parameter(s) received no gradient in this backward: " + missing +
+          (count > 8 ? ", ..." : "") +
+          ". Construct with DdpOptions::find_unused_parameters = true if the model "
+          "legitimately skips them (or call backward on a loss that uses them)");
     }
     // Unused parameters count as zeros, identically on every rank.
-    while (nextToLaunch < buckets.size()) launch(buckets[nextToLaunch++]);
+    while (next_to_launch < buckets.size()) launch(buckets[next_to_launch++]);
   }
   torch::NoGradGuard noGrad;
   std::chrono::steady_clock::duration waited{};
@@ -383,7 +386,7 @@ void DdpReducer::Impl::finalize() {
     }
     bucket.work.reset();
   }
-  current.finishedUs = sinceStartUs();
+  current.finished_us = sinceStartUs();
   last = current;
   // One synchronised backward is one optimizer step: reported to launch, with the time this
   // rank spent waiting for the others (a straggler waits least).
@@ -400,7 +403,7 @@ DdpReducer::DdpReducer(std::shared_ptr<torch::nn::Module> module, c10::intrusive
   impl_->module = std::move(module);
   impl_->backend = std::move(backend);
   impl_->options = std::move(options);
-  impl_->worldSize = impl_->backend->getSize();
+  impl_->world_size = impl_->backend->getSize();
   impl_->rank = impl_->backend->getRank();
   for (const auto& item : impl_->module->named_parameters(/*recurse=*/true)) {
     if (!item.value().requires_grad()) continue;
@@ -408,10 +411,10 @@ DdpReducer::DdpReducer(std::shared_ptr<torch::nn::Module> module, c10::intrusive
     impl_->names.push_back(item.key());
   }
   for (const auto& b : impl_->module->buffers(/*recurse=*/true)) impl_->buffers.push_back(b);
-  impl_->bucketOf.resize(impl_->params.size());
+  impl_->bucket_of.resize(impl_->params.size());
   impl_->ready.assign(impl_->params.size(), false);
 
-  if (impl_->worldSize > 1) {
+  if (impl_->world_size > 1) {
     impl_->checkShapes();
     std::vector<at::Tensor> state = impl_->params;
     state.insert(state.end(), impl_->buffers.begin(), impl_->buffers.end());
@@ -421,17 +424,19 @@ DdpReducer::DdpReducer(std::shared_ptr<torch::nn::Module> module, c10::intrusive
     }
   }
   impl_->buildBuckets();
-  impl_->bufferPacks = packByDevice(impl_->buffers);
+  impl_->buffer_packs = packByDevice(impl_->buffers);
 
   Impl* impl = impl_.get();
   for (size_t i = 0; i < impl_->params.size(); ++i) {
     auto accumulator = torch::autograd::impl::grad_accumulator(impl_->params[i]);
     std::weak_ptr<bool> weak = impl_->alive;
-    impl_->hookKeys.push_back(accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [impl, weak, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
-          if (weak.lock()) impl->onGradReady(i);
-          return outputs;
-        })));
+    impl_->hook_keys.push_back(
+        accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+            [impl, weak, i](const torch::autograd::variable_list& outputs,
+                            const torch::autograd::variable_list&) {
+              if (weak.lock()) impl->onGradReady(i);
+              return outputs;
+            })));
     impl_->accumulators.push_back(std::move(accumulator));
   }
   wlog::debug("DistributedDataParallel: " + std::to_string(impl_->params.size()) + " parameters in " +
@@ -450,70 +455,71 @@ DdpReducer::~DdpReducer() {
   *impl_->alive = false;
   impl_->alive.reset();
   for (size_t i = 0; i < impl_->accumulators.size(); ++i) {
-    impl_->accumulators[i]->del_post_hook(impl_->hookKeys[i]);
+    impl_->accumulators[i]->del_post_hook(impl_->hook_keys[i]);
   }
 }
 
 bool DdpReducer::Impl::syncsBuffers() const {
-  return options.broadcastBuffers && options.communicate && worldSize > 1 && !bufferPacks.empty();
+  return options.broadcast_buffers && options.communicate && world_size > 1 &&
+         !buffer_packs.empty();
 }
 
 void DdpReducer::beforeForward() {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  ++impl_->forwardsBegun;
+  ++impl_->forwards_begun;
   if (!impl_->syncsBuffers()) return;
   // Not at the end of backward: the graph just run saved the running statistics, and writing
   // them in place would break a second backward through it (retain_graph).
-  if (!impl_->options.overlapBufferBroadcast) impl_->startBufferBroadcast();
+  if (!impl_->options.overlap_buffer_broadcast) impl_->startBufferBroadcast();
   impl_->finishBufferBroadcast();
 }
 
 void DdpReducer::afterForward() {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  impl_->forwardsEnded = impl_->forwardsBegun;
-  if (!impl_->syncsBuffers() || !impl_->options.overlapBufferBroadcast) return;
+  impl_->forwards_ended = impl_->forwards_begun;
+  if (!impl_->syncsBuffers() || !impl_->options.overlap_buffer_broadcast) return;
   impl_->finishBufferBroadcast();  // a forward without beforeForward: one broadcast in flight at most
   impl_->startBufferBroadcast();
 }
 
 void DdpReducer::setRequireGradSync(bool sync) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  impl_->requireSync = sync;
+  impl_->require_sync = sync;
 }
 
-bool DdpReducer::requireGradSync() const { return impl_->requireSync; }
+bool DdpReducer::requireGradSync() const { return impl_->require_sync; }
 
 uint64_t DdpReducer::forwardsBegun() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->forwardsBegun;
+  return impl_->forwards_begun;
 }
 
 void DdpReducer::completeAbandonedPass(uint64_t begunBefore, bool sync) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   Impl& im = *impl_;
   const bool buffers = im.syncsBuffers();
-  const bool overlap = im.options.overlapBufferBroadcast;
-  if (im.forwardsBegun == begunBefore) {  // failed before its forward: what beforeForward does
-    ++im.forwardsBegun;
+  const bool overlap = im.options.overlap_buffer_broadcast;
+  if (im.forwards_begun == begunBefore) {  // failed before its forward: what beforeForward does
+    ++im.forwards_begun;
     if (buffers) {
       if (!overlap) im.startBufferBroadcast();
       im.finishBufferBroadcast();
     }
   }
-  if (im.forwardsEnded < im.forwardsBegun) {  // failed inside its forward: what afterForward does
-    im.forwardsEnded = im.forwardsBegun;
+  if (im.forwards_ended < im.forwards_begun) {  // failed inside its forward: what afterForward does
+    im.forwards_ended = im.forwards_begun;
     if (buffers && overlap) {
       im.finishBufferBroadcast();
       im.startBufferBroadcast();
     }
   }
-  if (!sync || !im.options.communicate || im.worldSize == 1) {
-    im.inBackward = false;
+  if (!sync || !im.options.communicate || im.world_size == 1) {
+    im.in_backward = false;
     return;
   }
   // A backward that threw never reaches its final callback (autograd drops it with the failed
   // graph task), so the buckets it launched are still in flight: the rest go as zeros, in order.
-  if (!im.inBackward) im.beginBackward();
+  if (!im.in_backward) im.beginBackward();
   for (auto& bucket : im.buckets) {
     if (!bucket.launched) im.launchZeros(bucket);
   }
@@ -521,7 +527,7 @@ void DdpReducer::completeAbandonedPass(uint64_t begunBefore, bool sync) {
     bucket.work->wait(im.options.timeout);
     bucket.work.reset();
   }
-  im.inBackward = false;
+  im.in_backward = false;
 }
 
 IterationTrace DdpReducer::lastIteration() const {

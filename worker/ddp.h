@@ -30,20 +30,20 @@ struct DdpOptions {
   // The first bucket (the last layers' gradients, ready first) is at most this, and at most half
   // of all gradients when they total under twice this (from 64 KiB up), so that a small model is
   // reduced in two parts and the first one overlaps the rest of backward.
-  size_t firstBucketBytes = kDefaultFirstBucketBytes;
-  size_t bucketBytes = kDefaultBucketBytes;
+  size_t first_bucket_bytes = kDefaultFirstBucketBytes;
+  size_t bucket_bytes = kDefaultBucketBytes;
   // Every rank starts each forward with rank 0's buffers (BatchNorm statistics), as in PyTorch.
-  bool broadcastBuffers = true;
+  bool broadcast_buffers = true;
   // true: rank 0's buffers leave as soon as a forward has finished (one collective for all of
   // them, overlapped with backward, as PyTorch's POST_FORWARD buffer hook) and are applied at
   // the next forward, so a step has one point where ranks wait for each other instead of two.
   // Buffers that rank 0 changes by hand between forwards then reach the others one forward
   // later. false: broadcast and wait before each forward (PyTorch's default).
-  bool overlapBufferBroadcast = true;
+  bool overlap_buffer_broadcast = true;
   // false: a parameter without a gradient in a synchronised backward is an error naming it.
   // true: its slot is reduced as zeros, so the ranks stay in step.
-  bool findUnusedParameters = false;
-  CommHook commHook = CommHook::kNone;
+  bool find_unused_parameters = false;
+  CommHook comm_hook = CommHook::kNone;
   // false: no collective at all (gradients stay local). Only for measuring overhead.
   bool communicate = true;
   std::chrono::milliseconds timeout{defaults::kCollectiveTimeout};
@@ -51,15 +51,15 @@ struct DdpOptions {
 
 // What happened in the last synchronised backward, for tests and profiling.
 struct BucketTrace {
-  size_t numParams = 0;
+  size_t num_params = 0;
   size_t bytes = 0;
-  size_t gradsReadyAtLaunch = 0;  // of all parameters, how many had their gradient then
-  double launchedUs = -1;         // since the first gradient of this backward
+  size_t grads_ready_at_launch = 0;  // of all parameters, how many had their gradient then
+  double launched_us = -1;           // since the first gradient of this backward
 };
 struct IterationTrace {
-  size_t numGrads = 0;
-  double lastGradReadyUs = -1;
-  double finishedUs = -1;  // all buckets reduced and gradients written back
+  size_t num_grads = 0;
+  double last_grad_ready_us = -1;
+  double finished_us = -1;  // all buckets reduced and gradients written back
   std::vector<BucketTrace> buckets;
 };
 

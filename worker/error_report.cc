@@ -43,7 +43,7 @@ const char kThrowHeader[] = "Thrown from (most recent call first):\n";
 std::string throwTrace(const std::exception_ptr& error, const NativeTraceOptions& options) {
   std::vector<uintptr_t> frames = throwStackOf(error);
   if (frames.empty()) return "";
-  if (frames.size() > options.maxFrames) frames.resize(options.maxFrames);
+  if (frames.size() > options.max_frames) frames.resize(options.max_frames);
   return kThrowHeader + formatTrace(symbolize(frames, options));
 }
 
@@ -121,7 +121,7 @@ ErrorReportOptions& terminateOptions() {
     const ErrorRecord record =
         describeImpl(error, terminateOptions().trace, StackAtReport::kThrowOnStack);
     wlog::error("terminating on uncaught " + record.type + ": " + record.message);
-    writeErrorFile(terminateOptions().errorFile, record);
+    writeErrorFile(terminateOptions().error_file, record);
   }
   wlog::flush();
   std::_Exit(1);
@@ -136,15 +136,15 @@ int recordErrors(const ErrorReportOptions& options, const std::function<int()>& 
   } catch (...) {
     const ErrorRecord record = describeException(std::current_exception(), options.trace);
     wlog::error(record.type + ": " + record.message);
-    writeErrorFile(options.errorFile, record);
+    writeErrorFile(options.error_file, record);
     wlog::flush();
     return 1;
   }
 }
 
-int recordErrors(const std::string& errorFile, const std::function<int()>& body) {
+int recordErrors(const std::string& error_file, const std::function<int()>& body) {
   ErrorReportOptions options;
-  options.errorFile = errorFile;
+  options.error_file = error_file;
   return recordErrors(options, body);
 }
 

@@ -17,7 +17,7 @@ struct ErrorRecord {
 };
 
 struct ErrorReportOptions {
-  std::string errorFile;     // TORCHELASTIC_ERROR_FILE; empty: only log
+  std::string error_file;    // TORCHELASTIC_ERROR_FILE; empty: only log
   NativeTraceOptions trace;  // how the C++ frames are named, and how long that may take
 };
 
@@ -37,6 +37,6 @@ void writeErrorFile(const std::string& path, const ErrorRecord& record);
 // @record does the same for Python). Destructors inside body (Session cleanup) have run by
 // then. Also installs a terminate handler so exceptions escaping other threads are reported.
 int recordErrors(const ErrorReportOptions& options, const std::function<int()>& body);
-int recordErrors(const std::string& errorFile, const std::function<int()>& body);
+int recordErrors(const std::string& error_file, const std::function<int()>& body);
 
 }  // namespace ddpl::worker

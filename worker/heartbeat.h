@@ -1,7 +1,7 @@
 #pragma once
 // This process's progress channel to `launch` (common/heartbeat.h): a step counter in a memfd
 // that launch maps too. Process-wide, as the descriptor it comes from: Session opens it from
-// SessionOptions::heartbeatFd, DistributedDataParallel beats once per synchronised backward
+// SessionOptions::heartbeat_fd, DistributedDataParallel beats once per synchronised backward
 // (one optimizer step), and a program may report its own steps instead. Without launch (no
 // descriptor) every call is a no-op. Thread-safe; a beat is one relaxed atomic store.
 #include <cstdint>

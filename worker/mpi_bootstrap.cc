@@ -65,12 +65,13 @@ World initialize() {
   MPI_Comm node = MPI_COMM_NULL;
   check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world.rank, MPI_INFO_NULL, &node),
         "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)");
-  check(MPI_Comm_rank(node, &world.localRank), "MPI_Comm_rank(node)");
-  check(MPI_Comm_size(node, &world.localSize), "MPI_Comm_size(node)");
+  check(MPI_Comm_rank(node, &world.local_rank), "MPI_Comm_rank(node)");
+  check(MPI_Comm_size(node, &world.local_size), "MPI_Comm_size(node)");
   MPI_Comm_free(&node);
   char name[MPI_MAX_PROCESSOR_NAME] = {};
   int len = 0;
-  if (MPI_Get_processor_name(name, &len) == MPI_SUCCESS) world.processorName.assign(name, static_cast<size_t>(len));
+  if (MPI_Get_processor_name(name, &len) == MPI_SUCCESS)
+    world.processor_name.assign(name, static_cast<size_t>(len));
   return world;
 }
 

@@ -9,9 +9,9 @@ namespace ddpl::worker::mpi {
 struct World {
   int rank = 0;
   int size = 1;
-  int localRank = 0;  // among the ranks on this node (MPI_COMM_TYPE_SHARED, in world-rank order)
-  int localSize = 1;
-  std::string processorName;
+  int local_rank = 0;  // among the ranks on this node (MPI_COMM_TYPE_SHARED, in world-rank order)
+  int local_size = 1;
+  std::string processor_name;
 };
 
 // Initialises MPI unless the program already did (then its MPI is used as it is) and returns

@@ -29,8 +29,8 @@ struct Names {
   const char* source;
   const char* rank;
   const char* size;  // nullptr: the launcher does not export one
-  const char* localRank;
-  const char* localSize;
+  const char* local_rank;
+  const char* local_size;
 };
 
 constexpr Names kOpenMpi{"OpenMPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
@@ -40,7 +40,7 @@ constexpr Names kPmix{"PMIx", "PMIX_RANK", nullptr, nullptr, nullptr};
 constexpr Names kSlurm{"Slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr};
 
 bool anyPresent(const Environment& env, const Names& n) {
-  for (const char* name : {n.rank, n.size, n.localRank, n.localSize}) {
+  for (const char* name : {n.rank, n.size, n.local_rank, n.local_size}) {
     if (name && has(env, name)) return true;
   }
   return false;
@@ -55,19 +55,22 @@ std::string partial(const Names& n, const char* present, const char* missing) {
 MpiLaunch read(const Environment& env, const Names& n) {
   MpiLaunch launch;
   launch.source = n.source;
-  for (const char* name : {n.rank, n.size, n.localRank, n.localSize}) {
+  for (const char* name : {n.rank, n.size, n.local_rank, n.local_size}) {
     if (name && has(env, name)) {
       launch.variables += (launch.variables.empty() ? "" : " ") + std::string(name) + "=" + env.at(name);
     }
   }
   const auto rank = readCount(env, n.rank);
   const auto size = n.size ? readCount(env, n.size) : std::nullopt;
-  const auto localRank = n.localRank ? readCount(env, n.localRank) : std::nullopt;
-  const auto localSize = n.localSize ? readCount(env, n.localSize) : std::nullopt;
-  if (!rank) throw InvalidArgument(partial(n, size ? n.size : (localRank ? n.localRank : n.localSize), n.rank));
+  const auto local_rank = n.local_rank ? readCount(env, n.local_rank) : std::nullopt;
+  const auto local_size = n.local_size ? readCount(env, n.local_size) : std::nullopt;
+  if (!rank)
+    throw InvalidArgument(
+        partial(n, size ? n.size : (local_rank ? n.local_rank : n.local_size), n.rank));
   if (n.size && !size) throw InvalidArgument(partial(n, n.rank, n.size));
-  if (n.localSize && localRank.has_value() != localSize.has_value()) {
-    throw InvalidArgument(localRank ? partial(n, n.localRank, n.localSize) : partial(n, n.localSize, n.localRank));
+  if (n.local_size && local_rank.has_value() != local_size.has_value()) {
+    throw InvalidArgument(local_rank ? partial(n, n.local_rank, n.local_size)
+                                     : partial(n, n.local_size, n.local_rank));
   }
   const std::string what = " (" + launch.variables + ")";
   if (size && *size < 1) throw InvalidArgument(std::string(n.size) + " must be >= 1" + what);
@@ -75,22 +78,23 @@ MpiLaunch read(const Environment& env, const Names& n) {
     throw InvalidArgument(std::string(n.rank) + "=" + std::to_string(*rank) + " is not below " + n.size + "=" +
                           std::to_string(*size) + what);
   }
-  if (localSize && (*localSize < 1 || *localRank >= *localSize)) {
-    throw InvalidArgument(std::string(n.localRank) + "=" + std::to_string(*localRank) + " is not below " +
-                          n.localSize + "=" + std::to_string(*localSize) + what);
+  if (local_size && (*local_size < 1 || *local_rank >= *local_size)) {
+    throw InvalidArgument(std::string(n.local_rank) + "=" + std::to_string(*local_rank) +
+                          " is not below " + n.local_size + "=" + std::to_string(*local_size) +
+                          what);
   }
-  if (localSize && size && *localSize > *size) {
-    throw InvalidArgument(std::string(n.localSize) + "=" + std::to_string(*localSize) + " exceeds " + n.size +
-                          "=" + std::to_string(*size) + what);
+  if (local_size && size && *local_size > *size) {
+    throw InvalidArgument(std::string(n.local_size) + "=" + std::to_string(*local_size) +
+                          " exceeds " + n.size + "=" + std::to_string(*size) + what);
   }
-  if (localRank && size && *localRank >= *size) {
-    throw InvalidArgument(std::string(n.localRank) + "=" + std::to_string(*localRank) + " is not below " +
-                          n.size + "=" + std::to_string(*size) + what);
+  if (local_rank && size && *local_rank >= *size) {
+    throw InvalidArgument(std::string(n.local_rank) + "=" + std::to_string(*local_rank) +
+                          " is not below " + n.size + "=" + std::to_string(*size) + what);
   }
   launch.rank = *rank;
-  launch.worldSize = size;
-  launch.localRank = localRank;
-  launch.localWorldSize = localSize;
+  launch.world_size = size;
+  launch.local_rank = local_rank;
+  launch.local_world_size = local_size;
   return launch;
 }
 

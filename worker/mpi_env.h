@@ -25,9 +25,9 @@ BootstrapMode parseBootstrapMode(const std::string& name);
 struct MpiLaunch {
   std::string source;  // "OpenMPI", "PMI", "PMIx" or "Slurm": whose variables were read
   int rank = 0;
-  std::optional<int> worldSize;  // unknown with PMIx alone: MPI_Comm_size tells
-  std::optional<int> localRank;  // unknown: computed from MPI's shared-memory split
-  std::optional<int> localWorldSize;
+  std::optional<int> world_size;  // unknown with PMIx alone: MPI_Comm_size tells
+  std::optional<int> local_rank;  // unknown: computed from MPI's shared-memory split
+  std::optional<int> local_world_size;
   // The variables read, for messages: "OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=2 ...".
   std::string variables;
 };

@@ -276,9 +276,9 @@ bool applyLine(const std::string& text, SymbolizedTrace& trace, std::string& err
   SymbolizedFrame& f = trace.frames[i];
   f.resolved = true;
   if (j.contains("m") && j["m"].is_string()) f.module = j["m"].get<std::string>();
-  if (j.contains("mo") && j["mo"].is_number_unsigned()) f.moduleOffset = j["mo"].get<uintptr_t>();
+  if (j.contains("mo") && j["mo"].is_number_unsigned()) f.module_offset = j["mo"].get<uintptr_t>();
   if (j.contains("s") && j["s"].is_string()) f.symbol = j["s"].get<std::string>();
-  if (j.contains("so") && j["so"].is_number_unsigned()) f.symbolOffset = j["so"].get<uintptr_t>();
+  if (j.contains("so") && j["so"].is_number_unsigned()) f.symbol_offset = j["so"].get<uintptr_t>();
   if (j.contains("l") && j["l"].is_array()) {
     for (const auto& l : j["l"]) {
       if (!l.is_array() || l.size() != 3 || !l[0].is_string() || !l[1].is_string() ||
@@ -296,10 +296,10 @@ void describeFromLoader(SymbolizedFrame& f) {
   Dl_info info{};
   if (::dladdr(reinterpret_cast<void*>(callSite(f.address)), &info) == 0) return;
   if (info.dli_fname != nullptr) f.module = info.dli_fname;
-  f.moduleOffset = f.address - reinterpret_cast<uintptr_t>(info.dli_fbase);
+  f.module_offset = f.address - reinterpret_cast<uintptr_t>(info.dli_fbase);
   if (info.dli_sname != nullptr) {
     f.symbol = demangle(info.dli_sname);
-    f.symbolOffset = f.address - reinterpret_cast<uintptr_t>(info.dli_saddr);
+    f.symbol_offset = f.address - reinterpret_cast<uintptr_t>(info.dli_saddr);
   }
 }
 
@@ -320,11 +320,11 @@ std::string indexText(size_t i) { return "#" + std::to_string(i); }
 
 }  // namespace
 
-__attribute__((noinline)) std::vector<uintptr_t> captureStack(size_t skip, size_t maxFrames) {
-  std::vector<void*> raw(maxFrames + skip + 1);
+__attribute__((noinline)) std::vector<uintptr_t> captureStack(size_t skip, size_t max_frames) {
+  std::vector<void*> raw(max_frames + skip + 1);
   const int n = ::backtrace(raw.data(), static_cast<int>(raw.size()));
   std::vector<uintptr_t> out;
-  for (int i = static_cast<int>(skip) + 1; i < n && out.size() < maxFrames; ++i)  // +1: this frame
+  for (int i = static_cast<int>(skip) + 1; i < n && out.size() < max_frames; ++i)  // +1: this frame
     out.push_back(reinterpret_cast<uintptr_t>(raw[i]));
   return out;
 }
@@ -422,7 +422,7 @@ SymbolizedTrace symbolize(const std::vector<uintptr_t>& addresses,
 namespace {
 
 std::string placeOf(const SymbolizedFrame& f) {
-  return f.module.empty() ? hex(f.address) : f.module + " + " + hex(f.moduleOffset);
+  return f.module.empty() ? hex(f.address) : f.module + " + " + hex(f.module_offset);
 }
 
 std::string atSource(const FrameLocation& l) {
@@ -447,7 +447,7 @@ std::string formatFrame(const std::string& label, const SymbolizedFrame& f) {
     return s;
   }
   if (!f.symbol.empty())
-    return label + f.symbol + " + " + hex(f.symbolOffset) + " (" + placeOf(f) + ")\n";
+    return label + f.symbol + " + " + hex(f.symbol_offset) + " (" + placeOf(f) + ")\n";
   return label + "<unknown function> (" + placeOf(f) + ")\n";
 }
 
@@ -482,7 +482,7 @@ std::string formatTrace(const SymbolizedTrace& trace) {
 }
 
 __attribute__((noinline)) std::string currentTrace(size_t skip, const NativeTraceOptions& options) {
-  auto trace = formatTrace(symbolize(captureStack(skip + 1, options.maxFrames), options));
+  auto trace = formatTrace(symbolize(captureStack(skip + 1, options.max_frames), options));
   asm volatile("");  // not a tail call: this frame is the one captureStack skips
   return trace;
 }
@@ -502,7 +502,7 @@ std::string symbolizeBacktraceText(const std::string& text, const NativeTraceOpt
     if (nl == std::string::npos) nl = text.size();
     Line l{text.substr(pos, nl - pos)};
     uintptr_t address = 0;
-    if (addresses.size() < options.maxFrames && parseC10Frame(l.text, l.number, address)) {
+    if (addresses.size() < options.max_frames && parseC10Frame(l.text, l.number, address)) {
       l.frame = true;
       l.index = addresses.size();
       addresses.push_back(address);

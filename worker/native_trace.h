@@ -23,13 +23,13 @@ struct NativeTraceOptions {
   // Cap on symbolising one trace. A program with gigabytes of DWARF must not make an error take
   // minutes: frames not reached by then keep module + offset, and the trace says it was cut.
   std::chrono::milliseconds timeout = kDefaultTimeout;
-  size_t maxFrames = kDefaultMaxFrames;
+  size_t max_frames = kDefaultMaxFrames;
 };
 
 // Return addresses of the calling thread's stack, innermost first: the first lies in the
 // function that calls captureStack, unless `skip` drops that many frames from the inner end.
 std::vector<uintptr_t> captureStack(size_t skip,
-                                    size_t maxFrames = NativeTraceOptions::kDefaultMaxFrames);
+                                    size_t max_frames = NativeTraceOptions::kDefaultMaxFrames);
 
 // Frames an exception keeps from the stack of its throw: enough to reach the caller's code from
 // inside LibTorch's dispatcher, few enough that a throw stays cheap. Recording costs about
@@ -63,9 +63,10 @@ struct FrameLocation {
 struct SymbolizedFrame {
   uintptr_t address = 0;       // as captured: a return address
   std::string module;          // ELF file mapped at the address; empty when none is
-  uintptr_t moduleOffset = 0;  // the address as the module numbers it (`addr2line -e module 0x...`)
+  uintptr_t module_offset =
+      0;                       // the address as the module numbers it (`addr2line -e module 0x...`)
   std::string symbol;          // demangled symbol-table name; empty when no symbol covers it
-  uintptr_t symbolOffset = 0;
+  uintptr_t symbol_offset = 0;
   // From DWARF: the innermost inlined function first, the function the code lies in last.
   std::vector<FrameLocation> locations;
   bool resolved = false;  // looked up (false: symbolisation was cut or failed before this frame)

@@ -1,7 +1,7 @@
 #pragma once
 // As torch.utils.data.DistributedSampler: disjoint shards per rank, reshuffled each epoch from
 // a shared seed (same generator and algorithm, so the same indices as Python for a given seed),
-// padded by wrapping around or trimmed with dropLast.
+// padded by wrapping around or trimmed with drop_last.
 #include <cstdint>
 #include <vector>
 
@@ -10,7 +10,7 @@ namespace ddpl::worker {
 struct SamplerOptions {
   bool shuffle = true;
   uint64_t seed = 0;
-  bool dropLast = false;
+  bool drop_last = false;
 };
 
 class DistributedSampler {
@@ -21,17 +21,17 @@ class DistributedSampler {
   int64_t epoch() const { return epoch_; }
   // This rank's indices for the current epoch, numSamples() of them.
   std::vector<int64_t> indices() const;
-  int64_t numSamples() const { return numSamples_; }
-  int64_t totalSize() const { return totalSize_; }
+  int64_t numSamples() const { return num_samples_; }
+  int64_t totalSize() const { return total_size_; }
 
  private:
-  int64_t datasetSize_;
+  int64_t dataset_size_;
   int rank_;
-  int worldSize_;
+  int world_size_;
   SamplerOptions options_;
   int64_t epoch_ = 0;
-  int64_t numSamples_;
-  int64_t totalSize_;
+  int64_t num_samples_;
+  int64_t total_size_;
 };
 
 }  // namespace ddpl::worker

@@ -94,18 +94,18 @@ void applyMpiLaunch(SessionOptions& o, const Environment& env) {
     }
   };
   agree(torchrun_env::kRank, o.rank, launch->rank, "rank");
-  agree(torchrun_env::kWorldSize, o.worldSize, launch->worldSize, "world size");
-  agree(torchrun_env::kLocalRank, o.localRank, launch->localRank, "local rank");
-  agree(torchrun_env::kLocalWorldSize, o.localWorldSize, launch->localWorldSize,
+  agree(torchrun_env::kWorldSize, o.world_size, launch->world_size, "world size");
+  agree(torchrun_env::kLocalRank, o.local_rank, launch->local_rank, "local rank");
+  agree(torchrun_env::kLocalWorldSize, o.local_world_size, launch->local_world_size,
         "local world size");
-  o.mpiBootstrap = true;
-  o.mpiVariables = launch->source + ": " + launch->variables;
+  o.mpi_bootstrap = true;
+  o.mpi_variables = launch->source + ": " + launch->variables;
   o.rank = launch->rank;
-  o.worldSize = launch->worldSize.value_or(-1);
-  o.localRank = launch->localRank.value_or(-1);
-  o.localWorldSize = launch->localWorldSize.value_or(-1);
-  o.masterAddr = lookup(env, torchrun_env::kMasterAddr, "");
-  o.masterPort = parseInt(env, torchrun_env::kMasterPort, 0);
+  o.world_size = launch->world_size.value_or(-1);
+  o.local_rank = launch->local_rank.value_or(-1);
+  o.local_world_size = launch->local_world_size.value_or(-1);
+  o.master_addr = lookup(env, torchrun_env::kMasterAddr, "");
+  o.master_port = parseInt(env, torchrun_env::kMasterPort, 0);
 }
 
 // The launcher's stop signals, and SIGUSR1/2, which `launch --signals-to-handle` may forward.
@@ -150,40 +150,40 @@ SessionOptions SessionOptions::fromEnvironment() {
 SessionOptions SessionOptions::fromEnvironment(const Environment& env) {
   SessionOptions o;
   o.rank = parseInt(env, torchrun_env::kRank, 0);
-  o.worldSize = parseInt(env, torchrun_env::kWorldSize, 1);
-  o.localRank = parseInt(env, torchrun_env::kLocalRank, 0);
-  o.localWorldSize = parseInt(env, torchrun_env::kLocalWorldSize, 1);
-  o.heartbeatFd = parseInt(env, kHeartbeatFdEnv, -1);
-  o.masterAddr = lookup(env, torchrun_env::kMasterAddr, o.masterAddr);
-  o.masterPort = parseInt(env, torchrun_env::kMasterPort, o.masterPort);
+  o.world_size = parseInt(env, torchrun_env::kWorldSize, 1);
+  o.local_rank = parseInt(env, torchrun_env::kLocalRank, 0);
+  o.local_world_size = parseInt(env, torchrun_env::kLocalWorldSize, 1);
+  o.heartbeat_fd = parseInt(env, kHeartbeatFdEnv, -1);
+  o.master_addr = lookup(env, torchrun_env::kMasterAddr, o.master_addr);
+  o.master_port = parseInt(env, torchrun_env::kMasterPort, o.master_port);
   applyMpiLaunch(o, env);
-  o.agentHostsStore = parseBool(lookup(env, torchrun_env::kUseAgentStore, "False"));
-  o.restartCount = parseInt(env, torchrun_env::kRestartCount, 0);
-  o.runId = lookup(env, torchrun_env::kRunId, "");
-  o.errorFile = lookup(env, torchrun_env::kErrorFile, "");
-  o.storeAddr = lookup(env, envvar::kStoreAddr, "");
-  o.storeToken = lookup(env, envvar::kStoreToken, "");
-  o.storePrefix = lookup(env, envvar::kStorePrefix, "");
+  o.agent_hosts_store = parseBool(lookup(env, torchrun_env::kUseAgentStore, "False"));
+  o.restart_count = parseInt(env, torchrun_env::kRestartCount, 0);
+  o.run_id = lookup(env, torchrun_env::kRunId, "");
+  o.error_file = lookup(env, torchrun_env::kErrorFile, "");
+  o.store_addr = lookup(env, envvar::kStoreAddr, "");
+  o.store_token = lookup(env, envvar::kStoreToken, "");
+  o.store_prefix = lookup(env, envvar::kStorePrefix, "");
   {
     const std::string v = lookup(env, envvar::kStoreSocket, "1");
-    o.storeSocket =
+    o.store_socket =
         !(v == "0" || v == "false" || v == "False" || v == "FALSE" || v == "no" || v == "off");
   }
   o.backend = parseBackendKind(lookup(env, envvar::kBackend, "auto"));
-  o.checkpointMemory = lookup(env, ckpt::kMemoryEnv, "");
-  o.checkpointBudget =
+  o.checkpoint_memory = lookup(env, ckpt::kMemoryEnv, "");
+  o.checkpoint_budget =
       static_cast<uint64_t>(parseInteger(ckpt::kBudgetEnv, lookup(env, ckpt::kBudgetEnv, "0")));
-  o.checkpointKeep = parseInt(env, ckpt::kKeepEnv, 1);
-  if (o.checkpointKeep < 1)
-    throw InvalidArgument(std::string(ckpt::kKeepEnv) + "=" + std::to_string(o.checkpointKeep) +
+  o.checkpoint_keep = parseInt(env, ckpt::kKeepEnv, 1);
+  if (o.checkpoint_keep < 1)
+    throw InvalidArgument(std::string(ckpt::kKeepEnv) + "=" + std::to_string(o.checkpoint_keep) +
                           ": at least 1");
-  o.checkpointDir = lookup(env, ckpt::kDirEnv, "");
-  o.roundEpoch = parseInteger(envvar::kRoundEpoch, lookup(env, envvar::kRoundEpoch, "0"));
+  o.checkpoint_dir = lookup(env, ckpt::kDirEnv, "");
+  o.round_epoch = parseInteger(envvar::kRoundEpoch, lookup(env, envvar::kRoundEpoch, "0"));
   o.round = parseInteger(envvar::kRound, lookup(env, envvar::kRound, "0"));
-  if (o.roundEpoch < 0 || o.round < 0)
+  if (o.round_epoch < 0 || o.round < 0)
     throw InvalidArgument(std::string(envvar::kRoundEpoch) + "/" + envvar::kRound +
                           ": not negative numbers expected");
-  o.glooInterface = lookup(env, "GLOO_SOCKET_IFNAME", "");
+  o.gloo_interface = lookup(env, "GLOO_SOCKET_IFNAME", "");
   // glibc's own malloc settings (MALLOC_*_ env or GLIBC_TUNABLES) are the user's choice: ours
   // would override them, so they turn the tuning off unless DDPL_RETAIN_FREED_MEMORY says on.
   const std::string tunables = lookup(env, "GLIBC_TUNABLES", "");
@@ -192,21 +192,21 @@ SessionOptions SessionOptions::fromEnvironment(const Environment& env) {
       tunables.find("glibc.malloc.mmap_threshold") != std::string::npos ||
       tunables.find("glibc.malloc.trim_threshold") != std::string::npos;
   const std::string retain = lookup(env, envvar::kRetainFreedMemory, "");
-  o.retainFreedMemory =
+  o.retain_freed_memory =
       retain.empty() ? !userMallocSettings : ddpl::parseBool(envvar::kRetainFreedMemory, retain);
-  if (o.worldSize < 1 && !o.mpiBootstrap) {
-    throw InvalidArgument("WORLD_SIZE must be >= 1, got " + std::to_string(o.worldSize));
+  if (o.world_size < 1 && !o.mpi_bootstrap) {
+    throw InvalidArgument("WORLD_SIZE must be >= 1, got " + std::to_string(o.world_size));
   }
-  if (o.rank < 0 || (o.worldSize >= 1 && o.rank >= o.worldSize)) {
+  if (o.rank < 0 || (o.world_size >= 1 && o.rank >= o.world_size)) {
     throw InvalidArgument("RANK " + std::to_string(o.rank) +
-                          " outside [0, WORLD_SIZE=" + std::to_string(o.worldSize) + ")");
+                          " outside [0, WORLD_SIZE=" + std::to_string(o.world_size) + ")");
   }
   // A program run on its own (one rank, no launcher) needs no agreed port: a fixed default such
   // as 29500 would make two such runs on one machine collide. Port 0 lets the kernel choose.
-  const bool alone = o.worldSize == 1 && !o.mpiBootstrap && !env.count(torchrun_env::kMasterPort);
-  if (alone) o.masterPort = 0;
-  if (o.masterPort < (o.mpiBootstrap || alone ? 0 : 1) || o.masterPort > 65535) {
-    throw InvalidArgument("MASTER_PORT " + std::to_string(o.masterPort) + " is not a port");
+  const bool alone = o.world_size == 1 && !o.mpi_bootstrap && !env.count(torchrun_env::kMasterPort);
+  if (alone) o.master_port = 0;
+  if (o.master_port < (o.mpi_bootstrap || alone ? 0 : 1) || o.master_port > 65535) {
+    throw InvalidArgument("MASTER_PORT " + std::to_string(o.master_port) + " is not a port");
   }
   return o;
 }
@@ -218,103 +218,103 @@ struct Session::Impl {
   BackendKind kind = BackendKind::kGloo;
   c10::Device device{c10::kCPU};
 
-  std::mutex cleanupMu;
-  bool cleanedUp = false;
-  std::vector<std::pair<std::string, Hook>> cleanupHooks;
+  std::mutex cleanup_mu;
+  bool cleaned_up = false;
+  std::vector<std::pair<std::string, Hook>> cleanup_hooks;
 
-  bool signalsBlocked = false;
-  sigset_t previousMask{};
+  bool signals_blocked = false;
+  sigset_t previous_mask{};
   std::atomic<bool> stopping{false};
-  std::thread signalThread;
+  std::thread signal_thread;
 };
 
 namespace {
 
 c10::intrusive_ptr<c10d::Store> connectStore(const SessionOptions& o) {
-  if (!o.storeAddr.empty()) {
+  if (!o.store_addr.empty()) {
 #if DDPL_WORKER_GRPC_STORE
     rdzv::GrpcStoreOptions grpc;
-    grpc.endpoint = o.storeAddr;
-    grpc.token = o.storeToken;
-    grpc.prefix = o.storePrefix;
-    grpc.socket = o.storeSocket;
-    grpc.default_timeout = std::chrono::duration_cast<rdzv::Duration>(o.storeTimeout);
+    grpc.endpoint = o.store_addr;
+    grpc.token = o.store_token;
+    grpc.prefix = o.store_prefix;
+    grpc.socket = o.store_socket;
+    grpc.default_timeout = std::chrono::duration_cast<rdzv::Duration>(o.store_timeout);
     std::shared_ptr<rdzv::Store> client = rdzv::connectGrpcStore(grpc);
-    wlog::info("store: ddplaunch rendezvous store at " + o.storeAddr);
-    return c10::make_intrusive<RdzvC10dStore>(std::move(client), o.storeTimeout);
+    wlog::info("store: ddplaunch rendezvous store at " + o.store_addr);
+    return c10::make_intrusive<RdzvC10dStore>(std::move(client), o.store_timeout);
 #else
-    throw InvalidArgument("DDPL_STORE_ADDR=" + o.storeAddr +
+    throw InvalidArgument("DDPL_STORE_ADDR=" + o.store_addr +
                           " is set but this build has no gRPC store client (ddpl_rdzv_client)");
 #endif
   }
   c10d::TCPStoreOptions tcp;
-  tcp.port = static_cast<uint16_t>(o.masterPort);
-  tcp.isServer = o.rank == 0 && !o.agentHostsStore;
-  tcp.numWorkers = o.worldSize;
+  tcp.port = static_cast<uint16_t>(o.master_port);
+  tcp.isServer = o.rank == 0 && !o.agent_hosts_store;
+  tcp.numWorkers = o.world_size;
   // Gloo's own rendezvous synchronises the ranks; rank 0 need not block here.
   tcp.waitWorkers = false;
   tcp.multiTenant = true;
-  tcp.timeout = o.storeTimeout;
-  wlog::info("store: TCPStore " + o.masterAddr + ":" + std::to_string(o.masterPort) +
+  tcp.timeout = o.store_timeout;
+  wlog::info("store: TCPStore " + o.master_addr + ":" + std::to_string(o.master_port) +
              (tcp.isServer ? " (hosted by this rank)" : " (client)"));
   c10::intrusive_ptr<c10d::Store> store;
   try {
-    store = c10::make_intrusive<c10d::TCPStore>(o.masterAddr, tcp);
+    store = c10::make_intrusive<c10d::TCPStore>(o.master_addr, tcp);
   } catch (const std::exception& e) {
-    throw NetworkError("cannot reach TCPStore at " + o.masterAddr + ":" +
-                       std::to_string(o.masterPort) + ": " + e.what());
+    throw NetworkError("cannot reach TCPStore at " + o.master_addr + ":" +
+                       std::to_string(o.master_port) + ": " + e.what());
   }
-  if (o.agentHostsStore) {
+  if (o.agent_hosts_store) {
     // torch.distributed's env:// rendezvous scopes each restart attempt the same way.
     return c10::make_intrusive<c10d::PrefixStore>(
-        "/worker/attempt_" + std::to_string(o.restartCount), store);
+        "/worker/attempt_" + std::to_string(o.restart_count), store);
   }
   return store;
 }
 
-// mpirun or srun started this rank (SessionOptions::mpiBootstrap): no launcher and no separate
+// mpirun or srun started this rank (SessionOptions::mpi_bootstrap): no launcher and no separate
 // rendezvous server. MPI supplies rank, world and local rank; rank 0 hosts a TCPStore on a free
 // port (or MASTER_PORT) and MPI_Bcast tells every rank where it is. Gloo and NCCL (its unique
 // id) then bootstrap from that store exactly as under `launch`.
 c10::intrusive_ptr<c10d::Store> connectStoreThroughMpi(SessionOptions& o) {
   auto host = [&](const std::string& advertised, const std::string& local) {
     c10d::TCPStoreOptions tcp;
-    tcp.port = static_cast<uint16_t>(o.masterPort);
+    tcp.port = static_cast<uint16_t>(o.master_port);
     tcp.isServer = true;
-    tcp.numWorkers = o.worldSize;
+    tcp.numWorkers = o.world_size;
     tcp.waitWorkers = false;
     tcp.multiTenant = true;
-    tcp.timeout = o.storeTimeout;
+    tcp.timeout = o.store_timeout;
     auto store = c10::make_intrusive<c10d::TCPStore>(local, tcp);
     return std::make_pair(store, advertised + ":" + std::to_string(store->getPort()));
   };
 #if DDPL_WITH_MPI
   const mpi::World world = mpi::initialize();
-  if (o.rank != world.rank || (o.worldSize >= 1 && o.worldSize != world.size)) {
+  if (o.rank != world.rank || (o.world_size >= 1 && o.world_size != world.size)) {
     throw BackendError(
         "MPI_COMM_WORLD has rank " + std::to_string(world.rank) + " of " +
         std::to_string(world.size) + " but the launcher's variables say rank " +
         std::to_string(o.rank) + " of " +
-        (o.worldSize >= 1 ? std::to_string(o.worldSize) : std::string("?")) + " (" +
-        o.mpiVariables +
+        (o.world_size >= 1 ? std::to_string(o.world_size) : std::string("?")) + " (" +
+        o.mpi_variables +
         "): the ranks were not started as one MPI job (under Slurm: srun --mpi=pmix)");
   }
-  o.worldSize = world.size;
-  if (o.localRank < 0 || o.localWorldSize < 0) {
-    o.localRank = world.localRank;
-    o.localWorldSize = world.localSize;
-  } else if (o.localRank != world.localRank) {
-    wlog::warn("local rank " + std::to_string(o.localRank) + " from the launcher (" +
-               o.mpiVariables + ") differs from MPI's node split (" +
-               std::to_string(world.localRank) + "): using the launcher's");
+  o.world_size = world.size;
+  if (o.local_rank < 0 || o.local_world_size < 0) {
+    o.local_rank = world.local_rank;
+    o.local_world_size = world.local_size;
+  } else if (o.local_rank != world.local_rank) {
+    wlog::warn("local rank " + std::to_string(o.local_rank) + " from the launcher (" +
+               o.mpi_variables + ") differs from MPI's node split (" +
+               std::to_string(world.local_rank) + "): using the launcher's");
   }
   std::string endpoint;
   c10::intrusive_ptr<c10d::Store> store;
   if (o.rank == 0) {
     // Every rank on this node: loopback. Otherwise the name peers resolve, as torchrun's default.
-    std::string advertised = o.masterAddr;
+    std::string advertised = o.master_addr;
     if (advertised.empty())
-      advertised = world.localSize == world.size ? "127.0.0.1" : world.processorName;
+      advertised = world.local_size == world.size ? "127.0.0.1" : world.processor_name;
     try {
       auto [server, address] = host(advertised, "127.0.0.1");
       store = server;
@@ -326,42 +326,43 @@ c10::intrusive_ptr<c10d::Store> connectStoreThroughMpi(SessionOptions& o) {
   }
   endpoint = mpi::broadcastFromRoot(endpoint);
   if (endpoint.rfind("error:", 0) == 0) {
-    throw NetworkError("rank 0 could not host the TCPStore" +
-                       (o.masterPort ? " on port " + std::to_string(o.masterPort) : std::string()) +
-                       ": " + endpoint.substr(6));
+    throw NetworkError(
+        "rank 0 could not host the TCPStore" +
+        (o.master_port ? " on port " + std::to_string(o.master_port) : std::string()) + ": " +
+        endpoint.substr(6));
   }
   const auto colon = endpoint.rfind(':');
-  o.masterAddr = endpoint.substr(0, colon);
-  o.masterPort = parsePort("TCPStore endpoint from rank 0", endpoint.substr(colon + 1));
+  o.master_addr = endpoint.substr(0, colon);
+  o.master_port = parsePort("TCPStore endpoint from rank 0", endpoint.substr(colon + 1));
   wlog::info("store: TCPStore " + endpoint +
              (o.rank == 0 ? " (hosted by this rank)" : " (client)") +
-             ", address shared through MPI; " + o.mpiVariables);
+             ", address shared through MPI; " + o.mpi_variables);
   if (store) return store;
   c10d::TCPStoreOptions tcp;
-  tcp.port = static_cast<uint16_t>(o.masterPort);
+  tcp.port = static_cast<uint16_t>(o.master_port);
   tcp.isServer = false;
-  tcp.numWorkers = o.worldSize;
+  tcp.numWorkers = o.world_size;
   tcp.waitWorkers = false;
-  tcp.timeout = o.storeTimeout;
+  tcp.timeout = o.store_timeout;
   try {
-    return c10::make_intrusive<c10d::TCPStore>(o.masterAddr, tcp);
+    return c10::make_intrusive<c10d::TCPStore>(o.master_addr, tcp);
   } catch (const std::exception& e) {
     throw NetworkError("cannot reach rank 0's TCPStore at " + endpoint +
                        " (address shared through MPI): " + e.what());
   }
 #else
-  if (o.worldSize != 1) {
+  if (o.world_size != 1) {
     throw InvalidArgument(
-        "started by an MPI launcher (" + o.mpiVariables +
+        "started by an MPI launcher (" + o.mpi_variables +
         ") but this build of ddpl_worker has no MPI support (configure with OpenMPI "
         "installed and DDPL_WITH_MPI=ON), or start the program with launch or torchrun");
   }
   // mpirun -np 1: a world of one needs no peer, only its own store.
-  o.localRank = 0;
-  o.localWorldSize = 1;
+  o.local_rank = 0;
+  o.local_world_size = 1;
   auto [server, address] = host("127.0.0.1", "127.0.0.1");
-  o.masterAddr = "127.0.0.1";
-  o.masterPort = server->getPort();
+  o.master_addr = "127.0.0.1";
+  o.master_port = server->getPort();
   wlog::info("store: TCPStore " + address + " for a one-rank MPI launch (this build has no MPI)");
   return server;
 #endif
@@ -370,10 +371,10 @@ c10::intrusive_ptr<c10d::Store> connectStoreThroughMpi(SessionOptions& o) {
 void runCleanup(Session& session, Session::Impl& impl, bool normalExit) {
   std::vector<std::pair<std::string, Session::Hook>> hooks;
   {
-    std::lock_guard<std::mutex> lock(impl.cleanupMu);
-    if (impl.cleanedUp) return;
-    impl.cleanedUp = true;
-    hooks.swap(impl.cleanupHooks);
+    std::lock_guard<std::mutex> lock(impl.cleanup_mu);
+    if (impl.cleaned_up) return;
+    impl.cleaned_up = true;
+    hooks.swap(impl.cleanup_hooks);
   }
   for (auto it = hooks.rbegin(); it != hooks.rend(); ++it) {
     try {
@@ -382,13 +383,13 @@ void runCleanup(Session& session, Session::Impl& impl, bool normalExit) {
       wlog::error("cleanup hook '" + it->first + "' failed: " + e.what());
     }
   }
-  if (normalExit && impl.options.barrierOnExit && impl.backend && impl.options.worldSize > 1) {
+  if (normalExit && impl.options.barrier_on_exit && impl.backend && impl.options.world_size > 1) {
     // Only on a normal exit: after a failure the peers may be gone and the barrier would just
     // wait for its timeout.
     try {
       c10d::BarrierOptions barrier;
-      barrier.timeout = impl.options.collectiveTimeout;
-      impl.backend->barrier(barrier)->wait(impl.options.collectiveTimeout);
+      barrier.timeout = impl.options.collective_timeout;
+      impl.backend->barrier(barrier)->wait(impl.options.collective_timeout);
     } catch (const std::exception& e) {
       wlog::warn(std::string("exit barrier failed: ") + e.what());
     }
@@ -402,23 +403,23 @@ Session::Session(SessionOptions options, std::vector<Hook> setupHooks)
   impl_->options = std::move(options);
   const SessionOptions& o = impl_->options;
   wlog::init(o.rank);
-  heartbeat::open(o.heartbeatFd);
-  if (o.retainFreedMemory) {
-    // Process-wide and never undone (SessionOptions::retainFreedMemory says why).
+  heartbeat::open(o.heartbeat_fd);
+  if (o.retain_freed_memory) {
+    // Process-wide and never undone (SessionOptions::retain_freed_memory says why).
     mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest allowed value on 64-bit
     mallopt(M_TRIM_THRESHOLD, 256 << 20);
   }
 
-  if (o.handleSignals) {
+  if (o.handle_signals) {
     // Block the launcher's signals in this thread before any LibTorch thread exists, so they
     // inherit the mask and only our watcher receives them (cleanup cannot run in a handler).
     sigset_t set;
     sigemptyset(&set);
     for (int sig : defaults::kStopSignals) sigaddset(&set, sig);
     for (int sig : kExtraHandledSignals) sigaddset(&set, sig);
-    pthread_sigmask(SIG_BLOCK, &set, &impl_->previousMask);
-    impl_->signalsBlocked = true;
-    impl_->signalThread = std::thread([this, set] {
+    pthread_sigmask(SIG_BLOCK, &set, &impl_->previous_mask);
+    impl_->signals_blocked = true;
+    impl_->signal_thread = std::thread([this, set] {
       int sig = 0;
       while (sigwait(&set, &sig) == 0) {
         if (impl_->stopping.load()) return;
@@ -439,14 +440,14 @@ Session::Session(SessionOptions options, std::vector<Hook> setupHooks)
   }
 
   try {
-    impl_->store = o.mpiBootstrap ? connectStoreThroughMpi(impl_->options) : connectStore(o);
+    impl_->store = o.mpi_bootstrap ? connectStoreThroughMpi(impl_->options) : connectStore(o);
     detail::BackendSpec spec;
     spec.store = c10::make_intrusive<c10d::PrefixStore>("default_pg", impl_->store);
     spec.rank = o.rank;
-    spec.worldSize = o.worldSize;
-    spec.localRank = o.localRank;
-    spec.timeout = o.collectiveTimeout;
-    spec.glooInterface = o.glooInterface;
+    spec.world_size = o.world_size;
+    spec.local_rank = o.local_rank;
+    spec.timeout = o.collective_timeout;
+    spec.gloo_interface = o.gloo_interface;
     BackendKind kind = o.backend;
     if (kind == BackendKind::kAuto) {
       kind = detail::ncclCompiledIn() && detail::cudaAvailable() ? BackendKind::kNccl
@@ -454,18 +455,18 @@ Session::Session(SessionOptions options, std::vector<Hook> setupHooks)
     }
     if (kind == BackendKind::kNccl) {
       impl_->backend = detail::makeNcclBackend(spec);
-      impl_->device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(o.localRank));
+      impl_->device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(o.local_rank));
     } else {
       impl_->backend = detail::makeGlooBackend(spec);
     }
     impl_->kind = kind;
     wlog::info("process group up: backend " + toString(kind) + ", rank " + std::to_string(o.rank) +
-               "/" + std::to_string(o.worldSize) + ", local rank " + std::to_string(o.localRank) +
+               "/" + std::to_string(o.world_size) + ", local rank " + std::to_string(o.local_rank) +
                ", device " + impl_->device.str());
     for (auto& hook : setupHooks) hook(*this);
   } catch (...) {
     // The destructor will not run for a half-built object; undo the signal watcher here.
-    impl_->cleanedUp = true;
+    impl_->cleaned_up = true;
     teardown(*impl_, /*normalExit=*/false);
     throw;
   }
@@ -479,15 +480,15 @@ void Session::teardown(Impl& impl, bool normalExit) {
   impl.store.reset();
 #if DDPL_WITH_MPI
   // After a failure MPI is not finalized: mpirun sees the rank leave and ends the whole job.
-  if (impl.options.mpiBootstrap) mpi::sessionEnded(normalExit);
+  if (impl.options.mpi_bootstrap) mpi::sessionEnded(normalExit);
 #endif
-  if (impl.signalThread.joinable()) {
+  if (impl.signal_thread.joinable()) {
     impl.stopping.store(true);
-    pthread_kill(impl.signalThread.native_handle(), SIGTERM);
-    impl.signalThread.join();
+    pthread_kill(impl.signal_thread.native_handle(), SIGTERM);
+    impl.signal_thread.join();
   }
-  if (impl.signalsBlocked) pthread_sigmask(SIG_SETMASK, &impl.previousMask, nullptr);
-  impl.signalsBlocked = false;
+  if (impl.signals_blocked) pthread_sigmask(SIG_SETMASK, &impl.previous_mask, nullptr);
+  impl.signals_blocked = false;
   wlog::flush();
 }
 
@@ -498,8 +499,8 @@ Session::~Session() {
 }
 
 int Session::rank() const { return impl_->options.rank; }
-int Session::worldSize() const { return impl_->options.worldSize; }
-int Session::localRank() const { return impl_->options.localRank; }
+int Session::worldSize() const { return impl_->options.world_size; }
+int Session::localRank() const { return impl_->options.local_rank; }
 const SessionOptions& Session::options() const { return impl_->options; }
 c10::Device Session::device() const { return impl_->device; }
 BackendKind Session::backendKind() const { return impl_->kind; }
@@ -507,14 +508,14 @@ const c10::intrusive_ptr<c10d::Backend>& Session::backend() const { return impl_
 const c10::intrusive_ptr<c10d::Store>& Session::store() const { return impl_->store; }
 
 void Session::addCleanupHook(std::string name, Hook hook) {
-  std::lock_guard<std::mutex> lock(impl_->cleanupMu);
-  impl_->cleanupHooks.emplace_back(std::move(name), std::move(hook));
+  std::lock_guard<std::mutex> lock(impl_->cleanup_mu);
+  impl_->cleanup_hooks.emplace_back(std::move(name), std::move(hook));
 }
 
 void Session::barrier() {
   c10d::BarrierOptions barrier;
-  barrier.timeout = impl_->options.collectiveTimeout;
-  impl_->backend->barrier(barrier)->wait(impl_->options.collectiveTimeout);
+  barrier.timeout = impl_->options.collective_timeout;
+  impl_->backend->barrier(barrier)->wait(impl_->options.collective_timeout);
 }
 
 }  // namespace ddpl::worker

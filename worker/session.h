@@ -38,33 +38,33 @@ inline constexpr const char kDefaultNcclAsyncErrorHandling[] = "1";
 
 struct SessionOptions {
   int rank = 0;
-  int worldSize = 1;
-  int localRank = 0;
-  int localWorldSize = 1;
-  std::string masterAddr = "127.0.0.1";
-  int masterPort = defaults::kMasterPort;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = defaults::kMasterPort;
   // TORCHELASTIC_USE_AGENT_STORE=True: the agent hosts the TCPStore; otherwise rank 0 does.
-  bool agentHostsStore = false;
-  int restartCount = 0;
-  std::string runId;
-  std::string errorFile;
+  bool agent_hosts_store = false;
+  int restart_count = 0;
+  std::string run_id;
+  std::string error_file;
   // DDPL_STORE_ADDR/TOKEN/PREFIX: our gRPC rendezvous store, preferred over the TCPStore.
-  std::string storeAddr;
-  std::string storeToken;
-  std::string storePrefix;
+  std::string store_addr;
+  std::string store_token;
+  std::string store_prefix;
   // DDPL_STORE_SOCKET (default on): the store's operations on the server's plain socket, a
   // few times faster per round trip than a gRPC stream; 0 keeps them on gRPC.
-  bool storeSocket = true;
+  bool store_socket = true;
 
   BackendKind backend = BackendKind::kAuto;
-  std::chrono::milliseconds collectiveTimeout = kDefaultCollectiveTimeout;
-  std::chrono::milliseconds storeTimeout = kDefaultStoreTimeout;
+  std::chrono::milliseconds collective_timeout = kDefaultCollectiveTimeout;
+  std::chrono::milliseconds store_timeout = kDefaultStoreTimeout;
   // Network interface for Gloo (GLOO_SOCKET_IFNAME); empty: resolve this host's name.
-  std::string glooInterface;
+  std::string gloo_interface;
   // Barrier on normal exit so that no rank tears down the group while a peer still uses it.
-  bool barrierOnExit = true;
+  bool barrier_on_exit = true;
   // Run cleanup hooks on SIGTERM/SIGINT/SIGHUP from the launcher, then die by that signal.
-  bool handleSignals = true;
+  bool handle_signals = true;
   // PROCESS-WIDE: keep freed memory in the process. The Session constructor calls glibc's
   // mallopt (no mmap for blocks under 32 MiB, no trimming of the heap under 256 MiB); this
   // changes every allocation of the whole process, not only LibTorch's, and stays in force after
@@ -76,28 +76,28 @@ struct SessionOptions {
   // itself. fromEnvironment reads DDPL_RETAIN_FREED_MEMORY=1|0, and without it turns the tuning
   // off when glibc's own settings are present (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, or
   // the same in GLIBC_TUNABLES), which ours would override. No effect on other C libraries.
-  bool retainFreedMemory = true;
+  bool retain_freed_memory = true;
   // Set when an MPI launcher (mpirun, srun) started this process without the torchrun
   // variables (worker/mpi_env.h): the session initialises MPI, takes rank and sizes from it,
   // and rank 0 hosts the TCPStore, whose address reaches the others through MPI_Bcast.
-  // masterPort 0 then means a free port; an empty masterAddr, rank 0's host name (127.0.0.1
+  // master_port 0 then means a free port; an empty master_addr, rank 0's host name (127.0.0.1
   // when every rank is on one node). Sizes the launcher does not export are -1 until the
   // session starts (PMIx gives no size; local ranks then come from MPI's node split).
-  bool mpiBootstrap = false;
-  std::string mpiVariables;  // the launcher variables read, for messages
+  bool mpi_bootstrap = false;
+  std::string mpi_variables;  // the launcher variables read, for messages
   // DDPL_HEARTBEAT_FD from `launch`: where this rank reports its steps (worker/heartbeat.h);
   // -1: none (torchrun, mpirun).
-  int heartbeatFd = -1;
+  int heartbeat_fd = -1;
   // Checkpoints in memory (docs/checkpoints.md), from launch: DDPL_CHECKPOINT_MEMORY (the node's
   // memory root; empty: off, as under torchrun or mpirun), DDPL_CHECKPOINT_MEMORY_BUDGET (bytes
   // per rank), DDPL_CHECKPOINT_MEMORY_KEEP, DDPL_CHECKPOINT_DIR (launch's --checkpoint-dir).
-  std::string checkpointMemory;
-  uint64_t checkpointBudget = 0;
-  int checkpointKeep = 1;
-  std::string checkpointDir;
+  std::string checkpoint_memory;
+  uint64_t checkpoint_budget = 0;
+  int checkpoint_keep = 1;
+  std::string checkpoint_dir;
   // DDPL_ROUND_EPOCH and DDPL_ROUND from launch: the checkpoint fence refuses this rank's writes
   // once a newer round of the job committed (docs/network-faults.md). Epoch 0: no fence.
-  int64_t roundEpoch = 0;
+  int64_t round_epoch = 0;
   int64_t round = 0;
 
   // Reads RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
@@ -126,7 +126,7 @@ struct SessionOptions {
 // Threading contract:
 // - Construct, use and destroy a Session on one thread (normally main's). The accessors and
 //   barrier() are not synchronised against destruction.
-// - With handleSignals (the default) the constructor blocks the stop signals in the calling
+// - With handle_signals (the default) the constructor blocks the stop signals in the calling
 //   thread before LibTorch starts any thread, so every thread created afterwards inherits the
 //   mask, and starts one watcher thread. Threads the program created BEFORE the Session keep
 //   their own masks and may receive those signals instead: create the Session first.
@@ -138,7 +138,7 @@ struct SessionOptions {
 //   of the signal or the destructor comes first; the other then finds nothing left to run.
 // - addCleanupHook may be called from any thread at any time; a hook added after cleanup started
 //   is not run.
-// - The mallopt tuning (SessionOptions::retainFreedMemory) is process-wide and outlives the
+// - The mallopt tuning (SessionOptions::retain_freed_memory) is process-wide and outlives the
 //   Session; NCCL's error-handling variable is set by SessionOptions::fromEnvironment(), never
 //   by the Session.
 class Session {

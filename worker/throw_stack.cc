@@ -80,14 +80,14 @@ struct Walk {
   uintptr_t* frames;
   uint32_t count;
   uint32_t limit;
-  bool skippedSelf;
+  bool skipped_self;
 };
 
 _Unwind_Reason_Code onFrame(_Unwind_Context* context, void* arg) {
   auto* walk = static_cast<Walk*>(arg);
   // The first frame is the one that called _Unwind_Backtrace: __cxa_allocate_exception below.
-  if (!walk->skippedSelf) {
-    walk->skippedSelf = true;
+  if (!walk->skipped_self) {
+    walk->skipped_self = true;
     return _URC_NO_REASON;
   }
   const uintptr_t ip = _Unwind_GetIP(context);

@@ -97,7 +97,7 @@ Cifar10 loadCifar10(const std::string& dir) {
   for (const auto& [n, name] : batches) {
     const std::string path = dir + "/" + name;
     append(data.train, readCifar10File(path));
-    data.trainFiles.push_back(path);
+    data.train_files.push_back(path);
   }
   const std::string testPath = dir + "/test_batch.bin";
   if (::stat(testPath.c_str(), &st) != 0) {

@@ -34,7 +34,7 @@ struct ImageSet {
 struct Cifar10 {
   ImageSet train;  // data_batch_1.bin, data_batch_2.bin, ... concatenated in numeric order
   ImageSet test;   // test_batch.bin
-  std::vector<std::string> trainFiles;
+  std::vector<std::string> train_files;
 };
 
 // Reads one batch file; throws DataError for a missing, empty, truncated or malformed file.

@@ -157,14 +157,14 @@ at::Tensor cropAndFlip(const at::Tensor& images, uint64_t seed) {
 Dataset makeSynthetic(const SyntheticSpec& spec) {
   const auto classes = drawClasses(spec.classes, spec.seed);
   Dataset data;
-  data.train = generateSplit(classes, spec.trainSize, spec.side, mix(spec.seed, 1));
-  data.test = generateSplit(classes, spec.testSize, spec.side, mix(spec.seed, 2));
+  data.train = generateSplit(classes, spec.train_size, spec.side, mix(spec.seed, 1));
+  data.test = generateSplit(classes, spec.test_size, spec.side, mix(spec.seed, 2));
   data.classes = spec.classes;
   // Flips and shifts would change which orientation (and so which class) an image shows.
   data.augment = false;
   channelStatistics(data.train.images, data.mean, data.std);
-  data.description = "synthetic gratings: " + std::to_string(spec.trainSize) + " train / " +
-                     std::to_string(spec.testSize) + " test images, " + std::to_string(spec.side) +
+  data.description = "synthetic gratings: " + std::to_string(spec.train_size) + " train / " +
+                     std::to_string(spec.test_size) + " test images, " + std::to_string(spec.side) +
                      "x" + std::to_string(spec.side) + ", " + std::to_string(spec.classes) +
                      " classes";
   return data;
@@ -178,7 +178,7 @@ Dataset fromCifar10(const Cifar10& cifar, bool augment) {
   data.augment = augment;
   channelStatistics(data.train.images, data.mean, data.std);
   data.description = "CIFAR-10: " + std::to_string(cifar.train.count) + " train (" +
-                     std::to_string(cifar.trainFiles.size()) + " files) / " +
+                     std::to_string(cifar.train_files.size()) + " files) / " +
                      std::to_string(cifar.test.count) + " test images" +
                      (augment ? ", random crop + flip" : "");
   return data;

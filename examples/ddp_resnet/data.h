@@ -28,8 +28,8 @@ struct Dataset {
 };
 
 struct SyntheticSpec {
-  int64_t trainSize = 0;
-  int64_t testSize = 0;
+  int64_t train_size = 0;
+  int64_t test_size = 0;
   int64_t side = 32;
   int64_t classes = 10;
   uint64_t seed = 0;

@@ -48,7 +48,7 @@ T parseChoice(const std::string& flag, const std::string& value,
 
 struct Flag {
   std::string name;
-  bool takesValue;  // false: a switch, optionally --name=1/0
+  bool takes_value;  // false: a switch, optionally --name=1/0
   std::string metavar;
   std::string help;
   std::function<void(Options&, const std::string& flag, const std::string& value)> apply;
@@ -82,19 +82,19 @@ const std::vector<Flag>& flags() {
        "CIFAR-10 binary files (data_batch_*.bin, test_batch.bin); default: the synthetic set",
        [](Options& o, const std::string& f, const std::string& v) {
          if (v.empty()) throw UsageError(f + ": needs a directory");
-         o.dataDir = v;
+         o.data_dir = v;
        }},
       {"--train-size", true, "N", "synthetic training images",
        [](Options& o, const std::string& f, const std::string& v) {
-         o.trainSize = parseInteger(f, v, 1, kMaxCount);
+         o.train_size = parseInteger(f, v, 1, kMaxCount);
        }},
       {"--test-size", true, "N", "synthetic test images",
        [](Options& o, const std::string& f, const std::string& v) {
-         o.testSize = parseInteger(f, v, 1, kMaxCount);
+         o.test_size = parseInteger(f, v, 1, kMaxCount);
        }},
       {"--image-size", true, "N", "synthetic image side in pixels (224 for the ImageNet stem)",
        [](Options& o, const std::string& f, const std::string& v) {
-         o.imageSize = parseInteger(f, v, 8, 1024);
+         o.image_size = parseInteger(f, v, 8, 1024);
        }},
       {"--classes", true, "N", "synthetic classes",
        [](Options& o, const std::string& f, const std::string& v) {
@@ -102,7 +102,7 @@ const std::vector<Flag>& flags() {
        }},
       {"--data-seed", true, "N", "which synthetic set (independent of --seed)",
        [](Options& o, const std::string& f, const std::string& v) {
-         o.dataSeed = parseInteger(f, v, 0, kMaxCount);
+         o.data_seed = parseInteger(f, v, 0, kMaxCount);
        }},
       {"--augment", false, "",
        "random crop and flip on CIFAR-10 (default on; --augment=0 turns it off)",
@@ -113,7 +113,7 @@ const std::vector<Flag>& flags() {
        }},
       {"--batch-size", true, "N", "images per rank per micro-batch",
        [](Options& o, const std::string& f, const std::string& v) {
-         o.batchSize = parseInteger(f, v, 1, kMaxCount);
+         o.batch_size = parseInteger(f, v, 1, kMaxCount);
        }},
       {"--accumulation", true, "N", "micro-batches per optimizer step (gradient accumulation)",
        [](Options& o, const std::string& f, const std::string& v) {
@@ -123,7 +123,7 @@ const std::vector<Flag>& flags() {
        "on running out of device memory, all ranks switch to a smaller micro-batch with more "
        "accumulation (same global batch) and run the step again",
        [](Options& o, const std::string& f, const std::string& v) {
-         o.autoBatch = parseBool(f, v);
+         o.auto_batch = parseBool(f, v);
        }},
       {"--inject-oom", true, "STEP[:RANK[:forward|backward]]",
        "testing --auto-batch: an out-of-memory error at optimizer step STEP (0-based) on RANK "
@@ -134,11 +134,11 @@ const std::vector<Flag>& flags() {
          for (std::string part; std::getline(in, part, ':');) parts.push_back(part);
          if (parts.empty() || parts.size() > 3)
            throw UsageError(f + ": '" + v + "' is not STEP[:RANK[:forward|backward]]");
-         o.injectOom.step = parseInteger(f, parts[0], 0, kMaxCount);
+         o.inject_oom.step = parseInteger(f, parts[0], 0, kMaxCount);
          if (parts.size() > 1)
-           o.injectOom.rank = static_cast<int>(parseInteger(f, parts[1], -1, 1 << 20));
+           o.inject_oom.rank = static_cast<int>(parseInteger(f, parts[1], -1, 1 << 20));
          if (parts.size() > 2) {
-           o.injectOom.inBackward =
+           o.inject_oom.in_backward =
                parseChoice<bool>(f, parts[2], {{"backward", true}, {"forward", false}});
          }
        }},
@@ -148,11 +148,11 @@ const std::vector<Flag>& flags() {
        }},
       {"--min-lr", true, "X", "learning rate at the end of the cosine decay",
        [](Options& o, const std::string& f, const std::string& v) {
-         o.minLr = parseNumber(f, v, 0, 1e3);
+         o.min_lr = parseNumber(f, v, 0, 1e3);
        }},
       {"--warmup-epochs", true, "X", "linear warm-up length in epochs (fractions allowed)",
        [](Options& o, const std::string& f, const std::string& v) {
-         o.warmupEpochs = parseNumber(f, v, 0, 1e6);
+         o.warmup_epochs = parseNumber(f, v, 0, 1e6);
        }},
       {"--momentum", true, "X", "SGD momentum",
        [](Options& o, const std::string& f, const std::string& v) {
@@ -160,7 +160,7 @@ const std::vector<Flag>& flags() {
        }},
       {"--weight-decay", true, "X", "L2 weight decay",
        [](Options& o, const std::string& f, const std::string& v) {
-         o.weightDecay = parseNumber(f, v, 0, 1);
+         o.weight_decay = parseNumber(f, v, 0, 1);
        }},
       {"--nesterov", false, "", "Nesterov momentum",
        [](Options& o, const std::string& f, const std::string& v) {
@@ -172,29 +172,29 @@ const std::vector<Flag>& flags() {
        }},
       {"--checkpoint-dir", true, "DIR",
        "where checkpoints go ('' = none; default checkpoints/ddp_resnet)",
-       [](Options& o, const std::string&, const std::string& v) { o.checkpointDir = v; }},
+       [](Options& o, const std::string&, const std::string& v) { o.checkpoint_dir = v; }},
       {"--checkpoint-every", true, "N",
        "also checkpoint every N optimizer steps (0: end of each epoch only)",
        [](Options& o, const std::string& f, const std::string& v) {
-         o.checkpointEvery = parseInteger(f, v, 0, kMaxCount);
+         o.checkpoint_every = parseInteger(f, v, 0, kMaxCount);
        }},
       {"--memory-checkpoint-every", true, "N",
        "under launch, also checkpoint into launch's memory every N optimizer steps (a memory "
        "copy; launch persists the durable ones and, after a failure, the newest); 0: only the "
        "durable ones",
        [](Options& o, const std::string& f, const std::string& v) {
-         o.memoryCheckpointEvery = parseInteger(f, v, 0, kMaxCount);
+         o.memory_checkpoint_every = parseInteger(f, v, 0, kMaxCount);
        }},
       {"--keep-checkpoints", true, "N", "how many recent checkpoints to keep",
        [](Options& o, const std::string& f, const std::string& v) {
-         o.keepCheckpoints = parseInteger(f, v, 1, 1000);
+         o.keep_checkpoints = parseInteger(f, v, 1, 1000);
        }},
       {"--resume", false, "",
        "continue from the latest checkpoint on a first start too (restarts always do)",
        [](Options& o, const std::string& f, const std::string& v) { o.resume = parseBool(f, v); }},
       {"--eval-every", true, "N", "evaluate every N epochs (the last epoch always is)",
        [](Options& o, const std::string& f, const std::string& v) {
-         o.evalEvery = parseInteger(f, v, 1, kMaxCount);
+         o.eval_every = parseInteger(f, v, 1, kMaxCount);
        }},
       {"--backend", true, "auto|gloo|nccl",
        "process group backend (default: DDPL_BACKEND, else auto)",
@@ -211,11 +211,11 @@ const std::vector<Flag>& flags() {
       {"--channels-last", false, "",
        "NHWC memory format (faster convolutions on GPUs and recent CPUs)",
        [](Options& o, const std::string& f, const std::string& v) {
-         o.channelsLast = parseBool(f, v);
+         o.channels_last = parseBool(f, v);
        }},
       {"--cudnn-benchmark", false, "", "let cuDNN pick the fastest algorithms",
        [](Options& o, const std::string& f, const std::string& v) {
-         o.cudnnBenchmark = parseBool(f, v);
+         o.cudnn_benchmark = parseBool(f, v);
        }},
       {"--deterministic", false, "", "deterministic algorithms only",
        [](Options& o, const std::string& f, const std::string& v) {
@@ -229,14 +229,14 @@ const std::vector<Flag>& flags() {
        }},
       {"--bucket-mb", true, "X", "DDP gradient bucket size in MiB",
        [](Options& o, const std::string& f, const std::string& v) {
-         o.bucketMb = parseNumber(f, v, 0.001, 1e5);
+         o.bucket_mb = parseNumber(f, v, 0.001, 1e5);
        }},
       {"--comm-hook", true, "none|fp16|bf16", "compress gradients for the all-reduce",
        [](Options& o, const std::string& f, const std::string& v) {
-         o.commHook = parseChoice<CommHookKind>(f, v,
-                                                {{"none", CommHookKind::kNone},
-                                                 {"fp16", CommHookKind::kFp16},
-                                                 {"bf16", CommHookKind::kBf16}});
+         o.comm_hook = parseChoice<CommHookKind>(f, v,
+                                                 {{"none", CommHookKind::kNone},
+                                                  {"fp16", CommHookKind::kFp16},
+                                                  {"bf16", CommHookKind::kBf16}});
        }},
       {"--progress", true, "auto|bar|lines|off",
        "rank 0's progress: a bar on a terminal, else lines (auto)",
@@ -249,12 +249,12 @@ const std::vector<Flag>& flags() {
        }},
       {"--log-every", true, "N", "steps between progress lines (0: about ten per epoch)",
        [](Options& o, const std::string& f, const std::string& v) {
-         o.logEvery = parseInteger(f, v, 0, kMaxCount);
+         o.log_every = parseInteger(f, v, 0, kMaxCount);
        }},
       {"--summary-json", true, "PATH", "rank 0 writes the run's summary as JSON here",
        [](Options& o, const std::string& f, const std::string& v) {
          if (v.empty()) throw UsageError(f + ": needs a path");
-         o.summaryJson = v;
+         o.summary_json = v;
        }},
       {"--help", false, "", "this text",
        [](Options& o, const std::string& f, const std::string& v) { o.help = parseBool(f, v); }},
@@ -285,7 +285,7 @@ Options parseOptions(const std::vector<std::string>& args) {
     std::string value;
     if (eq != std::string::npos) {
       value = arg.substr(eq + 1);
-    } else if (flag->takesValue) {
+    } else if (flag->takes_value) {
       if (i + 1 >= args.size()) throw UsageError(name + ": needs a value (" + flag->metavar + ")");
       value = args[++i];
     } else {
@@ -293,14 +293,14 @@ Options parseOptions(const std::vector<std::string>& args) {
     }
     flag->apply(options, name, value);
   }
-  if (options.minLr > options.lr) {
-    throw UsageError("--min-lr: " + std::to_string(options.minLr) + " is above --lr " +
+  if (options.min_lr > options.lr) {
+    throw UsageError("--min-lr: " + std::to_string(options.min_lr) + " is above --lr " +
                      std::to_string(options.lr));
   }
-  if (options.injectOom.step >= 0 && !options.autoBatch) {
+  if (options.inject_oom.step >= 0 && !options.auto_batch) {
     throw UsageError("--inject-oom: tests --auto-batch, which is off (add --auto-batch)");
   }
-  if (!options.dataDir.empty() && options.classes != kDefaultClasses) {
+  if (!options.data_dir.empty() && options.classes != kDefaultClasses) {
     throw UsageError(
         "--classes: CIFAR-10 has 10 classes; --classes applies to the synthetic set only");
   }
@@ -314,7 +314,7 @@ std::string usage() {
          "`launch`,\n"
          "torchrun or mpirun; alone it runs as a single rank). Options:\n";
   for (const auto& f : flags()) {
-    std::string lhs = "  " + f.name + (f.takesValue ? " " + f.metavar : "");
+    std::string lhs = "  " + f.name + (f.takes_value ? " " + f.metavar : "");
     if (lhs.size() < 34)
       lhs.resize(34, ' ');
     else

@@ -44,56 +44,56 @@ struct Options {
   StemKind stem = StemKind::kAuto;
 
   // Empty: the embedded synthetic set. Otherwise a directory in CIFAR-10 binary format.
-  std::string dataDir;
-  int64_t trainSize = kDefaultTrainSize;  // synthetic only
-  int64_t testSize = kDefaultTestSize;    // synthetic only
-  int imageSize = kDefaultImageSize;      // synthetic only (CIFAR-10 is 32)
+  std::string data_dir;
+  int64_t train_size = kDefaultTrainSize;  // synthetic only
+  int64_t test_size = kDefaultTestSize;    // synthetic only
+  int image_size = kDefaultImageSize;      // synthetic only (CIFAR-10 is 32)
   int classes = kDefaultClasses;          // synthetic only
-  uint64_t dataSeed = 0;                  // which synthetic set; independent of --seed
+  uint64_t data_seed = 0;                 // which synthetic set; independent of --seed
   bool augment = true;                    // random crop + flip on CIFAR-10
 
   int epochs = kDefaultEpochs;
-  int batchSize = kDefaultBatchSize;  // per rank, per micro-batch
+  int batch_size = kDefaultBatchSize;  // per rank, per micro-batch
   int accumulation = 1;               // micro-batches per optimizer step
   // On a device out-of-memory error, every rank halves (or so) the micro-batch and doubles the
   // accumulation, keeping the global batch: worker/auto_batch.h.
-  bool autoBatch = false;
+  bool auto_batch = false;
   // Testing --auto-batch: raise an out-of-memory error once at this optimizer step.
   struct OomInjection {
     int64_t step = -1;  // -1: none
     int rank = 0;       // -1: every rank
-    bool inBackward = true;
-  } injectOom;
+    bool in_backward = true;
+  } inject_oom;
   double lr = kDefaultLr;
-  double minLr = 0.0;
-  double warmupEpochs = kDefaultWarmupEpochs;
+  double min_lr = 0.0;
+  double warmup_epochs = kDefaultWarmupEpochs;
   double momentum = kDefaultMomentum;
-  double weightDecay = kDefaultWeightDecay;
+  double weight_decay = kDefaultWeightDecay;
   bool nesterov = false;
   uint64_t seed = 0;
 
-  std::string checkpointDir = "checkpoints/ddp_resnet";  // empty: no checkpoints
-  int checkpointEvery = 0;  // optimizer steps; 0: at the end of each epoch only
-  int keepCheckpoints = kDefaultKeepCheckpoints;
+  std::string checkpoint_dir = "checkpoints/ddp_resnet";  // empty: no checkpoints
+  int checkpoint_every = 0;  // optimizer steps; 0: at the end of each epoch only
+  int keep_checkpoints = kDefaultKeepCheckpoints;
   // Under launch with checkpoints in memory: a memory copy every N steps besides the durable
   // ones (docs/checkpoints.md); 0: none.
-  int memoryCheckpointEvery = 10;
+  int memory_checkpoint_every = 10;
   bool resume = false;  // also resume on a first start (restarts by the launcher always do)
-  int evalEvery = 1;    // epochs; the last epoch is always evaluated
+  int eval_every = 1;   // epochs; the last epoch is always evaluated
 
   std::optional<std::string> backend;  // overrides DDPL_BACKEND: auto, gloo, nccl
   AmpMode amp = AmpMode::kOff;
-  bool channelsLast = false;
-  std::optional<bool> cudnnBenchmark;
+  bool channels_last = false;
+  std::optional<bool> cudnn_benchmark;
   std::optional<bool> deterministic;
   bool tf32 = false;
   int threads = 0;  // intra-op threads per rank; 0: leave LibTorch's choice (OMP_NUM_THREADS)
-  double bucketMb = 25.0;
-  CommHookKind commHook = CommHookKind::kNone;
+  double bucket_mb = 25.0;
+  CommHookKind comm_hook = CommHookKind::kNone;
 
   ProgressMode progress = ProgressMode::kAuto;
-  int logEvery = 0;         // steps between plain progress lines; 0: about ten per epoch
-  std::string summaryJson;  // rank 0 writes a machine-readable summary here
+  int log_every = 0;         // steps between plain progress lines; 0: about ten per epoch
+  std::string summary_json;  // rank 0 writes a machine-readable summary here
 
   bool help = false;
 };

@@ -40,40 +40,40 @@ ProgressReporter::ProgressReporter(ProgressMode mode, bool enabled, int64_t logE
     : out_(out),
       enabled_(enabled),
       steps_(enabled && mode != ProgressMode::kOff),
-      logEvery_(std::max<int64_t>(1, logEvery)) {
+      log_every_(std::max<int64_t>(1, logEvery)) {
   const bool terminal = ::isatty(::fileno(out_)) == 1;
   bar_ = steps_ && (mode == ProgressMode::kBar || (mode == ProgressMode::kAuto && terminal));
 }
 
 ProgressReporter::~ProgressReporter() { finishLine(); }
 
-bool ProgressReporter::wantsUpdate(int64_t stepInEpoch, int64_t stepsPerEpoch) {
+bool ProgressReporter::wantsUpdate(int64_t step_in_epoch, int64_t steps_per_epoch) {
   if (!steps_) return false;
-  if (stepInEpoch == stepsPerEpoch) return true;
-  if (bar_) return std::chrono::steady_clock::now() - lastDraw_ >= kFrameInterval;
-  return stepInEpoch % logEvery_ == 0;
+  if (step_in_epoch == steps_per_epoch) return true;
+  if (bar_) return std::chrono::steady_clock::now() - last_draw_ >= kFrameInterval;
+  return step_in_epoch % log_every_ == 0;
 }
 
 void ProgressReporter::update(const StepStats& s) {
   if (!steps_) return;
-  lastDraw_ = std::chrono::steady_clock::now();
+  last_draw_ = std::chrono::steady_clock::now();
   const std::string numbers = printf("loss %.4f  lr %.4f  %.0f img/s  ETA %s", s.loss, s.lr,
-                                     s.imagesPerSecond, formatDuration(s.etaSeconds).c_str());
+                                     s.images_per_second, formatDuration(s.eta_seconds).c_str());
   if (bar_) {
     const double done =
-        s.stepsPerEpoch > 0 ? static_cast<double>(s.stepInEpoch) / s.stepsPerEpoch : 0;
+        s.steps_per_epoch > 0 ? static_cast<double>(s.step_in_epoch) / s.steps_per_epoch : 0;
     const int filled = static_cast<int>(done * kBarWidth);
     std::string bar(static_cast<size_t>(filled), '=');
     if (filled < kBarWidth) bar += '>';
     bar.resize(kBarWidth, ' ');
     // \r and erase-to-end-of-line: one line redrawn in place.
     std::fprintf(out_, "\r\033[Kepoch %d/%d [%s] %lld/%lld  %s", s.epoch, s.epochs, bar.c_str(),
-                 static_cast<long long>(s.stepInEpoch), static_cast<long long>(s.stepsPerEpoch),
+                 static_cast<long long>(s.step_in_epoch), static_cast<long long>(s.steps_per_epoch),
                  numbers.c_str());
-    barDrawn_ = true;
+    bar_drawn_ = true;
   } else {
     std::fprintf(out_, "epoch %d/%d  step %lld/%lld  %s\n", s.epoch, s.epochs,
-                 static_cast<long long>(s.stepInEpoch), static_cast<long long>(s.stepsPerEpoch),
+                 static_cast<long long>(s.step_in_epoch), static_cast<long long>(s.steps_per_epoch),
                  numbers.c_str());
   }
   std::fflush(out_);
@@ -87,10 +87,10 @@ void ProgressReporter::line(const std::string& text) {
 }
 
 void ProgressReporter::finishLine() {
-  if (!barDrawn_) return;
+  if (!bar_drawn_) return;
   std::fputc('\n', out_);
   std::fflush(out_);
-  barDrawn_ = false;
+  bar_drawn_ = false;
 }
 
 }  // namespace ddpl::example

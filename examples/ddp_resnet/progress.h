@@ -18,12 +18,12 @@ std::string formatDuration(double seconds);
 struct StepStats {
   int epoch = 0;  // 1-based
   int epochs = 0;
-  int64_t stepInEpoch = 0;  // 1-based, optimizer steps
-  int64_t stepsPerEpoch = 0;
+  int64_t step_in_epoch = 0;  // 1-based, optimizer steps
+  int64_t steps_per_epoch = 0;
   double loss = 0;  // rank 0, mean since the last update
   double lr = 0;
-  double imagesPerSecond = 0;  // all ranks
-  double etaSeconds = 0;
+  double images_per_second = 0;  // all ranks
+  double eta_seconds = 0;
 };
 
 class ProgressReporter {
@@ -35,7 +35,7 @@ class ProgressReporter {
 
   bool usesBar() const { return bar_; }
   // Whether update() for this step would draw something.
-  bool wantsUpdate(int64_t stepInEpoch, int64_t stepsPerEpoch);
+  bool wantsUpdate(int64_t step_in_epoch, int64_t steps_per_epoch);
   void update(const StepStats& stats);
   // A whole line (clears a bar in progress first).
   void line(const std::string& text);
@@ -47,9 +47,9 @@ class ProgressReporter {
   bool enabled_;
   bool steps_;
   bool bar_;
-  int64_t logEvery_;
-  bool barDrawn_ = false;
-  std::chrono::steady_clock::time_point lastDraw_{};
+  int64_t log_every_;
+  bool bar_drawn_ = false;
+  std::chrono::steady_clock::time_point last_draw_{};
 };
 
 }  // namespace ddpl::example

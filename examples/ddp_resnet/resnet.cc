@@ -34,8 +34,8 @@ ResidualBlockImpl::ResidualBlockImpl(int64_t inChannels, int64_t planes, int64_t
   nn::Sequential branch;
   nn::BatchNorm2d lastBn{nullptr};
   if (bottleneck) {
-    outChannels_ = planes * kBottleneckExpansion;
-    lastBn = nn::BatchNorm2d(outChannels_);
+    out_channels_ = planes * kBottleneckExpansion;
+    lastBn = nn::BatchNorm2d(out_channels_);
     branch->push_back("conv1", conv(inChannels, planes, 1, 1));
     branch->push_back("bn1", nn::BatchNorm2d(planes));
     branch->push_back("relu1", nn::ReLU(nn::ReLUOptions().inplace(true)));
@@ -43,10 +43,10 @@ ResidualBlockImpl::ResidualBlockImpl(int64_t inChannels, int64_t planes, int64_t
     branch->push_back("conv2", conv(planes, planes, 3, stride));
     branch->push_back("bn2", nn::BatchNorm2d(planes));
     branch->push_back("relu2", nn::ReLU(nn::ReLUOptions().inplace(true)));
-    branch->push_back("conv3", conv(planes, outChannels_, 1, 1));
+    branch->push_back("conv3", conv(planes, out_channels_, 1, 1));
     branch->push_back("bn3", lastBn);
   } else {
-    outChannels_ = planes;
+    out_channels_ = planes;
     lastBn = nn::BatchNorm2d(planes);
     branch->push_back("conv1", conv(inChannels, planes, 3, stride));
     branch->push_back("bn1", nn::BatchNorm2d(planes));
@@ -58,10 +58,10 @@ ResidualBlockImpl::ResidualBlockImpl(int64_t inChannels, int64_t planes, int64_t
   // rate then trains stably from the first step.
   nn::init::zeros_(lastBn->weight);
   branch_ = register_module("branch", branch);
-  if (stride != 1 || inChannels != outChannels_) {
+  if (stride != 1 || inChannels != out_channels_) {
     nn::Sequential shortcut;
-    shortcut->push_back("conv", conv(inChannels, outChannels_, 1, stride));
-    shortcut->push_back("bn", nn::BatchNorm2d(outChannels_));
+    shortcut->push_back("conv", conv(inChannels, out_channels_, 1, stride));
+    shortcut->push_back("bn", nn::BatchNorm2d(out_channels_));
     shortcut_ = register_module("shortcut", shortcut);
   }
 }
@@ -74,7 +74,7 @@ torch::Tensor ResidualBlockImpl::forward(const torch::Tensor& x) {
 ResNetImpl::ResNetImpl(const ResNetConfig& config) {
   const int64_t w = config.width;
   nn::Sequential stem;
-  if (config.imagenetStem) {
+  if (config.imagenet_stem) {
     stem->push_back("conv", conv(3, w, 7, 2));
     stem->push_back("bn", nn::BatchNorm2d(w));
     stem->push_back("relu", nn::ReLU(nn::ReLUOptions().inplace(true)));

@@ -18,19 +18,19 @@ struct ResNetConfig {
   ModelKind model = ModelKind::kResNet18;
   int64_t width = 64;  // channels of the first stage; later stages double it
   int64_t classes = 10;
-  bool imagenetStem = false;
+  bool imagenet_stem = false;
 };
 
 class ResidualBlockImpl : public torch::nn::Module {
  public:
   ResidualBlockImpl(int64_t inChannels, int64_t planes, int64_t stride, bool bottleneck);
   torch::Tensor forward(const torch::Tensor& x);
-  int64_t outChannels() const { return outChannels_; }
+  int64_t outChannels() const { return out_channels_; }
 
  private:
   torch::nn::Sequential branch_{nullptr};
   torch::nn::Sequential shortcut_{nullptr};  // null: identity
-  int64_t outChannels_;
+  int64_t out_channels_;
 };
 TORCH_MODULE(ResidualBlock);
 

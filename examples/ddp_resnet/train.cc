@@ -36,45 +36,46 @@ constexpr double kPi = 3.14159265358979323846;
 // The schedule in optimizer steps, fixed by the options, the training-set size and the world
 // size: a resumed run recomputes the same plan and so finishes the same number of steps.
 struct Plan {
-  int64_t samplesPerRank = 0;  // DistributedSampler pads to an equal share
-  int64_t stepsPerEpoch = 0;
-  int64_t totalSteps = 0;
-  int64_t warmupSteps = 0;
-  int64_t globalBatch = 0;  // images per optimizer step, all ranks
-  int64_t logEvery = 1;
+  int64_t samples_per_rank = 0;  // DistributedSampler pads to an equal share
+  int64_t steps_per_epoch = 0;
+  int64_t total_steps = 0;
+  int64_t warmup_steps = 0;
+  int64_t global_batch = 0;  // images per optimizer step, all ranks
+  int64_t log_every = 1;
 };
 
-Plan makePlan(const Options& o, int64_t trainSize, int worldSize) {
+Plan makePlan(const Options& o, int64_t train_size, int world_size) {
   Plan p;
-  p.samplesPerRank = (trainSize + worldSize - 1) / worldSize;
-  const int64_t microBatches = p.samplesPerRank / o.batchSize;
+  p.samples_per_rank = (train_size + world_size - 1) / world_size;
+  const int64_t microBatches = p.samples_per_rank / o.batch_size;
   if (microBatches == 0) {
-    throw UsageError("--batch-size: " + std::to_string(o.batchSize) +
-                     " is more than each rank's share of the " + std::to_string(trainSize) +
-                     " training images (" + std::to_string(p.samplesPerRank) + " on each of " +
-                     std::to_string(worldSize) + " ranks)");
+    throw UsageError("--batch-size: " + std::to_string(o.batch_size) +
+                     " is more than each rank's share of the " + std::to_string(train_size) +
+                     " training images (" + std::to_string(p.samples_per_rank) + " on each of " +
+                     std::to_string(world_size) + " ranks)");
   }
-  p.stepsPerEpoch = microBatches / o.accumulation;
-  if (p.stepsPerEpoch == 0) {
+  p.steps_per_epoch = microBatches / o.accumulation;
+  if (p.steps_per_epoch == 0) {
     throw UsageError("--accumulation: " + std::to_string(o.accumulation) +
                      " micro-batches per step, but an epoch has only " +
                      std::to_string(microBatches) + " per rank");
   }
-  p.totalSteps = p.stepsPerEpoch * o.epochs;
-  p.warmupSteps = std::min<int64_t>(
-      p.totalSteps, std::llround(o.warmupEpochs * static_cast<double>(p.stepsPerEpoch)));
-  p.globalBatch = static_cast<int64_t>(o.batchSize) * o.accumulation * worldSize;
-  p.logEvery = o.logEvery > 0 ? o.logEvery : std::max<int64_t>(1, p.stepsPerEpoch / 10);
+  p.total_steps = p.steps_per_epoch * o.epochs;
+  p.warmup_steps = std::min<int64_t>(
+      p.total_steps, std::llround(o.warmup_epochs * static_cast<double>(p.steps_per_epoch)));
+  p.global_batch = static_cast<int64_t>(o.batch_size) * o.accumulation * world_size;
+  p.log_every = o.log_every > 0 ? o.log_every : std::max<int64_t>(1, p.steps_per_epoch / 10);
   return p;
 }
 
 // Linear warm-up to the peak, then cosine decay to --min-lr. step: 0-based index of the step.
 double learningRate(const Options& o, const Plan& p, int64_t step) {
-  if (step < p.warmupSteps)
-    return o.lr * static_cast<double>(step + 1) / static_cast<double>(p.warmupSteps);
-  const double decaySteps = static_cast<double>(std::max<int64_t>(1, p.totalSteps - p.warmupSteps));
-  const double t = std::min(1.0, static_cast<double>(step - p.warmupSteps) / decaySteps);
-  return o.minLr + 0.5 * (o.lr - o.minLr) * (1.0 + std::cos(kPi * t));
+  if (step < p.warmup_steps)
+    return o.lr * static_cast<double>(step + 1) / static_cast<double>(p.warmup_steps);
+  const double decaySteps =
+      static_cast<double>(std::max<int64_t>(1, p.total_steps - p.warmup_steps));
+  const double t = std::min(1.0, static_cast<double>(step - p.warmup_steps) / decaySteps);
+  return o.min_lr + 0.5 * (o.lr - o.min_lr) * (1.0 + std::cos(kPi * t));
 }
 
 uint64_t mix(uint64_t a, uint64_t b) {
@@ -88,7 +89,7 @@ at::Tensor allReduce(dw::Session& session, at::Tensor t, c10d::ReduceOp op = c10
   std::vector<at::Tensor> tensors{std::move(t)};
   c10d::AllreduceOptions opts;
   opts.reduceOp = op;
-  opts.timeout = session.options().collectiveTimeout;
+  opts.timeout = session.options().collective_timeout;
   session.backend()->allreduce(tensors, opts)->wait(opts.timeout);
   return tensors[0];
 }
@@ -122,10 +123,10 @@ Evaluation evaluate(dw::Session& session, ResNetImpl& model, const Dataset& data
                                      torch::TensorOptions().dtype(torch::kLong).device(device));
   auto correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
   auto lossSum = torch::zeros_like(correct);
-  const int64_t evalBatch = 2 * static_cast<int64_t>(o.batchSize);
+  const int64_t evalBatch = 2 * static_cast<int64_t>(o.batch_size);
   for (int64_t start = 0; start < indices.size(0); start += evalBatch) {
     const auto idx = indices.narrow(0, start, std::min(evalBatch, indices.size(0) - start));
-    const Batch batch = makeBatch(data, data.test, idx, o.channelsLast, nullptr);
+    const Batch batch = makeBatch(data, data.test, idx, o.channels_last, nullptr);
     std::optional<dw::AutocastScope> autocast;
     if (const auto dtype = ampType(o.amp)) autocast.emplace(device.type(), dtype);
     const auto logits = model.forward(batch.images).to(torch::kFloat);
@@ -188,7 +189,7 @@ struct RunState {
 
 // Where an epoch's figures go.
 struct EpochResult {
-  double trainLoss = 0;
+  double train_loss = 0;
   std::optional<Evaluation> test;
   double seconds = 0;
 };
@@ -201,15 +202,15 @@ class Training {
   Training(const Options& o, const dw::SessionOptions& sessionOptions,
            const std::optional<Cifar10>& cifar)
       : o_(o),
-        sessionOptions_(sessionOptions),
+        session_options_(sessionOptions),
         session_(sessionOptions, {[&o](dw::Session&) { applySwitches(o); }}),
         rank_(session_.rank()),
         world_(session_.worldSize()),
         device_(session_.device()),
-        plan_(makePlan(o, cifar ? cifar->train.count : o.trainSize, world_)),
-        progress_(std::make_shared<ProgressReporter>(o.progress, rank_ == 0, plan_.logEvery)),
+        plan_(makePlan(o, cifar ? cifar->train.count : o.train_size, world_)),
+        progress_(std::make_shared<ProgressReporter>(o.progress, rank_ == 0, plan_.log_every)),
         checkpoints_(std::make_shared<dw::CheckpointManager>(
-            session_, dw::CheckpointPolicy{o.checkpointDir, o.keepCheckpoints, o.resume})) {
+            session_, dw::CheckpointPolicy{o.checkpoint_dir, o.keep_checkpoints, o.resume})) {
     addStopReport();
     loadData(cifar);
     buildModel();
@@ -219,43 +220,43 @@ class Training {
   // Every rank continues from the same step (the library checks), inside its epoch.
   void resume() {
     const dw::ResumePoint point = checkpoints_->resume(refs_);
-    for (const auto& skipped : point.skippedTruncated) {
+    for (const auto& skipped : point.skipped_truncated) {
       progress_->line("skipping checkpoint " + skipped +
                       (point.path.empty() ? "; no complete checkpoint left: starting at step 0"
                                           : "; resuming from the newest complete one instead"));
     }
-    if (point.removedStale > 0) {
-      progress_->line("starting afresh: removed " + std::to_string(point.removedStale) +
+    if (point.removed_stale > 0) {
+      progress_->line("starting afresh: removed " + std::to_string(point.removed_stale) +
                       " checkpoint(s) of an earlier run from " + checkpoints_->directory().dir() +
                       " (--resume continues from them instead)");
     }
     const std::string why =
-        point.reason == dw::ResumeReason::kResumeFlag ? "--resume" : point.reasonText;
-    startStep_ = point.progress.step;
-    resumedFrom_ = point.path;
-    if (startStep_ > 0 && point.progress.samplesSeen != startStep_ * plan_.globalBatch) {
+        point.reason == dw::ResumeReason::kResumeFlag ? "--resume" : point.reason_text;
+    start_step_ = point.progress.step;
+    resumed_from_ = point.path;
+    if (start_step_ > 0 && point.progress.samples_seen != start_step_ * plan_.global_batch) {
       // World size or batch changed (an elastic resize): the data order within an epoch
       // depends on both, so pick up at the start of the interrupted epoch.
       progress_->line("global batch changed since the checkpoint (" +
-                      std::to_string(point.progress.samplesSeen / startStep_) + " -> " +
-                      std::to_string(plan_.globalBatch) + "): continuing at the start of epoch " +
+                      std::to_string(point.progress.samples_seen / start_step_) + " -> " +
+                      std::to_string(plan_.global_batch) + "): continuing at the start of epoch " +
                       std::to_string(point.progress.epoch + 1));
-      startStep_ = std::min<int64_t>(point.progress.epoch, o_.epochs) * plan_.stepsPerEpoch;
+      start_step_ = std::min<int64_t>(point.progress.epoch, o_.epochs) * plan_.steps_per_epoch;
     }
-    startStep_ = std::min(startStep_, plan_.totalSteps);
-    if (!resumedFrom_.empty()) {
+    start_step_ = std::min(start_step_, plan_.total_steps);
+    if (!resumed_from_.empty()) {
       progress_->line("resumed from step " + std::to_string(point.progress.step) + " (" +
-                      point.source + ": " + resumedFrom_ + "), continuing at step " +
-                      std::to_string(startStep_) + "/" + std::to_string(plan_.totalSteps) + " (" +
+                      point.source + ": " + resumed_from_ + "), continuing at step " +
+                      std::to_string(start_step_) + "/" + std::to_string(plan_.total_steps) + " (" +
                       why + ")");
     }
-    step_ = startStep_;
+    step_ = start_step_;
     state_->step = step_;
     startTraining();
   }
 
-  bool done() const { return step_ >= plan_.totalSteps; }
-  int64_t epoch() const { return step_ / plan_.stepsPerEpoch; }
+  bool done() const { return step_ >= plan_.total_steps; }
+  int64_t epoch() const { return step_ / plan_.steps_per_epoch; }
 
   EpochResult runEpoch() {
     const int64_t epoch = this->epoch();
@@ -264,31 +265,31 @@ class Training {
     const auto indices = torch::tensor(sampler_->indices(), torch::kLong).to(device_);
     model_->train();
     const auto floatOnDevice = torch::TensorOptions().dtype(torch::kFloat).device(device_);
-    epochLoss_ = torch::zeros({}, floatOnDevice);
-    windowLoss_ = torch::zeros({}, floatOnDevice);
-    epochSteps_ = windowSteps_ = 0;
+    epoch_loss_ = torch::zeros({}, floatOnDevice);
+    window_loss_ = torch::zeros({}, floatOnDevice);
+    epoch_steps_ = window_steps_ = 0;
 
-    for (int64_t s = step_ - epoch * plan_.stepsPerEpoch; s < plan_.stepsPerEpoch; ++s) {
+    for (int64_t s = step_ - epoch * plan_.steps_per_epoch; s < plan_.steps_per_epoch; ++s) {
       trainStep(epoch, s, indices);
       reportProgress(epoch, s, epochStart);
-      if (s + 1 < plan_.stepsPerEpoch) {
-        if (o_.checkpointEvery > 0 && step_ % o_.checkpointEvery == 0)
+      if (s + 1 < plan_.steps_per_epoch) {
+        if (o_.checkpoint_every > 0 && step_ % o_.checkpoint_every == 0)
           save(epoch);
-        else if (checkpoints_->inMemory() && o_.memoryCheckpointEvery > 0 &&
-                 step_ % o_.memoryCheckpointEvery == 0)
+        else if (checkpoints_->inMemory() && o_.memory_checkpoint_every > 0 &&
+                 step_ % o_.memory_checkpoint_every == 0)
           save(epoch, /*durable=*/false);
       }
     }
-    trainSeconds_ += secondsSince(epochStart);
+    train_seconds_ += secondsSince(epochStart);
 
     EpochResult result;
     auto lossStats =
         allReduce(session_,
-                  torch::stack({epochLoss_,
-                                torch::full({}, static_cast<float>(epochSteps_), floatOnDevice)}))
+                  torch::stack({epoch_loss_,
+                                torch::full({}, static_cast<float>(epoch_steps_), floatOnDevice)}))
             .cpu();
-    result.trainLoss = lossStats[0].item<double>() / std::max(1.0, lossStats[1].item<double>());
-    if ((epoch + 1) % o_.evalEvery == 0 || epoch + 1 == o_.epochs) {
+    result.train_loss = lossStats[0].item<double>() / std::max(1.0, lossStats[1].item<double>());
+    if ((epoch + 1) % o_.eval_every == 0 || epoch + 1 == o_.epochs) {
       result.test = evaluate(session_, *model_, data_, o_);
       last_ = *result.test;
     }
@@ -301,16 +302,16 @@ class Training {
   int summarize() {
     if (last_.images == 0) last_ = evaluate(session_, *model_, data_, o_);  // resumed at the end
     state_->finished = true;
-    const double wall = secondsSince(runStart_);
-    const int64_t stepsRun = step_ - startStep_;
+    const double wall = secondsSince(run_start_);
+    const int64_t stepsRun = step_ - start_step_;
     const double throughput =
-        static_cast<double>(stepsRun * plan_.globalBatch) / std::max(trainSeconds_, 1e-9);
+        static_cast<double>(stepsRun * plan_.global_batch) / std::max(train_seconds_, 1e-9);
     std::string checkpoint = checkpoints_->latestDurable();
     progress_->line(
-        "finished: " + std::to_string(step_) + "/" + std::to_string(plan_.totalSteps) + " steps" +
-        (startStep_ > 0 ? " (" + std::to_string(stepsRun) + " in this run, resumed at " +
-                              std::to_string(startStep_) + ")"
-                        : "") +
+        "finished: " + std::to_string(step_) + "/" + std::to_string(plan_.total_steps) + " steps" +
+        (start_step_ > 0 ? " (" + std::to_string(stepsRun) + " in this run, resumed at " +
+                               std::to_string(start_step_) + ")"
+                         : "") +
         " in " + formatDuration(wall) + " on " + std::to_string(world_) + " rank" +
         (world_ > 1 ? "s" : "") + ", " + fixed(throughput, 0) + " images/s");
     progress_->line("final test top-1: " + percent(last_.top1) + " on " +
@@ -319,29 +320,29 @@ class Training {
     progress_->line(checkpoint.empty() ? "checkpoint: none (--checkpoint-dir '')"
                                        : "checkpoint: " + checkpoint);
     const std::string digest = parameterDigest(*model_);  // every rank: it reads no collective
-    if (rank_ == 0 && !o_.summaryJson.empty()) {
-      const auto& micro = autoBatch_->current();
+    if (rank_ == 0 && !o_.summary_json.empty()) {
+      const auto& micro = auto_batch_->current();
       nlohmann::json summary{{"model", toString(o_.model)},
                              {"world_size", world_},
                              {"backend", dw::toString(session_.backendKind())},
                              {"device", device_.str()},
                              {"epochs", o_.epochs},
-                             {"steps_per_epoch", plan_.stepsPerEpoch},
-                             {"total_steps", plan_.totalSteps},
+                             {"steps_per_epoch", plan_.steps_per_epoch},
+                             {"total_steps", plan_.total_steps},
                              {"final_step", step_},
-                             {"start_step", startStep_},
+                             {"start_step", start_step_},
                              {"steps_this_run", stepsRun},
-                             {"resumed_from", resumedFrom_},
-                             {"restart_count", sessionOptions_.restartCount},
-                             {"global_batch", plan_.globalBatch},
-                             {"micro_batch", micro.microBatch},
+                             {"resumed_from", resumed_from_},
+                             {"restart_count", session_options_.restart_count},
+                             {"global_batch", plan_.global_batch},
+                             {"micro_batch", micro.micro_batch},
                              {"accumulation", micro.accumulation},
-                             {"oom_switches", autoBatch_->switches()},
+                             {"oom_switches", auto_batch_->switches()},
                              {"final_top1", last_.top1},
                              {"final_test_loss", last_.loss},
                              {"test_images", last_.images},
                              {"classes", data_.classes},
-                             {"epoch_log", epochLog_},
+                             {"epoch_log", epoch_log_},
                              {"seconds", wall},
                              {"images_per_second", throughput},
                              {"checkpoint", checkpoint},
@@ -350,14 +351,14 @@ class Training {
       // the GPU checks (tests/gpu/run_gpu_checks.sh) judge the switches by these.
       const auto& context = at::globalContext();
       summary["amp"] = toString(o_.amp);
-      summary["channels_last"] = o_.channelsLast;
+      summary["channels_last"] = o_.channels_last;
       summary["cudnn_benchmark"] = context.benchmarkCuDNN();
       summary["tf32_cudnn"] = context.allowTF32CuDNN();
       summary["tf32_matmul"] =
           context.float32MatmulPrecision() != at::Float32MatmulPrecision::HIGHEST;
       summary["grad_scale"] = scaler_->enabled() ? nlohmann::json(scaler_->currentScale())
                                                  : nlohmann::json(nullptr);
-      std::ofstream(o_.summaryJson) << summary.dump(2) << "\n";
+      std::ofstream(o_.summary_json) << summary.dump(2) << "\n";
     }
     return 0;
   }
@@ -367,11 +368,11 @@ class Training {
   static void applySwitches(const Options& o) {
     if (o.threads > 0) torch::set_num_threads(o.threads);
     dw::PerformanceOptions perf;
-    perf.cudnnBenchmark = o.cudnnBenchmark;
+    perf.cudnn_benchmark = o.cudnn_benchmark;
     perf.deterministic = o.deterministic;
     if (o.tf32) {
-      perf.float32MatmulPrecision = "high";
-      perf.allowTf32Cudnn = true;
+      perf.float32_matmul_precision = "high";
+      perf.allow_tf32_cudnn = true;
     }
     dw::applyPerformanceOptions(perf);
   }
@@ -383,7 +384,7 @@ class Training {
   void addStopReport() {
     session_.addCleanupHook(
         "progress", [state = state_, progress = progress_, checkpoints = checkpoints_,
-                     total = plan_.totalSteps](dw::Session&) {
+                     total = plan_.total_steps](dw::Session&) {
           if (state->finished) return;
           const std::string checkpoint = checkpoints->latest();
           progress->line("stopped at step " + std::to_string(state->step.load()) + "/" +
@@ -395,19 +396,20 @@ class Training {
 
   void loadData(const std::optional<Cifar10>& cifar) {
     torch::manual_seed(o_.seed);
-    data_ = cifar
-                ? fromCifar10(*cifar, o_.augment)
-                : makeSynthetic({o_.trainSize, o_.testSize, o_.imageSize, o_.classes, o_.dataSeed});
+    data_ =
+        cifar
+            ? fromCifar10(*cifar, o_.augment)
+            : makeSynthetic({o_.train_size, o_.test_size, o_.image_size, o_.classes, o_.data_seed});
     moveTo(data_, device_);
   }
 
   void buildModel() {
-    imagenetStem_ = o_.stem == StemKind::kImageNet ||
-                    (o_.stem == StemKind::kAuto && data_.train.images.size(2) >= 128);
+    imagenet_stem_ = o_.stem == StemKind::kImageNet ||
+                     (o_.stem == StemKind::kAuto && data_.train.images.size(2) >= 128);
     model_ = std::make_shared<ResNetImpl>(
-        ResNetConfig{o_.model, o_.width, data_.classes, imagenetStem_});
+        ResNetConfig{o_.model, o_.width, data_.classes, imagenet_stem_});
     model_->to(device_);
-    if (o_.channelsLast) {
+    if (o_.channels_last) {
       torch::NoGradGuard noGrad;
       for (auto& p : model_->parameters()) {
         if (p.dim() == 4) p.set_data(p.data().contiguous(at::MemoryFormat::ChannelsLast));
@@ -416,7 +418,7 @@ class Training {
     optimizer_ =
         std::make_unique<torch::optim::SGD>(model_->parameters(), torch::optim::SGDOptions(o_.lr)
                                                                       .momentum(o_.momentum)
-                                                                      .weight_decay(o_.weightDecay)
+                                                                      .weight_decay(o_.weight_decay)
                                                                       .nesterov(o_.nesterov));
     dw::GradScalerOptions scalerOptions;
     scalerOptions.enabled = o_.amp == AmpMode::kFp16;
@@ -428,19 +430,19 @@ class Training {
   void announce() {
     progress_->line("ddp_resnet: " + toString(o_.model) + " (width " + std::to_string(o_.width) +
                     ", " + fixed(static_cast<double>(countParameters(*model_)) / 1e6, 2) +
-                    "M parameters, " + (imagenetStem_ ? "ImageNet" : "CIFAR") + " stem) on " +
+                    "M parameters, " + (imagenet_stem_ ? "ImageNet" : "CIFAR") + " stem) on " +
                     std::to_string(world_) + " rank" + (world_ > 1 ? "s" : "") + ", " +
                     device_.str() + "/" + dw::toString(session_.backendKind()) +
                     (o_.amp != AmpMode::kOff ? ", amp " + toString(o_.amp) : "") +
-                    (o_.channelsLast ? ", channels-last" : ""));
+                    (o_.channels_last ? ", channels-last" : ""));
     progress_->line("data: " + data_.description);
     progress_->line(
-        "plan: " + std::to_string(o_.epochs) + " epochs x " + std::to_string(plan_.stepsPerEpoch) +
-        " steps, global batch " + std::to_string(plan_.globalBatch) + " (" +
-        std::to_string(o_.batchSize) + " per rank" +
+        "plan: " + std::to_string(o_.epochs) + " epochs x " +
+        std::to_string(plan_.steps_per_epoch) + " steps, global batch " +
+        std::to_string(plan_.global_batch) + " (" + std::to_string(o_.batch_size) + " per rank" +
         (o_.accumulation > 1 ? " x " + std::to_string(o_.accumulation) + " accumulated" : "") +
-        (o_.autoBatch ? ", smaller on running out of memory" : "") + "), lr " + fixed(o_.lr, 4) +
-        " with " + std::to_string(plan_.warmupSteps) + " warm-up steps then cosine decay" +
+        (o_.auto_batch ? ", smaller on running out of memory" : "") + "), lr " + fixed(o_.lr, 4) +
+        " with " + std::to_string(plan_.warmup_steps) + " warm-up steps then cosine decay" +
         (checkpoints_->enabled() ? "; checkpoints in " + checkpoints_->directory().dir()
                                  : "; no checkpoints"));
   }
@@ -448,26 +450,27 @@ class Training {
   // After resume: DDP broadcasts rank 0's (resumed) weights as it starts.
   void startTraining() {
     dw::DdpOptions ddpOptions;
-    ddpOptions.bucketBytes = static_cast<size_t>(o_.bucketMb * 1024 * 1024);
-    ddpOptions.commHook = o_.commHook == CommHookKind::kFp16   ? dw::CommHook::kFp16Compress
-                          : o_.commHook == CommHookKind::kBf16 ? dw::CommHook::kBf16Compress
-                                                               : dw::CommHook::kNone;
-    ddpOptions.timeout = sessionOptions_.collectiveTimeout;
+    ddpOptions.bucket_bytes = static_cast<size_t>(o_.bucket_mb * 1024 * 1024);
+    ddpOptions.comm_hook = o_.comm_hook == CommHookKind::kFp16   ? dw::CommHook::kFp16Compress
+                           : o_.comm_hook == CommHookKind::kBf16 ? dw::CommHook::kBf16Compress
+                                                                 : dw::CommHook::kNone;
+    ddpOptions.timeout = session_options_.collective_timeout;
     ddp_ = std::make_unique<dw::DistributedDataParallel<ResNetImpl>>(model_, session_.backend(),
                                                                      ddpOptions);
     sampler_ = std::make_unique<dw::DistributedSampler>(
         data_.train.size(), rank_, world_,
-        dw::SamplerOptions{/*shuffle=*/true, o_.seed, /*dropLast=*/false});
-    if (sampler_->numSamples() != plan_.samplesPerRank) {
+        dw::SamplerOptions{/*shuffle=*/true, o_.seed, /*drop_last=*/false});
+    if (sampler_->numSamples() != plan_.samples_per_rank) {
       throw ddpl::Error("sampler gives " + std::to_string(sampler_->numSamples()) +
-                        " images per rank, plan expected " + std::to_string(plan_.samplesPerRank));
+                        " images per rank, plan expected " +
+                        std::to_string(plan_.samples_per_rank));
     }
     dw::AutoBatchOptions autoOptions;
-    autoOptions.enabled = o_.autoBatch;
-    autoOptions.inject = {o_.injectOom.step, o_.injectOom.rank, -1, o_.injectOom.inBackward};
-    autoBatch_ = std::make_unique<dw::AutoBatch>(
-        session_, *ddp_, dw::MicroBatching{o_.batchSize, o_.accumulation}, autoOptions);
-    runStart_ = std::chrono::steady_clock::now();
+    autoOptions.enabled = o_.auto_batch;
+    autoOptions.inject = {o_.inject_oom.step, o_.inject_oom.rank, -1, o_.inject_oom.in_backward};
+    auto_batch_ = std::make_unique<dw::AutoBatch>(
+        session_, *ddp_, dw::MicroBatching{o_.batch_size, o_.accumulation}, autoOptions);
+    run_start_ = std::chrono::steady_clock::now();
   }
 
   // One optimizer step: the micro-batches (run again, smaller, if a rank ran out of memory),
@@ -476,7 +479,7 @@ class Training {
     const double lr = learningRate(o_, plan_, step_);
     for (auto& group : optimizer_->param_groups())
       static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr);
-    lastLr_ = lr;
+    last_lr_ = lr;
     const auto amp = ampType(o_.amp);
     at::Tensor stepLoss;
     int64_t stepMicroBatches = 0;
@@ -484,22 +487,22 @@ class Training {
       optimizer_->zero_grad();
       stepLoss = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
       stepMicroBatches = 0;
-    } while (!autoBatch_->step(step_, [&](int64_t m) {
-      const dw::MicroBatching& mb = autoBatch_->current();
+    } while (!auto_batch_->step(step_, [&](int64_t m) {
+      const dw::MicroBatching& mb = auto_batch_->current();
       const int64_t micro = s * mb.accumulation + m;
       const uint64_t augmentSeed = mix(mix(o_.seed, static_cast<uint64_t>(epoch)),
                                        static_cast<uint64_t>(micro * world_ + rank_));
       const Batch batch =
-          makeBatch(data_, data_.train, indices.narrow(0, micro * mb.microBatch, mb.microBatch),
-                    o_.channelsLast, &augmentSeed);
+          makeBatch(data_, data_.train, indices.narrow(0, micro * mb.micro_batch, mb.micro_batch),
+                    o_.channels_last, &augmentSeed);
       at::Tensor loss;
       {
         std::optional<dw::AutocastScope> autocast;
         if (amp) autocast.emplace(device_.type(), amp);
         loss = torch::nn::functional::cross_entropy(ddp_->forward(batch.images), batch.labels);
       }
-      stepLoss += loss.detach().to(torch::kFloat) * static_cast<float>(mb.microBatch);
-      stepMicroBatches += mb.microBatch;
+      stepLoss += loss.detach().to(torch::kFloat) * static_cast<float>(mb.micro_batch);
+      stepMicroBatches += mb.micro_batch;
       scaler_->scale(loss / mb.accumulation).backward();
     }));
     scaler_->step(*optimizer_);
@@ -507,44 +510,44 @@ class Training {
     state_->step = ++step_;
     // Per-image mean, so that the figures do not depend on how the step was split.
     const auto perBatch = stepLoss / static_cast<float>(stepMicroBatches);
-    epochLoss_ += perBatch;
-    windowLoss_ += perBatch;
-    ++epochSteps_;
-    ++windowSteps_;
+    epoch_loss_ += perBatch;
+    window_loss_ += perBatch;
+    ++epoch_steps_;
+    ++window_steps_;
   }
 
   void reportProgress(int64_t epoch, int64_t s, std::chrono::steady_clock::time_point epochStart) {
-    if (!progress_->wantsUpdate(s + 1, plan_.stepsPerEpoch)) return;
-    const double elapsed = trainSeconds_ + secondsSince(epochStart);
-    const double stepsDone = static_cast<double>(step_ - startStep_);
+    if (!progress_->wantsUpdate(s + 1, plan_.steps_per_epoch)) return;
+    const double elapsed = train_seconds_ + secondsSince(epochStart);
+    const double stepsDone = static_cast<double>(step_ - start_step_);
     StepStats stats;
     stats.epoch = static_cast<int>(epoch + 1);
     stats.epochs = o_.epochs;
-    stats.stepInEpoch = s + 1;
-    stats.stepsPerEpoch = plan_.stepsPerEpoch;
-    stats.loss = windowLoss_.item<double>() / static_cast<double>(windowSteps_);
-    stats.lr = lastLr_;
-    stats.imagesPerSecond =
-        stepsDone * static_cast<double>(plan_.globalBatch) / std::max(elapsed, 1e-9);
-    stats.etaSeconds =
-        static_cast<double>(plan_.totalSteps - step_) * elapsed / std::max(stepsDone, 1.0);
+    stats.step_in_epoch = s + 1;
+    stats.steps_per_epoch = plan_.steps_per_epoch;
+    stats.loss = window_loss_.item<double>() / static_cast<double>(window_steps_);
+    stats.lr = last_lr_;
+    stats.images_per_second =
+        stepsDone * static_cast<double>(plan_.global_batch) / std::max(elapsed, 1e-9);
+    stats.eta_seconds =
+        static_cast<double>(plan_.total_steps - step_) * elapsed / std::max(stepsDone, 1.0);
     progress_->update(stats);
-    windowLoss_.zero_();
-    windowSteps_ = 0;
+    window_loss_.zero_();
+    window_steps_ = 0;
   }
 
   void save(int64_t epoch, bool durable = true) {
     if (!checkpoints_->enabled()) return;
     // The library logs a disk write: not onto the end of a progress bar. A memory copy is silent.
     if (!checkpoints_->inMemory()) progress_->finishLine();
-    saved_ = {epoch, step_, step_ * plan_.globalBatch};
+    saved_ = {epoch, step_, step_ * plan_.global_batch};
     checkpoints_->save(refs_, durable);
   }
 
   void logEpoch(int64_t epoch, const EpochResult& r) {
-    nlohmann::json entry{{"epoch", epoch + 1}, {"train_loss", r.trainLoss}};
+    nlohmann::json entry{{"epoch", epoch + 1}, {"train_loss", r.train_loss}};
     std::string line = "epoch " + std::to_string(epoch + 1) + "/" + std::to_string(o_.epochs) +
-                       " done: train loss " + fixed(r.trainLoss, 4);
+                       " done: train loss " + fixed(r.train_loss, 4);
     if (r.test) {
       entry["test_top1"] = r.test->top1;
       entry["test_loss"] = r.test->loss;
@@ -552,11 +555,11 @@ class Training {
               std::to_string(r.test->images) + " images)";
     }
     progress_->line(line + ", " + formatDuration(r.seconds));
-    epochLog_.push_back(entry);
+    epoch_log_.push_back(entry);
   }
 
   const Options& o_;
-  const dw::SessionOptions& sessionOptions_;
+  const dw::SessionOptions& session_options_;
   std::shared_ptr<RunState> state_ = std::make_shared<RunState>();
   dw::Session session_;
   const int rank_;
@@ -569,7 +572,7 @@ class Training {
   std::shared_ptr<dw::CheckpointManager> checkpoints_;
 
   Dataset data_;
-  bool imagenetStem_ = false;
+  bool imagenet_stem_ = false;
   std::shared_ptr<ResNetImpl> model_;
   std::unique_ptr<torch::optim::SGD> optimizer_;
   std::unique_ptr<dw::GradScaler> scaler_;
@@ -578,18 +581,18 @@ class Training {
 
   std::unique_ptr<dw::DistributedDataParallel<ResNetImpl>> ddp_;
   std::unique_ptr<dw::DistributedSampler> sampler_;
-  std::unique_ptr<dw::AutoBatch> autoBatch_;
+  std::unique_ptr<dw::AutoBatch> auto_batch_;
 
-  int64_t startStep_ = 0;
+  int64_t start_step_ = 0;
   int64_t step_ = 0;
-  std::string resumedFrom_;
-  double trainSeconds_ = 0;
-  double lastLr_ = 0;
-  at::Tensor epochLoss_, windowLoss_;
-  int64_t epochSteps_ = 0, windowSteps_ = 0;
+  std::string resumed_from_;
+  double train_seconds_ = 0;
+  double last_lr_ = 0;
+  at::Tensor epoch_loss_, window_loss_;
+  int64_t epoch_steps_ = 0, window_steps_ = 0;
   Evaluation last_;
-  std::vector<nlohmann::json> epochLog_;
-  std::chrono::steady_clock::time_point runStart_ = std::chrono::steady_clock::now();
+  std::vector<nlohmann::json> epoch_log_;
+  std::chrono::steady_clock::time_point run_start_ = std::chrono::steady_clock::now();
 };
 
 int train(const Options& o, const dw::SessionOptions& sessionOptions,
@@ -602,12 +605,12 @@ int train(const Options& o, const dw::SessionOptions& sessionOptions,
 
 // Errors found before the job starts still reach the launcher's failure report, with the frames
 // of their throw: the check that failed, named with its source line.
-int inputError(const std::string& errorFile, const std::exception& error) {
+int inputError(const std::string& error_file, const std::exception& error) {
   std::fprintf(stderr, "ddp_resnet: %s\n", error.what());
   // Naming the frames costs a fork and a look into the debug information (~50 ms of CPU per
   // rank): only for a launcher that reads them.
-  if (!errorFile.empty())
-    dw::writeErrorFile(errorFile, dw::describeException(std::current_exception()));
+  if (!error_file.empty())
+    dw::writeErrorFile(error_file, dw::describeException(std::current_exception()));
   return kUsageExitCode;
 }
 
@@ -636,13 +639,14 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (options.backend) sessionOptions.backend = dw::parseBackendKind(*options.backend);
-    if (!options.dataDir.empty()) cifar = ex::loadCifar10(options.dataDir);
-    ex::makePlan(options, cifar ? cifar->train.count : options.trainSize, sessionOptions.worldSize);
+    if (!options.data_dir.empty()) cifar = ex::loadCifar10(options.data_dir);
+    ex::makePlan(options, cifar ? cifar->train.count : options.train_size,
+                 sessionOptions.world_size);
   } catch (const ex::UsageError& e) {
-    return ex::inputError(sessionOptions.errorFile, e);
+    return ex::inputError(sessionOptions.error_file, e);
   } catch (const ex::DataError& e) {
-    return ex::inputError(sessionOptions.errorFile, e);
+    return ex::inputError(sessionOptions.error_file, e);
   }
-  return dw::recordErrors(sessionOptions.errorFile,
+  return dw::recordErrors(sessionOptions.error_file,
                           [&] { return ex::train(options, sessionOptions, cifar); });
 }

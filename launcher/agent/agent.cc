@@ -109,7 +109,7 @@ struct Agent::Impl {
   std::vector<pid_t> pgids;             // every worker group of the current attempt
   std::vector<int> stream_fds;          // open output pipes of the current attempt
   std::vector<FailureDetail> failures;  // of the current attempt
-  std::map<pid_t, FailureDetail> pendingExecFailures;
+  std::map<pid_t, FailureDetail> pending_exec_failures;
   std::unique_ptr<WarmWorkers> prewarm;     // null: no --prewarm
   warm::RestartClock restarts;              // the phases of every restart
   int last_world_size = 0, last_nodes = 0;  // of the last group started (the dashboard)
@@ -475,7 +475,7 @@ struct Agent::Impl {
         log::error("local rank {}: {}", lr, msg);
         FailureDetail d;
         d.error = ErrorFileContents{msg, "", ""};
-        pendingExecFailures[workers[lr].pid] = d;
+        pending_exec_failures[workers[lr].pid] = d;
       }
     }
   }
@@ -616,8 +616,8 @@ struct Agent::Impl {
           now);
     if (!st.success()) {
       FailureDetail d;
-      auto pending = pendingExecFailures.find(pid);
-      if (pending != pendingExecFailures.end())
+      auto pending = pending_exec_failures.find(pid);
+      if (pending != pending_exec_failures.end())
         d = pending->second;
       else
         d.error = readErrorFile(w.error_file);

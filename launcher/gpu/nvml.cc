@@ -25,12 +25,13 @@ struct nvmlUtilization_t {
   unsigned int gpu;
   unsigned int memory;
 };
-// nvmlProcessInfo_v2_t, what the _v3 process queries fill.
+// nvmlProcessInfo_v2_t, what the _v3 process queries fill. Only its layout must match NVML's
+// (usedGpuMemory, gpuInstanceId, computeInstanceId): the fields carry our names.
 struct nvmlProcessInfo_t {
   unsigned int pid;
-  unsigned long long usedGpuMemory;
-  unsigned int gpuInstanceId;
-  unsigned int computeInstanceId;
+  unsigned long long used_gpu_memory;
+  unsigned int gpu_instance_id;
+  unsigned int compute_instance_id;
 };
 static_assert(sizeof(nvmlProcessInfo_t) == 24, "nvmlProcessInfo_v2_t is 24 bytes on LP64");
 
@@ -327,8 +328,8 @@ std::optional<std::map<pid_t, uint64_t>> Nvml::processMemory(int index) const {
     infos.resize(count);
     std::map<pid_t, uint64_t> memory;
     for (const nvmlProcessInfo_t& p : infos)
-      if (p.usedGpuMemory != kValueNotAvailable)
-        memory[static_cast<pid_t>(p.pid)] += p.usedGpuMemory;
+      if (p.used_gpu_memory != kValueNotAvailable)
+        memory[static_cast<pid_t>(p.pid)] += p.used_gpu_memory;
     return memory;
   }
   return std::nullopt;

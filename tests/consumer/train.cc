@@ -30,7 +30,7 @@ namespace dw = ddpl::worker;
 int main(int argc, char** argv) {
   const std::string checkpointPath = argc > 1 ? argv[1] : "consumer.pt";
   const auto options = dw::SessionOptions::fromEnvironment();
-  return dw::recordErrors(options.errorFile, [&] {
+  return dw::recordErrors(options.error_file, [&] {
     dw::Session session(options);
     torch::manual_seed(1000 + session.rank());  // DDP must broadcast rank 0's weights
     auto model = std::make_shared<torch::nn::LinearImpl>(8, 1);
@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
         loss = 0;
       } while (!autoBatch.step(step, [&](int64_t m) {
         const auto& mb = autoBatch.current();
-        const auto part = index.narrow(0, m * mb.microBatch, mb.microBatch);
+        const auto part = index.narrow(0, m * mb.micro_batch, mb.micro_batch);
         auto l = torch::mse_loss(ddp(x.index_select(0, part)), y.index_select(0, part));
         (l / mb.accumulation).backward();
         loss += l.item<double>() / static_cast<double>(mb.accumulation);
@@ -81,12 +81,13 @@ int main(int argc, char** argv) {
         !dw::checkpointDefect(checkpoints.latest()).empty()) {
       throw ddpl::Error("CheckpointManager wrote '" + checkpoints.latest() + "'");
     }
-    std::printf("consumer rank %d/%d: %lld steps, loss %.4f -> %.4f, micro-batch %lld x %lld, "
-                "weights %.6f\n",
-                session.rank(), session.worldSize(), static_cast<long long>(progress.step),
-                firstLoss, loss, static_cast<long long>(autoBatch.current().microBatch),
-                static_cast<long long>(autoBatch.current().accumulation),
-                model->weight.sum().item<double>() + model->bias.sum().item<double>());
+    std::printf(
+        "consumer rank %d/%d: %lld steps, loss %.4f -> %.4f, micro-batch %lld x %lld, "
+        "weights %.6f\n",
+        session.rank(), session.worldSize(), static_cast<long long>(progress.step), firstLoss, loss,
+        static_cast<long long>(autoBatch.current().micro_batch),
+        static_cast<long long>(autoBatch.current().accumulation),
+        model->weight.sum().item<double>() + model->bias.sum().item<double>());
     return 0;
   });
 }

@@ -34,21 +34,21 @@ TEST(ExampleOptions, ParsesBothSpellingsAndEqualsForm) {
                                    "--channels-last", "--amp=bf16", "--accumulation", "4",
                                    "--resume", "--augment=0", "--checkpoint-dir="});
   EXPECT_EQ(o.model, ex::ModelKind::kResNet50);
-  EXPECT_EQ(o.batchSize, 16);
+  EXPECT_EQ(o.batch_size, 16);
   EXPECT_DOUBLE_EQ(o.lr, 0.05);
-  EXPECT_TRUE(o.channelsLast);
+  EXPECT_TRUE(o.channels_last);
   EXPECT_EQ(o.amp, ex::AmpMode::kBf16);
   EXPECT_EQ(o.accumulation, 4);
   EXPECT_TRUE(o.resume);
   EXPECT_FALSE(o.augment);
-  EXPECT_EQ(o.checkpointDir, "");
+  EXPECT_EQ(o.checkpoint_dir, "");
 }
 
 TEST(ExampleOptions, DefaultsAreTheDemo) {
   const auto o = ex::parseOptions({});
   EXPECT_EQ(o.model, ex::ModelKind::kResNet18);
   EXPECT_EQ(o.width, ex::kDefaultWidth);
-  EXPECT_TRUE(o.dataDir.empty());
+  EXPECT_TRUE(o.data_dir.empty());
   EXPECT_EQ(o.amp, ex::AmpMode::kOff);
   EXPECT_FALSE(o.resume);
 }
@@ -101,8 +101,9 @@ TEST(ExampleProgress, LinesWhenNotATerminal) {
     EXPECT_TRUE(p.wantsUpdate(5, 20));
     EXPECT_TRUE(p.wantsUpdate(20, 20));  // the end of an epoch always shows
     ex::StepStats s;
-    s.epoch = 2, s.epochs = 4, s.stepInEpoch = 5, s.stepsPerEpoch = 20, s.loss = 1.25, s.lr = 0.1;
-    s.imagesPerSecond = 300, s.etaSeconds = 65;
+    s.epoch = 2, s.epochs = 4, s.step_in_epoch = 5, s.steps_per_epoch = 20, s.loss = 1.25,
+    s.lr = 0.1;
+    s.images_per_second = 300, s.eta_seconds = 65;
     p.update(s);
     p.line("done");
   }
@@ -156,8 +157,8 @@ TEST_F(ExampleCifarReader, ReadsRecordsInOrderWithLabelsAndPlanarPixels) {
   ex::testing::writeCifarFile(path("data_batch_x.bin"), 1, 5);  // not a batch name: ignored
   const auto data = ex::loadCifar10(dir_.string());
   ASSERT_EQ(data.train.count, 22);
-  ASSERT_EQ(data.trainFiles.size(), 3u);
-  EXPECT_EQ(data.trainFiles[2], path("data_batch_10.bin"));
+  ASSERT_EQ(data.train_files.size(), 3u);
+  EXPECT_EQ(data.train_files[2], path("data_batch_10.bin"));
   EXPECT_EQ(data.test.count, 5);
   ASSERT_EQ(data.train.pixels.size(), 22u * 3072);
   // Record 13 is the second record of data_batch_2.bin (seed 2): compare byte by byte.

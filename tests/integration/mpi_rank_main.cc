@@ -32,9 +32,9 @@ int train(dw::Session& session, const std::string& dir) {
   {
     const auto& o = session.options();
     std::ofstream(dir + "/rank." + std::to_string(rank))
-        << "rank " << rank << " world " << world << " local " << o.localRank << "/" << o.localWorldSize
-        << " bootstrap " << (o.mpiBootstrap ? "mpi" : "env") << " backend " << dw::toString(session.backendKind())
-        << "\n";
+        << "rank " << rank << " world " << world << " local " << o.local_rank << "/"
+        << o.local_world_size << " bootstrap " << (o.mpi_bootstrap ? "mpi" : "env") << " backend "
+        << dw::toString(session.backendKind()) << "\n";
   }
   torch::manual_seed(4321 + rank);  // different on purpose: DDP broadcasts rank 0's weights
   auto model = torch::nn::Sequential(torch::nn::Linear(6, 12), torch::nn::Tanh(), torch::nn::Linear(12, 2));
@@ -90,8 +90,8 @@ int main(int argc, char** argv) {
   try {
     dw::SessionOptions options = dw::SessionOptions::fromEnvironment();
     options.backend = dw::BackendKind::kGloo;
-    options.collectiveTimeout = std::chrono::seconds(60);
-    options.storeTimeout = std::chrono::seconds(60);
+    options.collective_timeout = std::chrono::seconds(60);
+    options.store_timeout = std::chrono::seconds(60);
     dw::Session session(options);
     if (scenario == "train") return train(session, dir);
     if (scenario == "fail") return fail(session, dir);

@@ -55,11 +55,11 @@ TEST(WorkerDdp, EveryForwardStartsFromRankZerosBuffersWhenSynchronous) {
 TEST(WorkerDdp, ShapeMismatchNamesTheFirstDifferentParameter) {
   const auto results = wt::runRanks(2, {"shape_mismatch"}, wt::tempDir());
   for (const auto& r : results) EXPECT_TRUE(wt::exitedWith(r.status, 1)) << r.log;
-  const auto rank1 = nlohmann::json::parse(wt::readFile(results[1].errorFile));
+  const auto rank1 = nlohmann::json::parse(wt::readFile(results[1].error_file));
   EXPECT_EQ(rank1["message"]["message"].get<std::string>(),
             "ddpl::InvalidArgument: DistributedDataParallel: model mismatch: parameter '0.weight' has shape "
             "[5, 8] on rank 1 but [4, 8] on rank 0");
-  const auto rank0 = nlohmann::json::parse(wt::readFile(results[0].errorFile));
+  const auto rank0 = nlohmann::json::parse(wt::readFile(results[0].error_file));
   EXPECT_NE(rank0["message"]["message"].get<std::string>().find("rank 1 holds different parameter shapes"),
             std::string::npos);
 }
@@ -70,7 +70,7 @@ TEST(WorkerSession, UncaughtExceptionWritesTorchrunErrorFileAndRunsCleanup) {
   const auto results = wt::runRanks(2, {"throw", dir + "/cleanup"}, dir);
   for (size_t r = 0; r < results.size(); ++r) {
     ASSERT_TRUE(wt::exitedWith(results[r].status, 1)) << results[r].log;
-    const auto json = nlohmann::json::parse(wt::readFile(results[r].errorFile));
+    const auto json = nlohmann::json::parse(wt::readFile(results[r].error_file));
     EXPECT_EQ(json["message"]["message"].get<std::string>(),
               "ddpl::InvalidArgument: deliberate failure on rank " + std::to_string(r));
     const long ts = std::stol(json["message"]["extraInfo"]["timestamp"].get<std::string>());

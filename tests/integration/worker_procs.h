@@ -96,7 +96,7 @@ inline int waitFor(pid_t pid, std::chrono::seconds timeout) {
 struct RankResult {
   int status = 0;
   std::string log;
-  std::string errorFile;
+  std::string error_file;
 };
 
 // Runs `world` ranks of the rank program with the variables `launch`/torchrun would set.
@@ -108,7 +108,7 @@ inline std::vector<RankResult> runRanks(int world, const std::vector<std::string
   for (int r = 0; r < world; ++r) {
     std::vector<std::string> argv{rankBinary()};
     argv.insert(argv.end(), args.begin(), args.end());
-    results[r].errorFile = dir + "/error." + std::to_string(r) + ".json";
+    results[r].error_file = dir + "/error." + std::to_string(r) + ".json";
     pids.push_back(spawn(argv,
                          {{"RANK", std::to_string(r)},
                           {"LOCAL_RANK", std::to_string(r)},
@@ -117,7 +117,7 @@ inline std::vector<RankResult> runRanks(int world, const std::vector<std::string
                           {"MASTER_ADDR", "127.0.0.1"},
                           {"MASTER_PORT", std::to_string(port)},
                           {"TORCHELASTIC_USE_AGENT_STORE", "False"},
-                          {"TORCHELASTIC_ERROR_FILE", results[r].errorFile},
+                          {"TORCHELASTIC_ERROR_FILE", results[r].error_file},
                           {"OMP_NUM_THREADS", "1"},
                           {"DDPL_BACKEND", "gloo"}},
                          dir + "/rank" + std::to_string(r) + ".log"));

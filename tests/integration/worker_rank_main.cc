@@ -52,17 +52,17 @@ constexpr int kSteps = 5;
 constexpr int kPerRankBatch = 4;
 
 struct MlpImpl : torch::nn::Module {
-  explicit MlpImpl(bool batchNorm, int64_t width = 16) : useBn(batchNorm) {
+  explicit MlpImpl(bool batchNorm, int64_t width = 16) : use_bn(batchNorm) {
     fc1 = register_module("fc1", torch::nn::Linear(8, width));
-    if (useBn) bn = register_module("bn", torch::nn::BatchNorm1d(width));
+    if (use_bn) bn = register_module("bn", torch::nn::BatchNorm1d(width));
     fc2 = register_module("fc2", torch::nn::Linear(width, 3));
   }
   torch::Tensor forward(const torch::Tensor& x) {
     auto h = fc1(x);
-    if (useBn) h = bn(h);
+    if (use_bn) h = bn(h);
     return fc2(torch::relu(h));
   }
-  bool useBn;
+  bool use_bn;
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};
   torch::nn::BatchNorm1d bn{nullptr};
 };
@@ -189,7 +189,7 @@ struct SnoopingBnImpl : torch::nn::Module {
 int buffers(dw::Session& session, const std::string& mode) {
   const int rank = session.rank();
   dw::DdpOptions options;
-  options.overlapBufferBroadcast = mode == "overlap";
+  options.overlap_buffer_broadcast = mode == "overlap";
   torch::manual_seed(5);
   auto model = std::make_shared<SnoopingBnImpl>();
   dw::DistributedDataParallel<SnoopingBnImpl> ddp(model, session.backend(), options);
@@ -230,8 +230,8 @@ int overlap(dw::Session& session) {
   auto module = seq.ptr();
   module->to(session.device());
   dw::DdpOptions options;
-  options.firstBucketBytes = 300 * 1024;  // one Linear(256,256) per bucket
-  options.bucketBytes = 300 * 1024;
+  options.first_bucket_bytes = 300 * 1024;  // one Linear(256,256) per bucket
+  options.bucket_bytes = 300 * 1024;
   dw::DistributedDataParallel<torch::nn::SequentialImpl> ddp(module, session.backend(), options);
   if (ddp.reducer().bucketLayout().size() != 8) fail("expected 8 buckets");
   if (ddp.reducer().bucketLayout()[0][0] != "14.bias") fail("bucket 0 must hold the last layer, got " + ddp.reducer().bucketLayout()[0][0]);
@@ -240,11 +240,14 @@ int overlap(dw::Session& session) {
     ddp.forward(x).pow(2).sum().backward();
     const auto trace = ddp.reducer().lastIteration();
     const auto& first = trace.buckets.at(0);
-    std::cout << "iteration " << it << ": bucket 0 launched at " << first.launchedUs << "us with "
-              << first.gradsReadyAtLaunch << "/" << trace.numGrads << " gradients ready; last gradient at "
-              << trace.lastGradReadyUs << "us, done at " << trace.finishedUs << "us" << std::endl;
-    if (first.gradsReadyAtLaunch >= trace.numGrads) fail("bucket 0 launched only after every gradient was ready");
-    if (!(first.launchedUs < trace.lastGradReadyUs)) fail("bucket 0 launched after backward produced its last gradient");
+    std::cout << "iteration " << it << ": bucket 0 launched at " << first.launched_us << "us with "
+              << first.grads_ready_at_launch << "/" << trace.num_grads
+              << " gradients ready; last gradient at " << trace.last_grad_ready_us << "us, done at "
+              << trace.finished_us << "us" << std::endl;
+    if (first.grads_ready_at_launch >= trace.num_grads)
+      fail("bucket 0 launched only after every gradient was ready");
+    if (!(first.launched_us < trace.last_grad_ready_us))
+      fail("bucket 0 launched after backward produced its last gradient");
     for (auto& p : module->parameters()) p.mutable_grad().reset();
   }
   return 0;
@@ -266,7 +269,8 @@ int smallModelSplit(dw::Session& session) {
   for (int it = 0; it < 3; ++it) {
     ddp.forward(torch::randn({32, 64})).pow(2).sum().backward();
     const auto trace = ddp.reducer().lastIteration();
-    if (trace.buckets.at(0).gradsReadyAtLaunch >= trace.numGrads) fail("bucket 0 launched only after every gradient was ready");
+    if (trace.buckets.at(0).grads_ready_at_launch >= trace.num_grads)
+      fail("bucket 0 launched only after every gradient was ready");
   }
   auto tiny = torch::nn::Sequential(torch::nn::Linear(8, 4));
   dw::DistributedDataParallel<torch::nn::SequentialImpl> tinyDdp(tiny.ptr(), session.backend());
@@ -401,8 +405,8 @@ int scalerSequence(const std::string& pattern, const std::string& device_name) {
   auto p = torch::zeros({3}, torch::TensorOptions().device(device)).requires_grad_(true);
   torch::optim::SGD opt({p}, torch::optim::SGDOptions(1.0));
   dw::GradScalerOptions options;
-  options.initScale = 1024.0;
-  options.growthInterval = 2;
+  options.init_scale = 1024.0;
+  options.growth_interval = 2;
   dw::GradScaler scaler(options);
   std::string out = "[";
   for (size_t i = 0; i < pattern.size(); ++i) {
@@ -465,7 +469,7 @@ int checkpointedTraining(dw::Session& session, const std::string& arg) {
     killWhere = k.substr(k.rfind(':') + 1);
   }
   const bool killHere =
-      session.options().restartCount == 0 && (killRank < 0 || session.rank() == killRank);
+      session.options().restart_count == 0 && (killRank < 0 || session.rank() == killRank);
   const int rank = session.rank(), world = session.worldSize();
 
   torch::manual_seed(77);
@@ -495,7 +499,7 @@ int checkpointedTraining(dw::Session& session, const std::string& arg) {
     if (progress.step % every != 0) continue;
     if (killHere && step + 1 == killStep && killWhere == "checkpoint" && ckpts.inMemory()) {
       // Half of this step's checkpoint written into launch's memory, then the crash.
-      std::string rankDir = ddpl::ckpt::makeRankDir(session.options().checkpointMemory, rank);
+      std::string rankDir = ddpl::ckpt::makeRankDir(session.options().checkpoint_memory, rank);
       std::string partial = ddpl::ckpt::beginStep(rankDir, progress.step);
       std::ofstream(partial + "/half.pt") << std::string(4096, 'x');
       ::kill(::getpid(), SIGKILL);
@@ -519,9 +523,9 @@ int main(int argc, char** argv) {
   const std::string arg = argc > 2 ? argv[2] : "";
   // The library never reads the environment on its own: main does, once.
   dw::SessionOptions options = dw::SessionOptions::fromEnvironment();
-  options.collectiveTimeout = std::chrono::seconds(60);
-  options.storeTimeout = std::chrono::seconds(60);
-  return dw::recordErrors(options.errorFile, [&]() -> int {
+  options.collective_timeout = std::chrono::seconds(60);
+  options.store_timeout = std::chrono::seconds(60);
+  return dw::recordErrors(options.error_file, [&]() -> int {
     if (scenario == "checkpoint_write") return checkpointWriter(arg);
     if (scenario == "checkpoint_verify") return checkpointVerify(arg);
     if (scenario == "throw_named") return throwNamed();

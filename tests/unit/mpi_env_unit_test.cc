@@ -31,9 +31,9 @@ TEST(MpiEnv, OpenMpi) {
   ASSERT_TRUE(l.has_value());
   EXPECT_EQ(l->source, "OpenMPI");
   EXPECT_EQ(l->rank, 3);
-  EXPECT_EQ(l->worldSize, 4);
-  EXPECT_EQ(l->localRank, 1);
-  EXPECT_EQ(l->localWorldSize, 2);
+  EXPECT_EQ(l->world_size, 4);
+  EXPECT_EQ(l->local_rank, 1);
+  EXPECT_EQ(l->local_world_size, 2);
   EXPECT_EQ(l->variables,
             "OMPI_COMM_WORLD_RANK=3 OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_LOCAL_RANK=1 OMPI_COMM_WORLD_LOCAL_SIZE=2");
 }
@@ -43,27 +43,27 @@ TEST(MpiEnv, PmiPmixAndSlurm) {
                                   {"MPI_LOCALNRANKS", "2"}});
   ASSERT_TRUE(pmi);
   EXPECT_EQ(pmi->source, "PMI");
-  EXPECT_EQ(pmi->localRank, 1);
+  EXPECT_EQ(pmi->local_rank, 1);
 
   auto pmix = dw::detectMpiLaunch({{"PMIX_RANK", "5"}});
   ASSERT_TRUE(pmix);
   EXPECT_EQ(pmix->rank, 5);
-  EXPECT_FALSE(pmix->worldSize.has_value());  // MPI_Comm_size tells
+  EXPECT_FALSE(pmix->world_size.has_value());  // MPI_Comm_size tells
 
   auto srunPmix = dw::detectMpiLaunch({{"PMIX_RANK", "2"}, {"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "4"},
                                        {"SLURM_LOCALID", "0"}, {"SLURM_STEP_ID", "0"}});
   ASSERT_TRUE(srunPmix);
   EXPECT_EQ(srunPmix->source, "PMIx");
-  EXPECT_EQ(srunPmix->worldSize, 4);
-  EXPECT_EQ(srunPmix->localRank, 0);
-  EXPECT_FALSE(srunPmix->localWorldSize.has_value());
+  EXPECT_EQ(srunPmix->world_size, 4);
+  EXPECT_EQ(srunPmix->local_rank, 0);
+  EXPECT_FALSE(srunPmix->local_world_size.has_value());
 
   auto srun = dw::detectMpiLaunch({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "1"},
                                    {"SLURM_STEP_ID", "3"}});
   ASSERT_TRUE(srun);
   EXPECT_EQ(srun->source, "Slurm");
   EXPECT_EQ(srun->rank, 1);
-  EXPECT_EQ(srun->worldSize, 2);
+  EXPECT_EQ(srun->world_size, 2);
 }
 
 TEST(MpiEnv, PartialOrInconsistentSetsAreErrorsNamingTheVariables) {

@@ -139,7 +139,7 @@ TEST(NativeTrace, ModuleOffsetIsTheAddressAsTheModuleNumbersIt) {
   Dl_info info{};
   ASSERT_NE(::dladdr(reinterpret_cast<void*>(&ddpl_test::captureHere), &info), 0);
   // A position-independent program: its own numbering starts at its load address.
-  EXPECT_EQ(trace.frames[0].moduleOffset,
+  EXPECT_EQ(trace.frames[0].module_offset,
             trace.frames[0].address - reinterpret_cast<uintptr_t>(info.dli_fbase));
 }
 

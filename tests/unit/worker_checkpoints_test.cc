@@ -169,20 +169,20 @@ TEST(ResumeRule, RestartThenSameRunThenTheFlagThenFresh) {
 
 TEST(MicroBatching, ShrinksBySmallestPrimeFactorKeepingSamplesPerStep) {
   struct Case {
-    int64_t micro, accumulation, wantMicro, wantAccumulation;
+    int64_t micro, accumulation, want_micro, want_accumulation;
   };
   for (const Case c : {Case{8, 1, 4, 2}, Case{6, 2, 3, 4}, Case{9, 1, 3, 3}, Case{7, 3, 1, 21},
                        Case{2, 5, 1, 10}, Case{64, 1, 32, 2}}) {
     dw::MicroBatching next;
     ASSERT_TRUE(dw::shrinkMicroBatching({c.micro, c.accumulation}, 1, next)) << c.micro;
-    EXPECT_EQ(next.microBatch, c.wantMicro) << c.micro;
-    EXPECT_EQ(next.accumulation, c.wantAccumulation) << c.micro;
-    EXPECT_EQ(next.microBatch * next.accumulation, c.micro * c.accumulation);
+    EXPECT_EQ(next.micro_batch, c.want_micro) << c.micro;
+    EXPECT_EQ(next.accumulation, c.want_accumulation) << c.micro;
+    EXPECT_EQ(next.micro_batch * next.accumulation, c.micro * c.accumulation);
   }
   dw::MicroBatching next{99, 99};
   EXPECT_FALSE(dw::shrinkMicroBatching({1, 4}, 1, next));
   EXPECT_FALSE(dw::shrinkMicroBatching({8, 1}, 5, next));  // 4 would be below the minimum
-  EXPECT_EQ(next.microBatch, 99);                          // untouched when it cannot shrink
+  EXPECT_EQ(next.micro_batch, 99);                         // untouched when it cannot shrink
 }
 
 }  // namespace

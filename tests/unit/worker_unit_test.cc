@@ -103,9 +103,9 @@ TEST(WorkerStoreAdapter, BootstrapsGlooProcessGroup) {
       dw::detail::BackendSpec spec;
       spec.store = c10::make_intrusive<dw::RdzvC10dStore>(shared, std::chrono::seconds(30));
       spec.rank = r;
-      spec.worldSize = kWorld;
+      spec.world_size = kWorld;
       spec.timeout = std::chrono::seconds(30);
-      spec.glooInterface = "lo";
+      spec.gloo_interface = "lo";
       auto backend = dw::detail::makeGlooBackend(spec);
       std::vector<at::Tensor> t{torch::full({4}, static_cast<double>(r + 1))};
       backend->allreduce(t)->wait();
@@ -122,8 +122,8 @@ TEST(WorkerGradScaler, MatchesPyTorchSkipsOnInfAndAdjustsScale) {
   auto p = torch::zeros({3}).requires_grad_(true);
   torch::optim::SGD opt({p}, torch::optim::SGDOptions(1.0));
   dw::GradScalerOptions options;
-  options.initScale = 1024.0;
-  options.growthInterval = 2;
+  options.init_scale = 1024.0;
+  options.growth_interval = 2;
   dw::GradScaler scaler(options);
   ASSERT_EQ(expected.size(), pattern.size());
   for (size_t i = 0; i < pattern.size(); ++i) {
@@ -165,7 +165,7 @@ TEST(WorkerSampler, MatchesPyTorchShards) {
     for (int r = 0; r < world; ++r) {
       dw::SamplerOptions o;
       o.seed = 7;
-      o.dropLast = drop != 0;
+      o.drop_last = drop != 0;
       dw::DistributedSampler sampler(n, r, world, o);
       sampler.setEpoch(3);
       EXPECT_EQ(sampler.indices(), expected[r].get<std::vector<int64_t>>()) << "n=" << n << " rank " << r;
@@ -201,13 +201,13 @@ TEST(WorkerCheckpoint, RoundTripsModelOptimizerScalerProgress) {
   torch::manual_seed(99);
   auto other = torch::nn::Linear(4, 2);
   torch::optim::Adam otherOpt(other->parameters());
-  dw::GradScaler otherScaler(dw::GradScalerOptions{.initScale = 8.0});
+  dw::GradScaler otherScaler(dw::GradScalerOptions{.init_scale = 8.0});
   dw::TrainingProgress loaded;
   ASSERT_TRUE(dw::loadCheckpoint(path, {other.get(), &otherOpt, &otherScaler, &loaded}));
   EXPECT_TRUE(torch::equal(other->weight, model->weight));
   EXPECT_EQ(loaded.step, 42);
   EXPECT_EQ(loaded.epoch, 3);
-  EXPECT_EQ(loaded.samplesSeen, 1000);
+  EXPECT_EQ(loaded.samples_seen, 1000);
   EXPECT_EQ(otherScaler.currentScale(), 65536.0);
   EXPECT_FALSE(dw::loadCheckpoint(path + ".absent", {other.get()}));
   std::remove(path.c_str());
@@ -254,14 +254,14 @@ TEST(WorkerSessionOptions, ParsesLauncherEnvironmentExplicitly) {
       {"TORCHELASTIC_RESTART_COUNT", "2"}, {"TORCHELASTIC_ERROR_FILE", "/tmp/e.json"},
       {"DDPL_STORE_ADDR", "h:1"}, {"DDPL_BACKEND", "gloo"}});
   EXPECT_EQ(o.rank, 3);
-  EXPECT_EQ(o.worldSize, 4);
-  EXPECT_EQ(o.localRank, 1);
-  EXPECT_EQ(o.masterAddr, "10.0.0.1");
-  EXPECT_EQ(o.masterPort, 29999);
-  EXPECT_TRUE(o.agentHostsStore);
-  EXPECT_EQ(o.restartCount, 2);
-  EXPECT_EQ(o.errorFile, "/tmp/e.json");
-  EXPECT_EQ(o.storeAddr, "h:1");
+  EXPECT_EQ(o.world_size, 4);
+  EXPECT_EQ(o.local_rank, 1);
+  EXPECT_EQ(o.master_addr, "10.0.0.1");
+  EXPECT_EQ(o.master_port, 29999);
+  EXPECT_TRUE(o.agent_hosts_store);
+  EXPECT_EQ(o.restart_count, 2);
+  EXPECT_EQ(o.error_file, "/tmp/e.json");
+  EXPECT_EQ(o.store_addr, "h:1");
   EXPECT_EQ(o.backend, dw::BackendKind::kGloo);
   try {
     dw::SessionOptions::fromEnvironment(dw::Environment{{"RANK", "x1"}});
@@ -275,19 +275,24 @@ TEST(WorkerSessionOptions, ParsesLauncherEnvironmentExplicitly) {
 
 TEST(WorkerSessionOptions, RetainFreedMemoryIsOnUnlessTheUserTunesMalloc) {
   using E = dw::Environment;
-  EXPECT_TRUE(dw::SessionOptions::fromEnvironment(E{}).retainFreedMemory);
+  EXPECT_TRUE(dw::SessionOptions::fromEnvironment(E{}).retain_freed_memory);
   // glibc's own settings are the user's choice: ours would override them.
-  EXPECT_FALSE(dw::SessionOptions::fromEnvironment(E{{"MALLOC_MMAP_THRESHOLD_", "65536"}}).retainFreedMemory);
-  EXPECT_FALSE(dw::SessionOptions::fromEnvironment(E{{"MALLOC_TRIM_THRESHOLD_", "0"}}).retainFreedMemory);
-  EXPECT_FALSE(dw::SessionOptions::fromEnvironment(E{{"GLIBC_TUNABLES", "glibc.malloc.trim_threshold=0"}})
-                   .retainFreedMemory);
-  EXPECT_TRUE(dw::SessionOptions::fromEnvironment(E{{"GLIBC_TUNABLES", "glibc.malloc.tcache_count=0"}})
-                  .retainFreedMemory);
+  EXPECT_FALSE(dw::SessionOptions::fromEnvironment(E{{"MALLOC_MMAP_THRESHOLD_", "65536"}})
+                   .retain_freed_memory);
+  EXPECT_FALSE(
+      dw::SessionOptions::fromEnvironment(E{{"MALLOC_TRIM_THRESHOLD_", "0"}}).retain_freed_memory);
+  EXPECT_FALSE(
+      dw::SessionOptions::fromEnvironment(E{{"GLIBC_TUNABLES", "glibc.malloc.trim_threshold=0"}})
+          .retain_freed_memory);
+  EXPECT_TRUE(
+      dw::SessionOptions::fromEnvironment(E{{"GLIBC_TUNABLES", "glibc.malloc.tcache_count=0"}})
+          .retain_freed_memory);
   // DDPL_RETAIN_FREED_MEMORY says it outright, either way.
   EXPECT_TRUE(dw::SessionOptions::fromEnvironment(
                   E{{"MALLOC_MMAP_THRESHOLD_", "65536"}, {"DDPL_RETAIN_FREED_MEMORY", "1"}})
-                  .retainFreedMemory);
-  EXPECT_FALSE(dw::SessionOptions::fromEnvironment(E{{"DDPL_RETAIN_FREED_MEMORY", "0"}}).retainFreedMemory);
+                  .retain_freed_memory);
+  EXPECT_FALSE(dw::SessionOptions::fromEnvironment(E{{"DDPL_RETAIN_FREED_MEMORY", "0"}})
+                   .retain_freed_memory);
   try {
     dw::SessionOptions::fromEnvironment(E{{"DDPL_RETAIN_FREED_MEMORY", "maybe"}});
     FAIL();
