@@ -76,9 +76,9 @@ CGROUP_CPU = "/sys/fs/cgroup/cpu"
 
 # ---------------------------------------------------------------------- analysis (pure)
 def attempt_key(e):
-    """The group a worker event belongs to: its round (inv.round_key) and restart count. A
-    restart without a new round is a new attempt all the same: it resumes from a checkpoint."""
-    return (inv.round_key(e), e.get("restart", -1))
+    """The group of workers an event belongs to: the token its rank 0 gave it (chaos_train.py),
+    or for a worker that failed before it had one, the worker itself."""
+    return e.get("group") or f"no group: {e.get('node')} pid {e.get('pid')}"
 
 
 def attempts(events):
@@ -104,7 +104,7 @@ def attempts(events):
         elif ev == "step" and e.get("step") is not None:
             s = e["step"]
             a["steps"][s] = max(a["steps"].get(s, 0), e["t"])
-    return dict(sorted(out.items(), key=lambda kv: kv[0]))
+    return dict(sorted(out.items(), key=lambda kv: kv[1]["first_event"]))
 
 
 def kept_steps(atts):
@@ -131,8 +131,7 @@ def soak_violations(events, atts, kept):
     seen = {}
     for s, k, _, _ in kept:
         if s in seen:
-            out.append(("step_twice", f"step {s} kept from two attempts: {inv.label(seen[s][0])} "
-                                      f"restart {seen[s][1]} and {inv.label(k[0])} restart {k[1]}"))
+            out.append(("step_twice", f"step {s} kept from two attempts: {seen[s]} and {k}"))
         seen[s] = k
     if seen:
         missing = sorted(set(range(1, max(seen) + 1)) - set(seen))
@@ -143,9 +142,9 @@ def soak_violations(events, atts, kept):
         for new in keys[i + 1:]:
             a, b = atts[old], atts[new]
             if a["steps"] and b["steps"] and max(a["steps"].values()) > min(b["steps"].values()):
-                out.append(("overlap", f"{inv.label(old[0])} restart {old[1]} stepped "
+                out.append(("overlap", f"attempt {old} stepped "
                                        f"{max(a['steps'].values()) - min(b['steps'].values()):.2f}s"
-                                       f" after {inv.label(new[0])} restart {new[1]} had begun"))
+                                       f" after attempt {new} had begun"))
     commits = {}
     for e in events:  # no step committed twice by one rank of one attempt
         if e.get("event") == "ckpt_saved":
@@ -181,7 +180,7 @@ def incident_figures(atts, fault, t_next, events):
     before = [s for a in atts.values() for s, ts in a["steps"].items() if ts <= t]
     pre_max = max(before) if before else 0
     newer = [k for k in keys if atts[k]["first_event"] > t and atts[k]["first_event"] < t_next]
-    f["attempts_after"] = len(newer)
+    f["attempts_after"] = sum(1 for k in newer if atts[k]["start"] is not None)
     if aff is not None and newer:
         a = atts[aff]
         stops = [e["t"] for e in events if attempt_key(e) == aff and e["t"] >= t and (
@@ -191,7 +190,8 @@ def incident_figures(atts, fault, t_next, events):
         if a["last_event"] >= t:  # else it had ended already (a node re-joining, say)
             f["detect_s"] = round((min(stops) if stops else first_new) - t, 2)
             f["stop_s"] = round(a["last_event"] - t, 2)
-        nxt = atts[newer[0]]
+        formed = [k for k in newer if atts[k]["start"] is not None]
+        nxt = atts[formed[0] if formed else newer[0]]
         if nxt["start"] is not None:
             f["reform_s"] = round(nxt["start"] - t, 2)
         if nxt["resumed_t"] is not None:
@@ -207,7 +207,9 @@ def incident_figures(atts, fault, t_next, events):
         top = max(pre_max, max(atts[aff]["steps"] or {0: 0}))
         back = next((ts for ts, s, k in later if s > top and k in newer), None)
     else:
-        back = next((ts for ts, s, _ in later if s > pre_max), None)
+        # Past the step in flight too: a stopped rank's peers may still finish the step whose
+        # collective it had joined.
+        back = next((ts for ts, s, _ in later if s > pre_max + 1), None)
     if back is not None:
         f["back_s"] = round(back - t, 2)
         f["recovered"] = back < t_next
@@ -264,7 +266,7 @@ def analyze(events, faults, t_end):
         # Seconds lost in the incident's window: its length minus the kept steps' time in it.
         in_win = sum(min(end, t_next) - max(begin, f["t"]) for _, _, begin, end in kept
                      if begin is not None and end > f["t"] and begin < t_next)
-        fig["window_s"] = round(min(t_next, last_step or t_next) - f["t"], 1)
+        fig["window_s"] = round(min(t_next, t_stop) - f["t"], 1)
         fig["lost_s"] = round(max(0.0, fig["window_s"] - in_win), 1)
         fig["waited_s"] = f.get("waited_s", 0)
         if f["kind"] == "node_cut":
@@ -316,6 +318,10 @@ class Soak:
                     "PG_TIMEOUT": args.pg_timeout,
                     "CKPT_EVERY": args.disk_every if self.reference else 1,
                     "PERSIST_EVERY": 1 if self.reference else 10,
+                    # torchrun: torch.save to the shared directory, as its users do (each
+                    # agent counts its own restarts there, so a store-based agreement of the
+                    # workers cannot rely on one attempt prefix)
+                    "CKPT_MODE": "torch" if self.reference else "ddplaunch",
                     "PYTHONPATH": os.path.join(ROOT, "python"), "PYTHON_EXEC": args.python,
                     "PET_NNODES": None, "PET_RDZV_ENDPOINT": None, "DDPL_RDZV_TOKEN": None,
                     "TORCHELASTIC_RUN_ID": None}
@@ -353,12 +359,14 @@ class Soak:
         cl, a = self.cl, self.args
         train = os.path.join(HERE, "chaos_train.py")
         if self.reference == "torchrun":
-            return [os.path.join(os.path.dirname(a.python), "torchrun"), "--nnodes=2:3",
+            # n1's agent hosts the TCPStore of torchrun's c10d rendezvous (the namespaces share
+            # one host name, so torchrun is told which node hosts it).
+            return [a.python, "-m", "torch.distributed.run", "--nnodes=2:3",
                     "--nproc-per-node=1", "--rdzv-backend=c10d",
                     f"--rdzv-endpoint={cl.ip('n1')}:{PORT}", "--rdzv-id=chaos",
                     "--max-restarts=100", f"--local-addr={cl.ip(n)}",
-                    "--rdzv-conf=join_timeout=60,last_call_timeout=2", "--monitor-interval=0.1",
-                    a.python, train]
+                    "--rdzv-conf=join_timeout=60,last_call_timeout=2,is_host="
+                    + ("1" if n == "n1" else "0"), "--monitor-interval=0.1", train]
         return [os.path.join(a.build, "bin", "launch"), "--nnodes=2:3", "--nproc-per-node=1",
                 "--rdzv-backend=c10d", f"--rdzv-endpoint={cl.ip('srv')}:{PORT}",
                 "--rdzv-id=chaos", "--max-restarts=100", f"--local-addr={cl.ip(n)}",
@@ -582,7 +590,11 @@ class Soak:
             # A node killed or cut by an earlier fault is back in the group first (bounded):
             # the job keeps its minimum of 2 nodes, and each incident is one fault's.
             self.wait_whole(interval)
-            rec = self.inject(kind, idx)
+            if self.reference and kind not in TORCHRUN_KINDS:
+                rec = {"kind": kind, "t": time.time(), "victim": None,
+                       "skipped": "torchrun does not survive it (left out of its run)"}
+            else:
+                rec = self.inject(kind, idx)
             rec["waited_s"] = round(rec["t"] - due, 1)
             log(f"fault {i + 1}/{len(plan)} at {rec['t'] - t0:.0f}s: {kind} on {rec['victim']}"
                 + (f" (skipped: {rec['skipped']})" if rec.get("skipped") else ""))
@@ -663,11 +675,8 @@ def main(argv=None):
                  + "".join(f"; {k} is not implemented: {w}" for k, w in NOT_IMPLEMENTED.items()))
     if args.reference == "torchrun":
         dropped = [k for k in kinds if k not in TORCHRUN_KINDS]
-        kinds = [k for k in kinds if k in TORCHRUN_KINDS]
-        if dropped:
-            log(f"torchrun cannot survive {', '.join(dropped)} here: left out")
-        if not kinds:
-            ap.error("no fault kind that torchrun survives")
+        if dropped:  # drawn all the same, so that a seed gives launch's sequence
+            log(f"torchrun cannot survive {', '.join(dropped)} here: those draws are skipped")
     elif not all(os.access(os.path.join(args.build, "bin", b), os.X_OK)
                  for b in ("launch", "rdzv-server")):
         print(f"FAIL: {args.build}/bin/launch or rdzv-server is missing: build them first")
