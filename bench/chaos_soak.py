@@ -251,7 +251,7 @@ def analyze(events, faults, t_end):
     last_step = max((end for _, _, _, end in kept), default=None)
     # To the soak's end at least: a job that stops recovering loses the time it stood still.
     t_stop = max(last_step or 0, t_end or 0)
-    wall = (t_stop - t_begin) if (t_begin and t_stop) else 0
+    wall = (t_stop - t_begin) if (t_begin is not None and last_step is not None) else 0
     r = {"attempts": len(atts), "steps_done": all_steps, "steps_kept": len(kept),
          "steps_recomputed": all_steps - len(kept), "wall_s": round(wall, 1),
          "kept_s": round(sum(durations), 1),

@@ -27,6 +27,9 @@ endforeach()
 # floor: docs/benchmarks.md, chaos soak). --hang-timeout 8, above the fence's 6 s: a hang found
 # while the rendezvous is unreachable delays the fence (launch's hang report asks the other
 # nodes for stacks through the store on the agent's loop thread, reported with issue 48).
+add_test(NAME netfault_chaos_analysis_test
+  COMMAND ${DDPL_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/netfault/chaos_analysis_test.py)
+set_tests_properties(netfault_chaos_analysis_test PROPERTIES TIMEOUT 60 LABELS "unit;netfault")
 add_test(NAME netfault_chaos_soak
   COMMAND ${DDPL_PYTHON} ${PROJECT_SOURCE_DIR}/bench/chaos_soak.py --build ${CMAKE_BINARY_DIR}
           --python ${DDPL_PYTHON} --minutes 2 --interval 24 --seed 3 --hang-timeout 8 --check
