@@ -108,21 +108,29 @@ def attempts(events):
 
 
 def kept_steps(atts):
-    """[(step, attempt key, begin, end)] of the steps that were kept: a step of an attempt is
-    kept when no later attempt resumed from before it (it was never recomputed)."""
-    keys = list(atts)
+    """[(step, attempt key, begin, end)] of the steps that were kept: the lineage of the final
+    state, followed back from the last attempt that stepped: its steps after the step it resumed
+    from, then that step's producer (the newest earlier attempt that did that step) from the step
+    it resumed from, and so on. Every other step was lost (recomputed, or never used: an attempt
+    can resume from a state newer than its predecessor's, made by an earlier one)."""
+    keys = [k for k in atts if atts[k]["steps"]]
+    if not keys:
+        return []
     out = []
-    for i, k in enumerate(keys):
+    k, upto = keys[-1], None
+    while k is not None:
         a = atts[k]
-        later = [atts[j]["resumed"] for j in keys[i + 1:] if atts[j]["resumed"] is not None]
-        bound = min(later) if later else None
-        prev_t = a["resumed_t"]
+        base = a["resumed"] or 0
         for s in sorted(a["steps"]):
-            t = a["steps"][s]
-            begin = a["steps"].get(s - 1, prev_t if s == (a["resumed"] or 0) + 1 else None)
-            if bound is None or s <= bound:
-                out.append((s, k, begin, t))
-    return out
+            if s <= base or (upto is not None and s > upto):
+                continue
+            begin = a["steps"].get(s - 1, a["resumed_t"] if s == base + 1 else None)
+            out.append((s, k, begin, a["steps"][s]))
+        if base <= 0:
+            break
+        earlier = [j for j in keys[:keys.index(k)] if base in atts[j]["steps"]]
+        k, upto = (earlier[-1], base) if earlier else (None, None)
+    return sorted(out)
 
 
 def soak_violations(events, atts, kept):
@@ -170,7 +178,8 @@ def incident_figures(atts, fault, t_next, events):
     f = {"kind": fault["kind"], "t": round(t, 2), "victim": fault.get("victim"),
          "detect_s": None, "stop_s": None, "reform_s": None, "restore_s": None,
          "restore_source": None, "restore_step": None, "recompute_steps": None,
-         "back_s": None, "stall_s": None, "attempts_after": 0, "recovered": False}
+         "back_s": None, "stall_s": None, "attempts_after": 0, "recovered": False,
+         "rollback_steps": None}
     keys = list(atts)
     aff = None
     for k in keys:
@@ -199,6 +208,16 @@ def incident_figures(atts, fault, t_next, events):
             f["restore_source"] = ",".join(sorted(nxt["sources"]))
             f["restore_step"] = nxt["resumed"]
             f["recompute_steps"] = max(max(a["steps"] or {0: 0}), pre_max) - nxt["resumed"]
+    # Every group formed in the window may go back: the most any went back from the highest
+    # step done before it formed (a node re-joining after a cut, say).
+    rollbacks = []
+    for k in newer:
+        n = atts[k]
+        if n["start"] is None or n["resumed"] is None:
+            continue
+        done = [s for j, o in atts.items() for s, ts in o["steps"].items() if ts < n["start"]]
+        rollbacks.append(max(done or [0]) - n["resumed"])
+    f["rollback_steps"] = max(rollbacks) if rollbacks else None
     # Back where it was: a step past the highest any rank had done when the fault came, or
     # (when the affected attempt went on stepping while it failed) past the attempt's highest,
     # in a newer attempt.
@@ -222,7 +241,7 @@ def cut_node_figures(events, fault, t_next):
     """A node cut from every other host must stop its workers on its own (the fence, 2W/3 after
     its last answered heartbeat) before the others can re-form without it (W): when its agent
     fenced (its log's first `fencing:` line after the cut) and its workers' last event."""
-    t, node = fault["t"], fault["victim"]
+    t, node = fault["t"], fault.get("victim")
     out = {"fence_s": None, "cut_workers_last_s": None}
     try:
         with open(fault.get("agent_log") or "", errors="replace") as fh:
@@ -279,7 +298,8 @@ def analyze(events, faults, t_end):
 def table(result):
     cols = [("kind", "kind"), ("victim", "victim"), ("detect_s", "detect"), ("stop_s", "stop"),
             ("reform_s", "re-form"), ("restore_s", "restore"), ("restore_source", "from"),
-            ("recompute_steps", "recomputed"), ("back_s", "back"), ("stall_s", "stall"),
+            ("recompute_steps", "recomputed"), ("rollback_steps", "max rollback"),
+            ("back_s", "back"), ("stall_s", "stall"),
             ("fence_s", "fence"), ("lost_s", "lost"), ("recovered", "ok")]
     lines = ["| t (s) | " + " | ".join(c[1] for c in cols) + " |",
              "|---" * (len(cols) + 1) + "|"]

@@ -80,6 +80,22 @@ class ChaosAnalysisTest(unittest.TestCase):
         self.assertIn("overlap", kinds)
         self.assertIn("commit_twice", kinds)
 
+    def test_a_resume_from_an_earlier_attempts_newer_state_keeps_that_attempts_steps(self):
+        # a: 1..10; b resumes from 5 (a node re-joined with an old copy) and does 6, 7; c resumes
+        # from 10, a's state: a's steps are the lineage, b's two were lost.
+        events = [e for e in two_attempts() if e["group"] == "a"]
+        events += [ev(12.0, "start", "b"), ev(12.5, "resumed", "b", 0, 5, source="memory"),
+                   ev(13.0, "step", "b", 0, 6), ev(14.0, "step", "b", 0, 7),
+                   ev(15.0, "start", "c"), ev(15.5, "resumed", "c", 0, 10, source="disk"),
+                   ev(16.0, "step", "c", 0, 11), ev(17.0, "step", "c", 0, 12)]
+        r = cs.analyze(events, [{"kind": "node_cut", "t": 10.5}], None)
+        kept = cs.kept_steps(cs.attempts(events))
+        self.assertEqual([(s, k) for s, k, _, _ in kept],
+                         [(s, "a") for s in range(1, 11)] + [(11, "c"), (12, "c")])
+        self.assertEqual(r["violations"], [])
+        self.assertEqual(r["steps_recomputed"], 2)
+        self.assertEqual(r["incidents"][0]["rollback_steps"], 5)
+
     def test_a_step_never_kept_is_a_violation(self):
         events = [e for e in two_attempts() if not (e["event"] == "step" and e["step"] == 5)]
         kinds = {k for k, _ in cs.analyze(events, [], None)["violations"]}
