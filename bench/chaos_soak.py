@@ -312,6 +312,11 @@ def table(result):
 
 
 # ---------------------------------------------------------------------- the run
+class JobDied(Exception):
+    """The reference job's agent exited during the soak: the job is gone (torchrun has no way
+    back from it); the rest of the run counts as lost."""
+
+
 class Soak:
     def __init__(self, cl, args):
         self.cl, self.args = cl, args
@@ -332,6 +337,8 @@ class Soak:
         self.faults = []
         self.rng = random.Random(args.seed)
         self.planned = 0
+        self.died = None
+        self.t0 = time.time()
         self.env = {"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1",
                     "NETFAULT_EVENTS": self.events_dir, "CKPT_DIR": self.ckpt_dir,
                     "CHAOS_STOP": self.stop_file, "STEP_SECONDS": args.step_seconds,
@@ -586,14 +593,28 @@ class Soak:
     def check_agents(self):
         dead = {n: p.poll() for n, p in self.agents.items()
                 if p.poll() is not None and p not in self.retired and n not in self.down}
+        if dead and self.reference:
+            raise JobDied(f"agent(s) exited during the soak: {dead}")
         if dead:
             raise ScenarioFailure(f"agent(s) exited during the soak: {dead}")
 
     def run(self, minutes, interval, kinds):
+        try:
+            return self._run(minutes, interval, kinds)
+        except JobDied as e:
+            now = time.time()
+            self.died = {"t": now, "why": str(e)}
+            log(f"the {self.reference} job died: {e}; the rest of the run counts as lost")
+            for p in self.agents.values():
+                p.signal(signal.SIGKILL)
+            return self.t0, max(now, self.t0 + minutes * 60), {
+                n: p.poll() for n, p in self.agents.items()}
+
+    def _run(self, minutes, interval, kinds):
         self.start()
         wait_until(lambda: (self.check_agents() or True) and self.max_step() >= 3, 240,
                    "the job's first steps")
-        t0 = time.time()
+        t0 = self.t0 = time.time()
         end = t0 + minutes * 60
         n_faults = max(0, int((end - t0 - 1e-9) // interval))
         plan = [(self.rng.choice(kinds), self.rng.randrange(len(self.cl.nodes)))
@@ -735,6 +756,7 @@ def main(argv=None):
                 "minutes": args.minutes, "interval_s": args.interval, "kinds": kinds,
                 "not_implemented": NOT_IMPLEMENTED, "agents_exit": rcs,
                 "skipped_faults": [f for f in soak.faults if f.get("skipped")],
+                "job_died": soak.died,
                 "commit": _commit(), "duration_s": round(time.time() - start, 1),
                 "command": " ".join([os.path.basename(sys.argv[0])] + (argv or sys.argv[1:]))})
     print(f"\n== chaos soak ({res['launcher']}, seed {args.seed}, {args.minutes} min, a fault "
@@ -743,6 +765,9 @@ def main(argv=None):
     print(f"ETTR {res['ettr']:.3f}: {res['kept_s']}s on {res['steps_kept']} kept steps of "
           f"{res['wall_s']}s wall ({res['steps_recomputed']} steps recomputed, {res['attempts']} "
           f"attempts, median step {res['median_step_s']}s)")
+    if soak.died:
+        print(f"THE JOB DIED {soak.died['t'] - t0:.0f}s into the soak ({soak.died['why']}): the "
+              f"faults after it were not injected, and the time to the soak's end counts as lost")
     print(f"invariant violations: {len(res['violations'])}")
     for k, m in res["violations"]:
         print(f"   VIOLATION {k}: {m}")
