@@ -34,9 +34,14 @@ kind and phases (detect, stop, re-form, restore source, steps recomputed, back t
 step), with the harness's invariants (tests/netfault/invariants.py) and the soak's own (one
 attempt training at a time, no step kept twice, every kept step from 1 to the last).
 
---reference torchrun: the same faults (those torchrun survives: worker_kill, worker_hang,
-straggler, ckpt_full, node_kill of a node that does not host its rendezvous) on torchrun's own
-c10d rendezvous hosted by n1's agent, checkpoints to disk every --disk-every steps.
+--reference torchrun: the same draws on torchrun's own c10d rendezvous, hosted by n1's agent,
+the workers' rank 0 torch.saving latest.pt every --disk-every steps and every rank loading it (as
+a torchrun job does); only the kinds torchrun can survive are injected (worker_kill, worker_hang,
+straggler, ckpt_full, node_kill of a node other than n1), the other draws are skipped in place so
+that a seed gives launch's sequence. A torchrun job whose agent dies ends the run there: the rest
+of the run counts as lost.
+
+Figures and what they say: docs/benchmarks.md, "Chaos soak".
 
 Exit 0 when the run completed (figures printed), 1 when the harness failed, 77 when it cannot
 run here (not root, no namespaces, no nft). --check adds the test's assertions (ETTR floor, no
@@ -398,7 +403,8 @@ class Soak:
                 "--rdzv-backend=c10d", f"--rdzv-endpoint={cl.ip('srv')}:{PORT}",
                 "--rdzv-id=chaos", "--max-restarts=100", f"--local-addr={cl.ip(n)}",
                 "--rdzv-conf=join_timeout=60,last_call_timeout=2",
-                "--checkpoint-memory=64M", "--checkpoint-memory-keep=2", "--prewarm=torch", "--shutdown-timeout=3",
+                "--checkpoint-memory=64M", "--checkpoint-memory-keep=2", "--prewarm=torch",
+                "--shutdown-timeout=3",
                 f"--hang-timeout={a.hang_timeout}",
                 "--monitor=off", train]  # run by PYTHON_EXEC: what --prewarm forks
 
@@ -752,7 +758,8 @@ def main(argv=None):
     except Interrupted as e:
         print(f"FAIL: interrupted ({e}); everything torn down")
         return 1
-    res.update({"t0": t0, "planned_faults": soak.planned, "launcher": args.reference or "launch", "seed": args.seed,
+    res.update({"t0": t0, "planned_faults": soak.planned, "launcher": args.reference or "launch",
+                "seed": args.seed,
                 "minutes": args.minutes, "interval_s": args.interval, "kinds": kinds,
                 "not_implemented": NOT_IMPLEMENTED, "agents_exit": rcs,
                 "skipped_faults": [f for f in soak.faults if f.get("skipped")],

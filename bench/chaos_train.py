@@ -14,8 +14,8 @@ training goes on: losing one checkpoint costs recompute on the next fault, not t
 
 Environment: NETFAULT_EVENTS, NETFAULT_NODE, CKPT_DIR, CKPT_EVERY (1), PERSIST_EVERY (10),
 STEP_SECONDS (0.15), PG_TIMEOUT (8 s), CKPT_MODE (ddplaunch; torch: rank 0 torch.saves latest.pt
-every CKPT_EVERY steps and every rank torch.loads it, as a torchrun job does), CHAOS_STOP (a file: once it holds N, every rank stops
-after step N, all at the same step, and exits 0).
+every CKPT_EVERY steps and every rank torch.loads it, as a torchrun job does), CHAOS_STOP (a
+file: once it holds N, every rank stops after step N, all at the same step, and exits 0).
 """
 import os
 import signal
