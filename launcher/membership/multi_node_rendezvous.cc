@@ -18,6 +18,9 @@ using Clock = std::chrono::steady_clock;
 // often (one read a second per node).
 constexpr milliseconds kStatusEvery{std::chrono::seconds(5)};
 constexpr milliseconds kStacksPoll{std::chrono::seconds(1)};
+// Requests for stacks and answers the loop may hand the health thread before it has sent them:
+// far above one hang's, a bound for a store that stopped answering.
+constexpr size_t kMaxQueuedHealthCalls = 16;
 // Calls the agent makes for the user (`launch status`) or on a hang wait at most this long in
 // all.
 constexpr milliseconds kHealthCallTimeout{std::chrono::seconds(3)};
@@ -313,29 +316,93 @@ void MultiNodeRendezvous::setStacksRequestedCallback(StacksRequested requested) 
   stacks_requested_ = std::move(requested);
 }
 
+// Both run on the agent's loop, which must stay free for what a hang brings with it (a node cut
+// off from the store fences itself from that loop: when the request waited there for the
+// unreachable store, twice its call timeout, the fence came 27 s after the cut instead of 6 s;
+// issue 48's chaos soak). So the health thread makes the store calls; the loop waits at most
+// kHealthCallTimeout for the request's id and not at all for an answer.
 int64_t MultiNodeRendezvous::requestStacks(const std::string& why) {
   auto [me, nodes, round] = position();
   if (nodes <= 1) return 0;
-  try {
-    int64_t id = kv_->add("stacks/next", 1);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      mine_.insert(id);
-    }
-    kv_->set(fmt::format("stacks/{}", id), why);
-    return id;
-  } catch (const std::exception& e) {
-    log::warn("cannot ask the other nodes for their stacks: {}", e.what());
+  auto req = std::make_shared<StacksRequest>();
+  req->why = why;
+  std::unique_lock<std::mutex> lock(mu_);
+  if (lost_ || health_stop_ || !health_.joinable()) return 0;
+  if (requests_.size() >= kMaxQueuedHealthCalls) {
+    log::warn("cannot ask the other nodes for their stacks: {} requests still wait for the store",
+              requests_.size());
     return 0;
   }
+  requests_.push_back(req);
+  stacks_poked_ = true;
+  cv_.notify_all();
+  if (!cv_.wait_for(lock, kHealthCallTimeout, [&] { return req->done || health_stop_; })) {
+    req->abandoned = true;
+    log::warn("cannot ask the other nodes for their stacks: {} did not answer within {}s",
+              storeName(false), kHealthCallTimeout.count() / 1000.0);
+    return 0;
+  }
+  if (!req->done) return 0;
+  if (!req->error.empty()) {
+    log::warn("cannot ask the other nodes for their stacks: {}", req->error);
+    return 0;
+  }
+  return req->id;
 }
 
 void MultiNodeRendezvous::answerStacks(int64_t id, const std::string& answer) {
-  auto [me, nodes, round] = position();
-  try {
-    kv_->set(fmt::format("stacks/{}/{}", id, me), answer);
-  } catch (const std::exception& e) {
-    log::warn("cannot answer request {} for stacks: {}", id, e.what());
+  std::lock_guard<std::mutex> lock(mu_);
+  if (answers_.size() >= kMaxQueuedHealthCalls) {
+    log::warn("cannot answer request {} for stacks: {} answers still wait for the store", id,
+              answers_.size());
+    return;
+  }
+  answers_.emplace_back(id, answer);
+  stacks_poked_ = true;
+  cv_.notify_all();
+}
+
+// On the health thread: the requests and answers the loop handed over (requestStacks,
+// answerStacks); a request the loop stopped waiting for is not made.
+void MultiNodeRendezvous::sendStacksCalls(int me) {
+  std::deque<std::shared_ptr<StacksRequest>> requests;
+  std::deque<std::pair<int64_t, std::string>> answers;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    requests.swap(requests_);
+    answers.swap(answers_);
+  }
+  for (auto& req : requests) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (req->abandoned) continue;
+    }
+    int64_t id = 0;
+    std::string error;
+    try {
+      id = kv_->add("stacks/next", 1);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        mine_.insert(id);
+      }
+      kv_->set(fmt::format("stacks/{}", id), req->why);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      req->id = id;
+      req->error = error;
+      req->done = true;
+    }
+    cv_.notify_all();
+  }
+  for (const auto& [id, answer] : answers) {
+    try {
+      kv_->set(fmt::format("stacks/{}/{}", id, me), answer);
+    } catch (const std::exception& e) {
+      log::warn("cannot answer request {} for stacks: {}", id, e.what());
+    }
   }
 }
 
@@ -383,6 +450,7 @@ void MultiNodeRendezvous::healthLoop() {
       continue;
     }
     lock.unlock();
+    sendStacksCalls(me);
     bool more = false, failed = false;
     try {
       if (!subscribed) {

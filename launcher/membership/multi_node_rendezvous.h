@@ -23,8 +23,10 @@
 //   before `done` runs) is reported on the joiner thread right after `done`.
 // - StacksRequested runs on the health thread, which starts when the first round forms and
 //   stops in finish() (or the destructor). The health thread also publishes this node's
-//   status line every few seconds; its store calls are bounded by the backend's call timeout
-//   and it never throws or ends the job.
+//   status line every few seconds, and makes the store calls of requestStacks() and
+//   answerStacks() (the loop waits at most 3 s for a request's id, not at all for an answer);
+//   its store calls are bounded by the backend's call timeout and it never throws or ends the
+//   job.
 // - finish() may come while a join still runs (a signal during the rendezvous): the etcd
 //   backend cancels its joiner's wait and waits for it (within a call timeout); the gRPC
 //   backend's join ends with its own timeouts.
@@ -36,6 +38,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -194,6 +197,7 @@ class MultiNodeRendezvous : public RendezvousHandler {
   void delivered(int64_t round);
 
   void healthLoop();
+  void sendStacksCalls(int me);
 
   std::string node_id_;
   std::unique_ptr<JobKv> kv_;
@@ -212,6 +216,16 @@ class MultiNodeRendezvous : public RendezvousHandler {
   uint64_t node_values_version_ = 0;  // changes with each publishNodeValue
   StacksRequested stacks_requested_;
   std::set<int64_t> mine_;        // requests this node made: not answered by itself
+  // requestStacks and answerStacks hand their store calls to the health thread (each queue at
+  // most kMaxQueuedHealthCalls): the loop never waits on the store for them.
+  struct StacksRequest {
+    std::string why;
+    int64_t id = 0;
+    std::string error;
+    bool done = false, abandoned = false;
+  };
+  std::deque<std::shared_ptr<StacksRequest>> requests_;
+  std::deque<std::pair<int64_t, std::string>> answers_;
   int64_t preflight_cursor_ = 0;  // group rank 0: the preflight reports already in a table
   std::atomic<bool> lost_{false};
   std::string lost_why_;

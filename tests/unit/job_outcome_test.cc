@@ -3,7 +3,10 @@
 // rendezvous server's store.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <map>
+#include <thread>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -14,6 +17,12 @@ namespace ddpl::launcher {
 namespace {
 
 struct SharedKv {
+  // While set, every call waits (at most 20 s) as on a store that stopped answering.
+  std::atomic<bool> stalled{false};
+  void waitWhileStalled() {
+    for (int i = 0; i < 2000 && stalled; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   std::mutex mu;
   std::map<std::string, std::string> values;
   std::map<std::string, std::set<std::string>> tallies;
@@ -23,16 +32,19 @@ class MemoryJobKv : public JobKv {
  public:
   explicit MemoryJobKv(SharedKv& kv) : kv_(kv) {}
   int64_t add(const std::string& key, int64_t delta) override {
+    kv_.waitWhileStalled();
     std::lock_guard<std::mutex> lock(kv_.mu);
     auto& v = kv_.values[key];
     v = std::to_string((v.empty() ? 0 : std::stoll(v)) + delta);
     return std::stoll(v);
   }
   void set(const std::string& key, const std::string& value) override {
+    kv_.waitWhileStalled();
     std::lock_guard<std::mutex> lock(kv_.mu);
     kv_.values[key] = value;
   }
   std::optional<std::string> get(const std::string& key) override {
+    kv_.waitWhileStalled();
     std::lock_guard<std::mutex> lock(kv_.mu);
     auto it = kv_.values.find(key);
     if (it == kv_.values.end()) return std::nullopt;
@@ -64,6 +76,7 @@ class Node : public MultiNodeRendezvous {
   ~Node() override { stopThreads(); }
   int left = 0;
   int failures() { return failureCount(); }
+  void join(int rank, int nodes) { roundAssigned(rank, nodes, round_); }
 
   bool roundStillCurrent() override { return true; }
   bool finish(bool) override { return true; }
@@ -106,6 +119,62 @@ TEST(JobOutcome, FailuresOfLaterRoundsCountEachTime) {
   EXPECT_EQ(r1.recordFailure("second"), 2);
   EXPECT_EQ(r2.recordFailure("third"), 3);
   EXPECT_EQ(r2.jobFailure(), "third");
+}
+
+// Issue 48's chaos soak: a node cut off from the store found a hang first, and its request for
+// the other nodes' stacks waited on the agent's loop for the store (twice its call timeout), so
+// that the node fenced itself 27 s after the cut instead of 6 s. The loop now waits at most 3 s
+// for a request and not at all for an answer; the health thread makes the calls.
+TEST(StacksRequests, AStoreThatStoppedAnsweringHoldsTheLoopAtMostTheHealthCallTimeout) {
+  SharedKv kv;
+  Node a("a", kv, 0), b("b", kv, 0);
+  std::mutex mu;
+  std::vector<std::pair<int64_t, std::string>> heard;
+  b.setStacksRequestedCallback([&](int64_t id, std::string why) {
+    std::lock_guard<std::mutex> lock(mu);
+    heard.emplace_back(id, why);
+  });
+  b.join(1, 2);
+  // Node b's health thread looks for requests after where they stand when it starts: it must
+  // have started before a asks (in a job, nodes join long before a hang).
+  auto started = [&] {
+    std::lock_guard<std::mutex> lock(kv.mu);
+    return kv.values.count("stacks/next") > 0;
+  };
+  for (int i = 0; i < 300 && !started(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(started());
+  a.join(0, 2);
+  int64_t id = a.requestStacks("rank 1 hung");
+  ASSERT_GT(id, 0);
+  for (int i = 0; i < 300; ++i) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!heard.empty()) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ASSERT_EQ(heard.size(), 1u);
+    EXPECT_EQ(heard[0], std::make_pair(id, std::string("rank 1 hung")));
+  }
+  b.answerStacks(id, "node 1: 2 stacks saved");
+  HealthBus::StacksAnswers answers;
+  for (int i = 0; i < 300 && answers.answers.empty(); ++i) {
+    answers = a.stacksAnswers(id);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(answers.answers, std::vector<std::string>{"node 1: 2 stacks saved"});
+
+  kv.stalled = true;
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(a.requestStacks("rank 0 hung"), 0);  // not made: the loop stopped waiting
+  b.answerStacks(id, "again");
+  double held = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(held, 2.9);
+  EXPECT_LT(held, 6.0) << "the loop waited on the store";
+  kv.stalled = false;
 }
 
 }  // namespace
