@@ -29,8 +29,8 @@ Not implemented: etcd_leader_kill (the etcd backend's rendezvous host): the soak
 backend only.
 
 At the end every rank is told to stop at one step (CHAOS_STOP) and the figures are taken from
-the workers' events (bench/chaos_analysis.py): ETTR, kept and recomputed steps, and per incident its
-kind and phases (detect, stop, re-form, restore source, steps recomputed, back to the pre-fault
+the workers' events (bench/chaos_analysis.py): ETTR, kept and recomputed steps, and per incident
+its kind and phases (detect, stop, re-form, restore source, steps recomputed, back to the pre-fault
 step), with the harness's invariants (tests/netfault/invariants.py) and the soak's own (one
 attempt training at a time, no step kept twice, every kept step from 1 to the last).
 
