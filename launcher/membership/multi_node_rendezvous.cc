@@ -18,6 +18,10 @@ using Clock = std::chrono::steady_clock;
 // often (one read a second per node).
 constexpr milliseconds kStatusEvery{std::chrono::seconds(5)};
 constexpr milliseconds kStacksPoll{std::chrono::seconds(1)};
+// How long the loop waits for a request for stacks to be made: a store that answers takes
+// milliseconds; a node cut off from it must still fence itself on time (2/3 of the server's
+// window after its last heartbeat, 6 s with a 9 s window), which it does from the loop.
+constexpr milliseconds kStacksRequestWait{std::chrono::seconds(1)};
 // Requests for stacks and answers the loop may hand the health thread before it has sent them:
 // far above one hang's, a bound for a store that stopped answering.
 constexpr size_t kMaxQueuedHealthCalls = 16;
@@ -320,7 +324,7 @@ void MultiNodeRendezvous::setStacksRequestedCallback(StacksRequested requested) 
 // off from the store fences itself from that loop: when the request waited there for the
 // unreachable store, twice its call timeout, the fence came 27 s after the cut instead of 6 s;
 // issue 48's chaos soak). So the health thread makes the store calls; the loop waits at most
-// kHealthCallTimeout for the request's id and not at all for an answer.
+// kStacksRequestWait for the request's id and not at all for an answer.
 int64_t MultiNodeRendezvous::requestStacks(const std::string& why) {
   auto [me, nodes, round] = position();
   if (nodes <= 1) return 0;
@@ -336,10 +340,10 @@ int64_t MultiNodeRendezvous::requestStacks(const std::string& why) {
   requests_.push_back(req);
   stacks_poked_ = true;
   cv_.notify_all();
-  if (!cv_.wait_for(lock, kHealthCallTimeout, [&] { return req->done || health_stop_; })) {
+  if (!cv_.wait_for(lock, kStacksRequestWait, [&] { return req->done || health_stop_; })) {
     req->abandoned = true;
     log::warn("cannot ask the other nodes for their stacks: {} did not answer within {}s",
-              storeName(false), kHealthCallTimeout.count() / 1000.0);
+              storeName(false), kStacksRequestWait.count() / 1000.0);
     return 0;
   }
   if (!req->done) return 0;

@@ -24,7 +24,7 @@
 // - StacksRequested runs on the health thread, which starts when the first round forms and
 //   stops in finish() (or the destructor). The health thread also publishes this node's
 //   status line every few seconds, and makes the store calls of requestStacks() and
-//   answerStacks() (the loop waits at most 3 s for a request's id, not at all for an answer);
+//   answerStacks() (the loop waits at most 1 s for a request's id, not at all for an answer);
 //   its store calls are bounded by the backend's call timeout and it never throws or ends the
 //   job.
 // - finish() may come while a join still runs (a signal during the rendezvous): the etcd

@@ -123,9 +123,9 @@ TEST(JobOutcome, FailuresOfLaterRoundsCountEachTime) {
 
 // Issue 48's chaos soak: a node cut off from the store found a hang first, and its request for
 // the other nodes' stacks waited on the agent's loop for the store (twice its call timeout), so
-// that the node fenced itself 27 s after the cut instead of 6 s. The loop now waits at most 3 s
+// that the node fenced itself 27 s after the cut instead of 6 s. The loop now waits at most 1 s
 // for a request and not at all for an answer; the health thread makes the calls.
-TEST(StacksRequests, AStoreThatStoppedAnsweringHoldsTheLoopAtMostTheHealthCallTimeout) {
+TEST(StacksRequests, AStoreThatStoppedAnsweringHoldsTheLoopAtMostASecond) {
   SharedKv kv;
   Node a("a", kv, 0), b("b", kv, 0);
   std::mutex mu;
@@ -172,8 +172,8 @@ TEST(StacksRequests, AStoreThatStoppedAnsweringHoldsTheLoopAtMostTheHealthCallTi
   EXPECT_EQ(a.requestStacks("rank 0 hung"), 0);  // not made: the loop stopped waiting
   b.answerStacks(id, "again");
   double held = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_GE(held, 2.9);
-  EXPECT_LT(held, 6.0) << "the loop waited on the store";
+  EXPECT_GE(held, 0.9);
+  EXPECT_LT(held, 3.0) << "the loop waited on the store";
   kv.stalled = false;
 }
 
