@@ -1,12 +1,13 @@
-"""The chaos soak's figures (bench/chaos_soak.py: ETTR, kept and recomputed steps, an incident's
-phases, the soak's own invariants) on synthetic worker events. Python standard library only."""
+"""The chaos soak's figures (bench/chaos_analysis.py, for bench/chaos_soak.py: ETTR, kept and
+recomputed steps, an incident's phases, the soak's own invariants) on synthetic worker events.
+Python standard library only."""
 import os
 import sys
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "bench"))
-import chaos_soak as cs  # noqa: E402
+import chaos_analysis as cs  # noqa: E402
 
 
 def ev(t, event, group, rank=0, step=None, node="n1", **kw):
@@ -118,4 +119,6 @@ class ChaosAnalysisTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    sys.path.insert(0, os.path.join(HERE, "..", "common"))
+    import python_test_main  # noqa: E402
+    python_test_main.main()
