@@ -101,9 +101,9 @@ def free_port():
     return p
 
 
-def tagged(tag):
-    """Pids of live processes whose environment carries the run's tag."""
-    needle = f"{TAG_VAR}={tag}".encode()
+def tagged(tag, var=TAG_VAR):
+    """Pids of live processes whose environment carries the run's tag (`var`=`tag`)."""
+    needle = f"{var}={tag}".encode()
     out = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():

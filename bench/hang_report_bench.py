@@ -36,6 +36,8 @@ import tempfile
 import time
 import uuid
 
+from hang_detect import tagged  # this script's folder is on sys.path when it runs
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "python", "hang_kinds.py")
 KINDS = ("sigstop", "sleep", "skip", "loader", "lock", "deadpeer")
@@ -45,24 +47,6 @@ HANG_RANK = 2
 
 def culprits_of(kind):
     return {HANG_RANK - 1, HANG_RANK} if kind == "lock" else {HANG_RANK}
-
-
-def tagged(tag):
-    """Pids of live processes whose environment carries the run's tag."""
-    needle = f"{TAG_VAR}={tag}".encode()
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    with open(f"/proc/{entry}/stat") as s:
-                        if s.read().rsplit(")", 1)[1].split()[0] != "Z":
-                            out.append(int(entry))
-        except (OSError, IndexError):
-            pass
-    return out
 
 
 def log_time(line):
@@ -91,7 +75,7 @@ def one_run(args, kind):
         out, err, code = e.stdout or "", e.stderr or "", None
         if isinstance(out, bytes):
             out, err = out.decode(errors="replace"), err.decode(errors="replace")
-    left = tagged(tag)
+    left = tagged(tag, TAG_VAR)
     for pid in left:
         try:
             os.kill(pid, signal.SIGKILL)
