@@ -57,18 +57,28 @@ std::map<std::string, std::string> CheckpointKeeper::startGroup(
   std::vector<int64_t> ranks;
   for (int lr = 0; lr < options_.nproc; ++lr) ranks.push_back(place.rank_offset + lr);
   auto env = tier_->startGroup(ranks);
-  if (place.group_world_size > 1) startReplicas(ranks, place, restart_count);
+  const bool stayed = last_place_ && last_place_->epoch_ms == place.epoch_ms &&
+                      last_place_->round + 1 == place.round &&
+                      last_place_->rank_offset == place.rank_offset &&
+                      last_place_->world_size == place.world_size;
+  last_place_ = place;
+  if (place.group_world_size > 1) startReplicas(ranks, place, restart_count, stayed);
   return env;
 }
 
 // Several nodes: this node's replica endpoint goes to the job's store (written by the
 // rendezvous's health thread: the loop never waits on the store for it) and the persister
 // thread looks up the next node's to send this node's commits there. A node that joins a
-// running job (a round after the first, or a restart) with nothing in memory for its ranks
-// (a replacement) fetches their newest steps from the peers before its workers start: there
-// the loop waits, 10 s at most for the peers' endpoints and 60 s per fetch.
+// running job (a round after the first, or a restart) fetches its ranks' newest steps from the
+// peers before its workers start when the others may have trained without it: it has nothing in
+// memory for its ranks (a replacement), or it was not in the round before this one (cut off,
+// fenced, re-joining: its memory is as old as its leaving; the chaos soak saw such a node make
+// the job resume ~110 steps back, the newest step every rank offered). A node that was in the
+// previous round holds what the others hold, and its restart asks nobody. Where it fetches the
+// loop waits, 10 s at most for the peers' endpoints and 60 s per fetch.
 void CheckpointKeeper::startReplicas(const std::vector<int64_t>& ranks,
-                                     const rdzv::round_rules::NodePlace& place, int restart_count) {
+                                     const rdzv::round_rules::NodePlace& place, int restart_count,
+                                     bool stayed) {
   try {
     node_values_.publishNodeValue(kReplicaKey,
                                   tier_->startReplicas(options_.advertised_host, options_.nproc));
@@ -81,7 +91,9 @@ void CheckpointKeeper::startReplicas(const std::vector<int64_t>& ranks,
     if (auto v = values->nodeValue(kReplicaKey, next)) return parseEndpoint(*v);
     return std::nullopt;
   });
-  if ((place.round == 0 && restart_count == 0) || !tier_->missing(ranks, place.world_size)) return;
+  if ((place.round == 0 && restart_count == 0) ||
+      (stayed && !tier_->missing(ranks, place.world_size)))
+    return;
   std::vector<ReplicaEndpoint> peers;
   std::vector<bool> found(static_cast<size_t>(place.group_world_size), false);
   found[static_cast<size_t>(place.group_rank)] = true;
@@ -103,7 +115,7 @@ void CheckpointKeeper::startReplicas(const std::vector<int64_t>& ranks,
     if (std::find(found.begin(), found.end(), false) != found.end())
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  for (const auto& line : tier_->pullMissing(ranks, place.world_size, peers, 60))
+  for (const auto& line : tier_->pullNewer(ranks, place.world_size, peers, 60))
     log::info("{}", line);
 }
 

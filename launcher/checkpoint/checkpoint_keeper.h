@@ -74,13 +74,17 @@ class CheckpointKeeper {
   static void logDrained(const std::string& line);
 
  private:
+  // `stayed`: this node was in the round before `place`'s, in the same place.
   void startReplicas(const std::vector<int64_t>& ranks, const rdzv::round_rules::NodePlace& place,
-                     int restart_count);
+                     int restart_count, bool stayed);
 
   CheckpointKeeperOptions options_;
   NodeValues& node_values_;
   std::unique_ptr<MemoryTier> tier_;          // null: checkpoints in memory are off
   std::vector<RankCheckpointStatus> status_;  // refreshed once a second
+  // Where this node's last group started: a node that was not in the round before may have
+  // missed the others' steps (startReplicas).
+  std::optional<rdzv::round_rules::NodePlace> last_place_;
   double next_status_ = 0;
 };
 

@@ -513,32 +513,33 @@ void MemoryTier::setSuccessorLookup(std::function<std::optional<ReplicaEndpoint>
 
 namespace {
 
-// Whether `rank_dir` holds a committed step of `rank` for a world of `world_size`.
-bool holdsStep(const std::string& rank_dir, int64_t rank, int64_t world_size) {
+// The newest committed step of `rank` for a world of `world_size` in `rank_dir`; -1: none.
+int64_t newestStep(const std::string& rank_dir, int64_t rank, int64_t world_size) {
+  int64_t newest = -1;
   for (const auto& s : ckpt::listCommitted(rank_dir, rank))
-    if (s.record.world_size == world_size) return true;
-  return false;
+    if (s.record.world_size == world_size) newest = std::max(newest, s.step);
+  return newest;
 }
 
 }  // namespace
 
 bool MemoryTier::missing(const std::vector<int64_t>& ranks, int64_t world_size) const {
   for (int64_t rank : ranks)
-    if (!holdsStep(impl_->root + "/" + ckpt::rankDirName(rank), rank, world_size)) return true;
+    if (newestStep(impl_->root + "/" + ckpt::rankDirName(rank), rank, world_size) < 0) return true;
   return false;
 }
 
-std::vector<std::string> MemoryTier::pullMissing(const std::vector<int64_t>& ranks,
-                                                 int64_t world_size,
-                                                 const std::vector<ReplicaEndpoint>& peers,
-                                                 double timeout_sec) {
+std::vector<std::string> MemoryTier::pullNewer(const std::vector<int64_t>& ranks,
+                                               int64_t world_size,
+                                               const std::vector<ReplicaEndpoint>& peers,
+                                               double timeout_sec) {
   Impl& m = *impl_;
   std::vector<std::string> lines;
   for (int64_t rank : ranks) {
     std::string dir = m.root + "/" + ckpt::rankDirName(rank);
-    if (holdsStep(dir, rank, world_size)) continue;
-    // The newest step any peer holds for this rank.
-    int64_t best = -1;
+    const int64_t mine = newestStep(dir, rank, world_size);
+    // The newest step any peer holds for this rank, when it is newer than this node's.
+    int64_t best = mine;
     const ReplicaEndpoint* from = nullptr;
     for (const auto& p : peers) {
       try {
@@ -550,20 +551,21 @@ std::vector<std::string> MemoryTier::pullMissing(const std::vector<int64_t>& ran
       }
     }
     if (!from) continue;
+    std::string had = mine < 0 ? std::string("none here") : fmt::format("step {} here", mine);
     double t0 = monotonicSeconds();
     try {
       uint64_t bytes = fetchStep(*from, rank, best, dir, timeout_sec);
       lines.push_back(
           fmt::format("rank {}: checkpoint step {} copied from the replica on {} ({} in "
-                      "{:.2f}s)",
+                      "{:.2f}s; {})",
                       rank, best, from->describe(), humanBytes(static_cast<int64_t>(bytes)),
-                      monotonicSeconds() - t0));
+                      monotonicSeconds() - t0, had));
       std::lock_guard<std::mutex> lock(m.mu);
       auto it = m.ranks.find(rank);
       if (it != m.ranks.end()) it->second.newest = std::max(it->second.newest, best);
     } catch (const std::exception& e) {
-      lines.push_back(fmt::format("rank {}: cannot copy step {} from the peer {}: {}", rank, best,
-                                  from->describe(), e.what()));
+      lines.push_back(fmt::format("rank {}: cannot copy step {} from the peer {} ({}): {}", rank,
+                                  best, from->describe(), had, e.what()));
     }
   }
   return lines;

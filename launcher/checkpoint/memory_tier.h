@@ -91,11 +91,11 @@ class MemoryTier {
   void setSuccessorLookup(std::function<std::optional<ReplicaEndpoint>()> lookup);
   // Whether some of `ranks` has no committed step of this world size in this node's memory.
   bool missing(const std::vector<int64_t>& ranks, int64_t world_size) const;
-  // Before a group starts: each of `ranks` with no committed step of this world size here
-  // gets the newest one any peer holds. Returns what happened, a line per rank, for the log.
-  std::vector<std::string> pullMissing(const std::vector<int64_t>& ranks, int64_t world_size,
-                                       const std::vector<ReplicaEndpoint>& peers,
-                                       double timeout_sec);
+  // Before a group starts: each of `ranks` gets the newest committed step of this world size
+  // any peer holds, when it is newer than this node's newest (none here counts as older than
+  // any). Returns what happened, a line per rank, for the log.
+  std::vector<std::string> pullNewer(const std::vector<int64_t>& ranks, int64_t world_size,
+                                     const std::vector<ReplicaEndpoint>& peers, double timeout_sec);
 
   // At the end of the run: persists what is committed but not yet persisted (at normal
   // priority), waiting at most `timeout_sec`. Returns a line for the log ("" when nothing was

@@ -452,6 +452,43 @@ TEST_F(CheckpointFiles, ReplicaPushListGetRoundTripAndRefusals) {
   EXPECT_THROW(ddpl::launcher::fetchStep(to, 0, 7, fresh, 10), ddpl::Error);
 }
 
+// Issue 48: a node cut off for 20 s re-joined with its memory as old as its leaving, and the
+// job resumed ~110 steps back (the newest step every rank offered): only a node with nothing in
+// memory fetched the peers' copies. Now a node fetches any step newer than its own.
+TEST_F(Tier, ANodeWithOlderStepsFetchesThePeersNewerOneAndNothingOlder) {
+  ReplicaServer newer(dir_ + "/replicas-newer", 1000, 3000, 1);
+  ReplicaServer older(dir_ + "/replicas-older", 1000, 3000, 1);
+  ReplicaEndpoint at_newer{"127.0.0.1", newer.port(), newer.secret()};
+  ReplicaEndpoint at_older{"127.0.0.1", older.port(), older.secret()};
+  std::string peer_dir = dir_ + "/peer/rank-0";
+  fs::create_directories(peer_dir);
+  auto push = [&](const ReplicaEndpoint& to, int64_t step, const std::string& bytes) {
+    std::string d = commit(peer_dir, 0, step, {{"w.pt", bytes}}, recordFor(0, 2, ""));
+    ddpl::launcher::pushStep(to, d, *ck::readCommitted(d, step, 0), 10);
+  };
+  push(at_older, 2, "two");
+  push(at_newer, 8, "eight");
+  MemoryTier tier(options());
+  tier.startGroup({0});
+  std::string mine = ck::makeRankDir(tier.root(), 0);
+  commit(mine, 0, 3, {{"w.pt", "three"}}, recordFor(0, 2, ""));
+  ASSERT_FALSE(tier.missing({0}, 2));  // what the old rule asked: it fetched nothing here
+
+  auto lines = tier.pullNewer({0}, 2, {at_older, at_newer}, 10);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(
+      lines[0].find("step 8 copied from the replica on 127.0.0.1:" + std::to_string(newer.port())),
+      std::string::npos)
+      << lines[0];
+  EXPECT_NE(lines[0].find("step 3 here"), std::string::npos) << lines[0];
+  EXPECT_EQ(steps(ck::listCommitted(mine, 0)), (std::vector<int64_t>{8, 3}));  // newest first
+  EXPECT_EQ(readFile(mine + "/" + ck::stepDirName(8) + "/w.pt"), "eight");
+  // Now the newest is here: nothing to fetch, and nothing older ever replaces it.
+  EXPECT_TRUE(tier.pullNewer({0}, 2, {at_older, at_newer}, 10).empty());
+  // Another world size's steps are not this one's.
+  EXPECT_TRUE(tier.pullNewer({0}, 4, {at_older, at_newer}, 10).empty());
+}
+
 // Issue 44 (fuzz_replica): a peer's answer to GET is "OK <record bytes>". A bare "OK" made
 // std::stoul throw std::out_of_range, "OK x" std::invalid_argument: neither a ddpl::Error, nor a
 // message that names the peer. Now both are refused as malformed answers from that peer.
