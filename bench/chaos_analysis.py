@@ -180,7 +180,7 @@ def cut_node_figures(events, fault, t_next):
     its last answered heartbeat) before the others can re-form without it (W): when its agent
     fenced (its log's first `fencing:` line after the cut) and its workers' last event."""
     t, node = fault["t"], fault.get("victim")
-    out = {"fence_s": None, "cut_workers_last_s": None}
+    out = {"fence_s": None, "cut_workers_last_s": None, "cut_workers_gone_s": None}
     try:
         with open(fault.get("agent_log") or "", errors="replace") as fh:
             text = fh.read()
@@ -190,6 +190,12 @@ def cut_node_figures(events, fault, t_next):
               if lt is not None and lt >= t - 1]
     if fenced:
         out["fence_s"] = round(min(fenced) - t, 2)
+    # The workers gone (the agent's line once the last one exited), whichever path stopped them:
+    # the fence's, or a hang found first.
+    gone = [lt for lt, _ in inv.log_lines(text, r"every worker of attempt \d+ has exited")
+            if lt is not None and lt >= t - 1]
+    if gone:
+        out["cut_workers_gone_s"] = round(min(gone) - t, 2)
     heal = t + NODE_DOWN_S
     mine = [e["t"] for e in events if e.get("node") == node and t <= e["t"] <= min(heal, t_next)]
     if mine:
@@ -238,7 +244,8 @@ def table(result):
             ("reform_s", "re-form"), ("restore_s", "restore"), ("restore_source", "from"),
             ("recompute_steps", "recomputed"), ("rollback_steps", "max rollback"),
             ("back_s", "back"), ("stall_s", "stall"),
-            ("fence_s", "fence"), ("lost_s", "lost"), ("recovered", "ok")]
+            ("fence_s", "fence"), ("cut_workers_gone_s", "gone"), ("lost_s", "lost"),
+            ("recovered", "ok")]
     lines = ["| t (s) | " + " | ".join(c[1] for c in cols) + " |",
              "|---" * (len(cols) + 1) + "|"]
     t0 = result.get("t0", 0)

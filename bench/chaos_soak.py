@@ -567,6 +567,14 @@ def main(argv=None):
     if late:
         failed.append(f"a cut node did not fence within {2 * WINDOW / 3 + 1:.0f}s "
                       f"(2/3 of the server's {WINDOW}s window + 1s): {', '.join(late)}")
+    # And its workers gone by then: the fence is a promise about them. (A stop that a hang
+    # began before the fence kept its 3 s grace: gone 7.4 s after the cut.)
+    alive = [f"{f['t'] - t0:.0f}s: gone after {f.get('cut_workers_gone_s')}s" for f in res["incidents"]
+             if f["kind"] == "node_cut" and (f.get("cut_workers_gone_s") is None
+                                             or f["cut_workers_gone_s"] > 2 * WINDOW / 3 + 1)]
+    if alive:
+        failed.append(f"a cut node's workers were not all gone within {2 * WINDOW / 3 + 1:.0f}s "
+                      f"of the cut: {', '.join(alive)}")
     if res["ettr"] < args.min_ettr:
         failed.append(f"ETTR {res['ettr']:.3f} under the floor {args.min_ettr}")
     if any(rc != 0 for rc in rcs.values()):

@@ -90,6 +90,7 @@ struct Agent::Impl {
   EventLoop loop;
   int sigfd = -1;
   EventLoop::TimerId shutdown_timer = 0, monitor_timer = 0, stray_timer = 0;
+  EventLoop::Clock::time_point shutdown_due{};  // when shutdown_timer fires (while it is set)
   Leftovers leftovers;
   ProgressTracker progress;
   bool status_line = false;
@@ -131,8 +132,8 @@ struct Agent::Impl {
         status_line(consoleOptions(cfg.options).status_line),
         view(cfg.options, cfg.host, status_line, router, rdzv, rdzv),
         hang(hangOptions(cfg.options), cfg.host) {
-    log_base = makeLogBase(cfg.options.log_dir, temporaryLogParent(cfg.base_env,
-                                                                   writesOnlySmallFiles(cfg.options)));
+    log_base = makeLogBase(cfg.options.log_dir,
+                           temporaryLogParent(cfg.base_env, writesOnlySmallFiles(cfg.options)));
     if (log_base.temporary) watchdog.removeOnDeath(log_base.path);
     try {
       setUp();
@@ -223,17 +224,30 @@ struct Agent::Impl {
   }
 
   void onRoundEnded(int64_t round, const std::string& reason) {
-    if (done || round != world.round || sup.phase() != Phase::kRunning) return;  // stale
-    log::warn("round {} ended: {}; stopping workers to re-form the group", round, reason);
-    restarts.onFailure(unixNow());
-    execute(sup.onMembershipChange());
-    // Fenced: the workers must be gone before the service can form a round without this node,
-    // sooner than the usual grace allows.
-    auto within = rdzv.fencedStopWithin(round);
-    if (within && *within < cfg.options.shutdown_timeout_sec && shutdown_timer) {
-      armShutdownTimer(*within);
-      log::warn("fencing: workers still running in {:.1f}s get SIGKILL", *within);
+    if (done || round != world.round) return;  // stale
+    if (sup.phase() == Phase::kRunning) {
+      log::warn("round {} ended: {}; stopping workers to re-form the group", round, reason);
+      restarts.onFailure(unixNow());
+      execute(sup.onMembershipChange());
+    } else {
+      log::warn("round {} ended: {}; its workers were already stopping", round, reason);
     }
+    // A stop already under way (a hang found first, a failure) keeps its course, but not its
+    // grace: a cut node whose hang limit fired before its fence gave its workers the usual
+    // SIGTERM-then-3-s, and one was alive 7.4 s after the cut, past the 7 s the service
+    // allows before forming a round without this node.
+    enforceFence(round);
+  }
+
+  // Fenced: the workers must be gone before the service can form a round without this node,
+  // sooner than the usual grace allows.
+  void enforceFence(int64_t round) {
+    auto within = rdzv.fencedStopWithin(round);
+    if (!within || sup.phase() != Phase::kStopping || sup.liveWorkers() == 0) return;
+    auto by = EventLoop::Clock::now() + seconds(std::max(*within, 0.001));
+    if (shutdown_timer && shutdown_due <= by) return;  // the SIGKILL comes sooner already
+    armShutdownTimer(*within);
+    log::warn("fencing: workers still running in {:.1f}s get SIGKILL", *within);
   }
 
   ~Impl() {
@@ -582,7 +596,8 @@ struct Agent::Impl {
   // Workers still running after `sec` get SIGKILL (the supervisor's onShutdownTimeout).
   void armShutdownTimer(double sec) {
     if (shutdown_timer) loop.cancelTimer(shutdown_timer);
-    shutdown_timer = loop.addTimer(EventLoop::Clock::now() + seconds(std::max(sec, 0.001)), [this] {
+    shutdown_due = EventLoop::Clock::now() + seconds(std::max(sec, 0.001));
+    shutdown_timer = loop.addTimer(shutdown_due, [this] {
       shutdown_timer = 0;
       if (!done) execute(sup.onShutdownTimeout());
     });
@@ -634,8 +649,12 @@ struct Agent::Impl {
         restarts.onFailure(exit_time);
       }
     }
-    if (std::none_of(workers.begin(), workers.end(), [](const Worker& x) { return x.alive; }))
+    if (std::none_of(workers.begin(), workers.end(), [](const Worker& x) { return x.alive; })) {
       restarts.onStopped(now);
+      // When a fenced node's workers were gone is what the fence promises (and what the chaos
+      // soak checks), so it has a line of its own.
+      if (stopping) log::info("every worker of attempt {} has exited", attempt);
+    }
     stacks->setGroup(stacksGroup());
     execute(sup.onWorkerExit(w.local_rank, pid, st, now));
   }

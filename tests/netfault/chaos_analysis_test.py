@@ -107,15 +107,18 @@ class ChaosAnalysisTest(unittest.TestCase):
         import time
         t = time.time()
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t + 6)) + ".000"
+        gone = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t + 7)) + ".000"
         with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as f:
             f.write(f"[{stamp}] [vm launch] [warning] round 2 ended: fencing: no heartbeat "
                     f"answered by 10.0.0.100:29400 for 6.0s\n")
+            f.write(f"[{gone}] [vm launch] [info] every worker of attempt 3 has exited\n")
         try:
             got = cs.cut_node_figures([], {"t": float(int(t)), "victim": "n3",
                                            "agent_log": f.name}, t + 60)
         finally:
             os.unlink(f.name)
         self.assertAlmostEqual(got["fence_s"], 6.0, delta=1.0)
+        self.assertAlmostEqual(got["cut_workers_gone_s"], 7.0, delta=1.0)
 
 
 if __name__ == "__main__":
