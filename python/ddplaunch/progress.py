@@ -30,7 +30,10 @@ _STEP_SLOT = 0
 _WAIT_SLOT = 1
 _RESTORE_SLOT = 2  # kHeartbeatRestoreOffset: microseconds spent reading checkpoints
 _FINISHED_SLOT = 3  # kHeartbeatFinishedOffset: the step count it finished at, plus one
-_MAPPED_BYTES = 32
+_RESTORED_SLOT = 4  # kHeartbeatRestoredStepOffset: the step resumed from, plus one
+_SOURCE_SLOT = 5  # kHeartbeatRestoreSourceOffset: where it came from (_SOURCE_CODES)
+_MAPPED_BYTES = 48
+_SOURCE_CODES = {"memory": 1, "peer": 2, "disk": 3}
 _MAX = 1 << 64
 
 # None until the first call; then the writable slots, or False where launch does not listen.
@@ -167,6 +170,17 @@ def _add_restore_ns(ns):
         _open()
     if _slots:
         _slots[_RESTORE_SLOT] = _restore_ns // 1000
+
+
+def _set_restored(step, source):
+    """The checkpoint this process resumes from (ddplaunch.checkpoint.latest): launch's
+    incident table counts the steps redone from it and says where it came from. The step first:
+    launch takes a rank's steps for global once it sees a restored step."""
+    if _slots is None:
+        _open()
+    if _slots and 0 <= step < _MAX - 1:
+        _slots[_RESTORED_SLOT] = step + 1
+        _slots[_SOURCE_SLOT] = _SOURCE_CODES.get(source, 0)
 
 
 class waiting:
