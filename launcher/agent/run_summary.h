@@ -27,6 +27,11 @@ int workerThreads(const Environment& base_env, int nproc);
 std::string logRunSummary(ProgressTracker& progress, warm::RestartClock& restarts,
                           const std::string& host, int attempt, int threads, double now);
 
+// The incident table (warm::RestartClock::incidentTable), the run's wall time counted from its
+// first group's start: the end-of-run log and the dashboard show this same text.
+std::string incidentText(const warm::RestartClock& restarts, double now,
+                         size_t max_rows = warm::RestartClock::kMaxKept);
+
 // The failure that the supervisor names the root cause (`root`), among `failures`; null when
 // none is.
 const FailureDetail* rootDetail(const WorkerExit* root, const std::vector<FailureDetail>& failures);
