@@ -334,13 +334,15 @@ struct Agent::Impl {
                  view.metrics(), *stacks, std::move(hooks));
   }
 
-  // The incident table's cause for a hang: the ranks that made no step.
+  // The incident table's cause for a hang: the ranks that made no step (the culprit is named
+  // later, by the hang's report), four at most.
   std::string hangCause(const std::vector<Hang>& hangs) const {
     std::string ranks;
-    for (const auto& h : hangs)
-      ranks += fmt::format("{}{}", ranks.empty() ? "" : ",",
-                           workers.at(static_cast<size_t>(h.local_rank)).global_rank);
-    return fmt::format("hang: rank {} made no step", ranks);
+    for (size_t i = 0; i < hangs.size() && i < 4; ++i)
+      ranks += fmt::format("{}{}", i ? "," : "",
+                           workers.at(static_cast<size_t>(hangs[i].local_rank)).global_rank);
+    if (hangs.size() > 4) ranks += fmt::format(" +{} more", hangs.size() - 4);
+    return fmt::format("hang: rank{} {} made no step", hangs.size() > 1 ? "s" : "", ranks);
   }
 
   // The current group's heartbeats, by local rank, for the incident table.
