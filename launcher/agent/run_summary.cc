@@ -22,20 +22,18 @@ std::string logRunSummary(ProgressTracker& progress, warm::RestartClock& restart
   for (const auto& s : progress.newStragglers())  // judged once more on the final steps
     log::warn("straggler on {}: {}", host, s.describe());
   restarts.onGroupEnded(now);
-  std::string incidents = incidentText(restarts, now);
   if (!restarts.completed().empty()) {
     log::info("where each restart's time went (from the failure to every rank's first step):{}",
               restarts.summary());
-    log::info("{}", incidents);
+    log::info("{}", incidentText(restarts, now));
   }
   if (progress.ranks().empty() || !log::logger().should_log(spdlog::level::info)) return "";
   std::string table = progress.summary(now, usableCpus(), threads);
   log::info("per-rank summary of attempt {}:\n{}", attempt, table);
+  // The incident table has a section of its own on the page.
   return fmt::format(
       "per-rank summary of attempt {}:\n{}{}", attempt, table,
-      restarts.completed().empty()
-          ? ""
-          : "\nwhere each restart's time went:" + restarts.summary() + "\n" + incidents);
+      restarts.completed().empty() ? "" : "\nwhere each restart's time went:" + restarts.summary());
 }
 
 std::string incidentText(const warm::RestartClock& restarts, double now, size_t max_rows) {

@@ -1,10 +1,11 @@
 #pragma once
 // What the agent says when a run ends and when a group fails: the end-of-run summary (the
-// stragglers judged once more on the final steps, where each restart's time went, the per-rank
-// table for the log and the dashboard), the root cause among the attempt's failures and the one
-// paragraph the other nodes' reports quote, and the hint for workers that could not import
-// torch. Functions of what the loop hands them: they log and return text, and change nothing
-// of the loop's but the judgements they are handed (ProgressTracker, RestartClock).
+// stragglers judged once more on the final steps, where each restart's time went, the incident
+// table, the per-rank table for the log and the dashboard), the root cause among the attempt's
+// failures and the one paragraph the other nodes' reports quote, and the hint for workers that
+// could not import torch. Functions of what the loop hands them: they log and return text, and
+// change nothing of the loop's but the judgements they are handed (ProgressTracker,
+// RestartClock).
 //
 // Threads: the agent's loop thread.
 #include <string>

@@ -128,7 +128,7 @@ class RestartClock {
   // decided yet, 1: absolute, 2: from the restored step).
   std::vector<uint64_t> last_count_;
   std::vector<int> mode_;
-  double last_step_ = 0;  // a count of this node's changed (0: none in this group)
+  double last_step_ = 0;  // a reading found a rank's count changed (0: none in this group)
   uint64_t highest_ = 0;  // the group's highest global step
 };
 

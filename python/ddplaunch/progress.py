@@ -6,7 +6,9 @@ integer at offset 0, and the microseconds spent so far waiting inside collective
 From the step count launch shows progress and the end-of-run summary and finds hung ranks; from
 the waits it tells a slow rank from the ranks that wait for it (stragglers). `ddplaunch.done()`
 after the last step (offset 24) tells launch that what follows is teardown, not a hang; the
-interpreter's exit says so by itself for a process that reported steps.
+interpreter's exit says so by itself for a process that reported steps. ddplaunch.checkpoint
+reports the time it spent restoring (offset 16) and the step it resumed from and its source
+(offsets 32 and 40), for a restart's phases and launch's incident table.
 
 Without launch (torchrun, a plain `python train.py`), or when the descriptor is not launch's,
 every call only keeps the local count: no exception, no system call. The variable is read and
