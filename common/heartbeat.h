@@ -35,5 +35,12 @@ inline constexpr size_t kHeartbeatRestoreOffset = 16;
 // count it finished at plus one (0: still stepping), so that a step after it cancels it
 // without a second write: the mark holds only while the step field equals the mark less one.
 inline constexpr size_t kHeartbeatFinishedOffset = 24;
+// The checkpoint this attempt resumed from, for the incident table (launcher/warm/
+// restart_phases.h): its step plus one (0: none restored), and where it came from (1 memory,
+// 2 peer, 3 disk; anything else: none). Written by ddplaunch.checkpoint.latest() (Python); the
+// C++ worker library does not write them yet, so its restarts show "restore: none" and count
+// the steps it reports as global.
+inline constexpr size_t kHeartbeatRestoredStepOffset = 32;
+inline constexpr size_t kHeartbeatRestoreSourceOffset = 40;
 
 }  // namespace ddpl

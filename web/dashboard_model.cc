@@ -74,6 +74,10 @@ void DashboardModel::setSummary(const std::string& text) {
   summary_ = cutUtf8(maskSecretsInText(text), kMaxTextBytes);
 }
 
+void DashboardModel::setIncidents(const std::string& text) {
+  incidents_ = cutUtf8(maskSecretsInText(text), kMaxTextBytes);
+}
+
 void DashboardModel::setStacks(double t, const std::string& reason, const std::string& text) {
   stacks_ = Stacks{t, reason, cutUtf8(maskSecretsInText(text), kMaxTextBytes)};
 }
@@ -196,6 +200,7 @@ std::string DashboardModel::json(double now) const {
   for (const auto& e : events_) events.push_back({{"t", e.t}, {"kind", e.kind}, {"text", e.text}});
   j["events"] = std::move(events);
   j["summary"] = summary_ ? Json(*summary_) : Json(nullptr);
+  j["incidents"] = incidents_ ? Json(*incidents_) : Json(nullptr);
   j["stacks"] = stacks_
                     ? Json{{"t", stacks_->t}, {"reason", stacks_->reason}, {"text", stacks_->text}}
                     : Json(nullptr);

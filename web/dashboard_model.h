@@ -1,11 +1,11 @@
 #pragma once
 // What the job's web page (launch --dashboard, docs/monitoring.md) shows, as the JSON of
 // GET /api/job: a row per rank, the job's figures over time, the restarts and membership
-// changes on that time axis, the end-of-run summary and the last stacks. Pure: the agent feeds
-// it and takes the text; the HTTP server only hands the text out, so a page polling it costs
-// the agent nothing. Everything it keeps is bounded (samples, events, text sizes) whatever the
-// job does, and every text is masked as a manifest is (common/secrets.h): a page
-// readable from loopback shows no command-line or environment secret.
+// changes on that time axis, the incident table, the end-of-run summary and the last stacks.
+// Pure: the agent feeds it and takes the text; the HTTP server only hands the text out, so a
+// page polling it costs the agent nothing. Everything it keeps is bounded (samples, events,
+// text sizes) whatever the job does, and every text is masked as a manifest is
+// (common/secrets.h): a page readable from loopback shows no command-line or environment secret.
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -49,7 +49,9 @@ class DashboardModel {
   static constexpr double kSeriesInterval = 1.0;  // seconds between two points at least
   static constexpr size_t kMaxEvents = 256;
   static constexpr size_t kMaxLineBytes = 512;         // a rank's last line as shown
-  static constexpr size_t kMaxTextBytes = 256 * 1024;  // the summary, the stacks
+  static constexpr size_t kMaxTextBytes = 256 * 1024;  // the summary, the incidents, the stacks
+  // Rows of the incident table the agent hands (its oldest past this are a line saying so).
+  static constexpr size_t kMaxIncidentRows = 100;
 
   // One reading of every rank at unix time `now`: the rows, and a point of each series when
   // the last is kSeriesInterval old.
@@ -59,6 +61,8 @@ class DashboardModel {
   // A mark on the time axis: kind restart | membership | hang | straggler | exit.
   void event(double t, const std::string& kind, const std::string& text);
   void setSummary(const std::string& text);
+  // The incident table: where each lost second went (launcher/warm/restart_phases.h).
+  void setIncidents(const std::string& text);
   void setStacks(double t, const std::string& reason, const std::string& text);
 
   std::string json(double now) const;
@@ -77,6 +81,7 @@ class DashboardModel {
   };
   std::deque<Event> events_;
   std::optional<std::string> summary_;
+  std::optional<std::string> incidents_;
   struct Stacks {
     double t;
     std::string reason, text;

@@ -227,7 +227,7 @@ struct Agent::Impl {
     if (done || round != world.round) return;  // stale
     if (sup.phase() == Phase::kRunning) {
       log::warn("round {} ended: {}; stopping workers to re-form the group", round, reason);
-      restarts.onFailure(unixNow());
+      restarts.onFailure(unixNow(), "round ended: " + reason);
       execute(sup.onMembershipChange());
     } else {
       log::warn("round {} ended: {}; its workers were already stopping", round, reason);
@@ -301,12 +301,12 @@ struct Agent::Impl {
       readings.push_back({w, step, waited, ckpt->bytesOf(w.global_rank)});
     }
     view.maybeUpdate(readings, progress, now);  // also publishes the node's status for the job
-    if (restarts.awaitingFirstStep() && !workers.empty()) {
-      std::vector<uint64_t> steps;
-      for (const auto& w : workers) steps.push_back(heartbeats.step(w.local_rank));
+    if (!workers.empty()) {
       double restore = static_cast<double>(heartbeats.longestRestoreMicros()) / 1e6;
-      if (auto r = restarts.onSteps(now, steps, restore))
+      if (auto r = restarts.onReadings(now, rankSteps(), restore))
         log::info("restart {}: {}", r->restart, r->describe());
+      if (restarts.takeChanged())
+        view.setIncidents(incidentText(restarts, now, web::DashboardModel::kMaxIncidentRows), now);
     }
     runAfterStartHooks(now);
     view.reportStragglers(progress, now);
@@ -327,7 +327,7 @@ struct Agent::Impl {
   // Ranks made no progress past their limits: every node's stacks are saved (off this thread),
   // the hung ones and the likely culprit named, then the group stopped as for a failure.
   void onHangs(const std::vector<Hang>& hangs, double now) {
-    restarts.onFailure(now);
+    restarts.onFailure(now, hangCause(hangs));
     for (const auto& h : hangs) {
       view.markHung(h.local_rank);
       view.dashboardEvent("hang", fmt::format("local rank {} hung: {}", h.local_rank, h.why), now);
@@ -346,6 +346,26 @@ struct Agent::Impl {
     };
     hang.respond(hangs, now, workerStates(), attemptDir(), world.group_rank, progress,
                  view.metrics(), *stacks, std::move(hooks));
+  }
+
+  // The incident table's cause for a hang: the ranks that made no step (the culprit is named
+  // later, by the hang's report), four at most.
+  std::string hangCause(const std::vector<Hang>& hangs) const {
+    std::string ranks;
+    for (size_t i = 0; i < hangs.size() && i < 4; ++i)
+      ranks += fmt::format("{}{}", i ? "," : "",
+                           workers.at(static_cast<size_t>(hangs[i].local_rank)).global_rank);
+    if (hangs.size() > 4) ranks += fmt::format(" +{} more", hangs.size() - 4);
+    return fmt::format("hang: rank{} {} made no step", hangs.size() > 1 ? "s" : "", ranks);
+  }
+
+  // The current group's heartbeats, by local rank, for the incident table.
+  std::vector<warm::RankSteps> rankSteps() const {
+    std::vector<warm::RankSteps> out;
+    for (const auto& w : workers)
+      out.push_back({heartbeats.step(w.local_rank), heartbeats.restoredStep(w.local_rank),
+                     warm::restoreSourceFromCode(heartbeats.restoreSource(w.local_rank))});
+    return out;
   }
 
   // Everything but the workers themselves that the run started: SIGKILLed wherever it went.
@@ -646,10 +666,12 @@ struct Agent::Impl {
       if (!stopping) {
         log::error("worker rank {} (local rank {}, pid {}) failed: {}", w.global_rank, w.local_rank,
                    pid, st.describe());
-        restarts.onFailure(exit_time);
+        restarts.onFailure(exit_time, fmt::format("rank {} (local rank {}) {}", w.global_rank,
+                                                  w.local_rank, st.describe()));
       }
     }
     if (std::none_of(workers.begin(), workers.end(), [](const Worker& x) { return x.alive; })) {
+      restarts.onReadings(now, rankSteps());  // the failed group's last steps, all written now
       restarts.onStopped(now);
       // When a fenced node's workers were gone is what the fence promises (and what the chaos
       // soak checks), so it has a line of its own.
@@ -752,6 +774,8 @@ struct Agent::Impl {
       std::string text = logRunSummary(progress, restarts, cfg.host, attempt,
                                        workerThreads(cfg.base_env, cfg.nproc), unixNow());
       if (view.hasDashboard() && !text.empty()) view.setSummary(text, unixNow());
+      view.setIncidents(incidentText(restarts, unixNow(), web::DashboardModel::kMaxIncidentRows),
+                        unixNow());
     });
     if (ckpt->on()) {
       std::string line = ckpt->drain();

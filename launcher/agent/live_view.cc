@@ -173,6 +173,14 @@ void LiveView::addToSummary(const std::string& text, double now) {
   });
 }
 
+void LiveView::setIncidents(const std::string& text, double now) {
+  if (!dashboard_ || text.empty()) return;
+  dashboard_part_.contain([&] {
+    model_.setIncidents(text);
+    publishDashboard(now);
+  });
+}
+
 void LiveView::setStacks(const std::string& reason, const std::string& text, double now) {
   if (!dashboard_) return;
   dashboard_part_.contain([&] {

@@ -69,6 +69,8 @@ class LiveView {
   void markHung(int local_rank);
   void setSummary(const std::string& text, double now);
   void addToSummary(const std::string& text, double now);
+  // The incident table (run_summary.h's incidentText), replaced whenever a row changes.
+  void setIncidents(const std::string& text, double now);
   void setStacks(const std::string& reason, const std::string& text, double now);
   // The run is over: an open page gets the last state (the summary) before launch exits,
   // within a second at most.
@@ -132,7 +134,7 @@ class LiveView {
   std::thread peers_thread_;
   std::mutex peers_mu_;
   std::condition_variable peers_cv_;
-  bool peers_stop_ = false;                          // guarded by peers_mu_
+  bool peers_stop_ = false;                               // guarded by peers_mu_
   std::map<int, std::vector<web::DashboardRank>> peers_;  // by node rank; guarded by peers_mu_
   void readPeers();
 };

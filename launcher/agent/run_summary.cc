@@ -21,16 +21,24 @@ std::string logRunSummary(ProgressTracker& progress, warm::RestartClock& restart
                           const std::string& host, int attempt, int threads, double now) {
   for (const auto& s : progress.newStragglers())  // judged once more on the final steps
     log::warn("straggler on {}: {}", host, s.describe());
-  restarts.onGroupEnded();
-  if (!restarts.completed().empty())
+  restarts.onGroupEnded(now);
+  if (!restarts.completed().empty()) {
     log::info("where each restart's time went (from the failure to every rank's first step):{}",
               restarts.summary());
+    log::info("{}", incidentText(restarts, now));
+  }
   if (progress.ranks().empty() || !log::logger().should_log(spdlog::level::info)) return "";
   std::string table = progress.summary(now, usableCpus(), threads);
   log::info("per-rank summary of attempt {}:\n{}", attempt, table);
+  // The incident table has a section of its own on the page.
   return fmt::format(
       "per-rank summary of attempt {}:\n{}{}", attempt, table,
       restarts.completed().empty() ? "" : "\nwhere each restart's time went:" + restarts.summary());
+}
+
+std::string incidentText(const warm::RestartClock& restarts, double now, size_t max_rows) {
+  double wall = restarts.firstStarted() > 0 ? now - restarts.firstStarted() : 0;
+  return restarts.incidentTable(wall, max_rows);
 }
 
 const FailureDetail* rootDetail(const WorkerExit* root,

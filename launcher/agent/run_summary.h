@@ -1,10 +1,11 @@
 #pragma once
 // What the agent says when a run ends and when a group fails: the end-of-run summary (the
-// stragglers judged once more on the final steps, where each restart's time went, the per-rank
-// table for the log and the dashboard), the root cause among the attempt's failures and the one
-// paragraph the other nodes' reports quote, and the hint for workers that could not import
-// torch. Functions of what the loop hands them: they log and return text, and change nothing
-// of the loop's but the judgements they are handed (ProgressTracker, RestartClock).
+// stragglers judged once more on the final steps, where each restart's time went, the incident
+// table, the per-rank table for the log and the dashboard), the root cause among the attempt's
+// failures and the one paragraph the other nodes' reports quote, and the hint for workers that
+// could not import torch. Functions of what the loop hands them: they log and return text, and
+// change nothing of the loop's but the judgements they are handed (ProgressTracker,
+// RestartClock).
 //
 // Threads: the agent's loop thread.
 #include <string>
@@ -26,6 +27,11 @@ int workerThreads(const Environment& base_env, int nproc);
 // "" where the log shows no table (no ranks, or a level above info).
 std::string logRunSummary(ProgressTracker& progress, warm::RestartClock& restarts,
                           const std::string& host, int attempt, int threads, double now);
+
+// The incident table (warm::RestartClock::incidentTable), the run's wall time counted from its
+// first group's start: the end-of-run log and the dashboard show this same text.
+std::string incidentText(const warm::RestartClock& restarts, double now,
+                         size_t max_rows = warm::RestartClock::kMaxKept);
 
 // The failure that the supervisor names the root cause (`root`), among `failures`; null when
 // none is.

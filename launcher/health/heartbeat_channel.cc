@@ -43,6 +43,14 @@ uint64_t HeartbeatChannel::restoreMicros() const {
   return map_[kHeartbeatRestoreOffset / sizeof(uint64_t)];
 }
 
+uint64_t HeartbeatChannel::restoredStep() const {
+  return map_[kHeartbeatRestoredStepOffset / sizeof(uint64_t)];
+}
+
+uint64_t HeartbeatChannel::restoreSource() const {
+  return map_[kHeartbeatRestoreSourceOffset / sizeof(uint64_t)];
+}
+
 bool HeartbeatChannel::finishedStepping() const {
   // Two reads, not one snapshot: a reading that falls between a worker's two writes gives the
   // answer before them, and the next reading (a --monitor-interval later) the one after.
@@ -82,6 +90,16 @@ uint64_t HeartbeatChannels::waitedMicros(int local_rank) const {
 bool HeartbeatChannels::finishedStepping(int local_rank) const {
   const HeartbeatChannel* c = at(local_rank);
   return c && c->finishedStepping();
+}
+
+uint64_t HeartbeatChannels::restoredStep(int local_rank) const {
+  const HeartbeatChannel* c = at(local_rank);
+  return c ? c->restoredStep() : 0;
+}
+
+uint64_t HeartbeatChannels::restoreSource(int local_rank) const {
+  const HeartbeatChannel* c = at(local_rank);
+  return c ? c->restoreSource() : 0;
 }
 
 uint64_t HeartbeatChannels::longestRestoreMicros() const {

@@ -24,6 +24,8 @@ class HeartbeatChannel {
   uint64_t step() const;
   uint64_t waitedMicros() const;
   uint64_t restoreMicros() const;  // time spent reading a checkpoint (0: none reported)
+  uint64_t restoredStep() const;   // the step it resumed from plus one (0: none)
+  uint64_t restoreSource() const;  // where that came from, as written (1..3; unchecked)
   // The worker marked its last step done and has made none since (kHeartbeatFinishedOffset).
   bool finishedStepping() const;
 
@@ -46,6 +48,8 @@ class HeartbeatChannels {
   uint64_t step(int local_rank) const;
   uint64_t waitedMicros(int local_rank) const;
   bool finishedStepping(int local_rank) const;
+  uint64_t restoredStep(int local_rank) const;
+  uint64_t restoreSource(int local_rank) const;
   // The longest time a rank of the group spent reading its checkpoint.
   uint64_t longestRestoreMicros() const;
 

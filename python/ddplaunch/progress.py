@@ -6,7 +6,9 @@ integer at offset 0, and the microseconds spent so far waiting inside collective
 From the step count launch shows progress and the end-of-run summary and finds hung ranks; from
 the waits it tells a slow rank from the ranks that wait for it (stragglers). `ddplaunch.done()`
 after the last step (offset 24) tells launch that what follows is teardown, not a hang; the
-interpreter's exit says so by itself for a process that reported steps.
+interpreter's exit says so by itself for a process that reported steps. ddplaunch.checkpoint
+reports the time it spent restoring (offset 16) and the step it resumed from and its source
+(offsets 32 and 40), for a restart's phases and launch's incident table.
 
 Without launch (torchrun, a plain `python train.py`), or when the descriptor is not launch's,
 every call only keeps the local count: no exception, no system call. The variable is read and
@@ -30,7 +32,10 @@ _STEP_SLOT = 0
 _WAIT_SLOT = 1
 _RESTORE_SLOT = 2  # kHeartbeatRestoreOffset: microseconds spent reading checkpoints
 _FINISHED_SLOT = 3  # kHeartbeatFinishedOffset: the step count it finished at, plus one
-_MAPPED_BYTES = 32
+_RESTORED_SLOT = 4  # kHeartbeatRestoredStepOffset: the step resumed from, plus one
+_SOURCE_SLOT = 5  # kHeartbeatRestoreSourceOffset: where it came from (_SOURCE_CODES)
+_MAPPED_BYTES = 48
+_SOURCE_CODES = {"memory": 1, "peer": 2, "disk": 3}
 _MAX = 1 << 64
 
 # None until the first call; then the writable slots, or False where launch does not listen.
@@ -167,6 +172,17 @@ def _add_restore_ns(ns):
         _open()
     if _slots:
         _slots[_RESTORE_SLOT] = _restore_ns // 1000
+
+
+def _set_restored(step, source):
+    """The checkpoint this process resumes from (ddplaunch.checkpoint.latest): launch's
+    incident table counts the steps redone from it and says where it came from. The step first:
+    launch takes a rank's steps for global once it sees a restored step."""
+    if _slots is None:
+        _open()
+    if _slots and 0 <= step < _MAX - 1:
+        _slots[_RESTORED_SLOT] = step + 1
+        _slots[_SOURCE_SLOT] = _SOURCE_CODES.get(source, 0)
 
 
 class waiting:

@@ -178,11 +178,15 @@ class DashboardTest(unittest.TestCase):
             url = self.check_job(job)
             # An open page (one reading every 0.3 s) gets the end: the state and the summary.
             last = {}
+            live_incidents = []  # the incident table as the page had it while the job ran
 
             def page():
                 while job.proc.poll() is None:
                     try:
-                        last.update(json.loads(http(url + "api/job", timeout=2)[1]))
+                        d = json.loads(http(url + "api/job", timeout=2)[1])
+                        last.update(d)
+                        if d.get("incidents") and d.get("job", {}).get("state") == "training":
+                            live_incidents.append(d["incidents"])
                     except OSError:
                         pass
                     time.sleep(0.3)
@@ -193,6 +197,14 @@ class DashboardTest(unittest.TestCase):
             self.assertEqual(rc, 0, job.output()[-3000:])
             self.assertEqual(last["job"]["state"], "finished")
             self.assertIn("per-rank summary", last["summary"] or "")
+            # Issue 48: where each lost second went, live once the restarted group stepped,
+            # and at the end; the hang named by its ranks (rank 3's, and those waiting for it
+            # in a collective: a node's hang is every rank that stopped stepping).
+            self.assertTrue(live_incidents, job.output()[-3000:])
+            self.assertIn("where each lost second went", live_incidents[-1])
+            self.assertRegex(last["incidents"] or "", r"hang: ranks? [0-9,]*\b3\b[0-9, +more]* made "
+                             r"no step")
+            self.assertRegex(last["incidents"], r"totals: 1 incident, [0-9.]+s lost")
         finally:
             job.stop()
         if self.page_not_driven:
@@ -261,6 +273,7 @@ class DashboardTest(unittest.TestCase):
                 self.assertIn("<b>not html</b>", rows[0]["line"], "worker output shown as text")
                 self.assertGreater(browser.samples(), grown, "the plots' series grew")
                 self.assertIn("restart", browser.text("events"))
+                self.assertIn("hang: rank", browser.text("incpre"), "the incident table")
             # Log tails.
             s, body = http(url + "api/logs?rank=2")
             self.assertEqual(s, 200)

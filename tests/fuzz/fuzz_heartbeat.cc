@@ -1,11 +1,11 @@
 // libFuzzer target: what launch makes of its workers' heartbeats (common/heartbeat.h: the step,
 // the microseconds waited in collectives, the microseconds spent restoring a checkpoint, any
 // 64-bit values a worker writes) and of their timing: the progress tracker and its straggler
-// judgement, the hang detector, the live view's figures and lines, the restart's phases, the
-// dashboard's rows and the end-of-run summary. The input: a byte of options (ranks, a
-// --hang-timeout or not), then readings of 27 bytes: [rank and event][ms since the last reading,
-// 2 bytes][step][waited][restore] (little-endian). Findings: a crash, a sanitizer report (an
-// overflowing conversion included), an exception (each traps).
+// judgement, the hang detector, the live view's figures and lines, the restart's phases and the
+// incident table, the dashboard's rows and the end-of-run summary. The input: a byte of options
+// (ranks, a --hang-timeout or not), then readings of 27 bytes: [rank and event][ms since the
+// last reading, 2 bytes][step][waited][restore] (little-endian). Findings: a crash, a sanitizer
+// report (an overflowing conversion included), an exception (each traps).
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -82,10 +82,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       (void)view.logLine();
       for (const auto& s : progress.newStragglers()) (void)s.describe();
       for (const auto& h : hang.check(now)) (void)h.why;
-      std::vector<uint64_t> steps;
-      for (const auto& x : usage) steps.push_back(x.step);
-      if (auto rec = restarts.onSteps(now, steps, static_cast<double>(restore) / 1e6))
+      // The incident table's readings: the waited field stands for the step restored, a byte
+      // for its source; bit 4 of the first byte fails the group and starts the next.
+      std::vector<warm::RankSteps> steps;
+      for (const auto& x : usage)
+        steps.push_back({x.step, x.waited_us, warm::restoreSourceFromCode(p[2] & 7)});
+      if (auto rec = restarts.onReadings(now, steps, static_cast<double>(restore) / 1e6))
         (void)rec->describe();
+      if (p[0] & 0x10) {
+        restarts.onFailure(now, std::string(p[1], 'c'));
+        restarts.onStopped(now);
+        restarts.onFormed(now);
+        restarts.onStarted(now, 0, nproc);
+      }
+      if (restarts.takeChanged()) (void)restarts.incidentTable(now - 1.7e9, 3);
       // The dashboard's row of each rank, as the live view fills it.
       std::vector<DashboardRank> rows;
       for (const auto& x : usage) {
@@ -113,8 +123,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)model.json(now);
     for (int r = 0; r < nproc; ++r) progress.onExit(r, now, 1, 1024);
     for (const auto& s : progress.newStragglers()) (void)s.describe();
-    (void)restarts.onGroupEnded();
+    (void)restarts.onGroupEnded(now);
     (void)restarts.summary();
+    (void)restarts.incidentTable(now - 1.7e9);
     (void)progress.summary(now, 2, 4);
   } catch (const std::exception& e) {
     fprintf(stderr, "exception: %s\n", e.what());

@@ -271,6 +271,34 @@ TEST_F(MemoryCheckpoints, PythonDdpKilledMidStepAndMidCheckpointResumesFromMemor
   samePyWeights("ref", "ckpt");
 }
 
+// Issue 48: the end-of-run summary's incident table, "where each lost second went". Every rank
+// SIGKILLs itself in step 14 (after its backward, before it reports the step): the last step
+// the group completed is 13, the last checkpoint 10 (one every 5), so the next group restores
+// 10 from memory and redoes 3 steps; the row names a rank, its signal and the source, and a
+// totals line follows.
+TEST_F(MemoryCheckpoints, TheIncidentTableNamesTheKillTheRestoreAndTheStepsRedone) {
+  const int kill_at = 14, every = 5;
+  const int completed = kill_at - 1, restored = completed / every * every;
+  auto r = pyJob("incident", {"--steps", "24", "--ckpt-every", std::to_string(every), "--kill-at",
+                              std::to_string(kill_at) + ":-1:step"});
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  ASSERT_EQ(countOf(r.out, "resumed from step " + std::to_string(restored) + " (memory)"), 2)
+      << r.all();
+  EXPECT_NE(r.err.find("where each lost second went (seconds; detect counts from the last step"),
+            std::string::npos)
+      << r.all();
+  // #, detect, stop, re-form, start, first step, restore, recomputed, back, lost, cause.
+  const std::string n = "[0-9]+\\.[0-9]{2}";
+  std::regex row("\\n +1 +" + n + " +" + n + " +" + n + " +" + n + " +" + n + " +memory step " +
+                 std::to_string(restored) + "( in " + n + "s)? +" +
+                 std::to_string(completed - restored) + " +" + n + " +" + n +
+                 " rank [01] \\(local rank [01]\\) signal 9 \\(SIGKILL\\)\\n");
+  EXPECT_TRUE(std::regex_search(r.err, row)) << r.all();
+  EXPECT_TRUE(std::regex_search(r.err, std::regex("totals: 1 incident, " + n +
+                                                  "s lost \\([0-9.]+% of [0-9.]+s wall time\\)")))
+      << r.all();
+}
+
 // torch.distributed.checkpoint through ddplaunch.checkpoint's StorageWriter/StorageReader:
 // each rank's shard in its own memory, read back from the node's memory after a kill.
 TEST_F(MemoryCheckpoints, DcpThroughTheStorageWriterResumesFromMemory) {

@@ -49,7 +49,30 @@ TEST(DashboardModel, RanksSeriesAndEventsAsThePageReadsThem) {
   EXPECT_TRUE(j["ranks"][0]["gpu_util_percent"].is_null()) << "unknown is null, not 0";
   EXPECT_EQ(j["events"][0]["kind"], "restart");
   EXPECT_TRUE(j["summary"].is_null());
+  EXPECT_TRUE(j["incidents"].is_null());
   EXPECT_TRUE(j["stacks"].is_null());
+}
+
+// Issue 48: the incident table (launcher/warm/restart_phases.h's incidentTable), its own text
+// in the JSON beside the summary, replaced as rows complete, bounded and masked like it.
+TEST(DashboardModel, TheIncidentTableIsItsOwnBoundedText) {
+  DashboardModel m;
+  const std::string table =
+      "where each lost second went (...):\n  # detect cause\n  1 0.12   rank 1 (local rank 1) "
+      "signal 9 (SIGKILL)\n  totals: 1 incident, 0.50s lost";
+  m.setIncidents(table);
+  m.setSummary("per-rank summary");
+  json j = json::parse(m.json(1));
+  EXPECT_EQ(j["incidents"], table);
+  EXPECT_EQ(j["summary"], "per-rank summary");
+  m.setIncidents("two rows now");
+  EXPECT_EQ(json::parse(m.json(2))["incidents"], "two rows now");
+  m.setIncidents(std::string(1 << 20, 'r') + " --token=abcdef");
+  EXPECT_LE(json::parse(m.json(3))["incidents"].get<std::string>().size(),
+            DashboardModel::kMaxTextBytes + 3);
+  m.setIncidents("cause: round ended: --password=hunter2");
+  EXPECT_EQ(json::parse(m.json(4))["incidents"].get<std::string>().find("hunter2"),
+            std::string::npos);
 }
 
 TEST(DashboardModel, EverythingItKeepsIsBounded) {
@@ -142,6 +165,7 @@ TEST(DashboardServer, ServesThePageTheJsonAndTheLogsAndGuardsTheStacks) {
   Reply page = get(d->port(), "/");
   EXPECT_EQ(page.status, 200);
   EXPECT_NE(page.body.find("<canvas"), std::string::npos);
+  EXPECT_NE(page.body.find("D.incidents"), std::string::npos) << "the incident table's <pre>";
   EXPECT_EQ(get(d->port(), "/etc/passwd").status, 404);
   EXPECT_EQ(get(d->port(), "/api/job").body, "{}");
   d->publish(R"({"version":1})");

@@ -165,6 +165,22 @@ class UnderLaunch(unittest.TestCase):
         self.assertEqual(field(self.fd, 16), 2500)
         self.assertEqual(field(self.fd, 0), 0)
 
+    def test_the_checkpoint_resumed_from_goes_at_offsets_32_and_40(self):
+        # ddplaunch.checkpoint.latest() names it: its step plus one, and 1 memory 2 peer 3 disk
+        # (launch's incident table, launcher/warm/restart_phases.h).
+        self.run_worker("""
+            from ddplaunch import progress
+            progress._set_restored(0, "disk")
+        """)
+        self.assertEqual((field(self.fd, 32), field(self.fd, 40)), (1, 3))
+        self.run_worker("""
+            from ddplaunch import progress
+            progress._set_restored(30, "memory")
+            progress._set_restored(29, "peer")
+        """)
+        self.assertEqual((field(self.fd, 32), field(self.fd, 40)), (30, 2))
+        self.assertEqual(field(self.fd, 0), 0)
+
     def test_the_variable_is_read_once(self):
         self.run_worker("""
             ddplaunch.step()

@@ -24,7 +24,10 @@ def latest(dir=None, store=None, timeout=300):
     store, else a TCPStore client of MASTER_ADDR:MASTER_PORT."""
     start = time.perf_counter_ns()
     try:
-        return _latest(dir, store, timeout)
+        found = _latest(dir, store, timeout)
+        if found is not None:  # for launch's incident table: the step resumed from, and where
+            _progress._set_restored(found.step, found.source)
+        return found
     finally:  # part of a restart's time, which launch reports by phase
         _progress._add_restore_ns(time.perf_counter_ns() - start)
 
