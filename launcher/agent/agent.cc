@@ -66,13 +66,6 @@ EventLoop::Clock::duration seconds(double s) {
   return std::chrono::duration_cast<EventLoop::Clock::duration>(std::chrono::duration<double>(s));
 }
 
-int openLog(const std::string& path) {
-  int fd =
-      open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_APPEND | O_NOFOLLOW, 0640);
-  if (fd < 0) throw Error("cannot open log file '" + path + "': " + strerror(errno));
-  return fd;
-}
-
 }  // namespace
 
 struct Agent::Impl {
@@ -111,9 +104,8 @@ struct Agent::Impl {
   std::vector<int> stream_fds;          // open output pipes of the current attempt
   std::vector<FailureDetail> failures;  // of the current attempt
   std::map<pid_t, FailureDetail> pending_exec_failures;
-  std::unique_ptr<WarmWorkers> prewarm;     // null: no --prewarm
-  warm::RestartClock restarts;              // the phases of every restart
-  int last_world_size = 0, last_nodes = 0;  // of the last group started (the dashboard)
+  std::unique_ptr<WarmWorkers> prewarm;  // null: no --prewarm
+  warm::RestartClock restarts;           // the phases of every restart
   bool done = false;
   int exit_code = 0;
   // Reporting parts of the agent's own (reporting_part.h; the live view has its own).
@@ -303,7 +295,7 @@ struct Agent::Impl {
     view.maybeUpdate(readings, progress, now);  // also publishes the node's status for the job
     if (!workers.empty()) {
       double restore = static_cast<double>(heartbeats.longestRestoreMicros()) / 1e6;
-      if (auto r = restarts.onReadings(now, rankSteps(), restore))
+      if (auto r = restarts.onReadings(now, rankSteps(heartbeats, workerStates()), restore))
         log::info("restart {}: {}", r->restart, r->describe());
       if (restarts.takeChanged())
         view.setIncidents(incidentText(restarts, now, web::DashboardModel::kMaxIncidentRows), now);
@@ -327,7 +319,7 @@ struct Agent::Impl {
   // Ranks made no progress past their limits: every node's stacks are saved (off this thread),
   // the hung ones and the likely culprit named, then the group stopped as for a failure.
   void onHangs(const std::vector<Hang>& hangs, double now) {
-    restarts.onFailure(now, hangCause(hangs));
+    restarts.onFailure(now, hangCause(hangs, world.rank_offset));
     for (const auto& h : hangs) {
       view.markHung(h.local_rank);
       view.dashboardEvent("hang", fmt::format("local rank {} hung: {}", h.local_rank, h.why), now);
@@ -346,26 +338,6 @@ struct Agent::Impl {
     };
     hang.respond(hangs, now, workerStates(), attemptDir(), world.group_rank, progress,
                  view.metrics(), *stacks, std::move(hooks));
-  }
-
-  // The incident table's cause for a hang: the ranks that made no step (the culprit is named
-  // later, by the hang's report), four at most.
-  std::string hangCause(const std::vector<Hang>& hangs) const {
-    std::string ranks;
-    for (size_t i = 0; i < hangs.size() && i < 4; ++i)
-      ranks += fmt::format("{}{}", i ? "," : "",
-                           workers.at(static_cast<size_t>(hangs[i].local_rank)).global_rank);
-    if (hangs.size() > 4) ranks += fmt::format(" +{} more", hangs.size() - 4);
-    return fmt::format("hang: rank{} {} made no step", hangs.size() > 1 ? "s" : "", ranks);
-  }
-
-  // The current group's heartbeats, by local rank, for the incident table.
-  std::vector<warm::RankSteps> rankSteps() const {
-    std::vector<warm::RankSteps> out;
-    for (const auto& w : workers)
-      out.push_back({heartbeats.step(w.local_rank), heartbeats.restoredStep(w.local_rank),
-                     warm::restoreSourceFromCode(heartbeats.restoreSource(w.local_rank))});
-    return out;
   }
 
   // Everything but the workers themselves that the run started: SIGKILLed wherever it went.
@@ -435,16 +407,7 @@ struct Agent::Impl {
     workers.clear();
     workers.resize(static_cast<size_t>(cfg.nproc));
     progress.start(cfg.nproc, world.rank_offset, unixNow());
-    if (view.hasDashboard() && attempt > 0 &&
-        (world.world_size != last_world_size || world.group_world_size != last_nodes))
-      view.dashboardEvent(
-          "membership",
-          fmt::format("round {}: {} node(s), world size {} (was {} and {})", world.round,
-                      world.group_world_size, world.world_size, last_nodes, last_world_size),
-          unixNow());
-    last_world_size = world.world_size;
-    last_nodes = world.group_world_size;
-    view.startAttempt(attempt, world.world_size, unixNow(), world.group_world_size,
+    view.startAttempt(attempt, world.round, world.world_size, unixNow(), world.group_world_size,
                       world.group_rank, world.restart_count);
     if (first_group_started == 0) first_group_started = unixNow();
     hang.startGroup(cfg.nproc, unixNow());
@@ -489,8 +452,8 @@ struct Agent::Impl {
                    const RankStreams& streams) {
     StreamRoute out{w.local_rank, w.global_rank, StreamKind::kStdout, streams.out_console, -1};
     StreamRoute err{w.local_rank, w.global_rank, StreamKind::kStderr, streams.err_console, -1};
-    if (streams.outFile()) out.file_fd = openLog(dir + "/stdout.log");
-    if (streams.errFile()) err.file_fd = openLog(dir + "/stderr.log");
+    if (streams.outFile()) out.file_fd = openRankLog(dir + "/stdout.log");
+    if (streams.errFile()) err.file_fd = openRankLog(dir + "/stderr.log");
     router.add(p.stdout_fd, out);
     router.add(p.stderr_fd, err);
     loop.add(p.stdout_fd, EPOLLIN, static_cast<uint64_t>(p.stdout_fd));
@@ -650,19 +613,11 @@ struct Agent::Impl {
           fmt::format("rank {} (local rank {}) {}", w.global_rank, w.local_rank, st.describe()),
           now);
     if (!st.success()) {
-      FailureDetail d;
       auto pending = pending_exec_failures.find(pid);
-      if (pending != pending_exec_failures.end())
-        d = pending->second;
-      else
-        d.error = readErrorFile(w.error_file);
-      d.exit = WorkerExit{w.local_rank, pid, st, now, stopping};
-      d.global_rank = w.global_rank;
-      d.host = cfg.host;
-      d.error_file = w.error_file;
-      d.error_file_kept = !log_base.temporary;
-      d.stderr_tail = router.stderrTail(w.local_rank);
-      failures.push_back(std::move(d));
+      failures.push_back(
+          workerFailure(WorkerExit{w.local_rank, pid, st, now, stopping}, w.global_rank, cfg.host,
+                        w.error_file, !log_base.temporary, router.stderrTail(w.local_rank),
+                        pending != pending_exec_failures.end() ? &pending->second : nullptr));
       if (!stopping) {
         log::error("worker rank {} (local rank {}, pid {}) failed: {}", w.global_rank, w.local_rank,
                    pid, st.describe());
@@ -671,7 +626,9 @@ struct Agent::Impl {
       }
     }
     if (std::none_of(workers.begin(), workers.end(), [](const Worker& x) { return x.alive; })) {
-      restarts.onReadings(now, rankSteps());  // the failed group's last steps, all written now
+      restarts.onReadings(
+          now,
+          rankSteps(heartbeats, workerStates()));  // the failed group's last steps, all written now
       restarts.onStopped(now);
       // When a fenced node's workers were gone is what the fence promises (and what the chaos
       // soak checks), so it has a line of its own.

@@ -208,4 +208,21 @@ std::string formatFailureReport(const std::string& program, const std::vector<Fa
   return s;
 }
 
+FailureDetail workerFailure(const WorkerExit& exit, int global_rank, const std::string& host,
+                            const std::string& error_file, bool error_file_kept,
+                            std::deque<std::string> stderr_tail, const FailureDetail* exec_failed) {
+  FailureDetail d;
+  if (exec_failed)
+    d = *exec_failed;
+  else
+    d.error = readErrorFile(error_file);
+  d.exit = exit;
+  d.global_rank = global_rank;
+  d.host = host;
+  d.error_file = error_file;
+  d.error_file_kept = error_file_kept;
+  d.stderr_tail = std::move(stderr_tail);
+  return d;
+}
+
 }  // namespace ddpl::launcher

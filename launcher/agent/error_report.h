@@ -31,6 +31,13 @@ struct FailureDetail {
   std::deque<std::string> stderr_tail;
 };
 
+// A worker's failure as the reports tell it: `exec_failed`, where its exec failed, else its
+// error file (read now), and its last lines on stderr.
+FailureDetail workerFailure(const WorkerExit& exit, int global_rank, const std::string& host,
+                            const std::string& error_file, bool error_file_kept,
+                            std::deque<std::string> stderr_tail,
+                            const FailureDetail* exec_failed = nullptr);
+
 // A C++ worker's trace is cut to its innermost frames past the exception's own construction;
 // the error file keeps all of them.
 inline constexpr size_t kReportFrames = 8;

@@ -77,8 +77,13 @@ void LiveView::startMetrics() {
             v6 ? "]" : "", metrics_->port());
 }
 
-void LiveView::startAttempt(int attempt, int world_size, double now, int nodes, int node_rank,
-                            int restarts_used) {
+void LiveView::startAttempt(int attempt, int64_t round, int world_size, double now, int nodes,
+                            int node_rank, int restarts_used) {
+  if (dashboard_ && attempt > 0 && (world_size != job_.world_size || nodes != job_.nodes))
+    dashboardEvent("membership",
+                   fmt::format("round {}: {} node(s), world size {} (was {} and {})", round, nodes,
+                               world_size, job_.nodes, job_.world_size),
+                   now);
   view_.start(now);
   if (metrics_)
     metrics_part_.contain([&] { metrics_->setJob({attempt, world_size, options_.max_restarts}); });

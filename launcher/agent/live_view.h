@@ -80,9 +80,10 @@ class LiveView {
   // --metrics-port: the group on this node restarted.
   void countRestart();
 
-  // A new attempt: forgets the last one's samples.
-  void startAttempt(int attempt, int world_size, double now, int nodes = 1, int node_rank = 0,
-                    int restarts_used = 0);
+  // A new attempt (of `round`): forgets the last one's samples; marks a change of the job's
+  // membership on the dashboard's time axis.
+  void startAttempt(int attempt, int64_t round, int world_size, double now, int nodes = 1,
+                    int node_rank = 0, int restarts_used = 0);
   // Samples every rank and shows it when due: twice a second at most, whatever
   // --monitor-interval is (reading /proc for every rank is not free on a 64-rank node).
   void maybeUpdate(const std::vector<RankReading>& ranks, ProgressTracker& progress, double now);

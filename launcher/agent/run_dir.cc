@@ -1,5 +1,6 @@
 #include "launcher/agent/run_dir.h"
 
+#include <fcntl.h>
 #include <linux/magic.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -20,14 +21,14 @@ namespace ddpl::launcher {
 namespace {
 
 bool onTmpfs(const std::string& dir) {
-  struct statfs st{};
+  struct statfs st {};
   return statfs(dir.c_str(), &st) == 0 && st.f_type == TMPFS_MAGIC;
 }
 
 // A folder we may create our private folder in: a directory we can write, either ours alone
 // (XDG_RUNTIME_DIR: 0700, our uid) or sticky like /tmp (nobody else can remove what we make).
 bool usableParent(const std::string& dir, bool must_be_ours) {
-  struct stat st{};
+  struct stat st {};
   if (dir.empty() || dir[0] != '/' || stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
       access(dir.c_str(), W_OK | X_OK) != 0)
     return false;
@@ -141,6 +142,13 @@ void keepOnlyEvidence(const std::string& log_base, const std::string& run_dir,
     return a.string().size() > b.string().size();
   });
   for (const auto& d : dirs) fs::remove(d, ec);  // removes only an empty one
+}
+
+int openRankLog(const std::string& path) {
+  int fd =
+      open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_APPEND | O_NOFOLLOW, 0640);
+  if (fd < 0) throw Error("cannot open log file '" + path + "': " + strerror(errno));
+  return fd;
 }
 
 }  // namespace ddpl::launcher

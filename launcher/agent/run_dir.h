@@ -53,4 +53,8 @@ void makePrivateDirs(const std::string& base, const std::string& dir);
 void keepOnlyEvidence(const std::string& log_base, const std::string& run_dir,
                       const std::vector<std::string>& evidence);
 
+// A rank's log file under the run folder (O_NOFOLLOW, private to the user and group); throws
+// ddpl::Error naming it.
+int openRankLog(const std::string& path);
+
 }  // namespace ddpl::launcher

@@ -41,6 +41,23 @@ std::string incidentText(const warm::RestartClock& restarts, double now, size_t 
   return restarts.incidentTable(wall, max_rows);
 }
 
+std::string hangCause(const std::vector<Hang>& hangs, int rank_offset) {
+  std::string ranks;
+  for (size_t i = 0; i < hangs.size() && i < 4; ++i)
+    ranks += fmt::format("{}{}", i ? "," : "", rank_offset + hangs[i].local_rank);
+  if (hangs.size() > 4) ranks += fmt::format(" +{} more", hangs.size() - 4);
+  return fmt::format("hang: rank{} {} made no step", hangs.size() > 1 ? "s" : "", ranks);
+}
+
+std::vector<warm::RankSteps> rankSteps(const HeartbeatChannels& heartbeats,
+                                       const std::vector<WorkerState>& workers) {
+  std::vector<warm::RankSteps> out;
+  for (const auto& w : workers)
+    out.push_back({heartbeats.step(w.local_rank), heartbeats.restoredStep(w.local_rank),
+                   warm::restoreSourceFromCode(heartbeats.restoreSource(w.local_rank))});
+  return out;
+}
+
 const FailureDetail* rootDetail(const WorkerExit* root,
                                 const std::vector<FailureDetail>& failures) {
   for (const auto& f : failures)

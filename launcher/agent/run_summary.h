@@ -14,6 +14,8 @@
 #include "common/environment.h"
 #include "launcher/agent/error_report.h"
 #include "launcher/agent/supervisor.h"
+#include "launcher/agent/worker_state.h"
+#include "launcher/health/heartbeat_channel.h"
 #include "launcher/health/progress.h"
 #include "launcher/warm/restart_phases.h"
 
@@ -32,6 +34,14 @@ std::string logRunSummary(ProgressTracker& progress, warm::RestartClock& restart
 // first group's start: the end-of-run log and the dashboard show this same text.
 std::string incidentText(const warm::RestartClock& restarts, double now,
                          size_t max_rows = warm::RestartClock::kMaxKept);
+
+// The incident table's cause for a hang: the ranks that made no step (the culprit is named
+// later, by the hang's report), four at most; `rank_offset`: this node's first global rank.
+std::string hangCause(const std::vector<Hang>& hangs, int rank_offset);
+
+// The current group's heartbeats, by local rank, for the incident table.
+std::vector<warm::RankSteps> rankSteps(const HeartbeatChannels& heartbeats,
+                                       const std::vector<WorkerState>& workers);
 
 // The failure that the supervisor names the root cause (`root`), among `failures`; null when
 // none is.
