@@ -211,7 +211,8 @@ def etcd_leader_figures(fault, t_next):
     """etcd_leader_kill: when etcd named a new leader and was whole again (the soak's own
     watch of the members), and the agents' first etcd line after the kill (None: none noticed
     before the next fault)."""
-    out = {k: fault.get(k) for k in ("new_leader", "new_leader_s", "etcd_whole_s")}
+    out = {k: fault.get(k) for k in ("new_leader", "new_leader_after_s", "new_leader_s",
+                                     "etcd_whole_s")}
     t = fault["t"]
     seen = []
     for path in fault.get("agent_logs") or []:

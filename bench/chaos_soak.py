@@ -29,7 +29,8 @@ the same order, on either backend: etcd_leader_kill is drawn where c10d draws rd
                 keep-alive stream that its client resumes on another member: then the
                 incident has no detect, stop or re-form, 0 steps recomputed, and counts as
                 recovered once the same group steps past where it was. Its own figures: when
-                the other members named a new leader (new_leader_s), when the killed member
+                the other members named a new leader (between new_leader_after_s and
+                new_leader_s: the soak polls them with etcdctl), when the killed member
                 answered again with the three agreeing on a leader (etcd_whole_s), and the
                 agents' first etcd line after the kill (etcd_noticed_s)
   ckpt_full     the checkpoint directory (a tmpfs of its own) full for 20 s
@@ -379,21 +380,38 @@ class Soak:
             log(f"started etcd member {e} again (pid {self.etcd_procs[e].pid})")
         self.later(ETCD_RESTART_S, f"restarting etcd member {leader}", restart)
 
+        def status(members):
+            """etcd_status of `members`, each asked at once (an etcdctl run takes 0.1-0.5 s
+            here: one after the other would blur the election this times)."""
+            out = {}
+            ths = [threading.Thread(target=lambda e=e: out.update(cl.etcd_status(via, [e])))
+                   for e in members]
+            for th in ths:
+                th.start()
+            for th in ths:
+                th.join()
+            return out
+
         def watch():
             deadline = t + ETCD_WATCH_S
+            prev_start = t
             while (time.time() < deadline and "etcd_whole_s" not in rec
                    and not self.watch_stop.is_set()):
                 # The survivors only while the killed member is down: asking it costs etcdctl's
-                # dial timeout (1 s), coarser than the election this measures.
+                # dial timeout (1 s).
                 down = leader in self.etcd_down
-                st = cl.etcd_status(via, [e for e in cl.etcd if not (down and e == leader)])
+                start = time.time()
+                st = status([e for e in cl.etcd if not (down and e == leader)])
                 leads = {lead for _, lead in st.values()}
                 lead = next((e for e, (mid, _) in st.items() if leads == {mid}), None)
                 now = time.time()
                 if lead is not None and "new_leader_s" not in rec:
+                    # Named after the last poll without one began, before this one ended.
                     rec["new_leader"], rec["new_leader_s"] = lead, round(now - t, 2)
+                    rec["new_leader_after_s"] = round(prev_start - t, 2)
                 if lead is not None and len(st) == len(cl.etcd):
                     rec["etcd_whole_s"] = round(now - t, 2)
+                prev_start = start
                 self.watch_stop.wait(0.1)
         th = threading.Thread(target=watch, name=f"etcd-watch-{leader}", daemon=True)
         th.start()
