@@ -11,6 +11,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "netfault"))
 import invariants as inv  # noqa: E402
 
 NODE_DOWN_S = 20  # node_kill restarts, node_cut heals, ckpt_full frees after this long
+# An agent's fence, c10d (rdzv-server's heartbeats) or etcd (its lease's keep-alives).
+FENCE_LINE = r"fencing: no (heartbeat|etcd keep-alive) answered"
+# An agent's lines about etcd after its leader was killed: a watch or keep-alive stream that
+# broke and moved on, a call that waited, a round ended over it.
+ETCD_LINE = r"etcd|lease"
 
 
 def attempt_key(e):
@@ -111,7 +116,10 @@ def incident_figures(atts, fault, t_next, events):
     restore  the next attempt's ranks resumed (source: memory, peer, disk; step)
     recompute  the affected attempt's highest step minus the step the next resumed from
     back     a step past the highest done before the fault (the job is where it was)
-    stall    the longest time without a step from the fault to `back`."""
+    stall    the longest time without a step from the fault to `back`.
+    A fault the job did not stop for (a straggler, an etcd leader killed while its clients moved
+    on to another member) has no detect, stop, re-form or restore: it is back once the group
+    it hit steps past where it was, with 0 steps recomputed."""
     t = fault["t"]
     f = {"kind": fault["kind"], "t": round(t, 2), "victim": fault.get("victim"),
          "detect_s": None, "stop_s": None, "reform_s": None, "restore_s": None,
@@ -168,6 +176,8 @@ def incident_figures(atts, fault, t_next, events):
         # collective it had joined.
         back = next((ts for ts, s, _ in later if s > pre_max + 1), None)
     if back is not None:
+        if aff is not None and not newer:  # the same group went on: nothing was recomputed
+            f["recompute_steps"] = 0
         f["back_s"] = round(back - t, 2)
         f["recovered"] = back < t_next
         times = [t] + [ts for ts, _, _ in later if ts <= back]
@@ -186,7 +196,7 @@ def cut_node_figures(events, fault, t_next):
             text = fh.read()
     except OSError:
         text = ""
-    fenced = [lt for lt, _ in inv.log_lines(text, r"fencing: no heartbeat answered")
+    fenced = [lt for lt, _ in inv.log_lines(text, FENCE_LINE)
               if lt is not None and lt >= t - 1]
     if fenced:
         out["fence_s"] = round(min(fenced) - t, 2)
@@ -200,6 +210,27 @@ def cut_node_figures(events, fault, t_next):
     mine = [e["t"] for e in events if e.get("node") == node and t <= e["t"] <= min(heal, t_next)]
     if mine:
         out["cut_workers_last_s"] = round(max(mine) - t, 2)
+    return out
+
+
+def etcd_leader_figures(fault, t_next):
+    """etcd_leader_kill: when etcd named a new leader and was whole again (the soak's own
+    watch of the members), and the agents' first etcd line after the kill (None: none noticed
+    before the next fault)."""
+    out = {k: fault.get(k) for k in ("new_leader", "new_leader_after_s", "new_leader_s",
+                                     "etcd_whole_s")}
+    t = fault["t"]
+    seen = []
+    for path in fault.get("agent_logs") or []:
+        try:
+            with open(path, errors="replace") as fh:
+                text = fh.read()
+        except OSError:
+            continue
+        # Log times have milliseconds: a line of the kill's own millisecond counts.
+        seen += [lt for lt, _ in inv.log_lines(text, ETCD_LINE)
+                 if lt is not None and t - 0.001 <= lt < t_next]
+    out["etcd_noticed_s"] = round(min(seen) - t, 2) if seen else None
     return out
 
 
@@ -234,6 +265,8 @@ def analyze(events, faults, t_end):
         fig["waited_s"] = f.get("waited_s", 0)
         if f["kind"] == "node_cut":
             fig.update(cut_node_figures(events, f, t_next))
+        elif f["kind"] == "etcd_leader_kill":
+            fig.update(etcd_leader_figures(f, t_next))
         incidents.append(fig)
     r["incidents"] = incidents
     return r
@@ -246,6 +279,10 @@ def table(result):
             ("back_s", "back"), ("stall_s", "stall"),
             ("fence_s", "fence"), ("cut_workers_gone_s", "gone"), ("lost_s", "lost"),
             ("recovered", "ok")]
+    # etcd's own figures, where a run killed its leader
+    if any(f["kind"] == "etcd_leader_kill" for f in result["incidents"]):
+        cols[-2:-2] = [("new_leader_s", "new leader"), ("etcd_whole_s", "etcd whole"),
+                       ("etcd_noticed_s", "noticed")]
     lines = ["| t (s) | " + " | ".join(c[1] for c in cols) + " |",
              "|---" * (len(cols) + 1) + "|"]
     t0 = result.get("t0", 0)

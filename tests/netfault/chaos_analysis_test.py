@@ -120,6 +120,70 @@ class ChaosAnalysisTest(unittest.TestCase):
         self.assertAlmostEqual(got["fence_s"], 6.0, delta=1.0)
         self.assertAlmostEqual(got["cut_workers_gone_s"], 7.0, delta=1.0)
 
+    def test_a_cut_node_fences_on_its_etcd_lease_too(self):
+        # The etcd backend's fence is its lease's keep-alives going unanswered.
+        import tempfile
+        import time
+        t = time.time()
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t + 6)) + ".000"
+        with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as f:
+            f.write(f"[{stamp}] [vm launch] [warning] round 2 ended: fencing: no etcd keep-alive "
+                    f"answered for 6.0s (limit 6.0s, 2/3 of the lease TTL of 9s): the workers "
+                    f"of round 2 stop within 1.5s\n")
+        try:
+            got = cs.cut_node_figures([], {"t": float(int(t)), "victim": "n3",
+                                           "agent_log": f.name}, t + 60)
+        finally:
+            os.unlink(f.name)
+        self.assertAlmostEqual(got["fence_s"], 6.0, delta=1.0)
+
+    def test_an_etcd_leader_kill_the_job_steps_through_costs_no_step(self):
+        # Attempt a steps on through the kill (its etcd client moved to another member): no
+        # detect, stop or re-form; back two steps later, 0 steps recomputed, recovered; etcd's
+        # own figures from the soak's watch and the agents' first etcd line after the kill.
+        import tempfile
+        import time
+        base = float(int(time.time()))
+        events = [dict(e, t=e["t"] + base) for e in two_attempts() if e["group"] == "a"]
+        events += [ev(base + s, "step", "a", r, s, node) for s in range(11, 21)
+                   for r, node in ((0, "n1"), (1, "n2"))]
+        events = [e for e in events if e["event"] != "error"]
+
+        def stamp(dt):
+            return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(base + dt)) + ".000"
+        with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as f:
+            f.write(f"[{stamp(1)}] [vm launch] [info] rendezvous in etcd at 10.0.0.101:2379\n"
+                    f"[{stamp(12)}] [vm launch] [info] etcd watch on '/ddplaunch/chaos/' broke "
+                    f"(UNAVAILABLE): resuming from revision 40 on the next endpoint\n")
+        fault = {"kind": "etcd_leader_kill", "t": base + 10.5, "victim": "e2",
+                 "new_leader": "e3", "new_leader_s": 1.3, "etcd_whole_s": 3.4,
+                 "agent_logs": [f.name, "/nonexistent/agent.log"]}
+        try:
+            r = cs.analyze(events, [fault], base + 30)
+        finally:
+            os.unlink(f.name)
+        f = r["incidents"][0]
+        self.assertEqual((f["detect_s"], f["stop_s"], f["reform_s"], f["restore_s"]),
+                         (None, None, None, None))
+        self.assertEqual((f["recompute_steps"], f["attempts_after"]), (0, 0))
+        self.assertEqual(f["back_s"], 1.5)  # step 12, the first past the one in flight
+        self.assertTrue(f["recovered"])
+        self.assertEqual((f["new_leader"], f["new_leader_s"], f["etcd_whole_s"]), ("e3", 1.3, 3.4))
+        self.assertAlmostEqual(f["etcd_noticed_s"], 1.5, delta=0.01)
+        self.assertEqual(r["violations"], [])
+        self.assertIn("new leader", cs.table(r))
+
+    def test_an_etcd_leader_kill_that_ends_the_round_has_the_usual_phases(self):
+        f = cs.analyze(two_attempts(), [{"kind": "etcd_leader_kill", "t": 10.5,
+                                         "victim": "e1"}], None)["incidents"][0]
+        self.assertEqual((f["detect_s"], f["reform_s"], f["recompute_steps"]), (0.5, 1.5, 2))
+        self.assertIsNone(f["etcd_noticed_s"])  # no agent log given
+        self.assertTrue(f["recovered"])
+
+    def test_the_etcd_columns_only_where_a_run_killed_etcds_leader(self):
+        r = cs.analyze(two_attempts(), [{"kind": "worker_kill", "t": 10.5}], None)
+        self.assertNotIn("new leader", cs.table(r))
+
 
 if __name__ == "__main__":
     sys.path.insert(0, os.path.join(HERE, "..", "common"))

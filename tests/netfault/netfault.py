@@ -342,10 +342,11 @@ class Cluster:
                 "--log-level", "warn"])
         wait_until(lambda: self.etcd_leader() is not None, 60, "the etcd cluster to elect a leader")
 
-    def etcd_status(self, via="n1"):
-        """{member: (its id, the leader's id as it sees it)} of the members that answered."""
+    def etcd_status(self, via="n1", members=None):
+        """{member: (its id, the leader's id as it sees it)} of the members (all by default)
+        that answered."""
         out = {}
-        for e in self.etcd:
+        for e in members or self.etcd:
             r = _run(["ip", "netns", "exec", self.ns(via), "etcdctl",
                       f"--endpoints=http://{self.ip(e)}:{ETCD_CLIENT_PORT}",
                       "--dial-timeout=1s", "--command-timeout=2s", "endpoint", "status",
