@@ -102,40 +102,38 @@ class ChaosAnalysisTest(unittest.TestCase):
         kinds = {k for k, _ in cs.analyze(events, [], None)["violations"]}
         self.assertIn("step_missing", kinds)
 
-    def test_a_cut_node_fences_from_its_agents_log(self):
+    @staticmethod
+    def _cut_figures(lines):
+        """cut_node_figures of a node cut now whose agent logged `lines` ((seconds after the
+        cut, text) each)."""
         import tempfile
         import time
         t = time.time()
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t + 6)) + ".000"
-        gone = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t + 7)) + ".000"
         with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as f:
-            f.write(f"[{stamp}] [vm launch] [warning] round 2 ended: fencing: no heartbeat "
-                    f"answered by 10.0.0.100:29400 for 6.0s\n")
-            f.write(f"[{gone}] [vm launch] [info] every worker of attempt 3 has exited\n")
+            for dt, text in lines:
+                stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t + dt)) + ".000"
+                f.write(f"[{stamp}] [vm launch] {text}\n")
         try:
-            got = cs.cut_node_figures([], {"t": float(int(t)), "victim": "n3",
-                                           "agent_log": f.name}, t + 60)
+            return cs.cut_node_figures([], {"t": float(int(t)), "victim": "n3",
+                                            "agent_log": f.name}, t + 60)
         finally:
             os.unlink(f.name)
+
+    def test_a_cut_node_fences_from_its_agents_log(self):
+        got = self._cut_figures([
+            (6, "[warning] round 2 ended: fencing: no heartbeat answered by 10.0.0.100:29400 "
+                "for 6.0s"),
+            (7, "[info] every worker of attempt 3 has exited")])
         self.assertAlmostEqual(got["fence_s"], 6.0, delta=1.0)
         self.assertAlmostEqual(got["cut_workers_gone_s"], 7.0, delta=1.0)
 
     def test_a_cut_node_fences_on_its_etcd_lease_too(self):
         # The etcd backend's fence is its lease's keep-alives going unanswered.
-        import tempfile
-        import time
-        t = time.time()
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t + 6)) + ".000"
-        with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as f:
-            f.write(f"[{stamp}] [vm launch] [warning] round 2 ended: fencing: no etcd keep-alive "
-                    f"answered for 6.0s (limit 6.0s, 2/3 of the lease TTL of 9s): the workers "
-                    f"of round 2 stop within 1.5s\n")
-        try:
-            got = cs.cut_node_figures([], {"t": float(int(t)), "victim": "n3",
-                                           "agent_log": f.name}, t + 60)
-        finally:
-            os.unlink(f.name)
+        got = self._cut_figures([
+            (6, "[warning] round 2 ended: fencing: no etcd keep-alive answered for 6.0s (limit "
+                "6.0s, 2/3 of the lease TTL of 9s): the workers of round 2 stop within 1.5s")])
         self.assertAlmostEqual(got["fence_s"], 6.0, delta=1.0)
+        self.assertIsNone(got["cut_workers_gone_s"])  # no line: not known, not 0
 
     def test_an_etcd_leader_kill_the_job_steps_through_costs_no_step(self):
         # Attempt a steps on through the kill (its etcd client moved to another member): no
