@@ -72,7 +72,7 @@ def join_gloo(pg_timeout):
 
 def run(main, emit=emit, finalize_on_error=False):
     """Runs main() and exits with its code, not through the interpreter's finalization (torch's
-    Gloo exit race, tests/python/ddp_gloo.py). An exception (a collective that timed out, a peer
+    Gloo exit race, tests/python/gloo_exit.py). An exception (a collective that timed out, a peer
     gone) is logged as an `error` event, then exit 1: at once too, as a finalization can hang on
     a broken Gloo group (torchrun's agent would see no failure, and wait 30 s on its SIGTERM),
     unless finalize_on_error (train.py's exit as it has always been)."""
