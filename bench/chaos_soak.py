@@ -70,7 +70,6 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -78,8 +77,8 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "netfault"))
 import invariants as inv  # noqa: E402
 from chaos_analysis import (NODE_DOWN_S, analyze, attempt_key, attempts,  # noqa: E402,F401
                             cut_node_figures, kept_steps, table)
-from netfault import (SKIP, Cluster, Interrupted, ScenarioFailure, Skip, _run, log,  # noqa: E402
-                      tail, wait_until)
+from netfault import (Cluster, Interrupted, ScenarioFailure, Skip, _run, failure_of,  # noqa: E402
+                      log, stop_code, tail, wait_until)
 
 PORT = 29400
 # The server's heartbeat window, or etcd's lease TTL (s): node-level incidents are detected
@@ -624,18 +623,11 @@ def main(argv=None):
     start = time.time()
     cl = Cluster(nodes=3, name="chaos-soak", etcd=3 if args.backend == "etcd" else 0)
     soak = None
-    why = ""
     try:
         with cl:
             soak = Soak(cl, args)
             try:
-                t0, t_stop, rcs = soak.run(args.minutes, args.interval, kinds)
-            except ScenarioFailure as e:
-                why = str(e)
-            except (Interrupted, Skip):
-                raise
-            except Exception:
-                why = "harness error:\n" + traceback.format_exc()
+                ran, why = failure_of(lambda: soak.run(args.minutes, args.interval, kinds))
             finally:
                 soak.cleanup()
             if why:
@@ -643,14 +635,11 @@ def main(argv=None):
                 print(soak.tails())
                 print(f"FAIL: {why}")
                 return 1
+            t0, t_stop, rcs = ran
             res = analyze(soak.events(), [f for f in soak.faults if not f.get("skipped")],
                           t_stop)
-    except Skip as e:
-        print(f"SKIP: {e}")
-        return SKIP
-    except Interrupted as e:
-        print(f"FAIL: interrupted ({e}); everything torn down")
-        return 1
+    except (Skip, Interrupted) as e:
+        return stop_code(e)
     res.update({"t0": t0, "planned_faults": soak.planned, "launcher": args.reference or "launch",
                 "backend": args.backend, "seed": args.seed,
                 "minutes": args.minutes, "interval_s": args.interval, "kinds": kinds,

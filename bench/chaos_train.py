@@ -1,6 +1,7 @@
 """The training job of bench/chaos_soak.py: a small Gloo DDP model, one worker per node, that
-logs every step itself in the network-fault harness's event format (tests/netfault/train.py's
-emit: one fsynced JSON line per event, so a SIGKILLed worker's last steps are kept).
+logs every step itself in the network-fault harness's event format (tests/netfault/train_common.py,
+shared with its train.py: one fsynced JSON line per event, so a SIGKILLed worker's last steps are
+kept).
 
 Each step: forward, backward and an optimizer step of a 2-layer MLP under DDP (its gradients
 all-reduced by Gloo), then STEP_SECONDS of sleep that stands in for an accelerator's compute (3
@@ -18,24 +19,22 @@ every CKPT_EVERY steps and every rank torch.loads it, as a torchrun job does), C
 file: once it holds N, every rank stops after step N, all at the same step, and exits 0).
 """
 import os
-import signal
 import sys
 import time
-from datetime import timedelta
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(_HERE, "..", "tests", "netfault"))
 sys.path.insert(0, os.path.join(_HERE, "..", "python"))
-import train  # noqa: E402  (the harness's own event writer)
+import train_common  # noqa: E402  (the harness's own event writer)
 
-_who = train._who
+_who = train_common.who
 _group = [None]
 
 
 def emit(event, **extra):
     if _group[0] is not None:
         extra["group"] = _group[0]
-    train.emit(event, **extra)
+    train_common.emit(event, **extra)
 
 
 def _torch_save(state, ckpt_dir):
@@ -62,11 +61,6 @@ def _stop_at(path):
         return None
 
 
-def _on_signal(signo, frame):
-    emit("exit", step=_who.get("step"), msg=f"signal {signal.Signals(signo).name}")
-    os._exit(128 + signo)
-
-
 def main():
     import torch
     import torch.distributed as dist
@@ -82,12 +76,10 @@ def main():
     ckpt_dir = os.environ["CKPT_DIR"]
     torch_save = os.environ.get("CKPT_MODE") == "torch"
     stop_file = os.environ.get("CHAOS_STOP")
-    for s in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(s, _on_signal)
+    train_common.exit_on_signals(emit)
     torch.set_num_threads(1)
 
-    dist.init_process_group("gloo", timeout=timedelta(seconds=pg_timeout))
-    _who.update(rank=dist.get_rank(), world=dist.get_world_size())
+    train_common.join_gloo(pg_timeout)
     # One token per group of workers, from rank 0: what the soak tells attempts apart by (launch
     # numbers rounds, torchrun's restart counts differ from node to node).
     token = [f"{os.environ.get('NETFAULT_NODE', '')}-{os.getpid()}-{time.time():.3f}"]
@@ -154,18 +146,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        code = main()
-    except SystemExit:
-        raise
-    except BaseException as e:  # a collective that timed out, a peer gone: say so, then fail
-        emit("error", step=_who.get("step"), msg=f"{type(e).__name__}: {e}"[:2000])
-        # At once, not through the interpreter's finalization, which can hang on a broken Gloo
-        # group: torchrun's agent would see no failure, and wait 30 s on its SIGTERM.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
-    # Not through the interpreter's finalization: torch's Gloo exit race (tests/python/ddp_gloo.py).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code or 0)
+    train_common.run(main, emit)

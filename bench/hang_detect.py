@@ -162,6 +162,27 @@ class Run:
                 pass
         return None
 
+    def wait_past_hang(self, mark, limit):
+        """Waits for the job's exit, at most `limit` s from its hang (read from `mark`; from
+        120 s after the start while it has not hung: start-up varies with the machine's load).
+        Returns (exit code or None, the hang's start or None, when the wait ended)."""
+        t_hang = None
+        while True:
+            t_hang = t_hang or read_mark(mark)
+            deadline = (t_hang or self.t_start + 120) + limit
+            rc = self.wait(min(deadline, time.time() + 0.5))
+            if rc is not None or time.time() >= deadline:
+                break
+        t_end = time.time()
+        return rc, t_hang or read_mark(mark), t_end
+
+    def kill(self, tag):
+        """Whatever of the run is still alive: the tool, then every process with its tag."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        kill_tagged(tag)
+
     def finish(self):
         self.reader.join(timeout=5)
         self.out.close()
@@ -191,16 +212,7 @@ def launch_round(args, env, tag, workdir):
     r = Run(cmd, env, workdir)
     res = {"tool": "launch", "problems": []}
     try:
-        t_hang = None
-        rc = None
-        while True:  # the cap counts from the hang (start-up varies with the machine's load)
-            t_hang = t_hang or read_mark(mark)
-            deadline = (t_hang or r.t_start + 120) + limit
-            rc = r.wait(min(deadline, time.time() + 0.5))
-            if rc is not None or time.time() >= deadline:
-                break
-        t_exit = time.time()
-        t_hang = t_hang or read_mark(mark)
+        rc, t_hang, t_exit = r.wait_past_hang(mark, limit)
         if rc is None:
             res["problems"].append(f"no exit within {limit} s of the hang: SIGTERM")
             r.proc.send_signal(signal.SIGTERM)
@@ -210,10 +222,7 @@ def launch_round(args, env, tag, workdir):
         if left:
             res["problems"].append(f"{len(left)} process(es) of the run outlived launch: {left}")
     finally:
-        if r.proc.poll() is None:
-            r.proc.kill()
-            r.proc.wait()
-        kill_tagged(tag)
+        r.kill(tag)
     res["rc"] = rc
     if t_hang is None:
         res["problems"].append("rank 2 never reached its hang")
@@ -269,16 +278,7 @@ def torchrun_round(args, env, tag, workdir):
     r = Run(cmd, env, workdir)
     res = {"tool": "torchrun", "problems": []}
     try:
-        t_hang = None
-        rc = None
-        while True:
-            t_hang = t_hang or read_mark(mark)
-            deadline = (t_hang or r.t_start + 120) + args.cap
-            rc = r.wait(min(deadline, time.time() + 0.5))
-            if rc is not None or time.time() >= deadline:
-                break
-        t_end = time.time()
-        t_hang = t_hang or read_mark(mark)
+        rc, t_hang, t_end = r.wait_past_hang(mark, args.cap)
         if rc is None:  # the cap: torchrun's own clean-up first
             r.proc.send_signal(signal.SIGTERM)
             rc_term = r.wait(time.time() + 30)
@@ -290,10 +290,7 @@ def torchrun_round(args, env, tag, workdir):
                 res["problems"].append(f"SIGKILLed {len(killed)} process(es) left after SIGTERM")
         text = r.finish()
     finally:
-        if r.proc.poll() is None:
-            r.proc.kill()
-            r.proc.wait()
-        kill_tagged(tag)
+        r.kill(tag)
     res["rc"] = rc
     res["capped"] = rc is None
     if t_hang is None:

@@ -36,7 +36,7 @@ import tempfile
 import time
 import uuid
 
-from hang_detect import tagged  # this script's folder is on sys.path when it runs
+from hang_detect import free_port, tagged  # this script's folder is on sys.path when it runs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "python", "hang_kinds.py")
@@ -165,15 +165,10 @@ os._exit(0)
 
 
 def recorder_cost(args):
-    import socket
-
     per = {"unset": [], "64": []}
     for _ in range(args.cost_rounds):
         for setting in per:
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-            s.close()
+            port = free_port()
             env = {k: v for k, v in os.environ.items() if k != "TORCH_FR_BUFFER_SIZE"}
             env["OMP_NUM_THREADS"] = "1"
             if setting != "unset":

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 
 SKIP = 77
 RELAY_PORT = 39399
@@ -49,6 +50,30 @@ class ScenarioFailure(Exception):
 
 class Interrupted(BaseException):
     """SIGTERM or SIGINT: tear down and exit."""
+
+
+def failure_of(body):
+    """Runs body(): (what it returned, "") when it went through, (None, why) when an expectation
+    failed (ScenarioFailure) or the harness broke (any other exception: its traceback). Skip and
+    Interrupted go on up, to the caller's exit (stop_code)."""
+    try:
+        return body(), ""
+    except ScenarioFailure as e:
+        return None, str(e)
+    except (Interrupted, Skip):
+        raise
+    except Exception:
+        return None, "harness error:\n" + traceback.format_exc()
+
+
+def stop_code(e):
+    """Says why a run stopped before its end (a Skip or an Interrupted, everything torn down) and
+    returns its exit code: SKIP (77) when it cannot run here, 1 when interrupted."""
+    if isinstance(e, Skip):
+        print(f"SKIP: {e}")
+        return SKIP
+    print(f"FAIL: interrupted ({e}); everything torn down")
+    return 1
 
 
 def log(msg):

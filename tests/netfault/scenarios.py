@@ -13,13 +13,12 @@ import os
 import subprocess
 import sys
 import time
-import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import invariants as inv  # noqa: E402
-from netfault import (SKIP, Cluster, Interrupted, ScenarioFailure, Skip, log, tail,  # noqa: E402
-                      wait_until)
+from netfault import (Cluster, Interrupted, ScenarioFailure, Skip, failure_of, log,  # noqa: E402
+                      stop_code, tail, wait_until)
 
 PORT = 29400
 
@@ -580,20 +579,13 @@ def main(argv=None):
     res = Result(args.scenario)
     res.job = None
     start = time.time()
-    code, why = 0, ""
+    code = 0
     cl = Cluster(nodes=3, name=f"netfault-{args.scenario}",
                  etcd=3 if args.scenario.startswith("etcd") else 0)
     try:
         with cl:
             log(f"scenario {args.scenario} ({_commit(args.source)})")
-            try:
-                SCENARIOS[args.scenario](cl, args, res)
-            except ScenarioFailure as e:
-                why = str(e)
-            except (Interrupted, Skip):
-                raise
-            except Exception:
-                why = "harness error:\n" + traceback.format_exc()
+            _, why = failure_of(lambda: SCENARIOS[args.scenario](cl, args, res))
             if why or not res.passed:
                 cl.failed = True
                 code = 1
@@ -605,12 +597,8 @@ def main(argv=None):
                     except Exception:
                         pass
                     print(res.job.tails())
-    except Skip as e:
-        print(f"SKIP: {e}")
-        return SKIP
-    except Interrupted as e:
-        print(f"FAIL: interrupted ({e}); everything torn down")
-        return 1
+    except (Skip, Interrupted) as e:
+        return stop_code(e)
     res.figures["duration_s"] = round(time.time() - start, 1)
     print(f"\n== {args.scenario}: {'PASS' if code == 0 else 'FAIL'} "
           f"({res.figures['duration_s']}s)")

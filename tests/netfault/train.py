@@ -5,7 +5,8 @@ fails loudly), then sleeps STEP_SECONDS. Rank 0 saves {"step", "round", "node"} 
 steps with ddplaunch.checkpoint into CKPT_DIR (shared by all namespaces); every rank resumes
 from the newest step they all can read (ddplaunch.checkpoint.latest). One JSON line per event
 in $NETFAULT_EVENTS/events-<node>-<pid>.jsonl, flushed and fsynced (a SIGKILLed worker's last
-steps are kept): t, node, rank, world, round, epoch, run, restart, master, event, step, msg.
+steps are kept): t, node, rank, world, round, epoch, run, restart, master, event, step, msg
+(train_common.py, which bench/chaos_train.py shares).
 
 Environment: NETFAULT_EVENTS, NETFAULT_NODE, CKPT_DIR, TOTAL_STEPS (40), STEP_SECONDS (0.2),
 CKPT_EVERY (5), PG_TIMEOUT (10 s), and optionally NETFAULT_GATE: a file the harness may write
@@ -16,41 +17,10 @@ for has happened, then removes the file. SLOW_AT_STEP + SLOW_SECONDS: right afte
 (not when resuming from it), every rank works that long without a collective (an evaluation, a
 long data load), logging a "work" event every second.
 """
-import json
 import os
-import signal
-import sys
 import time
-from datetime import timedelta
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.environ.get("NETFAULT_PYTHONPATH") or os.path.join(_HERE, "..", "..", "python"))
-
-_events = None
-_who = {}
-
-
-def emit(event, step=None, msg=None, **extra):
-    global _events
-    if _events is None:
-        d = os.environ.get("NETFAULT_EVENTS") or "."
-        os.makedirs(d, exist_ok=True)
-        name = f"events-{os.environ.get('NETFAULT_NODE') or os.uname().nodename}-{os.getpid()}.jsonl"
-        _events = os.open(os.path.join(d, name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    rec = {"t": time.time(), "node": os.environ.get("NETFAULT_NODE", ""), "pid": os.getpid(),
-           "rank": _who.get("rank", int(os.environ.get("RANK", "-1"))),
-           "world": _who.get("world", int(os.environ.get("WORLD_SIZE", "-1"))),
-           "round": int(os.environ.get("DDPL_ROUND", "-1") or -1),
-           "epoch": int(os.environ.get("DDPL_ROUND_EPOCH", "-1") or -1),
-           "run": os.environ.get("TORCHELASTIC_RUN_ID", ""),
-           "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "-1") or -1),
-           "master": f"{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}",
-           "event": event, "step": step}
-    if msg is not None:
-        rec["msg"] = msg
-    rec.update(extra)
-    os.write(_events, (json.dumps(rec) + "\n").encode())
-    os.fsync(_events)
+from train_common import emit, exit_on_signals, join_gloo, run, who  # this script's folder
 
 
 def _held_at(gate):
@@ -60,11 +30,6 @@ def _held_at(gate):
             return int(f.read().strip() or "-1")
     except (OSError, ValueError):
         return 1 << 62
-
-
-def _on_signal(signo, frame):
-    emit("exit", step=_who.get("step"), msg=f"signal {signal.Signals(signo).name}")
-    os._exit(128 + signo)
 
 
 def main():
@@ -80,18 +45,14 @@ def main():
     gate = os.environ.get("NETFAULT_GATE")
     slow_at = int(os.environ.get("SLOW_AT_STEP", "-1"))
     slow_for = float(os.environ.get("SLOW_SECONDS", "0"))
-    for s in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(s, _on_signal)
-
-    dist.init_process_group("gloo", timeout=timedelta(seconds=pg_timeout))
-    _who.update(rank=dist.get_rank(), world=dist.get_world_size())
-    rank, world = _who["rank"], _who["world"]
+    exit_on_signals()
+    rank, world = join_gloo(pg_timeout)
     emit("start")
     found = ckpt.latest(dir=ckpt_dir, timeout=max(30.0, 3 * pg_timeout))
     step = 0
     if found is not None:
         step = int(ckpt.load(found, weights_only=False)["step"])
-    _who["step"] = step
+    who["step"] = step
     emit("resumed", step=step, msg=found.path if found else None)
     while step < total:
         while gate and step >= _held_at(gate):
@@ -102,7 +63,7 @@ def main():
             emit("error", step=step, msg=f"all_reduce gave {t.item()} in a world of {world}")
             return 3
         step += 1
-        _who["step"] = step
+        who["step"] = step
         emit("step", step=step)
         if rank == 0 and step % every == 0:
             try:
@@ -126,14 +87,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        code = main()
-    except SystemExit:
-        raise
-    except BaseException as e:  # a collective that timed out, a peer gone: say so, then fail
-        emit("error", step=_who.get("step"), msg=f"{type(e).__name__}: {e}"[:2000])
-        sys.exit(1)
-    # Not through the interpreter's finalization: torch's Gloo exit race (tests/python/ddp_gloo.py).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code or 0)
+    run(main, finalize_on_error=True)

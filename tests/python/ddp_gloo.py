@@ -5,12 +5,13 @@ after training every rank must hold identical parameters, and an all_reduce of t
 must equal the expected sum.
 """
 import os
-import sys
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+from gloo_exit import exit_without_finalizing  # this script's folder
 
 
 # Every variable torchrun gives a worker; a launcher that runs this script unchanged gives them all.
@@ -51,22 +52,6 @@ def main():
     print(f"DDP OK rank={rank} world={world} local_rank={os.environ['LOCAL_RANK']} "
           f"group_rank={os.environ['GROUP_RANK']} checksum={flat.sum().item():.6f}", flush=True)
     dist.destroy_process_group()
-
-
-def exit_without_finalizing(code):
-    """Leaves as os._exit does, after flushing: not through the interpreter's finalization.
-
-    torch 2.9's Gloo worker thread lets go of a finished collective just after waking the rank's
-    main thread. If main has by then returned and dropped the collective's tensors, that thread
-    must take the GIL to free them; taken while the interpreter finalizes, the thread is unwound
-    inside a noexcept destructor and the process aborts after its work is done ("terminate called
-    without an active exception", SIGABRT; a few runs in a hundred under CI's load;
-    pytorch/pytorch#190489, #179291). No ordering of Python code closes that window, since the
-    thread may be descheduled for as long as the scheduler likes; not finalizing does.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":

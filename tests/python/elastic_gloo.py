@@ -5,11 +5,12 @@ Every step all-reduces ones and checks the sum equals WORLD_SIZE, so a rank that
 same world as the others fails loudly. Environment: CKPT_DIR (shared), TOTAL_STEPS, STEP_SECONDS.
 """
 import os
-import sys
 import time
 
 import torch
 import torch.distributed as dist
+
+from gloo_exit import exit_without_finalizing  # this script's folder
 
 
 def main():
@@ -41,8 +42,4 @@ def main():
 
 
 if __name__ == "__main__":
-    code = main()
-    # Not through the interpreter's finalization: torch's Gloo exit race (see ddp_gloo.py).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code or 0)
+    exit_without_finalizing(main() or 0)

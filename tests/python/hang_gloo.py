@@ -15,6 +15,7 @@ import torch.distributed as dist
 # The checkout's ddplaunch, ahead of any installed one: this tests the code beside it.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../python"))
 import ddplaunch  # noqa: E402
+from gloo_exit import exit_without_finalizing  # noqa: E402  this script's folder
 
 
 def stuck_in_data_loading():
@@ -42,8 +43,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
-    # Not through the interpreter's finalization: torch's Gloo exit race (see ddp_gloo.py).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_finalizing(main() or 0)

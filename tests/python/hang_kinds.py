@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 import ddplaunch  # noqa: E402  the checkout's, ahead of any installed one
+from gloo_exit import exit_without_finalizing  # noqa: E402  this script's folder
 
 KINDS = ("sigstop", "sleep", "skip", "loader", "lock", "deadpeer")
 
@@ -136,8 +137,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
-    # Not through the interpreter's finalization: torch's Gloo exit race (see ddp_gloo.py).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_finalizing(main() or 0)

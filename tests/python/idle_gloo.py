@@ -13,12 +13,13 @@ others wait for it in the all-reduce, then every rank finishes: a long step, not
 Hangs only in the first attempt (TORCHELASTIC_RESTART_COUNT=0). STEPS steps in all.
 """
 import os
-import sys
 import threading
 import time
 
 import torch
 import torch.distributed as dist
+
+from gloo_exit import exit_without_finalizing  # this script's folder
 
 
 def stuck_in_data_loading():
@@ -67,8 +68,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
-    # Not through the interpreter's finalization: torch's Gloo exit race (see ddp_gloo.py).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_finalizing(main() or 0)
