@@ -491,8 +491,17 @@ int ReplicaServer::port() const { return impl_->port; }
 const std::string& ReplicaServer::secret() const { return impl_->secret; }
 
 void pushStep(const ReplicaEndpoint& to, const std::string& step_dir,
-              const ckpt::CommitRecord& record, double timeout_sec) {
-  Fd sock = connectTo(to, timeout_sec);
+              const ckpt::CommitRecord& record, double timeout_sec,
+              const std::function<void(int)>& on_socket) {
+  Fd sock = connectTo(to, std::min(timeout_sec, 5.0));
+  setTimeouts(sock.fd, timeout_sec);
+  struct Told {  // declared after sock: says -1 before sock closes
+    const std::function<void(int)>& f;
+    ~Told() {
+      if (f) f(-1);
+    }
+  } told{on_socket};
+  if (on_socket) on_socket(sock.fd);
   std::string text = ckpt::encodeRecord(record);
   std::string head = request(to, "PUSH " + std::to_string(text.size()));
   sendAll(sock.fd, head.data(), head.size(), to.describe());

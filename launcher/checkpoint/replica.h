@@ -13,6 +13,7 @@
 // than the per-rank budget, or one that would pass the server's total, is refused, naming the
 // sizes. Every socket call has a timeout.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -49,8 +50,12 @@ class ReplicaServer {
 };
 
 // The client side; each throws ddpl::Error (NetworkError for the connection) naming the peer.
+// `on_socket`, when given, is called with the push's connected socket and with -1 before it is
+// closed, so that another thread may shutdown() it to abandon the push (a new round, the end).
+// The connection itself has 5 s at most (a peer on the same network answers sooner).
 void pushStep(const ReplicaEndpoint& to, const std::string& step_dir,
-              const ckpt::CommitRecord& record, double timeout_sec);
+              const ckpt::CommitRecord& record, double timeout_sec,
+              const std::function<void(int)>& on_socket = {});
 std::vector<int64_t> listSteps(const ReplicaEndpoint& from, int64_t rank, int64_t world_size,
                                double timeout_sec);
 // Fetches rank's `step` into `rank_dir`/step-<N> as a committed step, with a ".ddpl-origin"

@@ -489,6 +489,47 @@ TEST_F(Tier, ANodeWithOlderStepsFetchesThePeersNewerOneAndNothingOlder) {
   EXPECT_TRUE(tier.pullNewer({0}, 4, {at_older, at_newer}, 10).empty());
 }
 
+// Issue 48: a push to a successor that stopped answering (cut off mid-push) waited out its 60 s
+// timeout on the persister's thread, and nothing was persisted meanwhile: the chaos soak's job
+// resumed 111 steps back. The copies now have a thread of their own; the persister goes on,
+// and the end abandons the push instead of waiting for it.
+TEST_F(Tier, APeerThatStopsAnsweringHoldsNeitherPersistenceNorTheEnd) {
+  // A peer that takes connections (the kernel's backlog) and never answers one.
+  int silent = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(silent, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(listen(silent, 8), 0);
+  socklen_t len = sizeof(a);
+  getsockname(silent, reinterpret_cast<sockaddr*>(&a), &len);
+  ReplicaEndpoint black_hole{"127.0.0.1", ntohs(a.sin_port), std::string(32, 'a')};
+  auto start_end = std::chrono::steady_clock::now();
+  {
+    MemoryTier tier(options());
+    tier.startGroup({0});
+    tier.setSuccessorLookup([&]() -> std::optional<ReplicaEndpoint> { return black_hole; });
+    std::string mine = ck::makeRankDir(tier.root(), 0);
+    commit(mine, 0, 1, {{"w.pt", "one"}}, recordFor(0, 1, durable_ + "/step-1"));
+    tier.tick();
+    ASSERT_TRUE(
+        eventually([&] { return fs::exists(durable_ + "/step-1/" + ck::markerName(1, 0)); }));
+    // The push of step 1 (or 2) now waits for an answer that never comes; step 2 is persisted
+    // all the same.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    commit(mine, 0, 2, {{"w.pt", "two"}}, recordFor(0, 1, durable_ + "/step-2"));
+    auto committed = std::chrono::steady_clock::now();
+    ASSERT_TRUE(eventually([&] {
+      return fs::exists(durable_ + "/step-2/" + ck::markerName(2, 0));
+    })) << "step 2 not persisted while a push to a silent peer was in flight";
+    EXPECT_LT(std::chrono::steady_clock::now() - committed, std::chrono::seconds(5));
+    start_end = std::chrono::steady_clock::now();
+  }
+  // The end did not wait out the push's 60 s.
+  EXPECT_LT(std::chrono::steady_clock::now() - start_end, std::chrono::seconds(5));
+  close(silent);
+}
+
 // Issue 44 (fuzz_replica): a peer's answer to GET is "OK <record bytes>". A bare "OK" made
 // std::stoul throw std::out_of_range, "OK x" std::invalid_argument: neither a ddpl::Error, nor a
 // message that names the peer. Now both are refused as malformed answers from that peer.
