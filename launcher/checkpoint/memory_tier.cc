@@ -746,21 +746,32 @@ std::string MemoryTier::drain(double timeout_sec) {
   lock.lock();
   bool finished = m.idle_cv.wait_for(lock, std::chrono::duration<double>(timeout_sec),
                                      [&] { return !m.busy && m.nextJob() == m.ranks.end(); });
-  std::vector<std::string> left;
-  for (const auto& [rank, r] : m.ranks) {
-    auto steps = ckpt::listCommitted(r.dir, rank);
-    if (steps.empty() || !Impl::persistable(steps.front().record) ||
-        steps.front().step <= r.persisted)
-      continue;
-    left.push_back(fmt::format("rank {} step {}{}", rank, steps.front().step,
-                               r.error.empty() ? "" : " (" + r.error + ")"));
+  auto notPersisted = [&] {  // with mu held
+    std::vector<std::string> left;
+    for (const auto& [rank, r] : m.ranks) {
+      auto steps = ckpt::listCommitted(r.dir, rank);
+      if (steps.empty() || !Impl::persistable(steps.front().record) ||
+          steps.front().step <= r.persisted)
+        continue;
+      left.push_back(fmt::format("rank {} step {}{}", rank, steps.front().step,
+                                 r.error.empty() ? "" : " (" + r.error + ")"));
+    }
+    return left;
+  };
+  std::vector<std::string> left = notPersisted();
+  if (!left.empty()) {
+    // The persist in flight cannot be cut short: the threads end once it has, and what is
+    // said is what the disk then has.
+    lock.unlock();
+    m.joinThreads();
+    lock.lock();
+    left = notPersisted();
   }
   if (left.empty())
     return fmt::format("checkpoints in memory persisted at exit in {:.2f}s",
                        monotonicSeconds() - t0);
   // What is not on disk is not deleted: the root stays for the user to copy from.
   lock.unlock();
-  m.joinThreads();
   std::string kept = m.root;
   m.keep_root = true;
   std::string why = finished ? "" : fmt::format(" within {:.0f}s", timeout_sec);

@@ -12,7 +12,7 @@
 namespace ddpl::testing {
 
 struct RunResult {
-  int exit_code = -1;     // shell convention: 128+N for signal N
+  int exit_code = -1;  // shell convention: 128+N for signal N
   bool timed_out = false;
   std::string out;
   std::string err;
@@ -64,6 +64,10 @@ int freeLoopbackPort();
 // A TCP connection to 127.0.0.1:port that sends nothing (an idle or hostile peer); -1 when
 // it cannot connect.
 int connectLoopback(int port);
+// A TCP listener on 127.0.0.1, port 0 (its port in *port): connections complete in the kernel's
+// backlog whether or not the test accepts them (a peer that answers nothing, a port in use).
+// -1 when it cannot listen.
+int listenLoopback(int* port);
 // A fresh private directory /tmp/PREFIX-XXXXXX, removed with what it holds when the test
 // program exits (DDPL_KEEP_TEST_DIRS=1 keeps it).
 std::string makeTempDir(const std::string& prefix);

@@ -302,15 +302,9 @@ TEST(Launch, ExecFailureIsReportedClearly) {
 }
 
 TEST(Launch, FixedMasterPortInUseIsNamed) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  ASSERT_EQ(listen(fd, 1), 0);
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  int port = ntohs(a.sin_port);
+  int port = 0;
+  int fd = listenLoopback(&port);
+  ASSERT_GE(fd, 0);
   auto r = launch({"--master-port=" + std::to_string(port), prog("env_dump.sh")});
   close(fd);
   EXPECT_EQ(r.exit_code, 1);

@@ -219,16 +219,17 @@ TEST_F(MemoryCheckpoints, ADiskThatRefusesWritesNeitherStopsTrainingNorLosesTheC
   fs::remove_all(kept);
 }
 
-// A disk that takes 0.5 s for every write and fsync (tests/slow_disk, preloaded into launch):
+// A disk that takes 2 s for every write and fsync (tests/slow_disk, preloaded into launch):
 // training commits a durable checkpoint every 4 steps and finishes all 40 while launch is still
-// copying; at the end launch waits only --checkpoint-drain-timeout and keeps, naming it, what
-// did not reach the disk.
+// copying its first (some 14 s); at the end launch waits --checkpoint-drain-timeout, then for
+// the copy in flight, and keeps, naming it, what did not reach the disk. (At 0.5 s a write the
+// first copy sometimes ended before the training did, and step 40 reached the disk.)
 TEST_F(MemoryCheckpoints, ASlowDiskHoldsNoTrainingAndTheExitWaitsAtMostTheDrainTimeout) {
   const std::string slow = dir_ + "/slow";
   RunOptions o = jobEnv();
   o.env["LD_PRELOAD"] = std::string(DDPL_TEST_BIN_DIR) + "/slow_disk/libddpl_test_slow_disk.so";
   o.env["DDPL_TEST_SLOW_DIR"] = slow;
-  o.env["DDPL_TEST_SLOW_MS"] = "500";
+  o.env["DDPL_TEST_SLOW_MS"] = "2000";
   auto r = run({kLaunch, "--nproc-per-node=2", "--checkpoint-drain-timeout=1", kRank, "ckpt_train",
                 "steps=40,every=4,durable=1,dir=" + slow + ",out=" + dir_ + "/slow.pt"},
                o);
@@ -353,8 +354,7 @@ TEST_F(MemoryCheckpoints, ANodeLostWholeResumesFromThePeersReplica) {
     std::error_code ec;
     for (const auto& root : fs::directory_iterator("/dev/shm", ec)) {
       std::string rank1 = root.path().string() + "/replicas/rank-1";
-      if (root.path().filename().string().rfind(n0_tier, 0) != 0 || !fs::exists(rank1))
-        continue;
+      if (root.path().filename().string().rfind(n0_tier, 0) != 0 || !fs::exists(rank1)) continue;
       for (const auto& s : fs::directory_iterator(rank1, ec)) {
         std::string name = s.path().filename().string();
         if (name.rfind("step-", 0) == 0) best = std::max(best, std::stoi(name.substr(5)));

@@ -495,15 +495,10 @@ TEST_F(Tier, ANodeWithOlderStepsFetchesThePeersNewerOneAndNothingOlder) {
 // and the end abandons the push instead of waiting for it.
 TEST_F(Tier, APeerThatStopsAnsweringHoldsNeitherPersistenceNorTheEnd) {
   // A peer that takes connections (the kernel's backlog) and never answers one.
-  int silent = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(silent, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  ASSERT_EQ(listen(silent, 8), 0);
-  socklen_t len = sizeof(a);
-  getsockname(silent, reinterpret_cast<sockaddr*>(&a), &len);
-  ReplicaEndpoint black_hole{"127.0.0.1", ntohs(a.sin_port), std::string(32, 'a')};
+  int port = 0;
+  int silent = ddpl::testing::listenLoopback(&port);
+  ASSERT_GE(silent, 0);
+  ReplicaEndpoint black_hole{"127.0.0.1", port, std::string(32, 'a')};
   auto start_end = std::chrono::steady_clock::now();
   {
     MemoryTier tier(options());
@@ -534,15 +529,10 @@ TEST_F(Tier, APeerThatStopsAnsweringHoldsNeitherPersistenceNorTheEnd) {
 // std::stoul throw std::out_of_range, "OK x" std::invalid_argument: neither a ddpl::Error, nor a
 // message that names the peer. Now both are refused as malformed answers from that peer.
 TEST(Replica, AnAnswerWithoutItsRecordSizeIsRefusedNamingThePeer) {
-  int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  ASSERT_EQ(listen(listener, 4), 0);
-  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len), 0);
-  ReplicaEndpoint peer{"127.0.0.1", ntohs(a.sin_port), std::string(32, 'a')};
+  int port = 0;
+  int listener = ddpl::testing::listenLoopback(&port);
+  ASSERT_GE(listener, 0);
+  ReplicaEndpoint peer{"127.0.0.1", port, std::string(32, 'a')};
   std::string dir = ddpl::testing::makeTempDir("replica_answer") + "/rank-0";
   for (const std::string answer : {"OK\n", "OK x\n", "OK 12x\n", "OK \n"}) {
     std::thread serve([&] {
