@@ -6,10 +6,10 @@
 #include <atomic>
 #include <chrono>
 #include <map>
-#include <thread>
 #include <memory>
 #include <mutex>
 #include <set>
+#include <thread>
 
 #include "launcher/membership/multi_node_rendezvous.h"
 
@@ -127,9 +127,12 @@ TEST(JobOutcome, FailuresOfLaterRoundsCountEachTime) {
 // for a request and not at all for an answer; the health thread makes the calls.
 TEST(StacksRequests, AStoreThatStoppedAnsweringHoldsTheLoopAtMostASecond) {
   SharedKv kv;
-  Node a("a", kv, 0), b("b", kv, 0);
+  // Before the nodes, so that they outlive the health threads that call into them: a request
+  // written late (the store stalled, then answered) reached b's callback after they were gone
+  // (ASan: heap-use-after-free in the last run of the ASan suite).
   std::mutex mu;
   std::vector<std::pair<int64_t, std::string>> heard;
+  Node a("a", kv, 0), b("b", kv, 0);
   b.setStacksRequestedCallback([&](int64_t id, std::string why) {
     std::lock_guard<std::mutex> lock(mu);
     heard.emplace_back(id, why);
