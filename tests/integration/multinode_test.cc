@@ -26,10 +26,9 @@ namespace {
 
 const std::string kBin = DDPL_BIN_DIR;
 const std::string kElastic = std::string(DDPL_SOURCE_DIR) + "/tests/python/elastic_gloo.py";
-const std::string kFailRank =
-    std::string(DDPL_SOURCE_DIR) + "/tests/integration/programs/fail_rank.sh";
-const std::string kEnvDump =
-    std::string(DDPL_SOURCE_DIR) + "/tests/integration/programs/env_dump.sh";
+const std::string kFailRank = std::string(DDPL_SOURCE_DIR) + "/tests/integration/programs/fail_rank.sh";
+const std::string kEnvDump = std::string(DDPL_SOURCE_DIR) + "/tests/integration/programs/env_dump.sh";
+
 
 int stepOf(const std::string& ckpt_dir) {
   std::string s = readFile(ckpt_dir + "/step");
@@ -47,21 +46,15 @@ class MultiNode : public ::testing::Test {
   void SetUp() override {
     port_ = freeLoopbackPort();
     ckpt_ = makeTempDir("elastic");
-    env_.env = {{"PYTHON_EXEC", DDPL_PYTHON},
-                {"CKPT_DIR", ckpt_},
-                {"TOTAL_STEPS", "40"},
-                {"STEP_SECONDS", "0.15"},
-                {"OMP_NUM_THREADS", "1"}};
+    env_.env = {{"PYTHON_EXEC", DDPL_PYTHON}, {"CKPT_DIR", ckpt_}, {"TOTAL_STEPS", "40"},
+                {"STEP_SECONDS", "0.15"}, {"OMP_NUM_THREADS", "1"}};
   }
   std::string endpoint() const { return "127.0.0.1:" + std::to_string(port_); }
   std::unique_ptr<Background> agent(const std::string& nnodes, const std::string& program,
                                     std::vector<std::string> extra = {}) {
-    std::vector<std::string> args = {kBin + "/launch",
-                                     "--nnodes=" + nnodes,
-                                     "--nproc-per-node=1",
-                                     "--rdzv-backend=c10d",
-                                     "--rdzv-endpoint=" + endpoint(),
-                                     "--rdzv-id=job"};
+    std::vector<std::string> args = {kBin + "/launch", "--nnodes=" + nnodes,
+                                     "--nproc-per-node=1", "--rdzv-backend=c10d",
+                                     "--rdzv-endpoint=" + endpoint(), "--rdzv-id=job"};
     args.insert(args.end(), extra.begin(), extra.end());
     args.push_back(program);
     return std::make_unique<Background>(args, env_);
@@ -70,8 +63,7 @@ class MultiNode : public ::testing::Test {
     std::vector<std::string> args = {kBin + "/rdzv-server", "--port", std::to_string(port_)};
     args.insert(args.end(), extra.begin(), extra.end());
     auto s = std::make_unique<Background>(args, env_);
-    EXPECT_TRUE(
-        eventually([&] { return s->outputSoFar().find("serving on") != std::string::npos; }, 20s));
+    EXPECT_TRUE(eventually([&] { return s->outputSoFar().find("serving on") != std::string::npos; }, 20s));
     return s;
   }
   int port_ = 0;
@@ -387,11 +379,11 @@ TEST_F(MultiNode, PreflightStrictStopOfOneNodeOfAFixedSizeJobFailsTheOtherAtOnce
     EXPECT_LT(after.count(), 20000) << rg.all();
     EXPECT_EQ(rg.out.find("RANK="), std::string::npos) << "no worker may start: " << rg.all();
     // The stopped node (its id is host-pid), what stopped it, and the numbers.
-    EXPECT_TRUE(
-        std::regex_search(rg.err, std::regex("node '[^']+-" + std::to_string(bad_pid) +
-                                             "' stopped before joining: preflight on \\S+ failed "
-                                             "\\(--preflight=strict\\): fail .*NCCL_SOCKET_IFNAME: "
-                                             "'ddpl-no-such-nic'")))
+    EXPECT_TRUE(std::regex_search(
+        rg.err, std::regex("node '[^']+-" + std::to_string(bad_pid) +
+                           "' stopped before joining: preflight on \\S+ failed "
+                           "\\(--preflight=strict\\): fail .*NCCL_SOCKET_IFNAME: "
+                           "'ddpl-no-such-nic'")))
         << rg.err;
     EXPECT_NE(rg.err.find("needs at least 2 of 2 nodes and at most 1 can still come"),
               std::string::npos)
@@ -444,17 +436,16 @@ TEST_F(MultiNode, AFailedJobRerunUnderTheSameIdStartsFresh) {
   auto r0 = b0->wait(120s), r1 = b1->wait(120s);
   EXPECT_EQ(r0.exit_code, 0) << r0.all();
   EXPECT_EQ(r1.exit_code, 0) << r1.all();
-  EXPECT_NE((r0.out + r1.out).find("rank 1 done in attempt 0"), std::string::npos)
-      << r0.all() << r1.all();
+  EXPECT_NE((r0.out + r1.out).find("rank 1 done in attempt 0"), std::string::npos) << r0.all() << r1.all();
 }
 
 TEST_F(MultiNode, StaticRendezvousAcrossNodes) {
   std::vector<std::unique_ptr<Background>> agents;
   for (int node = 0; node < 2; ++node)
     agents.push_back(std::make_unique<Background>(
-        std::vector<std::string>{kBin + "/launch", "--nnodes=2",
-                                 "--node-rank=" + std::to_string(node), "--nproc-per-node=2",
-                                 "--master-port=" + std::to_string(port_), kEnvDump},
+        std::vector<std::string>{kBin + "/launch", "--nnodes=2", "--node-rank=" + std::to_string(node),
+                                 "--nproc-per-node=2", "--master-port=" + std::to_string(port_),
+                                 kEnvDump},
         env_));
   std::string all;
   for (auto& a : agents) {
@@ -480,12 +471,10 @@ TEST_F(MultiNode, HangOnOneNodeCollectsTheOtherNodesStacksToo) {
   std::string logs0 = makeTempDir("mn-hang0"), logs1 = makeTempDir("mn-hang1");
   env_.env.insert({{"HANG_RANK", "3"}, {"HANG_STEP", "3"}, {"STEPS", "5"}});
   const std::string hang = std::string(DDPL_SOURCE_DIR) + "/tests/python/hang_gloo.py";
-  auto a0 =
-      agent("2", hang,
-            {"--nproc-per-node=2", "--hang-timeout=5", "--max-restarts=1", "--log-dir", logs0});
-  auto a1 =
-      agent("2", hang,
-            {"--nproc-per-node=2", "--hang-timeout=5", "--max-restarts=1", "--log-dir", logs1});
+  auto a0 = agent("2", hang, {"--nproc-per-node=2", "--hang-timeout=5", "--max-restarts=1",
+                              "--log-dir", logs0});
+  auto a1 = agent("2", hang, {"--nproc-per-node=2", "--hang-timeout=5", "--max-restarts=1",
+                              "--log-dir", logs1});
   auto r0 = a0->wait(240s), r1 = a1->wait(240s);
   EXPECT_EQ(r0.exit_code, 0) << r0.all();
   EXPECT_EQ(r1.exit_code, 0) << r1.all();
@@ -528,34 +517,28 @@ TEST_F(MultiNode, StatusAndOnDemandStacksCoverEveryNode) {
   std::string logs0 = makeTempDir("mn-st0"), logs1 = makeTempDir("mn-st1");
   std::string out = makeTempDir("mn-st-out");
   env_.env.insert({{"OUT_DIR", out}});
-  const std::string wait =
-      std::string(DDPL_SOURCE_DIR) + "/tests/integration/programs/wait_for_file.py";
+  const std::string wait = std::string(DDPL_SOURCE_DIR) + "/tests/integration/programs/wait_for_file.py";
   auto a0 = agent("2", wait, {"--nproc-per-node=2", "--log-dir", logs0});
   auto a1 = agent("2", wait, {"--nproc-per-node=2", "--log-dir", logs1});
-  ASSERT_TRUE(eventually(
-      [&] {
-        for (int r = 0; r < 4; ++r)
-          if (readFile(out + "/ready." + std::to_string(r)) != "ready") return false;
-        return true;
-      },
-      90s))
-      << a0->outputSoFar() << a1->outputSoFar();
+  ASSERT_TRUE(eventually([&] {
+    for (int r = 0; r < 4; ++r)
+      if (readFile(out + "/ready." + std::to_string(r)) != "ready") return false;
+    return true;
+  }, 90s)) << a0->outputSoFar() << a1->outputSoFar();
   RunResult status;
   // Statuses are published every few seconds: wait for the other node's first one.
-  EXPECT_TRUE(eventually(
-      [&] {
-        status = run({kBin + "/launch", "status", logs0 + "/job"});
-        return status.out.find("ranks up") != std::string::npos &&
-               status.out.find("no status published") == std::string::npos &&
-               count(status.out, "2/2 ranks up") == 2;
-      },
-      30s))
-      << status.all();
+  EXPECT_TRUE(eventually([&] {
+    status = run({kBin + "/launch", "status", logs0 + "/job"});
+    return status.out.find("ranks up") != std::string::npos &&
+           status.out.find("no status published") == std::string::npos &&
+           count(status.out, "2/2 ranks up") == 2;
+  }, 30s)) << status.all();
   EXPECT_EQ(status.exit_code, 0) << status.all();
   auto stacks = run({kBin + "/launch", "stacks", logs0 + "/job"});
   EXPECT_EQ(stacks.exit_code, 0) << stacks.all();
   EXPECT_NE(stacks.out.find("ok " + logs0 + "/job/snapshots/"), std::string::npos) << stacks.out;
-  EXPECT_NE(stacks.out.find("2 stack(s) saved in " + logs1 + "/job/snapshots/"), std::string::npos)
+  EXPECT_NE(stacks.out.find("2 stack(s) saved in " + logs1 + "/job/snapshots/"),
+            std::string::npos)
       << stacks.out;
   EXPECT_EQ(count(stacks.out, "wait_here"), 4) << stacks.out;
   std::ofstream(out + "/go") << "go";
@@ -573,20 +556,16 @@ TEST_F(MultiNode, PreflightTableNamesTheBadNodeStrictStopsItWarnLetsItRun) {
     for (int i = 0; i < 3; ++i) {
       RunOptions o = env_;
       if (i == 2) o.env["NCCL_SOCKET_IFNAME"] = "ddpl-no-such-nic";
-      std::vector<std::string> args = {kBin + "/launch",
-                                       "--nnodes=2:3",
-                                       "--nproc-per-node=1",
-                                       "--rdzv-backend=c10d",
-                                       "--rdzv-endpoint=" + endpoint(),
-                                       "--rdzv-id=pf-" + mode,
-                                       "--preflight=" + mode,
-                                       "--rdzv-conf=last_call_timeout=3",
-                                       kEnvDump};
+      std::vector<std::string> args = {kBin + "/launch", "--nnodes=2:3", "--nproc-per-node=1",
+                                       "--rdzv-backend=c10d", "--rdzv-endpoint=" + endpoint(),
+                                       "--rdzv-id=pf-" + mode, "--preflight=" + mode,
+                                       "--rdzv-conf=last_call_timeout=3", kEnvDump};
       agents.push_back(std::make_unique<Background>(args, o));
       // The host first, the bad node last, so that the table is the host's to print.
       if (i == 0) {
-        EXPECT_TRUE(eventually(
-            [&] { return agents[0]->outputSoFar().find("rendezvous") != std::string::npos; }, 30s));
+        EXPECT_TRUE(eventually([&] {
+          return agents[0]->outputSoFar().find("rendezvous") != std::string::npos;
+        }, 30s));
       }
     }
     std::vector<RunResult> results;
@@ -687,7 +666,8 @@ TEST_F(MultiNode, AgentStoreServesEveryNodeAndARestartSeesNoStaleKey) {
 TEST_F(MultiNode, BehindAStandaloneServerRankZeroHostsTheStore) {
   auto s = server();
   std::vector<std::unique_ptr<Background>> agents;
-  for (int i = 0; i < 2; ++i) agents.push_back(agent("2", kEnvDump));
+  for (int i = 0; i < 2; ++i)
+    agents.push_back(agent("2", kEnvDump));
   std::string all;
   for (auto& a : agents) {
     auto r = a->wait(120s);
