@@ -163,6 +163,10 @@ void noteRestore(RestartRecord& r, const std::vector<RankSteps>& ranks) {
 
 }  // namespace
 
+uint64_t RestartClock::globalStep(size_t i, const RankSteps& k) const {
+  return mode_[i] == 2 ? addSaturating(k.restored - 1, k.steps) : k.steps;
+}
+
 void RestartClock::trackGroup(double t, const std::vector<RankSteps>& ranks) {
   if (last_count_.size() < ranks.size()) {
     last_count_.resize(ranks.size(), 0);
@@ -174,8 +178,7 @@ void RestartClock::trackGroup(double t, const std::vector<RankSteps>& ranks) {
     last_count_[i] = k.steps;
     if (k.steps == 0) continue;
     if (mode_[i] == 0) mode_[i] = k.restored == 0 || k.steps > k.restored - 1 ? 1 : 2;
-    uint64_t global = mode_[i] == 2 ? addSaturating(k.restored - 1, k.steps) : k.steps;
-    highest_ = std::max(highest_, global);
+    highest_ = std::max(highest_, globalStep(i, k));
   }
 }
 
@@ -208,8 +211,7 @@ std::optional<RestartRecord> RestartClock::onReadings(double t, const std::vecto
         all = false;
         break;
       }
-      const RankSteps& k = ranks[i];
-      lowest = std::min(lowest, mode_[i] == 2 ? addSaturating(k.restored - 1, k.steps) : k.steps);
+      lowest = std::min(lowest, globalStep(i, ranks[i]));
     }
     if (all && lowest >= r.before) {
       r.back = t;
@@ -219,13 +221,6 @@ std::optional<RestartRecord> RestartClock::onReadings(double t, const std::vecto
   }
   if (first) return done_.back();
   return std::nullopt;
-}
-
-std::optional<RestartRecord> RestartClock::onSteps(double t, const std::vector<uint64_t>& steps,
-                                                   double restore_seconds) {
-  std::vector<RankSteps> ranks;
-  for (uint64_t s : steps) ranks.push_back({s, 0, RestoreSource::kNone});
-  return onReadings(t, ranks, restore_seconds);
 }
 
 std::optional<RestartRecord> RestartClock::onGroupEnded(double t) {

@@ -85,9 +85,6 @@ class RestartClock {
   // --monitor-interval of its restore to look the same).
   std::optional<RestartRecord> onReadings(double t, const std::vector<RankSteps>& ranks,
                                           double restore_seconds = 0);
-  // onReadings with step counts only (no restore reported).
-  std::optional<RestartRecord> onSteps(double t, const std::vector<uint64_t>& steps,
-                                       double restore_seconds = 0);
   // The group in progress ended (the run's end, at `t`): a restart whose group had not stepped
   // is complete with no first step (returned once, or nullopt when none was open); a row not
   // back yet stays "not back".
@@ -112,6 +109,9 @@ class RestartClock {
   void startGroup();
   void push(const RestartRecord& r);
   void trackGroup(double t, const std::vector<RankSteps>& ranks);
+  // Local rank i's global step as its reading `k` says, by the rule onReadings describes (its
+  // mode decided).
+  uint64_t globalStep(size_t i, const RankSteps& k) const;
   void endBackWait(double t);
 
   Stage stage_ = Stage::kNone;

@@ -6,11 +6,19 @@
 namespace ddpl::launcher::warm {
 namespace {
 
+// Readings with step counts only, no restore reported (a C++ worker's heartbeat).
+std::optional<RestartRecord> onSteps(RestartClock& c, double t, std::vector<uint64_t> steps,
+                                     double restore_seconds = 0) {
+  std::vector<RankSteps> ranks;
+  for (uint64_t s : steps) ranks.push_back({s, 0, RestoreSource::kNone});
+  return c.onReadings(t, ranks, restore_seconds);
+}
+
 TEST(RestartPhases, AFirstStartIsNoRestart) {
   RestartClock c;
   c.onFormed(1);
   c.onStarted(2, 4, 0);
-  EXPECT_EQ(c.onSteps(3, {1, 1, 1, 1}), std::nullopt);
+  EXPECT_EQ(onSteps(c, 3, {1, 1, 1, 1}), std::nullopt);
   EXPECT_EQ(c.onGroupEnded(), std::nullopt);
   EXPECT_EQ(c.summary(), "");
 }
@@ -26,16 +34,16 @@ TEST(RestartPhases, EachPhaseFromTheFailureToEveryRanksFirstStep) {
   EXPECT_FALSE(c.awaitingFirstStep());
   c.onStarted(10.75, 2, 0);
   EXPECT_TRUE(c.awaitingFirstStep());
-  EXPECT_EQ(c.onSteps(11.0, {0, 0}), std::nullopt);
-  EXPECT_EQ(c.onSteps(11.25, {6, 0}), std::nullopt);  // every rank, not the first
-  auto r = c.onSteps(11.5, {6, 6}, 0.25);
+  EXPECT_EQ(onSteps(c, 11.0, {0, 0}), std::nullopt);
+  EXPECT_EQ(onSteps(c, 11.25, {6, 0}), std::nullopt);  // every rank, not the first
+  auto r = onSteps(c, 11.5, {6, 6}, 0.25);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->restart, 1);
   EXPECT_DOUBLE_EQ(r->total(), 1.5);
   EXPECT_EQ(r->describe(),
             "stop 0.25s, re-form 0.25s, start 0.25s (2 warm), first step 0.75s (checkpoint read "
             "0.25s): 1.50s in all");
-  EXPECT_EQ(c.onSteps(12, {7, 7}), std::nullopt);  // once
+  EXPECT_EQ(onSteps(c, 12, {7, 7}), std::nullopt);  // once
   EXPECT_FALSE(c.awaitingFirstStep());
   EXPECT_EQ(c.summary(), "\n  restart 1: " + r->describe());
 }
@@ -67,7 +75,7 @@ TEST(RestartPhases, AMembershipChangeWithoutAStopStillCounts) {
   c.onFailure(1);  // a round ended: no worker of ours failed, stop then re-form
   c.onFormed(2);   // never saw every worker exit (none was running)
   c.onStarted(3, 1, 0);
-  auto r = c.onSteps(4, {1});
+  auto r = onSteps(c, 4, {1});
   ASSERT_TRUE(r);
   EXPECT_EQ(r->describe(),
             "stop 1.00s, re-form 0.00s, start 1.00s (1 warm), first step 1.00s: 3.00s in all");
