@@ -225,9 +225,9 @@ struct Agent::Impl {
       log::warn("round {} ended: {}; its workers were already stopping", round, reason);
     }
     // A stop already under way (a hang found first, a failure) keeps its course, but not its
-    // grace: a cut node whose hang limit fired before its fence gave its workers the usual
-    // SIGTERM-then-3-s, and one was alive 7.4 s after the cut, past the 7 s the service
-    // allows before forming a round without this node.
+    // grace: a cut node whose hang limit fired before its fence gave its workers the whole
+    // --shutdown-timeout after SIGTERM, and a worker blocked in a collective with a SIGTERM
+    // handler outlived the window after which the service forms a round without this node.
     enforceFence(round);
   }
 
@@ -626,9 +626,8 @@ struct Agent::Impl {
       }
     }
     if (std::none_of(workers.begin(), workers.end(), [](const Worker& x) { return x.alive; })) {
-      restarts.onReadings(
-          now,
-          rankSteps(heartbeats, workerStates()));  // the failed group's last steps, all written now
+      // The failed group's last steps, all written now.
+      restarts.onReadings(now, rankSteps(heartbeats, workerStates()));
       restarts.onStopped(now);
       // When a fenced node's workers were gone is what the fence promises (and what the chaos
       // soak checks), so it has a line of its own.

@@ -72,9 +72,10 @@ std::map<std::string, std::string> CheckpointKeeper::startGroup(
 // running job (a round after the first, or a restart) fetches its ranks' newest steps from the
 // peers before its workers start when the others may have trained without it: it has nothing in
 // memory for its ranks (a replacement), or it was not in the round before this one (cut off,
-// fenced, re-joining: its memory is as old as its leaving; the chaos soak saw such a node make
-// the job resume ~110 steps back, the newest step every rank offered). A node that was in the
-// previous round holds what the others hold, and its restart asks nobody. Where it fetches the
+// fenced, re-joining: its memory is as old as its leaving, and the ranks would agree on the
+// newest step all of them offer). A node that was in the previous round holds what the others
+// hold, and its restart asks nobody. Steps are per world size: what the others trained at a
+// smaller world while it was away reaches it through the durable directory. Where it fetches the
 // loop waits, 10 s at most for the peers' endpoints and 60 s per fetch.
 void CheckpointKeeper::startReplicas(const std::vector<int64_t>& ranks,
                                      const rdzv::round_rules::NodePlace& place, int restart_count,
