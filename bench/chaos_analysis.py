@@ -196,16 +196,15 @@ def cut_node_figures(events, fault, t_next):
             text = fh.read()
     except OSError:
         text = ""
-    fenced = [lt for lt, _ in inv.log_lines(text, FENCE_LINE)
-              if lt is not None and lt >= t - 1]
-    if fenced:
-        out["fence_s"] = round(min(fenced) - t, 2)
+
+    def first_after_cut(pattern):  # seconds from the cut to the log's first such line, or None
+        times = [lt for lt, _ in inv.log_lines(text, pattern) if lt is not None and lt >= t - 1]
+        return round(min(times) - t, 2) if times else None
+
+    out["fence_s"] = first_after_cut(FENCE_LINE)
     # The workers gone (the agent's line once the last one exited), whichever path stopped them:
     # the fence's, or a hang found first.
-    gone = [lt for lt, _ in inv.log_lines(text, r"every worker of attempt \d+ has exited")
-            if lt is not None and lt >= t - 1]
-    if gone:
-        out["cut_workers_gone_s"] = round(min(gone) - t, 2)
+    out["cut_workers_gone_s"] = first_after_cut(r"every worker of attempt \d+ has exited")
     heal = t + NODE_DOWN_S
     mine = [e["t"] for e in events if e.get("node") == node and t <= e["t"] <= min(heal, t_next)]
     if mine:
